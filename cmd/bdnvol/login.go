@@ -1,0 +1,74 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/credentials"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// LoginCmd saves credentials for a registry after checking them.
+type LoginCmd struct {
+	Registry      string `arg:"" help:"Registry host[:port]."`
+	Username      string `short:"u" required:"" help:"User name."`
+	PasswordStdin bool   `name:"password-stdin" help:"Read the password from standard input."`
+	Password      string `short:"p" help:"Password (prefer --password-stdin)." env:"BDNVOL_PASSWORD"`
+}
+
+// Run logs in.
+func (c *LoginCmd) Run(ctx context.Context, g *Globals) error {
+	pass := c.Password
+	if c.PasswordStdin {
+		line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+		if err != nil && err != io.EOF {
+			return fmt.Errorf("read password: %w", err)
+		}
+		pass = strings.TrimRight(line, "\r\n")
+	}
+	if pass == "" {
+		return usageError{fmt.Errorf("login %s: give a password with --password-stdin or -p", c.Registry)}
+	}
+	store, err := credentials.NewStoreFromDocker(credentials.StoreOptions{AllowPlaintextPut: true})
+	if err != nil {
+		return err
+	}
+	reg, err := remote.NewRegistry(c.Registry)
+	if err != nil {
+		return usageError{err}
+	}
+	reg.PlainHTTP = g.PlainHTTP || oci.IsLoopback(c.Registry)
+	opt := g.options()
+	opt.Credentials = store
+	client, err := oci.NewClient(opt)
+	if err != nil {
+		return err
+	}
+	reg.Client = client
+	if err := credentials.Login(ctx, store, reg, auth.Credential{Username: c.Username, Password: pass}); err != nil {
+		return fmt.Errorf("login %s as %s: %w", c.Registry, c.Username, err)
+	}
+	fmt.Fprintf(g.stderr, "logged in to %s as %s\n", c.Registry, c.Username)
+	return nil
+}
+
+// LogoutCmd removes saved credentials.
+type LogoutCmd struct {
+	Registry string `arg:"" help:"Registry host[:port]."`
+}
+
+// Run logs out.
+func (c *LogoutCmd) Run(ctx context.Context, g *Globals) error {
+	store, err := credentials.NewStoreFromDocker(credentials.StoreOptions{})
+	if err != nil {
+		return err
+	}
+	return credentials.Logout(ctx, store, c.Registry)
+}

@@ -1,0 +1,127 @@
+// Command bdnvol stores sealed, versioned volumes of model weights and data
+// in OCI registries and local OCI layouts.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+	"golang.org/x/term"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// version is set at build time.
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// Globals are the flags every command takes.
+type Globals struct {
+	PlainHTTP          bool   `help:"Use plain HTTP for non-loopback registries." name:"plain-http"`
+	InsecureSkipVerify bool   `help:"Accept any TLS certificate (unsafe)." name:"insecure-skip-verify"`
+	CAFile             string `help:"PEM file of extra CA certificates." name:"ca-file" type:"path"`
+	CacheDir           string `help:"Cache directory (default $XDG_CACHE_HOME/bdnvol)." name:"cache-dir" type:"path"`
+
+	stdout, stderr io.Writer
+}
+
+// CLI is the command line of bdnvol.
+type CLI struct {
+	Globals
+
+	Push    PushCmd    `cmd:"" help:"Seal a directory as a new version and push it."`
+	Pull    PullCmd    `cmd:"" help:"Materialise a version in a directory."`
+	Login   LoginCmd   `cmd:"" help:"Save credentials for a registry."`
+	Logout  LogoutCmd  `cmd:"" help:"Remove saved credentials for a registry."`
+	Version VersionCmd `cmd:"" help:"Print the version."`
+}
+
+func (g *Globals) options() oci.Options {
+	return oci.Options{PlainHTTP: g.PlainHTTP, InsecureSkipVerify: g.InsecureSkipVerify, CAFile: g.CAFile, UserAgent: "bdnvol/" + version}
+}
+
+func (g *Globals) cacheDir() string {
+	if g.CacheDir != "" {
+		return g.CacheDir
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "bdnvol")
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "bdnvol")
+	}
+	return filepath.Join(os.TempDir(), "bdnvol-cache")
+}
+
+// isTTY reports whether w is a terminal.
+func isTTY(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// VersionCmd prints the version.
+type VersionCmd struct{}
+
+// Run prints the version.
+func (c *VersionCmd) Run(g *Globals) error {
+	fmt.Fprintln(g.stdout, "bdnvol", version)
+	return nil
+}
+
+// usageError marks an error that should exit 2.
+type usageError struct{ error }
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	var cli CLI
+	cli.stdout, cli.stderr = stdout, stderr
+	exit := -1
+	parser, err := kong.New(&cli,
+		kong.Name("bdnvol"),
+		kong.Description("Sealed, versioned volumes of model weights and data in OCI registries."),
+		kong.UsageOnError(),
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(code int) { exit = code }),
+		kong.Bind(&cli.Globals),
+	)
+	if err != nil {
+		fmt.Fprintln(stderr, "bdnvol:", err)
+		return exitError
+	}
+	kctx, err := parser.Parse(args)
+	if exit >= 0 {
+		return exit // --help
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "bdnvol:", err)
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	if err := kctx.Run(); err != nil {
+		fmt.Fprintln(stderr, "bdnvol:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			return exitUsage
+		}
+		return exitError
+	}
+	return exitOK
+}

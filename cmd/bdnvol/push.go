@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+
+	"fmt"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// PushCmd seals a directory and pushes it.
+type PushCmd struct {
+	Ref       string   `arg:"" help:"Destination: HOST/REPO[:TAG] or oci:PATH[:TAG]."`
+	Dir       string   `arg:"" optional:"" default:"." type:"path" help:"Directory to seal (default: current directory)."`
+	Tag       []string `help:"Extra tag to point at the version (repeatable)."`
+	JSON      bool     `name:"json" help:"Print one JSON object instead of text."`
+	Jobs      int      `default:"8" help:"Concurrent uploads."`
+	ChunkMin  Size     `name:"chunk-min" help:"Minimum chunk size (default: the volume's, else 1MiB)."`
+	ChunkAvg  Size     `name:"chunk-avg" help:"Average chunk size (default: the volume's, else 4MiB)."`
+	ChunkMax  Size     `name:"chunk-max" help:"Maximum chunk size (default: the volume's, else 8MiB)."`
+	MaxLayers int      `name:"max-layers" hidden:"" help:"Layers per manifest before splitting into parts."`
+}
+
+type pushOutput struct {
+	Digest         string   `json:"digest"`
+	Reference      string   `json:"reference"`
+	Tags           []string `json:"tags"`
+	Files          int      `json:"files"`
+	Bytes          int64    `json:"bytes"`
+	Chunks         int      `json:"chunks"`
+	ChunksUploaded int64    `json:"chunks_uploaded"`
+	BytesUploaded  int64    `json:"bytes_uploaded"`
+	Seconds        float64  `json:"seconds"`
+}
+
+// Run pushes the directory.
+func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
+	start := time.Now()
+	ref, err := oci.ParseRef(c.Ref)
+	if err != nil {
+		return usageError{err}
+	}
+	if ref.Digest != "" {
+		return usageError{fmt.Errorf("%s: push takes a tag, not a digest", c.Ref)}
+	}
+	opt := g.options()
+	opt.CreateLayout = true
+	t, err := oci.Open(ctx, ref, opt)
+	if err != nil {
+		return err
+	}
+	params := layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)}
+	if params == (layout.Params{}) {
+		params = previousParams(ctx, t, ref)
+	} else {
+		d := layout.DefaultParams
+		if params.Min == 0 {
+			params.Min = min(d.Min, params.Avg/4)
+		}
+		if params.Avg == 0 {
+			params.Avg = max(params.Min, min(d.Avg, params.Max/2))
+		}
+		if params.Max == 0 {
+			params.Max = max(params.Avg*2, d.Max)
+		}
+		if err := params.Validate(); err != nil {
+			return usageError{err}
+		}
+	}
+	counters := &layout.Counters{}
+	stop := startProgress(g.stderr, "push", counters)
+	res, err := layout.Push(ctx, t, c.Dir, layout.PushOptions{
+		Params:    params,
+		MaxLayers: c.MaxLayers,
+		Jobs:      c.Jobs,
+		Cache:     layout.OpenStatCache(g.cacheDir(), c.Dir, params),
+		Counters:  counters,
+	})
+	stop()
+	if err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	tags := c.Tag
+	if ref.Tag != "" {
+		tags = append([]string{ref.Tag}, tags...)
+	}
+	prot, err := oci.TagVersion(ctx, t, res.Root, res.RootBytes, tags, time.Now())
+	if err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	out := pushOutput{
+		Digest:         res.Root.Digest.String(),
+		Reference:      ref.Pinned(res.Root.Digest),
+		Tags:           append([]string{prot}, tags...),
+		Files:          res.Files,
+		Bytes:          res.Bytes,
+		Chunks:         res.Chunks,
+		ChunksUploaded: res.ChunksUploaded,
+		BytesUploaded:  res.BytesUploaded,
+		Seconds:        time.Since(start).Seconds(),
+	}
+	if c.JSON {
+		return json.NewEncoder(g.stdout).Encode(out)
+	}
+	fmt.Fprintf(g.stderr, "sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs\n",
+		out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds)
+	fmt.Fprintln(g.stdout, out.Reference)
+	return nil
+}
+
+// previousParams returns the chunking parameters of the version the tag
+// points at now, so the new version dedups against it; else the defaults.
+func previousParams(ctx context.Context, t oci.Target, ref oci.Ref) layout.Params {
+	if ref.Tag == "" {
+		return layout.DefaultParams
+	}
+	desc, err := t.Resolve(ctx, ref.Tag)
+	if err != nil {
+		return layout.DefaultParams
+	}
+	v, err := layout.Open(ctx, t, desc)
+	if err != nil || v.Index.Chunking.Validate() != nil {
+		return layout.DefaultParams
+	}
+	return v.Index.Chunking
+}

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+// Size is a byte count that parses suffixes such as KiB, MiB and GiB.
+type Size int64
+
+// UnmarshalText parses a size such as 4096, 64KiB or 8MiB.
+func (s *Size) UnmarshalText(b []byte) error {
+	str := strings.TrimSpace(string(b))
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}} {
+		if strings.HasSuffix(str, u.suffix) {
+			str, mult = strings.TrimSuffix(str, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("bad size %q", string(b))
+	}
+	*s = Size(n * mult)
+	return nil
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// startProgress draws a progress line on w while work runs, if w is a
+// terminal; the returned function stops it and clears the line.
+func startProgress(w io.Writer, verb string, c *layout.Counters) func() {
+	if !isTTY(w) {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		start := time.Now()
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				fmt.Fprint(w, "\r\033[K")
+				return
+			case <-tick.C:
+				total, proc, sent := c.Total.Load(), c.Processed.Load(), c.Sent.Load()
+				pct := 0.0
+				if total > 0 {
+					pct = 100 * float64(proc) / float64(total)
+				}
+				rate := float64(sent) / time.Since(start).Seconds()
+				bar := strings.Repeat("█", int(pct/5)) + strings.Repeat("░", 20-int(pct/5))
+				net := "uploaded"
+				if verb == "pull" {
+					net = "fetched"
+				}
+				fmt.Fprintf(w, "\r\033[K%s %s %5.1f%% %s / %s, %s %s (%s/s)", verb, bar, pct,
+					humanBytes(proc), humanBytes(total), net, humanBytes(sent), humanBytes(int64(rate)))
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}

@@ -1,0 +1,100 @@
+package layout
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+)
+
+// Params are the content-defined chunking parameters of a volume, in bytes.
+// They are recorded in the index so later pushes of the volume reuse them.
+type Params struct {
+	Min int64 `json:"min"`
+	Avg int64 `json:"avg"`
+	Max int64 `json:"max"`
+}
+
+// DefaultParams are MiB-sized: registries cost 5–50 ms per blob request.
+var DefaultParams = Params{Min: 1 << 20, Avg: 4 << 20, Max: 8 << 20}
+
+// Validate reports whether the parameters are usable.
+func (p Params) Validate() error {
+	if p.Min < 64 || p.Avg < p.Min || p.Max < p.Avg || p.Max > MaxChunkBytes {
+		return fmt.Errorf("chunk sizes must satisfy 64 <= min <= avg <= max <= %d, got min=%d avg=%d max=%d", MaxChunkBytes, p.Min, p.Avg, p.Max)
+	}
+	return nil
+}
+
+// gear is the rolling-hash table: gear[i] is the first 8 bytes (big endian)
+// of SHA-256("bdnvol-gear" || byte(i)). docs/format.md documents it so other
+// tools cut at the same places.
+var gear = func() (t [256]uint64) {
+	for i := range t {
+		h := sha256.Sum256(append([]byte("bdnvol-gear"), byte(i)))
+		t[i] = binary.BigEndian.Uint64(h[:8])
+	}
+	return t
+}()
+
+// cutter finds FastCDC cut points (normalised, level 1) in a byte stream.
+// It keeps only the rolling hash and the length of the current chunk.
+type cutter struct {
+	p            Params
+	maskS, maskL uint64
+	hash         uint64
+	n            int64 // bytes in the current chunk so far
+}
+
+func newCutter(p Params) *cutter {
+	b := bits.Len64(uint64(p.Avg)) - 1 // log2(avg)
+	top := func(k int) uint64 {
+		if k < 1 {
+			k = 1
+		}
+		if k > 63 {
+			k = 63
+		}
+		return ^uint64(0) << (64 - k)
+	}
+	return &cutter{p: p, maskS: top(b + 1), maskL: top(b - 1)}
+}
+
+// reset starts a new chunk.
+func (c *cutter) reset() { c.hash, c.n = 0, 0 }
+
+// next returns how many bytes of buf belong to the current chunk and whether
+// the chunk ends after them. When end is true the cutter is reset.
+func (c *cutter) next(buf []byte) (int, bool) {
+	i := 0
+	// Skip to the minimum size; the hash window (64 bytes) fills before it matters.
+	if c.n < c.p.Min-64 {
+		skip := c.p.Min - 64 - c.n
+		if int64(len(buf)) <= skip {
+			c.n += int64(len(buf))
+			return len(buf), false
+		}
+		i = int(skip)
+		c.n += skip
+	}
+	h := c.hash
+	n := c.n
+	for ; i < len(buf); i++ {
+		h = h<<1 + gear[buf[i]]
+		n++
+		if n < c.p.Min {
+			continue
+		}
+		if n < c.p.Avg {
+			if h&c.maskS == 0 {
+				c.reset()
+				return i + 1, true
+			}
+		} else if h&c.maskL == 0 || n >= c.p.Max {
+			c.reset()
+			return i + 1, true
+		}
+	}
+	c.hash, c.n = h, n
+	return len(buf), false
+}

@@ -1,0 +1,30 @@
+// Package layout is the bdnvol volume format: it walks a directory, cuts
+// files into content-defined chunks, builds the file index, seals a version
+// as OCI manifests, and reads a sealed version back.
+//
+// # Volume
+//
+// A named series of sealed versions stored in one OCI repository.
+//
+// # Version
+//
+// An immutable snapshot of a directory. Its digest is the digest of the root
+// manifest (or, for very large volumes, the root image index of part
+// manifests). Identical contents give an identical digest.
+//
+// # Index
+//
+// The file index: every path with its type, permission bits, size, SHA-256
+// and extents. It is a layer of the root (or first part) manifest.
+//
+// # Chunk
+//
+// A blob holding a run of bytes: a content-defined piece of a large file, a
+// tensor-aligned piece of a safetensors file, or a pack of small files.
+//
+// # Extent
+//
+// A (chunk, offset, length) triple; a file's bytes are its extents in order.
+//
+// The byte-level contract is docs/format.md.
+package layout

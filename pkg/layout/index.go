@@ -1,0 +1,303 @@
+package layout
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// Media types and annotations of the format.
+const (
+	// ArtifactTypeVolume is the artifactType of a sealed version's root.
+	ArtifactTypeVolume = "application/vnd.bdnvol.volume.v1"
+	// ArtifactTypePart is the artifactType of a part manifest under a root index.
+	ArtifactTypePart = "application/vnd.bdnvol.volume.part.v1"
+	// MediaTypeIndex is the media type of the file index blob.
+	MediaTypeIndex = "application/vnd.bdnvol.index.v1+json"
+	// MediaTypeChunk is the media type of a chunk blob.
+	MediaTypeChunk = "application/vnd.bdnvol.chunk.v1"
+
+	// AnnotationFiles holds the number of index entries of a version.
+	AnnotationFiles = "io.bdnvol.volume.files"
+	// AnnotationBytes holds the total file bytes of a version.
+	AnnotationBytes = "io.bdnvol.volume.bytes"
+	// AnnotationChunks holds the number of distinct chunks of a version.
+	AnnotationChunks = "io.bdnvol.volume.chunks"
+)
+
+// FormatVersion is the version of the file index this package writes.
+const FormatVersion = 1
+
+// Limits that a parsed index must respect; they bound memory before any I/O.
+const (
+	MaxIndexBytes  = 1 << 30 // largest file index blob accepted
+	MaxEntries     = 10_000_000
+	MaxChunks      = 10_000_000
+	MaxChunkBytes  = 256 << 20 // largest chunk accepted
+	maxPathBytes   = 4096
+	maxTargetBytes = 4096
+)
+
+// Entry types.
+const (
+	TypeFile    = "file"
+	TypeDir     = "dir"
+	TypeSymlink = "symlink"
+)
+
+// ErrInvalidIndex is wrapped by every error about a malformed or unsafe index.
+var ErrInvalidIndex = errors.New("layout: invalid file index")
+
+// Index is the file index of a sealed version.
+type Index struct {
+	Version  int     `json:"version"`
+	Chunking Params  `json:"chunking"`
+	Chunks   []Chunk `json:"chunks"`
+	Files    []File  `json:"files"`
+}
+
+// Chunk names one chunk blob of a version.
+type Chunk struct {
+	Digest digest.Digest `json:"digest"`
+	Size   int64         `json:"size"`
+}
+
+// File is one entry of the index: a regular file, a directory or a symlink.
+type File struct {
+	Path    string        `json:"path"`
+	Type    string        `json:"type"`
+	Mode    uint32        `json:"mode"`
+	Size    int64         `json:"size,omitempty"`
+	Digest  digest.Digest `json:"digest,omitempty"`
+	Target  string        `json:"target,omitempty"`
+	Extents []Extent      `json:"extents,omitempty"`
+}
+
+// Extent is a run of a file's bytes stored in a chunk.
+type Extent struct {
+	Chunk  int
+	Offset int64
+	Length int64
+}
+
+// MarshalJSON encodes an extent as a compact [chunk, offset, length] array.
+func (e Extent) MarshalJSON() ([]byte, error) {
+	return []byte(fmt.Sprintf("[%d,%d,%d]", e.Chunk, e.Offset, e.Length)), nil
+}
+
+// UnmarshalJSON decodes a [chunk, offset, length] array.
+func (e *Extent) UnmarshalJSON(b []byte) error {
+	var a []int64
+	if err := json.Unmarshal(b, &a); err != nil {
+		return err
+	}
+	if len(a) != 3 {
+		return fmt.Errorf("extent must have 3 numbers, has %d", len(a))
+	}
+	if a[0] < 0 || a[0] > MaxChunks {
+		return fmt.Errorf("extent chunk %d out of range", a[0])
+	}
+	e.Chunk, e.Offset, e.Length = int(a[0]), a[1], a[2]
+	return nil
+}
+
+// Bytes returns the total size of the regular files of the index.
+func (x *Index) Bytes() int64 {
+	var n int64
+	for i := range x.Files {
+		n += x.Files[i].Size
+	}
+	return n
+}
+
+// Encode returns the canonical JSON encoding of the index.
+func (x *Index) Encode() ([]byte, error) {
+	if err := x.Validate(); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(x); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// DecodeIndex parses and validates a file index.
+func DecodeIndex(b []byte) (*Index, error) {
+	if len(b) > MaxIndexBytes {
+		return nil, fmt.Errorf("%w: %d bytes exceeds the limit", ErrInvalidIndex, len(b))
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var x Index
+	if err := dec.Decode(&x); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidIndex, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data", ErrInvalidIndex)
+	}
+	if err := x.Validate(); err != nil {
+		return nil, err
+	}
+	return &x, nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidIndex, fmt.Sprintf(format, args...))
+}
+
+// Validate checks that the index is safe to materialise: paths are
+// relative, clean and unique, every parent is a directory of the index, no
+// symlink leaves the root, and every extent lies inside its chunk.
+func (x *Index) Validate() error {
+	if x.Version != FormatVersion {
+		return invalid("unsupported version %d", x.Version)
+	}
+	if len(x.Files) > MaxEntries {
+		return invalid("%d entries exceed the limit of %d", len(x.Files), MaxEntries)
+	}
+	if len(x.Chunks) > MaxChunks {
+		return invalid("%d chunks exceed the limit of %d", len(x.Chunks), MaxChunks)
+	}
+	seen := make(map[digest.Digest]struct{}, len(x.Chunks))
+	for i, c := range x.Chunks {
+		if c.Digest.Algorithm() != digest.SHA256 || c.Digest.Validate() != nil {
+			return invalid("chunk %d: bad digest %q", i, c.Digest)
+		}
+		if c.Size <= 0 || c.Size > MaxChunkBytes {
+			return invalid("chunk %d (%s): bad size %d", i, c.Digest, c.Size)
+		}
+		if _, dup := seen[c.Digest]; dup {
+			return invalid("chunk %s listed twice", c.Digest)
+		}
+		seen[c.Digest] = struct{}{}
+	}
+	dirs := make(map[string]struct{})
+	prev := ""
+	for i := range x.Files {
+		f := &x.Files[i]
+		if err := checkPath(f.Path); err != nil {
+			return invalid("entry %d: %v", i, err)
+		}
+		if i > 0 && f.Path <= prev {
+			if f.Path == prev {
+				return invalid("duplicate path %q", f.Path)
+			}
+			return invalid("paths not sorted: %q after %q", f.Path, prev)
+		}
+		prev = f.Path
+		if parent := parentOf(f.Path); parent != "" {
+			if _, ok := dirs[parent]; !ok {
+				return invalid("%q: parent %q is not a directory of the volume", f.Path, parent)
+			}
+		}
+		if f.Mode&^0o777 != 0 {
+			return invalid("%q: mode %o has bits beyond 0777", f.Path, f.Mode)
+		}
+		switch f.Type {
+		case TypeDir:
+			if f.Size != 0 || f.Digest != "" || f.Target != "" || len(f.Extents) != 0 {
+				return invalid("%q: directory with content", f.Path)
+			}
+			dirs[f.Path] = struct{}{}
+		case TypeSymlink:
+			if f.Size != 0 || f.Digest != "" || len(f.Extents) != 0 {
+				return invalid("%q: symlink with content", f.Path)
+			}
+			if err := CheckSymlink(f.Path, f.Target); err != nil {
+				return invalid("%v", err)
+			}
+		case TypeFile:
+			if f.Target != "" {
+				return invalid("%q: file with a symlink target", f.Path)
+			}
+			if f.Digest.Algorithm() != digest.SHA256 || f.Digest.Validate() != nil {
+				return invalid("%q: bad digest %q", f.Path, f.Digest)
+			}
+			if f.Size < 0 {
+				return invalid("%q: negative size", f.Path)
+			}
+			var sum int64
+			for _, e := range f.Extents {
+				if e.Chunk < 0 || e.Chunk >= len(x.Chunks) {
+					return invalid("%q: extent names chunk %d of %d", f.Path, e.Chunk, len(x.Chunks))
+				}
+				c := x.Chunks[e.Chunk]
+				if e.Length <= 0 || e.Offset < 0 || e.Offset > c.Size || e.Length > c.Size-e.Offset {
+					return invalid("%q: extent [%d,%d,%d] outside chunk %s of %d bytes", f.Path, e.Chunk, e.Offset, e.Length, c.Digest, c.Size)
+				}
+				sum += e.Length
+				if sum > f.Size {
+					break
+				}
+			}
+			if sum != f.Size {
+				return invalid("%q: extents cover %d bytes, size is %d", f.Path, sum, f.Size)
+			}
+		default:
+			return invalid("%q: unknown type %q", f.Path, f.Type)
+		}
+	}
+	return nil
+}
+
+// parentOf returns the parent directory of a slash path, or "" at the root.
+func parentOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i]
+	}
+	return ""
+}
+
+func checkPath(p string) error {
+	if len(p) > maxPathBytes {
+		return fmt.Errorf("path of %d bytes is too long", len(p))
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return fmt.Errorf("path %q contains NUL", p)
+	}
+	if p == "." || !fs.ValidPath(p) {
+		return fmt.Errorf("unsafe path %q", p)
+	}
+	return nil
+}
+
+// CheckSymlink returns an error when a symlink at path p with the given
+// target would resolve outside the volume root.
+func CheckSymlink(p, target string) error {
+	if target == "" || len(target) > maxTargetBytes || strings.IndexByte(target, 0) >= 0 {
+		return fmt.Errorf("symlink %q: bad target %q", p, target)
+	}
+	if strings.HasPrefix(target, "/") {
+		return fmt.Errorf("symlink %q: absolute target %q leaves the volume", p, target)
+	}
+	// The target may climb with leading ".." elements (through real
+	// directories only: every parent is a directory of the volume) and then
+	// descend. A ".." after a named element could climb out through another
+	// symlink, so it is refused.
+	depth := strings.Count(p, "/") // directories between the root and the link
+	descended := false
+	for _, el := range strings.Split(target, "/") {
+		switch el {
+		case "", ".":
+		case "..":
+			if descended {
+				return fmt.Errorf("symlink %q: target %q has \"..\" after a name", p, target)
+			}
+			depth--
+			if depth < 0 {
+				return fmt.Errorf("symlink %q: target %q leaves the volume", p, target)
+			}
+		default:
+			descended = true
+		}
+	}
+	return nil
+}

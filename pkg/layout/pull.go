@@ -1,0 +1,355 @@
+package layout
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"sync/atomic"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
+	"oras.land/oras-go/v2/content"
+)
+
+// ErrDigestMismatch is wrapped when fetched or written bytes do not match
+// their digest.
+var ErrDigestMismatch = errors.New("content does not match its digest")
+
+// PullOptions configure Pull. Zero values select defaults.
+type PullOptions struct {
+	Jobs     int        // concurrent chunk fetches; <= 0 means 8
+	Memory   int64      // bytes of chunks held at once; <= 0 means 128 MiB
+	Cache    *StatCache // remembers verified files; nil disables it
+	Counters *Counters  // progress; may be nil
+}
+
+// PullResult describes a pull.
+type PullResult struct {
+	Files         int   // index entries
+	Bytes         int64 // file bytes
+	ChunksFetched int64
+	BytesFetched  int64
+	FilesReused   int // files already present and verified
+}
+
+// target is where part of a chunk goes: a range of a file being written.
+type target struct {
+	file              int // index into Index.Files
+	fileOff, chunkOff int64
+	n                 int64
+}
+
+type pullFile struct {
+	final, tmp string
+	remaining  atomic.Int64
+}
+
+// Pull materialises the version v under dir. Files are written under a
+// temporary name, verified against their SHA-256 and renamed into place;
+// nothing is written outside dir. A re-run after an interruption fetches
+// only the chunks that are missing.
+func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt PullOptions) (*PullResult, error) {
+	if opt.Jobs <= 0 {
+		opt.Jobs = 8
+	}
+	if opt.Memory <= 0 {
+		opt.Memory = 128 << 20
+	}
+	if opt.Counters == nil {
+		opt.Counters = &Counters{}
+	}
+	x := v.Index
+	res := &PullResult{Files: len(x.Files), Bytes: x.Bytes()}
+	opt.Counters.Total.Store(res.Bytes)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	join := func(p string) string { return filepath.Join(dir, filepath.FromSlash(p)) }
+
+	// Directories first (parents sort before children), writable while we fill them.
+	for _, f := range x.Files {
+		if f.Type == TypeDir {
+			if err := ensureDir(join(f.Path)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	files := make([]*pullFile, len(x.Files))
+	byChunk := make([][]target, len(x.Chunks))
+	var ready []int
+	for i := range x.Files {
+		f := &x.Files[i]
+		if f.Type != TypeFile {
+			continue
+		}
+		final := join(f.Path)
+		if st, err := os.Lstat(final); err == nil && st.Mode().IsRegular() && st.Size() == f.Size {
+			if ok, err := verifyExisting(final, f, st, opt.Cache); err == nil && ok {
+				if err := os.Chmod(final, os.FileMode(f.Mode)); err != nil {
+					return nil, err
+				}
+				res.FilesReused++
+				opt.Counters.Processed.Add(f.Size)
+				continue
+			}
+		}
+		h := sha256.Sum256([]byte(f.Path))
+		pf := &pullFile{final: final, tmp: filepath.Join(filepath.Dir(final), ".bdnvol-"+hex.EncodeToString(h[:8])+".part")}
+		files[i] = pf
+		done, err := prepareTmp(pf.tmp, f, x, v.Chunks)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.Path, err)
+		}
+		var off, remaining int64
+		for k, e := range f.Extents {
+			if !done[k] {
+				byChunk[e.Chunk] = append(byChunk[e.Chunk], target{file: i, fileOff: off, chunkOff: e.Offset, n: e.Length})
+				remaining += e.Length
+			} else {
+				opt.Counters.Processed.Add(e.Length)
+			}
+			off += e.Length
+		}
+		pf.remaining.Store(remaining)
+		if remaining == 0 {
+			ready = append(ready, i)
+		}
+	}
+	for _, i := range ready {
+		if err := finishFile(&x.Files[i], files[i], opt.Cache); err != nil {
+			return nil, err
+		}
+	}
+
+	mem := semaphore.NewWeighted(opt.Memory)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opt.Jobs)
+	var fetchedChunks, fetchedBytes atomic.Int64
+	for k, ts := range byChunk {
+		if len(ts) == 0 {
+			continue
+		}
+		desc := v.Chunks[k]
+		w := min(desc.Size, opt.Memory)
+		if err := mem.Acquire(gctx, w); err != nil {
+			break
+		}
+		g.Go(func() error {
+			defer mem.Release(w)
+			data, err := fetchChunk(gctx, src, desc)
+			if err != nil {
+				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
+			}
+			fetchedChunks.Add(1)
+			fetchedBytes.Add(desc.Size)
+			opt.Counters.Sent.Add(desc.Size)
+			for _, t := range ts {
+				pf := files[t.file]
+				if err := writeAt(pf.tmp, data[t.chunkOff:t.chunkOff+t.n], t.fileOff); err != nil {
+					return fmt.Errorf("%s: %w", x.Files[t.file].Path, err)
+				}
+				opt.Counters.Processed.Add(t.n)
+				if pf.remaining.Add(-t.n) == 0 {
+					if err := finishFile(&x.Files[t.file], pf, opt.Cache); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	res.ChunksFetched, res.BytesFetched = fetchedChunks.Load(), fetchedBytes.Load()
+
+	for _, f := range x.Files {
+		if f.Type == TypeSymlink {
+			if err := ensureSymlink(join(f.Path), filepath.FromSlash(f.Target)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for i := len(x.Files) - 1; i >= 0; i-- {
+		if f := x.Files[i]; f.Type == TypeDir {
+			if err := os.Chmod(join(f.Path), os.FileMode(f.Mode)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := opt.Cache.Save(); err != nil {
+		return nil, fmt.Errorf("save stat cache: %w", err)
+	}
+	return res, nil
+}
+
+// fetchChunk fetches a whole chunk and verifies its size and digest.
+func fetchChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) ([]byte, error) {
+	rc, err := src.Fetch(ctx, desc)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	buf := make([]byte, desc.Size)
+	if _, err := io.ReadFull(rc, buf); err != nil {
+		return nil, fmt.Errorf("read: %w", err)
+	}
+	var one [1]byte
+	if n, _ := rc.Read(one[:]); n > 0 {
+		return nil, fmt.Errorf("%w: more than %d bytes", ErrDigestMismatch, desc.Size)
+	}
+	if got := digest.FromBytes(buf); got != desc.Digest {
+		return nil, fmt.Errorf("%w: got %s", ErrDigestMismatch, got)
+	}
+	return buf, nil
+}
+
+// ensureDir makes p a real, writable directory, replacing any file or
+// symlink in its place.
+func ensureDir(p string) error {
+	st, err := os.Lstat(p)
+	switch {
+	case err == nil && st.IsDir():
+		if st.Mode().Perm()&0o700 != 0o700 {
+			return os.Chmod(p, st.Mode().Perm()|0o700)
+		}
+		return nil
+	case err == nil:
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return err
+	}
+	return os.Mkdir(p, 0o755)
+}
+
+func ensureSymlink(p, target string) error {
+	if st, err := os.Lstat(p); err == nil {
+		if st.Mode()&os.ModeSymlink != 0 {
+			if cur, err := os.Readlink(p); err == nil && cur == target {
+				return nil
+			}
+		}
+		if st.IsDir() {
+			return fmt.Errorf("%s: a directory is in the place of a symlink", p)
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+	}
+	return os.Symlink(target, p)
+}
+
+// verifyExisting reports whether the file at p already holds f's content.
+func verifyExisting(p string, f *File, st os.FileInfo, cache *StatCache) (bool, error) {
+	key := statKey(st)
+	if c, ok := cache.lookup(f.Path, key); ok {
+		return c.Digest == f.Digest, nil
+	}
+	d, err := fileDigest(p)
+	if err != nil {
+		return false, err
+	}
+	if d == f.Digest {
+		cache.store(f.Path, cachedFile{Stat: key, Digest: d})
+	}
+	return d == f.Digest, nil
+}
+
+func fileDigest(p string) (digest.Digest, error) {
+	fh, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer fh.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, fh); err != nil {
+		return "", err
+	}
+	return digest.NewDigest(digest.SHA256, h), nil
+}
+
+// prepareTmp creates the temporary file of f, or reuses one left by an
+// interrupted pull: extents that cover a whole chunk and already hold its
+// bytes are reported done.
+func prepareTmp(tmp string, f *File, x *Index, chunks []ocispec.Descriptor) ([]bool, error) {
+	done := make([]bool, len(f.Extents))
+	fh, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() == f.Size && f.Size > 0 {
+		var off int64
+		var buf []byte
+		for k, e := range f.Extents {
+			c := x.Chunks[e.Chunk]
+			if e.Offset == 0 && e.Length == c.Size {
+				if int64(cap(buf)) < e.Length {
+					buf = make([]byte, e.Length)
+				}
+				b := buf[:e.Length]
+				if _, err := fh.ReadAt(b, off); err == nil && digest.FromBytes(b) == c.Digest {
+					done[k] = true
+				}
+			}
+			off += e.Length
+		}
+		return done, nil
+	}
+	return done, fh.Truncate(f.Size)
+}
+
+func writeAt(p string, b []byte, off int64) error {
+	fh, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := fh.WriteAt(b, off); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}
+
+// finishFile verifies the temporary file against f's digest, sets its mode
+// and renames it into place. A file that does not verify is removed.
+func finishFile(f *File, pf *pullFile, cache *StatCache) error {
+	d, err := fileDigest(pf.tmp)
+	if err != nil {
+		return fmt.Errorf("%s: %w", f.Path, err)
+	}
+	if d != f.Digest {
+		os.Remove(pf.tmp)
+		return fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, d, f.Digest)
+	}
+	if err := os.Chmod(pf.tmp, os.FileMode(f.Mode)); err != nil {
+		return err
+	}
+	if st, err := os.Lstat(pf.final); err == nil && st.IsDir() {
+		return fmt.Errorf("%s: a directory is in the place of a file", pf.final)
+	}
+	if err := os.Rename(pf.tmp, pf.final); err != nil {
+		return err
+	}
+	if st, err := os.Lstat(pf.final); err == nil {
+		cache.store(f.Path, cachedFile{Stat: statKey(st), Digest: d})
+	}
+	return nil
+}

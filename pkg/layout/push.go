@@ -1,0 +1,631 @@
+package layout
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+)
+
+// ErrFileChanged is wrapped when a file changes while it is being pushed.
+var ErrFileChanged = errors.New("layout: file changed during push")
+
+// Counters report the progress of a push or pull; the caller reads them
+// while the operation runs. All fields are updated atomically.
+type Counters struct {
+	Total     atomic.Int64 // bytes of the volume
+	Processed atomic.Int64 // bytes hashed (push) or written (pull)
+	Sent      atomic.Int64 // bytes uploaded (push) or downloaded (pull)
+}
+
+// PushOptions configure Push. Zero values select defaults.
+type PushOptions struct {
+	Params    Params     // chunking parameters; zero means DefaultParams
+	MaxLayers int        // layers per manifest; <= 0 means DefaultMaxLayers
+	Jobs      int        // concurrent uploads; <= 0 means 8
+	Cache     *StatCache // stat cache; nil disables it
+	Counters  *Counters  // progress; may be nil
+}
+
+// PushResult describes a pushed version.
+type PushResult struct {
+	Root           ocispec.Descriptor
+	RootBytes      []byte // the root manifest or index, for tagging
+	Index          *Index
+	Files          int   // index entries
+	Bytes          int64 // file bytes
+	Chunks         int
+	ChunksUploaded int64
+	BytesUploaded  int64 // chunk and metadata bytes actually uploaded
+	Existed        bool  // the version was already stored
+}
+
+// section is a run of a file on disk.
+type section struct {
+	path   string
+	off, n int64
+}
+
+// chunkJob is a chunk to store and where its bytes are on disk.
+type chunkJob struct {
+	Chunk
+	src []section
+}
+
+// fileChunks is the result of chunking one regular file.
+type fileChunks struct {
+	digest  digest.Digest
+	extents []extentRef
+}
+
+type extentRef struct {
+	chunk       Chunk
+	off, length int64
+}
+
+// Push chunks the tree at root, uploads the chunks dst lacks, and stores
+// the sealed version. It does not tag: the caller tags the returned root.
+func Push(ctx context.Context, dst content.Storage, root string, opt PushOptions) (*PushResult, error) {
+	if opt.Params == (Params{}) {
+		opt.Params = DefaultParams
+	}
+	if err := opt.Params.Validate(); err != nil {
+		return nil, err
+	}
+	if opt.Jobs <= 0 {
+		opt.Jobs = 8
+	}
+	if opt.Counters == nil {
+		opt.Counters = &Counters{}
+	}
+	entries, err := Walk(root)
+	if err != nil {
+		return nil, err
+	}
+	b := &builder{opt: opt, root: root, entries: entries, results: make([]fileChunks, len(entries))}
+	keep := make(map[string]bool, len(entries))
+	allHit := true
+	for _, e := range entries {
+		if e.Type == TypeFile {
+			opt.Counters.Total.Add(e.Size)
+			keep[e.Path] = true
+			if _, ok := opt.Cache.lookup(e.Path, e.Stat); !ok {
+				allHit = false
+			}
+		}
+	}
+	opt.Cache.prune(keep)
+
+	up := &uploader{dst: dst, seen: map[digest.Digest]bool{}, counters: opt.Counters}
+	if allHit {
+		// Everything is known without reading: seal first, and skip all
+		// uploads when the destination already has this version.
+		b.collect = true
+		if err := b.chunkAll(ctx, nil); err != nil {
+			return nil, err
+		}
+		x, err := b.index()
+		if err != nil {
+			return nil, err
+		}
+		s, err := Seal(x, opt.MaxLayers)
+		if err != nil {
+			return nil, err
+		}
+		if ok, err := dst.Exists(ctx, s.Root.Desc); err == nil && ok {
+			opt.Counters.Processed.Store(opt.Counters.Total.Load())
+			return b.result(s, up, 0, true), opt.Cache.Save()
+		}
+		b.collect = false
+		err = up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
+			for _, j := range b.pending {
+				if err := submit(j); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return b.finish(ctx, dst, s, up)
+	}
+	err = up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
+		return b.chunkAll(ctx, submit)
+	})
+	if err != nil {
+		return nil, err
+	}
+	x, err := b.index()
+	if err != nil {
+		return nil, err
+	}
+	s, err := Seal(x, opt.MaxLayers)
+	if err != nil {
+		return nil, err
+	}
+	return b.finish(ctx, dst, s, up)
+}
+
+type builder struct {
+	opt     PushOptions
+	root    string
+	entries []Entry
+	results []fileChunks // by entry index
+
+	collect bool
+	mu      sync.Mutex
+	pending []chunkJob
+}
+
+func (b *builder) finish(ctx context.Context, dst content.Storage, s *Sealed, up *uploader) (*PushResult, error) {
+	n, err := s.Store(ctx, dst)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.opt.Cache.Save(); err != nil {
+		return nil, fmt.Errorf("save stat cache: %w", err)
+	}
+	return b.result(s, up, n, false), nil
+}
+
+func (b *builder) result(s *Sealed, up *uploader, metaBytes int64, existed bool) *PushResult {
+	return &PushResult{
+		Root:           s.Root.Desc,
+		RootBytes:      s.Root.Data,
+		Index:          s.Index,
+		Files:          len(s.Index.Files),
+		Bytes:          s.Index.Bytes(),
+		Chunks:         len(s.Index.Chunks),
+		ChunksUploaded: up.chunks.Load(),
+		BytesUploaded:  up.bytes.Load() + metaBytes,
+		Existed:        existed,
+	}
+}
+
+func (b *builder) emit(submit func(chunkJob) error, j chunkJob) error {
+	if b.collect {
+		b.mu.Lock()
+		b.pending = append(b.pending, j)
+		b.mu.Unlock()
+		return nil
+	}
+	return submit(j)
+}
+
+// chunkAll chunks every regular file: large files in parallel, small files
+// packed in path order by one goroutine.
+func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	large := make(chan int)
+	workers := max(1, runtime.GOMAXPROCS(0))
+	for range workers {
+		g.Go(func() error {
+			buf := make([]byte, 1<<20)
+			for i := range large {
+				if err := b.chunkFile(ctx, i, buf, submit); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error { return b.packSmall(ctx, submit) })
+	g.Go(func() error {
+		defer close(large)
+		for i, e := range b.entries {
+			if e.Type != TypeFile || e.Size < b.opt.Params.Min {
+				continue
+			}
+			select {
+			case large <- i:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+func (b *builder) abs(p string) string { return filepath.Join(b.root, filepath.FromSlash(p)) }
+
+// chunkFile cuts one large file into chunks and hands each to submit.
+func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(chunkJob) error) error {
+	e := b.entries[i]
+	path := b.abs(e.Path)
+	if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok && c.Chunks != nil {
+		var off int64
+		res := fileChunks{digest: c.Digest}
+		for _, ch := range c.Chunks {
+			if err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{path, off, ch.Size}}}); err != nil {
+				return err
+			}
+			res.extents = append(res.extents, extentRef{chunk: ch, length: ch.Size})
+			off += ch.Size
+		}
+		b.results[i] = res
+		b.opt.Counters.Processed.Add(e.Size)
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var cuts []int64
+	if isSafetensors(e.Path) {
+		if hdrEnd, ts, err := ReadSafetensorsHeader(f, e.Size); err == nil {
+			cuts = tensorBoundaries(hdrEnd, ts, e.Size, b.opt.Params.Min)
+		}
+	}
+	fileHash := sha256.New()
+	chunkHash := sha256.New()
+	cut := newCutter(b.opt.Params)
+	var (
+		pos, start int64
+		res        fileChunks
+	)
+	emitChunk := func() error {
+		n := pos - start
+		if n == 0 {
+			return nil
+		}
+		ch := Chunk{Digest: digest.NewDigest(digest.SHA256, chunkHash), Size: n}
+		chunkHash.Reset()
+		cut.reset()
+		res.extents = append(res.extents, extentRef{chunk: ch, length: n})
+		err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{path, start, n}}})
+		start = pos
+		return err
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, rerr := io.ReadFull(f, buf)
+		if n > 0 {
+			data := buf[:n]
+			fileHash.Write(data)
+			for len(data) > 0 {
+				lim := len(data)
+				forced := false
+				for len(cuts) > 0 && cuts[0] <= pos {
+					cuts = cuts[1:]
+				}
+				if len(cuts) > 0 && cuts[0]-pos <= int64(lim) {
+					lim = int(cuts[0] - pos)
+					forced = true
+				}
+				k, end := cut.next(data[:lim])
+				chunkHash.Write(data[:k])
+				pos += int64(k)
+				data = data[k:]
+				if end || (forced && k == lim) {
+					if err := emitChunk(); err != nil {
+						return err
+					}
+				}
+			}
+			b.opt.Counters.Processed.Add(int64(n))
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return fmt.Errorf("read %s: %w", path, rerr)
+		}
+	}
+	if pos != e.Size {
+		return fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, e.Size, pos)
+	}
+	if err := emitChunk(); err != nil {
+		return err
+	}
+	res.digest = digest.NewDigest(digest.SHA256, fileHash)
+	b.results[i] = res
+	chunks := make([]Chunk, len(res.extents))
+	for k, x := range res.extents {
+		chunks[k] = x.chunk
+	}
+	b.opt.Cache.store(e.Path, cachedFile{Stat: e.Stat, Digest: res.digest, Chunks: chunks})
+	return nil
+}
+
+// packSmall packs the files smaller than the minimum chunk size, in path
+// order, into chunks whose ends are chosen by the files' own digests, so an
+// added or changed file changes only the pack around it.
+func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) error {
+	p := b.opt.Params
+	var threshold uint64 = ^uint64(0)
+	if p.Avg > p.Min {
+		threshold = ^uint64(0) / uint64(p.Avg-p.Min)
+	}
+	type member struct {
+		idx  int
+		size int64
+		dg   digest.Digest
+		data []byte // nil when known from the cache
+	}
+	var (
+		members []member
+		size    int64
+	)
+	closePack := func() error {
+		if len(members) == 0 {
+			return nil
+		}
+		key := sha256.New()
+		for _, m := range members {
+			fmt.Fprintf(key, "%s %d\n", m.dg, m.size)
+		}
+		keyStr := digest.NewDigest(digest.SHA256, key).String()
+		ch, ok := b.opt.Cache.pack(keyStr)
+		if !ok || ch.Size != size {
+			h := sha256.New()
+			for _, m := range members {
+				data := m.data
+				if data == nil {
+					var err error
+					if data, err = readSmall(b.abs(b.entries[m.idx].Path), m.size); err != nil {
+						return err
+					}
+					if digest.FromBytes(data) != m.dg {
+						return fmt.Errorf("%s: %w", b.abs(b.entries[m.idx].Path), ErrFileChanged)
+					}
+				}
+				h.Write(data)
+			}
+			ch = Chunk{Digest: digest.NewDigest(digest.SHA256, h), Size: size}
+			b.opt.Cache.storePack(keyStr, ch)
+		}
+		var off int64
+		src := make([]section, len(members))
+		for k, m := range members {
+			src[k] = section{b.abs(b.entries[m.idx].Path), 0, m.size}
+			b.results[m.idx] = fileChunks{digest: m.dg, extents: []extentRef{{chunk: ch, off: off, length: m.size}}}
+			off += m.size
+		}
+		members, size = members[:0], 0
+		return b.emit(submit, chunkJob{Chunk: ch, src: src})
+	}
+	for i, e := range b.entries {
+		if e.Type != TypeFile || e.Size >= p.Min {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		m := member{idx: i, size: e.Size}
+		if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok {
+			m.dg = c.Digest
+		} else {
+			data, err := readSmall(b.abs(e.Path), e.Size)
+			if err != nil {
+				return err
+			}
+			m.dg, m.data = digest.FromBytes(data), data
+			b.opt.Cache.store(e.Path, cachedFile{Stat: e.Stat, Digest: m.dg})
+		}
+		b.opt.Counters.Processed.Add(e.Size)
+		if e.Size == 0 {
+			b.results[i] = fileChunks{digest: m.dg}
+			continue
+		}
+		if size > 0 && size+e.Size > p.Max {
+			if err := closePack(); err != nil {
+				return err
+			}
+		}
+		members = append(members, m)
+		size += e.Size
+		if size >= p.Min {
+			hi, lo := bits.Mul64(uint64(e.Size), threshold)
+			if hi > 0 || binary.BigEndian.Uint64(mustHex(m.dg)) < lo {
+				if err := closePack(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return closePack()
+}
+
+func mustHex(d digest.Digest) []byte {
+	var out [8]byte
+	enc := d.Encoded()
+	for i := 0; i < 8 && 2*i+1 < len(enc); i++ {
+		out[i] = unhex(enc[2*i])<<4 | unhex(enc[2*i+1])
+	}
+	return out[:]
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return 0
+}
+
+func readSmall(path string, size int64) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) != size {
+		return nil, fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, size, len(data))
+	}
+	return data, nil
+}
+
+// index assembles the file index from the walk and the chunking results.
+// The chunk table lists chunks in order of first use.
+func (b *builder) index() (*Index, error) {
+	x := &Index{Version: FormatVersion, Chunking: b.opt.Params, Files: make([]File, 0, len(b.entries))}
+	pos := map[digest.Digest]int{}
+	for i, e := range b.entries {
+		f := File{Path: e.Path, Type: e.Type, Mode: e.Mode}
+		switch e.Type {
+		case TypeSymlink:
+			f.Target = e.Target
+		case TypeFile:
+			r := b.results[i]
+			f.Size, f.Digest = e.Size, r.digest
+			for _, ex := range r.extents {
+				k, ok := pos[ex.chunk.Digest]
+				if !ok {
+					k = len(x.Chunks)
+					pos[ex.chunk.Digest] = k
+					x.Chunks = append(x.Chunks, ex.chunk)
+				}
+				f.Extents = append(f.Extents, Extent{Chunk: k, Offset: ex.off, Length: ex.length})
+			}
+		}
+		x.Files = append(x.Files, f)
+	}
+	return x, x.Validate()
+}
+
+// uploader stores chunks concurrently, each distinct digest once, skipping
+// those the destination already has.
+type uploader struct {
+	dst      content.Storage
+	counters *Counters
+	mu       sync.Mutex
+	seen     map[digest.Digest]bool
+	chunks   atomic.Int64
+	bytes    atomic.Int64
+}
+
+// run calls produce with a submit function and uploads what it submits
+// with the given concurrency; it returns when everything is stored.
+func (u *uploader) run(ctx context.Context, jobs int, produce func(context.Context, func(chunkJob) error) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	queue := make(chan chunkJob, 4*jobs)
+	for range jobs {
+		g.Go(func() error {
+			for j := range queue {
+				if err := u.store(ctx, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		defer close(queue)
+		return produce(ctx, func(j chunkJob) error {
+			u.mu.Lock()
+			dup := u.seen[j.Digest]
+			u.seen[j.Digest] = true
+			u.mu.Unlock()
+			if dup {
+				return nil
+			}
+			select {
+			case queue <- j:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	})
+	return g.Wait()
+}
+
+func (u *uploader) store(ctx context.Context, j chunkJob) error {
+	desc := chunkDescriptor(j.Chunk)
+	ok, err := u.dst.Exists(ctx, desc)
+	if err != nil {
+		return fmt.Errorf("chunk %s: %w", j.Digest, err)
+	}
+	if ok {
+		return nil
+	}
+	r := &sectionReader{secs: j.src}
+	defer r.Close()
+	err = u.dst.Push(ctx, desc, &countingReader{r: r, n: &u.counters.Sent})
+	if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+		if r.err != nil {
+			return fmt.Errorf("chunk %s: %w", j.Digest, r.err)
+		}
+		return fmt.Errorf("upload chunk %s: %w", j.Digest, err)
+	}
+	if err == nil {
+		u.chunks.Add(1)
+		u.bytes.Add(j.Size)
+	}
+	return nil
+}
+
+// sectionReader reads a list of file sections in order, opening each file
+// when it is reached.
+type sectionReader struct {
+	secs []section
+	f    *os.File
+	cur  io.Reader
+	err  error
+}
+
+func (r *sectionReader) Read(p []byte) (int, error) {
+	for {
+		if r.cur == nil {
+			if len(r.secs) == 0 {
+				return 0, io.EOF
+			}
+			s := r.secs[0]
+			r.secs = r.secs[1:]
+			f, err := os.Open(s.path)
+			if err != nil {
+				r.err = err
+				return 0, err
+			}
+			r.f, r.cur = f, io.NewSectionReader(f, s.off, s.n)
+		}
+		n, err := r.cur.Read(p)
+		if err == io.EOF {
+			r.f.Close()
+			r.f, r.cur = nil, nil
+			if n > 0 {
+				return n, nil
+			}
+			continue
+		}
+		return n, err
+	}
+}
+
+func (r *sectionReader) Close() error {
+	if r.f != nil {
+		return r.f.Close()
+	}
+	return nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}

@@ -1,0 +1,114 @@
+package layout
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// maxSafetensorsHeader bounds the JSON header a safetensors file may declare.
+const maxSafetensorsHeader = 100 << 20
+
+// Tensor is one tensor of a safetensors file: its name and byte range
+// relative to the start of the file.
+type Tensor struct {
+	Name       string
+	Begin, End int64
+}
+
+// ReadSafetensorsHeader parses the header of a safetensors file of the given
+// size and returns the header length (including the 8-byte prefix) and its
+// tensors sorted by offset. It rejects overlapping or out-of-range tensors.
+func ReadSafetensorsHeader(r io.ReaderAt, size int64) (int64, []Tensor, error) {
+	var pre [8]byte
+	if size < 8 {
+		return 0, nil, fmt.Errorf("safetensors: file of %d bytes is too short", size)
+	}
+	if _, err := r.ReadAt(pre[:], 0); err != nil {
+		return 0, nil, fmt.Errorf("safetensors: %w", err)
+	}
+	n := binary.LittleEndian.Uint64(pre[:])
+	if n > maxSafetensorsHeader || int64(n) > size-8 {
+		return 0, nil, fmt.Errorf("safetensors: header of %d bytes does not fit a %d byte file", n, size)
+	}
+	buf := make([]byte, n)
+	if _, err := r.ReadAt(buf, 8); err != nil {
+		return 0, nil, fmt.Errorf("safetensors: %w", err)
+	}
+	return ParseSafetensorsHeader(buf, size)
+}
+
+// ParseSafetensorsHeader parses the JSON header of a safetensors file of the
+// given total size (hdr excludes the 8-byte length prefix).
+func ParseSafetensorsHeader(hdr []byte, size int64) (int64, []Tensor, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(hdr, &raw); err != nil {
+		return 0, nil, fmt.Errorf("safetensors: header: %w", err)
+	}
+	start := 8 + int64(len(hdr))
+	data := size - start
+	ts := make([]Tensor, 0, len(raw))
+	for name, msg := range raw {
+		if name == "__metadata__" {
+			continue
+		}
+		var t struct {
+			Offsets []int64 `json:"data_offsets"`
+		}
+		if err := json.Unmarshal(msg, &t); err != nil {
+			return 0, nil, fmt.Errorf("safetensors: tensor %q: %w", name, err)
+		}
+		if len(t.Offsets) != 2 || t.Offsets[0] < 0 || t.Offsets[1] < t.Offsets[0] || t.Offsets[1] > data {
+			return 0, nil, fmt.Errorf("safetensors: tensor %q: bad data_offsets %v", name, t.Offsets)
+		}
+		ts = append(ts, Tensor{Name: name, Begin: start + t.Offsets[0], End: start + t.Offsets[1]})
+	}
+	sort.Slice(ts, func(i, j int) bool {
+		if ts[i].Begin != ts[j].Begin {
+			return ts[i].Begin < ts[j].Begin
+		}
+		return ts[i].End < ts[j].End
+	})
+	for i := 1; i < len(ts); i++ {
+		if ts[i].Begin < ts[i-1].End {
+			return 0, nil, fmt.Errorf("safetensors: tensors %q and %q overlap", ts[i-1].Name, ts[i].Name)
+		}
+	}
+	return start, ts, nil
+}
+
+// isSafetensors reports whether a path names a safetensors file.
+func isSafetensors(p string) bool { return strings.HasSuffix(p, ".safetensors") }
+
+// tensorBoundaries returns the forced cut points of a safetensors file: after
+// the header, around every tensor of at least min bytes, and after runs of
+// small tensors once a run reaches min bytes. Chunks never straddle them, so
+// an unchanged tensor gives unchanged chunks wherever it moves.
+func tensorBoundaries(hdrEnd int64, ts []Tensor, size, min int64) []int64 {
+	cuts := []int64{hdrEnd}
+	group := hdrEnd
+	add := func(x int64) {
+		if x > cuts[len(cuts)-1] && x < size {
+			cuts = append(cuts, x)
+		}
+	}
+	for _, t := range ts {
+		if t.End-t.Begin >= min {
+			add(t.Begin)
+			add(t.End)
+			group = t.End
+			continue
+		}
+		if t.End-group >= min {
+			add(t.End)
+			group = t.End
+		}
+	}
+	if cuts[0] >= size {
+		return nil
+	}
+	return cuts
+}

@@ -1,0 +1,166 @@
+package layout
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+)
+
+// DefaultMaxLayers is the number of layers per manifest above which a
+// version is sealed as an index of part manifests. 20,000 descriptors keep a
+// manifest near 2.5 MB, well under the 4 MiB registries accept.
+const DefaultMaxLayers = 20000
+
+// Blob is a sealed piece of metadata: its descriptor and its bytes.
+type Blob struct {
+	Desc ocispec.Descriptor
+	Data []byte
+}
+
+// Sealed is a version ready to be stored: the index blob, the empty config,
+// the part manifests (if any), and the root, which must be pushed last.
+type Sealed struct {
+	Index  *Index
+	Blobs  []Blob // index blob and empty config
+	Parts  []Blob // part manifests, empty for a single-manifest version
+	Root   Blob   // root manifest or root image index
+	Chunks []ocispec.Descriptor
+}
+
+func blobOf(mediaType string, data []byte) Blob {
+	return Blob{Desc: content.NewDescriptorFromBytes(mediaType, data), Data: data}
+}
+
+func chunkDescriptor(c Chunk) ocispec.Descriptor {
+	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: c.Digest, Size: c.Size}
+}
+
+// Seal builds the manifests of a version from its index. The result is
+// deterministic: the same index and maxLayers give the same root digest.
+func Seal(x *Index, maxLayers int) (*Sealed, error) {
+	if maxLayers <= 0 {
+		maxLayers = DefaultMaxLayers
+	}
+	if maxLayers < 2 {
+		return nil, fmt.Errorf("layout: max layers must be at least 2")
+	}
+	ib, err := x.Encode()
+	if err != nil {
+		return nil, err
+	}
+	s := &Sealed{Index: x}
+	idx := blobOf(MediaTypeIndex, ib)
+	empty := Blob{Desc: ocispec.DescriptorEmptyJSON, Data: ocispec.DescriptorEmptyJSON.Data}
+	empty.Desc.Data = nil
+	s.Blobs = []Blob{idx, empty}
+	s.Chunks = make([]ocispec.Descriptor, len(x.Chunks))
+	for i, c := range x.Chunks {
+		s.Chunks[i] = chunkDescriptor(c)
+	}
+	ann := map[string]string{
+		AnnotationFiles:  strconv.Itoa(len(x.Files)),
+		AnnotationBytes:  strconv.FormatInt(x.Bytes(), 10),
+		AnnotationChunks: strconv.Itoa(len(x.Chunks)),
+	}
+	layers := append([]ocispec.Descriptor{idx.Desc}, s.Chunks...)
+	if len(layers) <= maxLayers {
+		m, err := manifest(ArtifactTypeVolume, empty.Desc, layers, ann)
+		if err != nil {
+			return nil, err
+		}
+		s.Root = m
+		return s, nil
+	}
+	var parts []ocispec.Descriptor
+	for start := 0; start < len(layers); start += maxLayers {
+		end := min(start+maxLayers, len(layers))
+		m, err := manifest(ArtifactTypePart, empty.Desc, layers[start:end], nil)
+		if err != nil {
+			return nil, err
+		}
+		s.Parts = append(s.Parts, m)
+		d := m.Desc
+		d.ArtifactType = ArtifactTypePart
+		parts = append(parts, d)
+	}
+	root := ocispec.Index{
+		Versioned:    specs.Versioned{SchemaVersion: 2},
+		MediaType:    ocispec.MediaTypeImageIndex,
+		ArtifactType: ArtifactTypeVolume,
+		Manifests:    parts,
+		Annotations:  ann,
+	}
+	b, err := json.Marshal(root)
+	if err != nil {
+		return nil, err
+	}
+	s.Root = blobOf(ocispec.MediaTypeImageIndex, b)
+	s.Root.Desc.ArtifactType = ArtifactTypeVolume
+	return s, nil
+}
+
+func manifest(artifactType string, config ocispec.Descriptor, layers []ocispec.Descriptor, ann map[string]string) (Blob, error) {
+	m := ocispec.Manifest{
+		Versioned:    specs.Versioned{SchemaVersion: 2},
+		MediaType:    ocispec.MediaTypeImageManifest,
+		ArtifactType: artifactType,
+		Config:       config,
+		Layers:       layers,
+		Annotations:  ann,
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return Blob{}, err
+	}
+	if len(b) > MaxManifestBytes {
+		return Blob{}, fmt.Errorf("layout: manifest of %d bytes exceeds %d; lower the layers per manifest", len(b), MaxManifestBytes)
+	}
+	bl := blobOf(ocispec.MediaTypeImageManifest, b)
+	bl.Desc.ArtifactType = artifactType
+	return bl, nil
+}
+
+// MaxManifestBytes is the largest manifest registries accept.
+const MaxManifestBytes = 4 << 20
+
+// Store pushes the metadata of a sealed version: blobs, then parts, then the
+// root. Chunks must already be stored. It returns the bytes it uploaded.
+func (s *Sealed) Store(ctx context.Context, dst content.Storage) (int64, error) {
+	var up int64
+	for _, group := range [][]Blob{s.Blobs, s.Parts, {s.Root}} {
+		for _, b := range group {
+			n, err := pushBytes(ctx, dst, b)
+			if err != nil {
+				return up, err
+			}
+			up += n
+		}
+	}
+	return up, nil
+}
+
+// pushBytes stores b unless dst has it; it returns the bytes uploaded.
+func pushBytes(ctx context.Context, dst content.Storage, b Blob) (int64, error) {
+	ok, err := dst.Exists(ctx, b.Desc)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", b.Desc.Digest, err)
+	}
+	if ok {
+		return 0, nil
+	}
+	if err := dst.Push(ctx, b.Desc, bytes.NewReader(b.Data)); err != nil {
+		if errors.Is(err, errdef.ErrAlreadyExists) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("push %s %s: %w", b.Desc.MediaType, b.Desc.Digest, err)
+	}
+	return b.Desc.Size, nil
+}

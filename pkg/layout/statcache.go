@@ -1,0 +1,154 @@
+package layout
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// StatCache remembers, per directory tree and chunking parameters, each
+// file's digest and chunk list by its stat key (size, mtime, ctime, inode),
+// so a re-push of an unchanged tree reads no file data. A nil *StatCache is
+// valid and remembers nothing.
+type StatCache struct {
+	path  string
+	since int64 // entries whose mtime is newer than this are not trusted
+
+	mu    sync.Mutex
+	data  statCacheData
+	dirty bool
+}
+
+type statCacheData struct {
+	Files map[string]cachedFile `json:"files"`
+	Packs map[string]Chunk      `json:"packs"`
+}
+
+type cachedFile struct {
+	Stat   StatKey       `json:"k"`
+	Digest digest.Digest `json:"d"`
+	Chunks []Chunk       `json:"c,omitempty"`
+}
+
+// OpenStatCache loads the cache of tree root under dir. A missing or
+// unreadable cache starts empty.
+func OpenStatCache(dir, root string, p Params) *StatCache {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		abs = root
+	}
+	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d/%d/%d", abs, p.Min, p.Avg, p.Max)))
+	c := &StatCache{
+		path:  filepath.Join(dir, "stat", hex.EncodeToString(h[:16])+".json"),
+		since: time.Now().Add(-2 * time.Second).UnixNano(),
+	}
+	if b, err := os.ReadFile(c.path); err == nil {
+		_ = json.Unmarshal(b, &c.data)
+	}
+	if c.data.Files == nil {
+		c.data.Files = map[string]cachedFile{}
+	}
+	if c.data.Packs == nil {
+		c.data.Packs = map[string]Chunk{}
+	}
+	return c
+}
+
+func (c *StatCache) lookup(p string, k StatKey) (cachedFile, bool) {
+	if c == nil {
+		return cachedFile{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f, ok := c.data.Files[p]
+	if !ok || f.Stat != k {
+		return cachedFile{}, false
+	}
+	return f, true
+}
+
+func (c *StatCache) store(p string, f cachedFile) {
+	if c == nil || f.Stat.Mtime >= c.since || f.Stat.Ctime >= c.since {
+		return // racy: the file may still change within the clock's resolution
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.data.Files[p] = f
+	c.dirty = true
+}
+
+func (c *StatCache) pack(key string) (Chunk, bool) {
+	if c == nil {
+		return Chunk{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch, ok := c.data.Packs[key]
+	return ch, ok
+}
+
+func (c *StatCache) storePack(key string, ch Chunk) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.data.Packs[key] = ch
+	c.dirty = true
+}
+
+// Prune drops entries for paths not in keep.
+func (c *StatCache) prune(keep map[string]bool) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p := range c.data.Files {
+		if !keep[p] {
+			delete(c.data.Files, p)
+			c.dirty = true
+		}
+	}
+}
+
+// Save writes the cache atomically if it changed.
+func (c *StatCache) Save() error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.dirty {
+		return nil
+	}
+	b, err := json.Marshal(&c.data)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(c.path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(c.path), ".stat-*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	c.dirty = false
+	return os.Rename(tmp.Name(), c.path)
+}

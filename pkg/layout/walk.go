@@ -1,0 +1,101 @@
+package layout
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+)
+
+// ErrUnsupportedFile is wrapped when a tree holds a file type the format
+// cannot store (device, socket, FIFO) or a symlink leaving the root.
+var ErrUnsupportedFile = errors.New("layout: unsupported file")
+
+// Entry is one file found by Walk.
+type Entry struct {
+	Path   string // slash-separated, relative to the root
+	Type   string // TypeFile, TypeDir or TypeSymlink
+	Mode   uint32 // permission bits
+	Size   int64
+	Target string // symlink target
+	Stat   StatKey
+}
+
+// StatKey identifies a file's state on disk for the stat cache.
+type StatKey struct {
+	Size  int64  `json:"s"`
+	Mtime int64  `json:"m"`
+	Ctime int64  `json:"c"`
+	Ino   uint64 `json:"i"`
+}
+
+// Walk lists the tree under root, sorted by path. Symlinks are not
+// followed; other special files are refused with an error naming them.
+func Walk(root string) ([]Entry, error) {
+	st, err := os.Stat(root)
+	if err != nil {
+		return nil, err
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("%s: not a directory", root)
+	}
+	var out []Entry
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == root {
+			return nil
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		e := Entry{Path: rel, Mode: uint32(info.Mode().Perm()), Stat: statKey(info)}
+		switch m := info.Mode(); {
+		case m.IsRegular():
+			e.Type, e.Size = TypeFile, info.Size()
+		case m.IsDir():
+			e.Type = TypeDir
+		case m&fs.ModeSymlink != 0:
+			e.Type = TypeSymlink
+			if e.Target, err = os.Readlink(p); err != nil {
+				return err
+			}
+			if err := CheckSymlink(rel, filepath.ToSlash(e.Target)); err != nil {
+				return fmt.Errorf("%s: %w: %v", p, ErrUnsupportedFile, err)
+			}
+			e.Target = filepath.ToSlash(e.Target)
+			e.Mode = 0o777
+		default:
+			return fmt.Errorf("%s: %w: %s", p, ErrUnsupportedFile, m.Type())
+		}
+		if err := checkPath(rel); err != nil {
+			return fmt.Errorf("%s: %w: %v", p, ErrUnsupportedFile, err)
+		}
+		out = append(out, e)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+func statKey(info fs.FileInfo) StatKey {
+	k := StatKey{Size: info.Size(), Mtime: info.ModTime().UnixNano()}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		k.Ino = st.Ino
+		k.Ctime = ctime(st)
+	}
+	return k
+}

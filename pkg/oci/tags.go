@@ -1,0 +1,83 @@
+package oci
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// SealedTagPrefix starts every protective tag.
+const SealedTagPrefix = "sealed-"
+
+// sealedTimeFormat is the UTC time inside a protective tag; it sorts.
+const sealedTimeFormat = "20060102T150405Z"
+
+// ProtectiveTag returns the tag that keeps the version d alive: it names the
+// sealing time and the first 12 hex digits of the digest, and sorts by time.
+func ProtectiveTag(d digest.Digest, sealed time.Time) string {
+	return SealedTagPrefix + sealed.UTC().Format(sealedTimeFormat) + "-" + d.Encoded()[:12]
+}
+
+// ParseProtectiveTag returns the sealing time and digest prefix of a
+// protective tag.
+func ParseProtectiveTag(tag string) (time.Time, string, bool) {
+	rest, ok := strings.CutPrefix(tag, SealedTagPrefix)
+	if !ok {
+		return time.Time{}, "", false
+	}
+	ts, hex, ok := strings.Cut(rest, "-")
+	if !ok || len(hex) != 12 {
+		return time.Time{}, "", false
+	}
+	t, err := time.Parse(sealedTimeFormat, ts)
+	if err != nil {
+		return time.Time{}, "", false
+	}
+	return t, hex, true
+}
+
+// ListTags returns every tag of the repository, following pagination.
+func ListTags(ctx context.Context, t Target) ([]string, error) {
+	var out []string
+	err := t.Tags(ctx, "", func(tags []string) error {
+		out = append(out, tags...)
+		return nil
+	})
+	return out, err
+}
+
+// TagVersion gives the version root (with manifest bytes b) a protective
+// tag unless it has one, then points each of tags at it. The protective tag
+// comes first so the version is never left unreachable.
+func TagVersion(ctx context.Context, t Target, root ocispec.Descriptor, b []byte, tags []string, now time.Time) (string, error) {
+	existing, err := ListTags(ctx, t)
+	if err != nil {
+		return "", fmt.Errorf("list tags: %w", err)
+	}
+	prot := ""
+	hex := root.Digest.Encoded()[:12]
+	for _, tag := range existing {
+		if _, h, ok := ParseProtectiveTag(tag); ok && h == hex {
+			if d, err := t.Resolve(ctx, tag); err == nil && d.Digest == root.Digest {
+				prot = tag
+				break
+			}
+		}
+	}
+	if prot == "" {
+		prot = ProtectiveTag(root.Digest, now)
+		if err := TagBytes(ctx, t, root, b, prot); err != nil {
+			return "", err
+		}
+	}
+	for _, tag := range tags {
+		if err := TagBytes(ctx, t, root, b, tag); err != nil {
+			return prot, err
+		}
+	}
+	return prot, nil
+}

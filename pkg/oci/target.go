@@ -1,0 +1,152 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/content/oci"
+	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry"
+	"oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/credentials"
+	"oras.land/oras-go/v2/registry/remote/retry"
+)
+
+// ErrNotFound is wrapped when a reference names nothing.
+var ErrNotFound = errdef.ErrNotFound
+
+// Target is a repository: a registry repository or an OCI layout.
+type Target interface {
+	oras.GraphTarget
+	registry.TagLister
+	content.Deleter
+}
+
+// Options configure how a repository is reached. Zero values are secure
+// defaults: TLS with the system roots, docker credentials.
+type Options struct {
+	PlainHTTP          bool   // use plain HTTP (always used for loopback hosts)
+	InsecureSkipVerify bool   // accept any TLS certificate
+	CAFile             string // extra PEM roots; SSL_CERT_FILE is honoured too
+	UserAgent          string
+	// Credentials overrides the docker credential store; nil loads it.
+	Credentials credentials.Store
+	// CreateLayout lets Open create a missing OCI layout (for pushes).
+	CreateLayout bool
+}
+
+// Open returns the repository that r names.
+func Open(ctx context.Context, r Ref, opt Options) (Target, error) {
+	if r.Layout != "" {
+		if !opt.CreateLayout {
+			if _, err := os.Stat(r.Layout); err != nil {
+				return nil, fmt.Errorf("%s: %w", r.Repo(), ErrNotFound)
+			}
+		}
+		s, err := oci.NewWithContext(ctx, r.Layout)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", r.Repo(), err)
+		}
+		s.AutoGC = false
+		return s, nil
+	}
+	repo, err := remote.NewRepository(r.Registry + "/" + r.Repository)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.Repo(), err)
+	}
+	repo.PlainHTTP = opt.PlainHTTP || IsLoopback(r.Registry)
+	client, err := NewClient(opt)
+	if err != nil {
+		return nil, err
+	}
+	repo.Client = client
+	return repo, nil
+}
+
+// NewClient returns an authenticating, retrying HTTP client for registries.
+func NewClient(opt Options) (*auth.Client, error) {
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	base.MaxIdleConnsPerHost = 64
+	base.ResponseHeaderTimeout = 2 * time.Minute
+	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: opt.InsecureSkipVerify}
+	if opt.CAFile != "" {
+		pem, err := os.ReadFile(opt.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("CA file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil || pool == nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA file %s: no PEM certificates", opt.CAFile)
+		}
+		tlsConf.RootCAs = pool
+	}
+	base.TLSClientConfig = tlsConf
+	store := opt.Credentials
+	if store == nil {
+		s, err := credentials.NewStoreFromDocker(credentials.StoreOptions{AllowPlaintextPut: true, DetectDefaultNativeStore: false})
+		if err != nil {
+			return nil, fmt.Errorf("docker credentials: %w", err)
+		}
+		store = s
+	}
+	c := &auth.Client{
+		Client:     &http.Client{Transport: retry.NewTransport(base)},
+		Cache:      auth.NewCache(),
+		Credential: credentials.Credential(store),
+	}
+	ua := opt.UserAgent
+	if ua == "" {
+		ua = "bdnvol"
+	}
+	c.SetUserAgent(ua)
+	return c, nil
+}
+
+// Resolve returns the root descriptor that r names: its digest if it has
+// one (checked to exist), else what its tag points to now.
+func Resolve(ctx context.Context, t Target, r Ref) (ocispec.Descriptor, error) {
+	ref := r.Reference()
+	if ref == "" {
+		return ocispec.Descriptor{}, fmt.Errorf("%s: no tag or digest", r)
+	}
+	d, err := t.Resolve(ctx, ref)
+	if err != nil {
+		if errors.Is(err, errdef.ErrNotFound) {
+			return d, fmt.Errorf("%s: %w", r, errdef.ErrNotFound)
+		}
+		return d, fmt.Errorf("%s: %w", r, err)
+	}
+	if r.Digest != "" && d.Digest != r.Digest {
+		return d, fmt.Errorf("%s: resolved to %s", r, d.Digest)
+	}
+	return d, nil
+}
+
+// TagBytes points tag at the manifest desc whose bytes are b, in one
+// request where the target supports it.
+func TagBytes(ctx context.Context, t Target, desc ocispec.Descriptor, b []byte, tag string) error {
+	if rp, ok := t.(registry.ReferencePusher); ok && b != nil {
+		if err := rp.PushReference(ctx, desc, bytes.NewReader(b), tag); err != nil {
+			return fmt.Errorf("tag %s as %s: %w", desc.Digest, tag, err)
+		}
+		return nil
+	}
+	if err := t.Tag(ctx, desc, tag); err != nil {
+		return fmt.Errorf("tag %s as %s: %w", desc.Digest, tag, err)
+	}
+	return nil
+}
