@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# bench/bench.sh — compare bdnvol with oras on a synthetic checkpoint.
+#
+# Starts a CNCF distribution registry on a free loopback port (filesystem
+# storage in a temp dir), generates a ~2 GiB safetensors checkpoint and a
+# fine-tune of it, and measures in one run:
+#   push and pull time of oras and bdnvol, bytes uploaded for the fine-tune
+#   re-push, no-op re-push time, and peak RSS.
+# Prints a Markdown table on stdout; progress goes to stderr.
+#
+# Environment:
+#   BENCH_SIZE     checkpoint size for synth -size (default 2GiB)
+#   BENCH_SHARDS   number of shards (default 4)
+#   BENCH_FRACTION share of tensor bytes the fine-tune rewrites (default 0.3)
+#   BENCH_TOOLS    a directory with prebuilt oras and/or registry binaries to
+#                  use instead of `go install` (optional)
+#   BENCH_TMPDIR   where the temp dir goes (default $TMPDIR or /tmp)
+#   BENCH_KEEP=1   keep the temp dir
+#   BENCH_JOBS     bdnvol --jobs, if set
+# Page caches are not dropped (that needs root); every input is read once
+# before the measurements so both tools see a warm cache.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=$ROOT/bench/.bin
+SIZE=${BENCH_SIZE:-2GiB}
+SHARDS=${BENCH_SHARDS:-4}
+FRACTION=${BENCH_FRACTION:-0.3}
+ORAS_VERSION=v1.3.6
+REGISTRY_VERSION=v3.1.2
+
+log() { printf 'bench: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+mkdir -p "$BIN"
+
+# --- tools -----------------------------------------------------------------
+
+# install_tool NAME MODULE@VERSION WANT VERSION-ARG: use $BIN/NAME, else
+# $BENCH_TOOLS/NAME, else go install it into $BIN. WANT is a string that
+# `NAME VERSION-ARG` prints for the right version.
+install_tool() {
+	local name=$1 pkg=$2 want=$3 varg=$4
+	if [[ -x $BIN/$name ]] && "$BIN/$name" "$varg" 2>&1 | grep -qF -- "$want"; then
+		return
+	fi
+	if [[ -n ${BENCH_TOOLS:-} && -x $BENCH_TOOLS/$name ]] && "$BENCH_TOOLS/$name" "$varg" 2>&1 | grep -qF -- "$want"; then
+		log "using $BENCH_TOOLS/$name"
+		cp "$BENCH_TOOLS/$name" "$BIN/$name"
+		return
+	fi
+	log "installing $pkg into $BIN"
+	(cd "$BIN" && GOBIN=$BIN GOFLAGS=-buildvcs=false go install "$pkg") || die "go install $pkg failed"
+}
+install_tool oras "oras.land/oras/cmd/oras@$ORAS_VERSION" "Version:    ${ORAS_VERSION#v}" version
+install_tool registry "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION" " $REGISTRY_VERSION" --version
+ORAS=$BIN/oras
+REGISTRY=$BIN/registry
+
+log "building synth"
+(cd "$ROOT/e2e" && go build -o "$BIN/synth" ./cmd/synth) || die "building e2e/cmd/synth failed"
+
+log "building bdnvol"
+HAVE_BDNVOL=1
+if ! (cd "$ROOT" && go build -o "$BIN/bdnvol" ./cmd/bdnvol) >"$BIN/bdnvol-build.log" 2>&1; then
+	HAVE_BDNVOL=0
+	log "bdnvol does not build yet; measuring oras only (see $BIN/bdnvol-build.log)"
+fi
+BDNVOL=$BIN/bdnvol
+
+# Peak RSS: GNU time if present (installed with apt when possible), else a
+# /proc poller.
+if [[ ! -x /usr/bin/time ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+	log "installing GNU time"
+	apt-get install -y -qq time >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq time >/dev/null 2>&1) || true
+fi
+
+# --- scratch space and registry --------------------------------------------
+
+TMP=$(mktemp -d "${BENCH_TMPDIR:-${TMPDIR:-/tmp}}/bdnvol-bench.XXXXXX")
+REG_PID=
+cleanup() {
+	if [[ -n $REG_PID ]]; then
+		kill "$REG_PID" 2>/dev/null || true
+		wait "$REG_PID" 2>/dev/null || true
+	fi
+	if [[ ${BENCH_KEEP:-0} == 1 ]]; then
+		log "kept $TMP"
+	else
+		rm -rf "$TMP"
+	fi
+}
+trap cleanup EXIT
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start_registry() {
+	local port tries
+	for tries in $(seq 1 20); do
+		port=$((20000 + RANDOM % 40000))
+		port_free "$port" || continue
+		cat >"$TMP/config.yml" <<-EOF
+			version: 0.1
+			log:
+			  level: error
+			  accesslog:
+			    disabled: true
+			storage:
+			  filesystem:
+			    rootdirectory: $TMP/registry
+			  delete:
+			    enabled: true
+			  maintenance:
+			    uploadpurging:
+			      enabled: false
+			http:
+			  addr: 127.0.0.1:$port
+			  secret: bdnvol-bench
+		EOF
+		OTEL_TRACES_EXPORTER=none OTEL_METRICS_EXPORTER=none OTEL_LOGS_EXPORTER=none OTEL_SDK_DISABLED=true \
+			"$REGISTRY" serve "$TMP/config.yml" >"$TMP/registry.log" 2>&1 &
+		REG_PID=$!
+		local i
+		for i in $(seq 1 100); do
+			if ! kill -0 "$REG_PID" 2>/dev/null; then
+				break
+			fi
+			if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+				HOST=127.0.0.1:$port
+				log "registry on $HOST (pid $REG_PID)"
+				return
+			fi
+			sleep 0.1
+		done
+		kill "$REG_PID" 2>/dev/null || true
+		wait "$REG_PID" 2>/dev/null || true
+		REG_PID=
+	done
+	cat "$TMP/registry.log" >&2 || true
+	die "could not start the registry"
+}
+start_registry
+
+# --- data ----------------------------------------------------------------------
+
+MODEL=$TMP/model
+FT=$TMP/finetune
+log "generating $SIZE checkpoint in $SHARDS shards"
+"$BIN/synth" -out "$MODEL" -size "$SIZE" -shards "$SHARDS" -seed 1
+"$BIN/synth" -finetune "$MODEL" -out "$FT" -fraction "$FRACTION" >"$TMP/finetune.json"
+MODEL_BYTES=$(du -sb "$MODEL" | cut -f1)
+
+# Warm-up: read every input once so both tools start from a warm page cache.
+cat "$MODEL"/* "$FT"/* >/dev/null
+
+# --- measuring -----------------------------------------------------------------
+
+declare -A WALL RSS
+
+# measure NAME CMD...: runs CMD (stdout to $TMP/NAME.out), records wall seconds
+# in WALL[NAME] and peak RSS in KiB in RSS[NAME].
+measure() {
+	local name=$1
+	shift
+	log "running $name"
+	local t0 t1 rc=0
+	t0=$(date +%s%N)
+	if [[ -x /usr/bin/time ]]; then
+		/usr/bin/time -v -o "$TMP/$name.time" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" || rc=$?
+		t1=$(date +%s%N)
+		RSS[$name]=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$TMP/$name.time")
+	else
+		"$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+		local pid=$! peak=0 v
+		while kill -0 "$pid" 2>/dev/null; do
+			v=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+			[[ -n $v && $v -gt $peak ]] && peak=$v
+			sleep 0.05
+		done
+		wait "$pid" || rc=$?
+		t1=$(date +%s%N)
+		RSS[$name]=$peak
+	fi
+	WALL[$name]=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", (b - a) / 1e9}')
+	if [[ $rc != 0 ]]; then
+		cat "$TMP/$name.err" >&2
+		die "$name failed (exit $rc): $*"
+	fi
+}
+
+files_of() { (cd "$1" && find . -maxdepth 1 -type f -printf '%f\n' | sort); }
+
+# same_tree A B: every file of A is in B with the same bytes.
+same_tree() {
+	local f
+	for f in $(files_of "$1"); do
+		cmp -s "$1/$f" "$2/$f" || die "pulled $2/$f differs from $1/$f"
+	done
+}
+
+# oras ----------------------------------------------------------------------
+export DOCKER_CONFIG=$TMP/docker # no credentials needed, none read
+mkdir -p "$DOCKER_CONFIG"
+# measure_in runs measure in DIR, in a subshell, and passes its results back.
+measure_in() { # DIR NAME CMD...
+	local dir=$1 name=$2
+	shift 2
+	(
+		cd "$dir"
+		measure "$name" "$@"
+		echo "${WALL[$name]}" >"$TMP/$name.wall"
+		echo "${RSS[$name]}" >"$TMP/$name.rss"
+	)
+	WALL[$name]=$(cat "$TMP/$name.wall")
+	RSS[$name]=$(cat "$TMP/$name.rss")
+}
+oras_push() { # DIR TAG NAME
+	# shellcheck disable=SC2046
+	measure_in "$1" "$3" "$ORAS" push --plain-http --no-tty --export-manifest "$TMP/$3.manifest.json" \
+		"$HOST/oras:$2" $(files_of "$1")
+}
+
+# layers MANIFEST: "digest size" per layer.
+layers() {
+	tr -d ' \n' <"$1" | sed 's/.*"layers":\[//' | grep -o '"digest":"sha256:[0-9a-f]*","size":[0-9]*' |
+		sed 's/"digest":"\([^"]*\)","size":\([0-9]*\)/\1 \2/'
+}
+
+oras_push "$MODEL" v1 oras_push
+measure oras_pull "$ORAS" pull --plain-http --no-tty -o "$TMP/oras-out" "$HOST/oras:v1"
+same_tree "$MODEL" "$TMP/oras-out"
+oras_push "$MODEL" v1 oras_noop
+oras_push "$FT" v2 oras_ft
+ORAS_FT_BYTES=$(awk 'NR == FNR {old[$1] = 1; next} !($1 in old) {n += $2} END {printf "%d", n}' \
+	<(layers "$TMP/oras_push.manifest.json") <(layers "$TMP/oras_ft.manifest.json"))
+[[ $(layers "$TMP/oras_push.manifest.json" | wc -l) -gt 0 ]] || die "could not read layers from the oras manifest"
+
+# bdnvol ----------------------------------------------------------------------
+bytes_uploaded() { grep -o '"bytes_uploaded":[0-9]*' "$1" | tail -1 | cut -d: -f2; }
+if [[ $HAVE_BDNVOL == 1 ]]; then
+	export XDG_CACHE_HOME=$TMP/cache # fresh stat cache for the first push
+	JOBS=()
+	[[ -n ${BENCH_JOBS:-} ]] && JOBS=(--jobs "$BENCH_JOBS")
+	measure bdnvol_push "$BDNVOL" push --json "${JOBS[@]}" "$HOST/bdnvol:v1" "$MODEL"
+	measure bdnvol_pull "$BDNVOL" pull "${JOBS[@]}" "$HOST/bdnvol:v1" "$TMP/bdnvol-out"
+	same_tree "$MODEL" "$TMP/bdnvol-out"
+	# No-op re-push keeps the stat cache: that is what makes it cheap.
+	measure bdnvol_noop "$BDNVOL" push --json "${JOBS[@]}" "$HOST/bdnvol:v1" "$MODEL"
+	measure bdnvol_ft "$BDNVOL" push --json "${JOBS[@]}" "$HOST/bdnvol:v2" "$FT"
+	BDNVOL_FT_BYTES=$(bytes_uploaded "$TMP/bdnvol_ft.out")
+	[[ -n $BDNVOL_FT_BYTES ]] || die "no bytes_uploaded in: $(cat "$TMP/bdnvol_ft.out")"
+	BDNVOL_NOOP_BYTES=$(bytes_uploaded "$TMP/bdnvol_noop.out")
+fi
+
+# --- report ------------------------------------------------------------------
+
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+FT_CHANGED=$(grep -o '"ChangedTensorBytes": [0-9]*' "$TMP/finetune.json" | grep -o '[0-9]*$')
+FT_NEW=$(grep -o '"NewTensorBytes": [0-9]*' "$TMP/finetune.json" | grep -o '[0-9]*$')
+
+FAILED=0
+# row METRIC ORAS BDNVOL ORAS_NUM BDNVOL_NUM OP LIMIT TARGET_TEXT [absolute]
+# The ratio is BDNVOL_NUM/ORAS_NUM; the check is ratio OP LIMIT (or, with
+# "absolute", BDNVOL_NUM OP LIMIT).
+row() {
+	local metric=$1 o=$2 b=$3 on=$4 bn=$5 op=$6 limit=$7 target=$8 abs=${9:-}
+	local ratio="n/a" ok="n/a" val
+	if [[ $HAVE_BDNVOL == 1 ]]; then
+		ok=""
+		if [[ $on != 0 ]]; then
+			ratio=$(awk -v a="$bn" -v b="$on" 'BEGIN {printf "%.3f", a / b}')
+		fi
+		val=$ratio
+		[[ -n $abs ]] && val=$bn
+		if [[ $val != "n/a" && $limit != - ]]; then
+			if awk -v v="$val" -v l="$limit" 'BEGIN {exit !(v <= l)}'; then ok="yes"; else
+				ok="**no**"
+				FAILED=1
+			fi
+		fi
+	else
+		b="n/a"
+	fi
+	printf '| %s | %s | %s | %s | %s %s | %s |\n' "$metric" "$o" "$b" "$ratio" "$op" "$target" "$ok"
+}
+
+rssmib() { awk -v k="$1" 'BEGIN {printf "%.0f", k / 1024}'; }
+
+echo
+echo "bdnvol vs oras $ORAS_VERSION, distribution $REGISTRY_VERSION on loopback; $(mib "$MODEL_BYTES") in $SHARDS shards;"
+echo "fine-tune rewrites $(mib "$FT_CHANGED") of tensors and adds $(mib "$FT_NEW"); $(nproc) CPUs; warm page cache."
+echo
+echo "| metric | oras | bdnvol | ratio | target | met |"
+echo "|---|---|---|---|---|---|"
+B() { [[ $HAVE_BDNVOL == 1 ]] && echo "$1" || echo 0; }
+row "push (s)" "${WALL[oras_push]}" "$(B "${WALL[bdnvol_push]:-}")" "${WALL[oras_push]}" "$(B "${WALL[bdnvol_push]:-}")" "≤" 0.8 "0.8×"
+row "pull (s)" "${WALL[oras_pull]}" "$(B "${WALL[bdnvol_pull]:-}")" "${WALL[oras_pull]}" "$(B "${WALL[bdnvol_pull]:-}")" "≤" 0.7 "0.7×"
+row "fine-tune re-push uploaded" "$(mib "$ORAS_FT_BYTES")" "$(mib "$(B "${BDNVOL_FT_BYTES:-}")")" "$ORAS_FT_BYTES" "$(B "${BDNVOL_FT_BYTES:-}")" "≤" 0.34 "0.34×"
+row "fine-tune re-push (s)" "${WALL[oras_ft]}" "$(B "${WALL[bdnvol_ft]:-}")" "${WALL[oras_ft]}" "$(B "${WALL[bdnvol_ft]:-}")" "" - "—"
+row "no-op re-push (s)" "${WALL[oras_noop]}" "$(B "${WALL[bdnvol_noop]:-}")" "${WALL[oras_noop]}" "$(B "${WALL[bdnvol_noop]:-}")" "≤" 0.1 "0.1×"
+row "peak RSS push (MiB)" "$(rssmib "${RSS[oras_push]}")" "$(rssmib "$(B "${RSS[bdnvol_push]:-}")")" "${RSS[oras_push]}" "$(B "${RSS[bdnvol_push]:-}")" "≤" 262144 "256 MiB" absolute
+row "peak RSS pull (MiB)" "$(rssmib "${RSS[oras_pull]}")" "$(rssmib "$(B "${RSS[bdnvol_pull]:-}")")" "${RSS[oras_pull]}" "$(B "${RSS[bdnvol_pull]:-}")" "≤" 262144 "256 MiB" absolute
+if [[ $HAVE_BDNVOL == 1 ]]; then
+	echo
+	echo "bdnvol no-op re-push uploaded $(mib "${BDNVOL_NOOP_BYTES:-0}"); ratio = bdnvol / oras."
+else
+	echo
+	echo "bdnvol did not build: only oras was measured."
+fi
+exit "$FAILED"
