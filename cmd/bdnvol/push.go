@@ -112,18 +112,24 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 // previousParams returns the chunking parameters of the version the tag
-// points at now, so the new version dedups against it; else the defaults.
+// points at now, else of the newest sealed version of the repository, so
+// the new version dedups against it; else the defaults.
 func previousParams(ctx context.Context, t oci.Target, ref oci.Ref) layout.Params {
-	if ref.Tag == "" {
-		return layout.DefaultParams
+	candidates := []string{}
+	if ref.Tag != "" {
+		candidates = append(candidates, ref.Tag)
 	}
-	desc, err := t.Resolve(ctx, ref.Tag)
-	if err != nil {
-		return layout.DefaultParams
+	if newest := oci.NewestSealedTag(ctx, t); newest != "" {
+		candidates = append(candidates, newest)
 	}
-	v, err := layout.Open(ctx, t, desc)
-	if err != nil || v.Index.Chunking.Validate() != nil {
-		return layout.DefaultParams
+	for _, tag := range candidates {
+		desc, err := t.Resolve(ctx, tag)
+		if err != nil {
+			continue
+		}
+		if v, err := layout.Open(ctx, t, desc); err == nil && v.Index.Chunking.Validate() == nil {
+			return v.Index.Chunking
+		}
 	}
-	return v.Index.Chunking
+	return layout.DefaultParams
 }

@@ -2,7 +2,10 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
+	"oras.land/oras-go/v2/registry/remote/errcode"
 	"strings"
 	"time"
 
@@ -47,6 +50,10 @@ func ListTags(ctx context.Context, t Target) ([]string, error) {
 		out = append(out, tags...)
 		return nil
 	})
+	var er *errcode.ErrorResponse
+	if errors.As(err, &er) && er.StatusCode == http.StatusNotFound {
+		return nil, nil // a repository without tags yet
+	}
 	return out, err
 }
 
@@ -80,4 +87,20 @@ func TagVersion(ctx context.Context, t Target, root ocispec.Descriptor, b []byte
 		}
 	}
 	return prot, nil
+}
+
+// NewestSealedTag returns the protective tag of the most recently sealed
+// version, or "" when there is none.
+func NewestSealedTag(ctx context.Context, t Target) string {
+	tags, err := ListTags(ctx, t)
+	if err != nil {
+		return ""
+	}
+	newest := ""
+	for _, tag := range tags {
+		if _, _, ok := ParseProtectiveTag(tag); ok && tag > newest {
+			newest = tag
+		}
+	}
+	return newest
 }
