@@ -141,6 +141,13 @@ func (r *registry) Corrupt(digest string) {
 	r.corrupt[digest] = true
 }
 
+// Uncorrupt undoes Corrupt.
+func (r *registry) Uncorrupt(digest string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.corrupt, digest)
+}
+
 var pathRE = regexp.MustCompile(`^/v2/(.+)/(blobs/uploads|blobs|manifests|tags)(/.*)?$`)
 
 // classify names the kind of a registry API path and, for blobs, the digest.
