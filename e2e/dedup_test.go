@@ -52,6 +52,27 @@ func metadataBytes(t *testing.T, reg *registry, repo, ref string) int64 {
 	return n
 }
 
+// chunkingOf reads the chunking parameters from the file index of a
+// version (in its root manifest or, for a root index, its first part).
+func chunkingOf(t *testing.T, reg *registry, repo, ref string) chunking {
+	t.Helper()
+	body, _ := getManifest(t, reg, repo, ref, manifestAccepts)
+	var m ociManifest
+	mustJSON(t, body, &m)
+	if len(m.Manifests) > 0 {
+		return chunkingOf(t, reg, repo, m.Manifests[0].Digest)
+	}
+	for _, l := range m.Layers {
+		if l.MediaType == mtFileIndex {
+			var idx fileIndex
+			mustJSON(t, getBlob(t, reg, repo, l.Digest), &idx)
+			return idx.Chunking
+		}
+	}
+	t.Fatalf("%s:%s has no file index layer: %s", repo, ref, body)
+	return chunking{}
+}
+
 // TestFineTuneDedup pushes a synthetic checkpoint, then a fine-tune of it in
 // which 30% of the tensor bytes got new values and one shard got a new
 // tensor that shifts every later tensor of that shard, and checks that the
@@ -64,13 +85,16 @@ func TestFineTuneDedup(t *testing.T) {
 	v1, v2 := filepath.Join(base, "v1"), filepath.Join(base, "v2")
 
 	// ~24 MiB in 3 shards; hidden 768 and intermediate 1024 make every
-	// matrix at least 1 MiB (the default minimum chunk), as in real models,
-	// so tensors are chunked on their own.
+	// matrix at least 1 MiB (the default minimum chunk, checked below), as
+	// in real models, so each is chunked on its own.
 	opts := synth.Options{TargetBytes: 24 << 20, Shards: 3, Seed: 1, Layers: 2, Hidden: 768, Intermediate: 1024}
 	if err := synth.Generate(v1, opts); err != nil {
 		t.Fatal(err)
 	}
-	const minChunk = 1 << 20
+	first := dedupPushJSON(t, reg.Host+"/"+repo+":v1", v1)
+	t.Logf("v1: %+v", first)
+
+	minChunk := chunkingOf(t, reg, repo, "v1").Min
 	for i := 0; i < opts.Shards; i++ {
 		s, err := synth.ReadShard(filepath.Join(v1, synth.ShardName(i, opts.Shards)))
 		if err != nil {
@@ -78,13 +102,10 @@ func TestFineTuneDedup(t *testing.T) {
 		}
 		for _, ts := range s.Tensors {
 			if len(ts.Shape) == 2 && ts.Size() < minChunk {
-				t.Fatalf("premise: matrix %s is %d bytes, under the minimum chunk", ts.Name, ts.Size())
+				t.Fatalf("premise: matrix %s is %d bytes, under the default minimum chunk of %d", ts.Name, ts.Size(), minChunk)
 			}
 		}
 	}
-
-	first := dedupPushJSON(t, reg.Host+"/"+repo+":v1", v1)
-	t.Logf("v1: %+v", first)
 
 	rep, err := synth.FineTune(v1, v2, synth.FineTuneOptions{Fraction: 0.30, Seed: 2})
 	if err != nil {
