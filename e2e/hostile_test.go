@@ -120,7 +120,8 @@ func goodContents(idx fileIndex) map[string]string {
 type hostileCase struct {
 	name     string
 	build    func(s *pullSite) (fileIndex, [][]byte)
-	mentions []string // stderr must contain one of these, if any
+	mentions []string           // stderr must contain one of these, if any
+	manifest func(*ociManifest) // changes the root manifest, if set
 }
 
 func hostileCases() []hostileCase {
@@ -136,39 +137,52 @@ func hostileCases() []hostileCase {
 		}
 	}
 	return []hostileCase{
-		{"dotdot", one(fileEntry("../evil", 0o644, evil, 0)), []string{"../evil"}},
-		{"dotdot-inner", one(dir("a"), fileEntry("a/../../evil", 0o644, evil, 0)), []string{"a/../../evil"}},
+		{"dotdot", one(fileEntry("../evil", 0o644, evil, 0)), []string{"../evil"}, nil},
+		{"dotdot-inner", one(dir("a"), fileEntry("a/../../evil", 0o644, evil, 0)), []string{"a/../../evil"}, nil},
 		{"absolute-path", func(s *pullSite) (fileIndex, [][]byte) {
 			p := filepath.Join(s.base, "x", "abs-evil")
 			return fileIndex{Files: []indexEntry{fileEntry(p, 0o644, evil, 0)}}, [][]byte{evil}
-		}, nil},
-		{"symlink-dotdot", one(link("link", "../../outside")), []string{"link"}},
+		}, nil, nil},
+		{"symlink-dotdot", one(link("link", "../../outside")), []string{"link"}, nil},
 		{"symlink-absolute", func(s *pullSite) (fileIndex, [][]byte) {
 			return fileIndex{Files: []indexEntry{link("link", s.outside)}}, [][]byte{evil}
-		}, []string{"link"}},
-		{"symlink-dotdot-then-write", one(link("link", "../../outside"), fileEntry("link/pwned", 0o644, evil, 0)), []string{"link"}},
+		}, []string{"link"}, nil},
+		{"symlink-dotdot-then-write", one(link("link", "../../outside"), fileEntry("link/pwned", 0o644, evil, 0)), []string{"link"}, nil},
 		{"duplicate-file", func(*pullSite) (fileIndex, [][]byte) {
 			return fileIndex{Files: []indexEntry{fileEntry("a", 0o644, evil, 0), fileEntry("a", 0o644, other, 1)}},
 				[][]byte{evil, other}
-		}, []string{"a"}},
-		{"duplicate-dir-file", one(dir("a"), fileEntry("a", 0o644, evil, 0)), []string{"a"}},
-		{"file-under-symlink", one(link("link", "sub"), fileEntry("link/x", 0o644, evil, 0), dir("sub")), []string{"link"}},
+		}, []string{"a"}, nil},
+		{"duplicate-dir-file", one(dir("a"), fileEntry("a", 0o644, evil, 0)), []string{"a"}, nil},
+		{"file-under-symlink", one(link("link", "sub"), fileEntry("link/x", 0o644, evil, 0), dir("sub")), []string{"link"}, nil},
 		// d/l -> .. and d/l/l2 -> .. each stay inside DIR read lexically, but
 		// followed they lead to DIR/l2 -> .. and so DIR/../evil.
-		{"symlink-chain", one(dir("d"), link("d/l", ".."), link("d/l/l2", ".."), fileEntry("d/l/l2/evil", 0o644, evil, 0)), []string{"d/l"}},
+		{"symlink-chain", one(dir("d"), link("d/l", ".."), link("d/l/l2", ".."), fileEntry("d/l/l2/evil", 0o644, evil, 0)), []string{"d/l"}, nil},
 		{"file-digest-mismatch", func(*pullSite) (fileIndex, [][]byte) {
 			e := fileEntry("f", 0o644, evil, 0)
 			e.Digest = digestOf(other)
 			return fileIndex{Files: []indexEntry{e}}, [][]byte{evil}
-		}, []string{"f"}},
+		}, []string{"f"}, nil},
 		{"extent-past-chunk", func(*pullSite) (fileIndex, [][]byte) {
 			data := append(append([]byte{}, evil...), make([]byte, 100)...)
 			e := fileEntry("f", 0o644, data, 0)
 			return fileIndex{Files: []indexEntry{e}}, [][]byte{evil}
-		}, []string{"f"}},
+		}, []string{"f"}, nil},
 		{"extent-bad-chunk-index", func(*pullSite) (fileIndex, [][]byte) {
 			return fileIndex{Files: []indexEntry{fileEntry("f", 0o644, evil, 7)}}, [][]byte{evil}
-		}, []string{"f"}},
+		}, []string{"f"}, nil},
+		// The manifest's chunk layers are not the index's chunks, in order:
+		// each file would be filled from the other one's chunk.
+		{name: "layers-out-of-order", build: func(*pullSite) (fileIndex, [][]byte) {
+			return fileIndex{Files: []indexEntry{fileEntry("a", 0o644, evil, 0), fileEntry("b", 0o644, other, 1)}},
+				[][]byte{evil, other}
+		}, manifest: func(m *ociManifest) { m.Layers[1], m.Layers[2] = m.Layers[2], m.Layers[1] }},
+		{name: "chunk-layer-missing", build: func(*pullSite) (fileIndex, [][]byte) {
+			return fileIndex{Files: []indexEntry{fileEntry("a", 0o644, evil, 0), fileEntry("b", 0o644, other, 1)}},
+				[][]byte{evil, other}
+		}, manifest: func(m *ociManifest) { m.Layers = m.Layers[:2] }},
+		{name: "not-a-volume", build: func(*pullSite) (fileIndex, [][]byte) {
+			return fileIndex{Files: []indexEntry{fileEntry("a", 0o644, evil, 0)}}, [][]byte{evil}
+		}, manifest: func(m *ociManifest) { m.ArtifactType = "application/vnd.example.other.v1" }},
 	}
 }
 
@@ -179,7 +193,7 @@ func TestHostileVersions(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) {
 				s := newPullSite(t)
 				idx, chunks := c.build(s)
-				v := craft(t, idx, chunks)
+				v := craftWith(t, idx, chunks, c.manifest)
 				name := "hostile/" + c.name
 				if tg.reg != nil {
 					pushVersion(t, tg.reg, name, "v1", v)

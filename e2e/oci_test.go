@@ -92,6 +92,13 @@ type version struct {
 // idx.Chunks is filled in from chunks.
 func craft(t testing.TB, idx fileIndex, chunks [][]byte) version {
 	t.Helper()
+	return craftWith(t, idx, chunks, nil)
+}
+
+// craftWith is craft with a chance to change the root manifest before it is
+// serialized.
+func craftWith(t testing.TB, idx fileIndex, chunks [][]byte, mutate func(*ociManifest)) version {
+	t.Helper()
 	if idx.Version == 0 {
 		idx.Version = 1
 	}
@@ -122,6 +129,9 @@ func craft(t testing.TB, idx fileIndex, chunks [][]byte) version {
 	}
 	for _, c := range idx.Chunks {
 		m.Layers = append(m.Layers, descriptor{MediaType: mtChunk, Digest: c.Digest, Size: c.Size})
+	}
+	if mutate != nil {
+		mutate(&m)
 	}
 	v.manifest, err = json.Marshal(m)
 	if err != nil {
