@@ -15,8 +15,9 @@ type Params struct {
 	Max int64 `json:"max"`
 }
 
-// DefaultParams are MiB-sized: registries cost 5–50 ms per blob request.
-var DefaultParams = Params{Min: 1 << 20, Avg: 4 << 20, Max: 8 << 20}
+// DefaultParams are MiB-sized: registries cost 5–50 ms and several ms of
+// CPU per blob request, so fewer, larger chunks move data faster.
+var DefaultParams = Params{Min: 1 << 20, Avg: 8 << 20, Max: 16 << 20}
 
 // Validate reports whether the parameters are usable.
 func (p Params) Validate() error {

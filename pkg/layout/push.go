@@ -268,9 +268,13 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	}
 	defer f.Close()
 	var cuts []int64
+	cdc := true
 	if isSafetensors(e.Path) {
 		if hdrEnd, ts, err := ReadSafetensorsHeader(f, e.Size); err == nil {
-			cuts = tensorBoundaries(hdrEnd, ts, e.Size, b.opt.Params.Min)
+			// The header says where every tensor is: cut there, and
+			// at fixed offsets inside big tensors, with no rolling hash.
+			cuts = tensorBoundaries(hdrEnd, ts, e.Size, b.opt.Params)
+			cdc = false
 		}
 	}
 	fileHash := sha256.New()
@@ -311,7 +315,10 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 					lim = int(cuts[0] - pos)
 					forced = true
 				}
-				k, end := cut.next(data[:lim])
+				k, end := lim, false
+				if cdc {
+					k, end = cut.next(data[:lim])
+				}
 				chunkHash.Write(data[:k])
 				pos += int64(k)
 				data = data[k:]

@@ -83,32 +83,44 @@ func ParseSafetensorsHeader(hdr []byte, size int64) (int64, []Tensor, error) {
 // isSafetensors reports whether a path names a safetensors file.
 func isSafetensors(p string) bool { return strings.HasSuffix(p, ".safetensors") }
 
-// tensorBoundaries returns the forced cut points of a safetensors file: after
-// the header, around every tensor of at least min bytes, and after runs of
-// small tensors once a run reaches min bytes. Chunks never straddle them, so
-// an unchanged tensor gives unchanged chunks wherever it moves.
-func tensorBoundaries(hdrEnd int64, ts []Tensor, size, min int64) []int64 {
-	cuts := []int64{hdrEnd}
+// tensorBoundaries returns the cut points of a safetensors file: after the
+// header, around every tensor of at least p.Min bytes, after runs of small
+// tensors once a run reaches p.Min bytes, and every p.Max bytes inside a
+// longer piece, counted from the piece's start. Chunks never straddle a
+// tensor boundary, so an unchanged tensor gives unchanged chunks wherever
+// it moves in the file.
+func tensorBoundaries(hdrEnd int64, ts []Tensor, size int64, p Params) []int64 {
+	var marks []int64 // piece boundaries
 	group := hdrEnd
 	add := func(x int64) {
-		if x > cuts[len(cuts)-1] && x < size {
-			cuts = append(cuts, x)
+		if x > 0 && x < size && (len(marks) == 0 || x > marks[len(marks)-1]) {
+			marks = append(marks, x)
 		}
 	}
+	add(hdrEnd)
 	for _, t := range ts {
-		if t.End-t.Begin >= min {
+		if t.End-t.Begin >= p.Min {
 			add(t.Begin)
 			add(t.End)
 			group = t.End
 			continue
 		}
-		if t.End-group >= min {
+		if t.End-group >= p.Min {
 			add(t.End)
 			group = t.End
 		}
 	}
-	if cuts[0] >= size {
-		return nil
+	// Split pieces longer than p.Max into p.Max-sized chunks.
+	var cuts []int64
+	prev := int64(0)
+	for _, m := range append(marks, size) {
+		for x := prev + p.Max; x < m; x += p.Max {
+			cuts = append(cuts, x)
+		}
+		if m < size {
+			cuts = append(cuts, m)
+		}
+		prev = m
 	}
 	return cuts
 }
