@@ -17,6 +17,7 @@
 #   BENCH_TMPDIR   where the temp dir goes (default $TMPDIR or /tmp)
 #   BENCH_KEEP=1   keep the temp dir
 #   BENCH_JOBS     bdnvol --jobs, if set
+#   BENCH_STRICT=1 exit 1 when a target is missed (errors always exit non-zero)
 # Page caches are not dropped (that needs root); every input is read once
 # before the measurements so both tools see a warm cache.
 set -euo pipefail
@@ -254,7 +255,7 @@ fi
 
 # --- report ------------------------------------------------------------------
 
-mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+mib() { awk -v b="$1" 'BEGIN {if (b < 1048576) printf "%.1f KiB", b / 1024; else printf "%.1f MiB", b / 1048576}'; }
 FT_CHANGED=$(grep -o '"ChangedTensorBytes": [0-9]*' "$TMP/finetune.json" | grep -o '[0-9]*$')
 FT_NEW=$(grep -o '"NewTensorBytes": [0-9]*' "$TMP/finetune.json" | grep -o '[0-9]*$')
 
@@ -307,4 +308,6 @@ else
 	echo
 	echo "bdnvol did not build: only oras was measured."
 fi
-exit "$FAILED"
+if [[ $FAILED == 1 && ${BENCH_STRICT:-0} == 1 ]]; then
+	exit 1
+fi
