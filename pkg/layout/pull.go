@@ -370,7 +370,11 @@ func finishFile(f *File, pf *pullFile, verify bool, cache *StatCache) error {
 		return err
 	}
 	if st, err := os.Lstat(pf.final); err == nil && st.IsDir() {
-		return fmt.Errorf("%s: a directory is in the place of a file", pf.final)
+		// An empty directory goes; one with contents is the user's data.
+		if err := os.Remove(pf.final); err != nil {
+			os.Remove(pf.tmp)
+			return fmt.Errorf("%s: a non-empty directory is in the place of a file", pf.final)
+		}
 	}
 	if err := os.Rename(pf.tmp, pf.final); err != nil {
 		return err

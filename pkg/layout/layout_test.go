@@ -1,0 +1,296 @@
+package layout
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+	"oras.land/oras-go/v2/content/memory"
+)
+
+func randBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := 0; i+8 <= n; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
+	}
+	return b
+}
+
+// cutAll returns the chunk lengths the cutter gives for data.
+func cutAll(p Params, data []byte) []int {
+	c := newCutter(p)
+	var out []int
+	cur := 0
+	for len(data) > 0 {
+		n, end := c.next(data)
+		cur += n
+		data = data[n:]
+		if end {
+			out = append(out, cur)
+			cur = 0
+		}
+	}
+	if cur > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+func TestCutterBoundsAndResync(t *testing.T) {
+	p := Params{Min: 16 << 10, Avg: 64 << 10, Max: 256 << 10}
+	data := randBytes(1, 8<<20)
+	sizes := cutAll(p, data)
+	total := 0
+	for i, s := range sizes {
+		total += s
+		if s > int(p.Max) || (s < int(p.Min) && i != len(sizes)-1) {
+			t.Fatalf("chunk %d has %d bytes, outside [%d,%d]", i, s, p.Min, p.Max)
+		}
+	}
+	if total != len(data) {
+		t.Fatalf("chunks cover %d of %d bytes", total, len(data))
+	}
+	avg := total / len(sizes)
+	if avg < int(p.Avg)/2 || avg > int(p.Avg)*2 {
+		t.Fatalf("average chunk %d far from %d", avg, p.Avg)
+	}
+	// Insert 100 bytes in the middle: all but a couple of chunks survive.
+	mid := len(data) / 2
+	edited := append(append(append([]byte{}, data[:mid]...), randBytes(2, 100)...), data[mid:]...)
+	set := func(d []byte) map[digest.Digest]bool {
+		m := map[digest.Digest]bool{}
+		off := 0
+		for _, s := range cutAll(p, d) {
+			m[digest.FromBytes(d[off:off+s])] = true
+			off += s
+		}
+		return m
+	}
+	a, b := set(data), set(edited)
+	lost := 0
+	for d := range a {
+		if !b[d] {
+			lost++
+		}
+	}
+	if lost > 3 {
+		t.Fatalf("an insertion changed %d of %d chunks", lost, len(a))
+	}
+}
+
+func TestTensorBoundaries(t *testing.T) {
+	p := Params{Min: 100, Avg: 200, Max: 400}
+	// header ends at 50; tensors: small 10, small 95, big 1000, small 20
+	ts := []Tensor{{"a", 50, 60}, {"b", 60, 155}, {"c", 155, 1155}, {"d", 1155, 1175}}
+	got := tensorBoundaries(50, ts, 1175, p)
+	want := []int64{50, 155, 555, 955, 1155}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("cuts %v, want %v", got, want)
+	}
+}
+
+func TestSafetensorsHeader(t *testing.T) {
+	hdr := []byte(`{"__metadata__":{"x":"y"},"b":{"dtype":"BF16","shape":[2],"data_offsets":[4,8]},"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}`)
+	size := int64(8 + len(hdr) + 8)
+	end, ts, err := ParseSafetensorsHeader(hdr, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end != int64(8+len(hdr)) || len(ts) != 2 || ts[0].Name != "a" || ts[1].Begin != end+4 {
+		t.Fatalf("got end %d tensors %+v", end, ts)
+	}
+	for _, bad := range []string{
+		`{"a":{"data_offsets":[0,100]}}`,                          // past the end
+		`{"a":{"data_offsets":[4,2]}}`,                            // reversed
+		`{"a":{"data_offsets":[0,6]},"b":{"data_offsets":[4,8]}}`, // overlap
+		`not json`,
+	} {
+		if _, _, err := ParseSafetensorsHeader([]byte(bad), int64(8+len(bad)+8)); err == nil {
+			t.Errorf("accepted %s", bad)
+		}
+	}
+}
+
+func validIndex() *Index {
+	c := Chunk{Digest: digest.FromString("x"), Size: 10}
+	return &Index{Version: 1, Chunking: DefaultParams, Chunks: []Chunk{c}, Files: []File{
+		{Path: "d", Type: TypeDir, Mode: 0o755},
+		{Path: "d/f", Type: TypeFile, Mode: 0o644, Size: 10, Digest: digest.FromString("f"), Extents: []Extent{{0, 0, 10}}},
+		{Path: "d/l", Type: TypeSymlink, Mode: 0o777, Target: "f"},
+	}}
+}
+
+func TestValidate(t *testing.T) {
+	if err := validIndex().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]func(x *Index){
+		"dotdot":          func(x *Index) { x.Files[1].Path = "d/../../f" },
+		"absolute":        func(x *Index) { x.Files[1].Path = "/etc/passwd" },
+		"nul":             func(x *Index) { x.Files[1].Path = "d/f\x00" },
+		"duplicate":       func(x *Index) { x.Files[2].Path = "d/f" },
+		"unsorted":        func(x *Index) { x.Files[1], x.Files[2] = x.Files[2], x.Files[1] },
+		"no parent":       func(x *Index) { x.Files = x.Files[1:] },
+		"symlink out":     func(x *Index) { x.Files[2].Target = "../../etc" },
+		"symlink abs":     func(x *Index) { x.Files[2].Target = "/etc" },
+		"symlink chain":   func(x *Index) { x.Files[2].Target = "x/../.." },
+		"under symlink":   func(x *Index) { x.Files = append(x.Files, File{Path: "d/l/x", Type: TypeDir, Mode: 0o755}) },
+		"extent past":     func(x *Index) { x.Files[1].Extents[0] = Extent{0, 5, 10} },
+		"missing chunk":   func(x *Index) { x.Files[1].Extents[0] = Extent{1, 0, 10} },
+		"short extents":   func(x *Index) { x.Files[1].Size = 11 },
+		"mode bits":       func(x *Index) { x.Files[1].Mode = 0o4755 },
+		"bad type":        func(x *Index) { x.Files[1].Type = "fifo" },
+		"version":         func(x *Index) { x.Version = 2 },
+		"dup chunk":       func(x *Index) { x.Chunks = append(x.Chunks, x.Chunks[0]) },
+		"huge chunk":      func(x *Index) { x.Chunks[0].Size = MaxChunkBytes + 1 },
+		"dir with extent": func(x *Index) { x.Files[0].Extents = []Extent{{0, 0, 1}} },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			x := validIndex()
+			mutate(x)
+			if err := x.Validate(); !errors.Is(err, ErrInvalidIndex) {
+				t.Fatalf("got %v, want ErrInvalidIndex", err)
+			}
+		})
+	}
+}
+
+func TestDecodeIndexRoundTrip(t *testing.T) {
+	b, err := validIndex().Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := DecodeIndex(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, _ := x.Encode()
+	if !bytes.Equal(b, b2) {
+		t.Fatalf("re-encoding changed the index:\n%s\n%s", b, b2)
+	}
+	if _, err := DecodeIndex(append(b, []byte(`{}`)...)); err == nil {
+		t.Fatal("accepted trailing data")
+	}
+	if _, err := DecodeIndex([]byte(strings.Replace(string(b), `"version":1`, `"version":1,"extra":1`, 1))); err == nil {
+		t.Fatal("accepted an unknown field")
+	}
+}
+
+func writeTree(t *testing.T, root string, files map[string][]byte) {
+	t.Helper()
+	for p, data := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestPushPullMemory(t *testing.T) {
+	ctx := context.Background()
+	p := Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
+	src := t.TempDir()
+	files := map[string][]byte{"big.bin": randBytes(3, 1<<20), "x/small.txt": []byte("hello"), "x/empty": nil}
+	for i := range 300 {
+		files[fmt.Sprintf("many/%03d", i)] = randBytes(uint64(100+i), 1024)
+	}
+	writeTree(t, src, files)
+	if err := os.Symlink("../big.bin", filepath.Join(src, "x", "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, maxLayers := range []int{0, 7} {
+		t.Run(fmt.Sprint("maxLayers=", maxLayers), func(t *testing.T) {
+			store := memory.New()
+			res, err := Push(ctx, store, src, PushOptions{Params: p, MaxLayers: maxLayers})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 300 files of 1 KiB pack into a handful of chunks.
+			if res.Chunks > 1<<20/int(p.Min)+300*1024/int(p.Min)+4 {
+				t.Fatalf("%d chunks: small files were not packed", res.Chunks)
+			}
+			again, err := Push(ctx, store, src, PushOptions{Params: p, MaxLayers: maxLayers})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.Root.Digest != res.Root.Digest || again.BytesUploaded != 0 {
+				t.Fatalf("re-push: digest %s (was %s), %d bytes uploaded", again.Root.Digest, res.Root.Digest, again.BytesUploaded)
+			}
+			v, err := Open(ctx, store, res.Root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := t.TempDir()
+			if _, err := Pull(ctx, store, v, dst, PullOptions{VerifyFiles: true}); err != nil {
+				t.Fatal(err)
+			}
+			for p, want := range files {
+				got, err := os.ReadFile(filepath.Join(dst, p))
+				if err != nil || !bytes.Equal(got, want) {
+					t.Fatalf("%s differs after pull (%v)", p, err)
+				}
+			}
+			if tgt, err := os.Readlink(filepath.Join(dst, "x", "link")); err != nil || tgt != "../big.bin" {
+				t.Fatalf("symlink: %q %v", tgt, err)
+			}
+			// A second pull reuses every file and fetches nothing.
+			r2, err := Pull(ctx, store, v, dst, PullOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r2.ChunksFetched != 0 {
+				t.Fatalf("second pull fetched %d chunks", r2.ChunksFetched)
+			}
+		})
+	}
+}
+
+func TestPushRefusesEscapingSymlink(t *testing.T) {
+	src := t.TempDir()
+	if err := os.Symlink("/etc/passwd", filepath.Join(src, "evil")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Push(context.Background(), memory.New(), src, PushOptions{})
+	if !errors.Is(err, ErrUnsupportedFile) || !strings.Contains(err.Error(), "evil") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestSealSplitsParts(t *testing.T) {
+	x := &Index{Version: 1, Chunking: DefaultParams}
+	for i := range 25 {
+		x.Chunks = append(x.Chunks, Chunk{Digest: digest.FromString(fmt.Sprint(i)), Size: 1})
+		x.Files = append(x.Files, File{Path: fmt.Sprintf("f%02d", i), Type: TypeFile, Mode: 0o644, Size: 1, Digest: digest.FromString("y"), Extents: []Extent{{i, 0, 1}}})
+	}
+	s, err := Seal(x, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Parts) != 3 || s.Root.Desc.MediaType != "application/vnd.oci.image.index.v1+json" {
+		t.Fatalf("%d parts, root %s", len(s.Parts), s.Root.Desc.MediaType)
+	}
+	var root struct {
+		ArtifactType string `json:"artifactType"`
+	}
+	if err := json.Unmarshal(s.Root.Data, &root); err != nil || root.ArtifactType != ArtifactTypeVolume {
+		t.Fatalf("root artifactType %q (%v)", root.ArtifactType, err)
+	}
+	s2, _ := Seal(x, 10)
+	if s2.Root.Desc.Digest != s.Root.Desc.Digest {
+		t.Fatal("sealing is not deterministic")
+	}
+}
