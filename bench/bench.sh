@@ -71,7 +71,8 @@ BDNVOL=$BIN/bdnvol
 
 # Peak RSS: GNU time if present (installed with apt when possible), else a
 # /proc poller.
-if [[ ! -x /usr/bin/time ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+TIME_BIN=${BENCH_TIME:-/usr/bin/time}
+if [[ ! -x $TIME_BIN ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
 	log "installing GNU time"
 	apt-get install -y -qq time >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq time >/dev/null 2>&1) || true
 fi
@@ -96,8 +97,8 @@ trap cleanup EXIT
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start_registry() {
-	local port tries
-	for tries in $(seq 1 20); do
+	local port
+	for _ in $(seq 1 20); do
 		port=$((20000 + RANDOM % 40000))
 		port_free "$port" || continue
 		cat >"$TMP/config.yml" <<-EOF
@@ -121,8 +122,7 @@ start_registry() {
 		OTEL_TRACES_EXPORTER=none OTEL_METRICS_EXPORTER=none OTEL_LOGS_EXPORTER=none OTEL_SDK_DISABLED=true \
 			"$REGISTRY" serve "$TMP/config.yml" >"$TMP/registry.log" 2>&1 &
 		REG_PID=$!
-		local i
-		for i in $(seq 1 100); do
+		for _ in $(seq 1 100); do
 			if ! kill -0 "$REG_PID" 2>/dev/null; then
 				break
 			fi
@@ -166,8 +166,8 @@ measure() {
 	log "running $name"
 	local t0 t1 rc=0
 	t0=$(date +%s%N)
-	if [[ -x /usr/bin/time ]]; then
-		/usr/bin/time -v -o "$TMP/$name.time" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" || rc=$?
+	if [[ -x $TIME_BIN ]]; then
+		"$TIME_BIN" -v -o "$TMP/$name.time" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" || rc=$?
 		t1=$(date +%s%N)
 		RSS[$name]=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$TMP/$name.time")
 	else
