@@ -18,6 +18,8 @@
 #   BENCH_KEEP=1   keep the temp dir
 #   BENCH_JOBS     bdnvol --jobs, if set
 #   BENCH_STRICT=1 exit 1 when a target is missed (errors always exit non-zero)
+#   BENCH_TIME     GNU time binary (default /usr/bin/time; a missing one means
+#                  peak RSS is polled from /proc, with ~50 ms timing granularity)
 # Page caches are not dropped (that needs root); every input is read once
 # before the measurements so both tools see a warm cache.
 set -euo pipefail
