@@ -168,7 +168,7 @@ func (x *Index) Validate() error {
 	}
 	seen := make(map[digest.Digest]struct{}, len(x.Chunks))
 	for i, c := range x.Chunks {
-		if c.Digest.Algorithm() != digest.SHA256 || c.Digest.Validate() != nil {
+		if c.Digest.Validate() != nil || c.Digest.Algorithm() != digest.SHA256 {
 			return invalid("chunk %d: bad digest %q", i, c.Digest)
 		}
 		if c.Size <= 0 || c.Size > MaxChunkBytes {
@@ -218,7 +218,7 @@ func (x *Index) Validate() error {
 			if f.Target != "" {
 				return invalid("%q: file with a symlink target", f.Path)
 			}
-			if f.Digest.Algorithm() != digest.SHA256 || f.Digest.Validate() != nil {
+			if f.Digest.Validate() != nil || f.Digest.Algorithm() != digest.SHA256 {
 				return invalid("%q: bad digest %q", f.Path, f.Digest)
 			}
 			if f.Size < 0 {
