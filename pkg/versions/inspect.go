@@ -1,0 +1,242 @@
+package versions
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// FileInfo is one index entry as Inspect reports it.
+type FileInfo struct {
+	Path   string        `json:"path"`
+	Type   string        `json:"type"`
+	Size   int64         `json:"size"`
+	Mode   uint32        `json:"mode"`
+	SHA256 string        `json:"sha256,omitempty"`
+	Target string        `json:"target,omitempty"`
+	digest digest.Digest // unexported: the index digest, for Diff
+}
+
+// Details describe one version in full.
+type Details struct {
+	Digest        digest.Digest `json:"digest"`
+	FormatVersion int           `json:"format_version"`
+	Sealed        *time.Time    `json:"sealed,omitempty"`
+	SealedTag     string        `json:"sealed_tag,omitempty"`
+	Tags          []string      `json:"tags"`
+	Files         []FileInfo    `json:"files"`
+	Bytes         int64         `json:"bytes"`        // file bytes
+	Chunks        int           `json:"chunks"`       // distinct chunks
+	UniqueBytes   int64         `json:"unique_bytes"` // bytes of the distinct chunks
+}
+
+// Inspect opens and verifies the version desc of t and describes it,
+// with the tags that point at it now.
+func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Details, error) {
+	v, err := layout.Open(ctx, t, desc)
+	if err != nil {
+		return nil, err
+	}
+	d := &Details{
+		Digest:        desc.Digest,
+		FormatVersion: v.Index.Version,
+		Files:         files(v.Index),
+		Bytes:         v.Index.Bytes(),
+	}
+	d.Chunks, d.UniqueBytes = uniqueChunks(v.Index.Chunks)
+	tags, err := oci.ListTags(ctx, t)
+	if err != nil {
+		return nil, fmt.Errorf("list tags: %w", err)
+	}
+	if st, ts := SealedTagOf(tags, desc.Digest); st != "" {
+		d.SealedTag, d.Sealed = st, &ts
+	}
+	human, err := tagsOf(ctx, t, tags)
+	if err != nil {
+		return nil, err
+	}
+	d.Tags = human[desc.Digest]
+	if d.Tags == nil {
+		d.Tags = []string{}
+	}
+	return d, nil
+}
+
+func files(x *layout.Index) []FileInfo {
+	out := make([]FileInfo, len(x.Files))
+	for i, f := range x.Files {
+		out[i] = FileInfo{Path: f.Path, Type: f.Type, Size: f.Size, Mode: f.Mode, Target: f.Target, digest: f.Digest}
+		if f.Digest != "" {
+			out[i].SHA256 = f.Digest.Encoded()
+		}
+	}
+	return out
+}
+
+func uniqueChunks(cs []layout.Chunk) (int, int64) {
+	seen := make(map[digest.Digest]bool, len(cs))
+	var n int64
+	for _, c := range cs {
+		if !seen[c.Digest] {
+			seen[c.Digest] = true
+			n += c.Size
+		}
+	}
+	return len(seen), n
+}
+
+// FileChange is a path present in both versions with different contents,
+// type, mode or target.
+type FileChange struct {
+	Path    string `json:"path"`
+	Type    string `json:"type"`
+	OldSize int64  `json:"old_size"`
+	Size    int64  `json:"size"`
+}
+
+// Diff compares version B with version A.
+type Diff struct {
+	A digest.Digest `json:"a"`
+	B digest.Digest `json:"b"`
+
+	Added     []FileInfo   `json:"added"`     // in B only
+	Removed   []FileInfo   `json:"removed"`   // in A only
+	Changed   []FileChange `json:"changed"`   // in both, different
+	Unchanged int          `json:"unchanged"` // in both, identical
+
+	ChunksA      int   `json:"chunks_a"`      // distinct chunks of A
+	ChunksB      int   `json:"chunks_b"`      // distinct chunks of B
+	SharedChunks int   `json:"shared_chunks"` // chunks of B that A has
+	SharedBytes  int64 `json:"shared_bytes"`  // their bytes
+	NewChunks    int   `json:"new_chunks"`    // chunks of B that A lacks
+	NewBytes     int64 `json:"new_bytes"`     // their bytes
+	// UploadBytes is what a push of B on top of A uploads: the new chunks
+	// plus B's metadata blobs and manifests that A lacks.
+	UploadBytes int64 `json:"upload_bytes"`
+}
+
+// Side is one version to compare: where it is and its root.
+type Side struct {
+	Src  content.Fetcher
+	Desc ocispec.Descriptor
+}
+
+// Compare opens and verifies versions a and b and compares them at file and
+// chunk level.
+func Compare(ctx context.Context, a, b Side) (*Diff, error) {
+	va, err := layout.Open(ctx, a.Src, a.Desc)
+	if err != nil {
+		return nil, err
+	}
+	vb, err := layout.Open(ctx, b.Src, b.Desc)
+	if err != nil {
+		return nil, err
+	}
+	ma, err := metadata(ctx, a.Src, a.Desc)
+	if err != nil {
+		return nil, err
+	}
+	mb, err := metadata(ctx, b.Src, b.Desc)
+	if err != nil {
+		return nil, err
+	}
+	d := &Diff{A: a.Desc.Digest, B: b.Desc.Digest, Added: []FileInfo{}, Removed: []FileInfo{}, Changed: []FileChange{}}
+	fa, fb := files(va.Index), files(vb.Index)
+	inA := make(map[string]FileInfo, len(fa))
+	for _, f := range fa {
+		inA[f.Path] = f
+	}
+	inB := make(map[string]bool, len(fb))
+	for _, f := range fb {
+		inB[f.Path] = true
+		old, ok := inA[f.Path]
+		switch {
+		case !ok:
+			d.Added = append(d.Added, f)
+		case old == f:
+			d.Unchanged++
+		default:
+			d.Changed = append(d.Changed, FileChange{Path: f.Path, Type: f.Type, OldSize: old.Size, Size: f.Size})
+		}
+	}
+	for _, f := range fa {
+		if !inB[f.Path] {
+			d.Removed = append(d.Removed, f)
+		}
+	}
+	chunksA := map[digest.Digest]bool{}
+	for _, c := range va.Index.Chunks {
+		chunksA[c.Digest] = true
+	}
+	d.ChunksA = len(chunksA)
+	seen := map[digest.Digest]bool{}
+	for _, c := range vb.Index.Chunks {
+		if seen[c.Digest] {
+			continue
+		}
+		seen[c.Digest] = true
+		if chunksA[c.Digest] {
+			d.SharedChunks++
+			d.SharedBytes += c.Size
+		} else {
+			d.NewChunks++
+			d.NewBytes += c.Size
+		}
+	}
+	d.ChunksB = len(seen)
+	d.UploadBytes = d.NewBytes
+	for dg, size := range mb {
+		if _, ok := ma[dg]; !ok && !chunksA[dg] {
+			d.UploadBytes += size
+		}
+	}
+	slices.SortFunc(d.Changed, func(x, y FileChange) int { return strings.Compare(x.Path, y.Path) })
+	return d, nil
+}
+
+// metadata returns the sizes of the manifests and non-chunk blobs of the
+// version root: the root, its parts, their configs and the file index.
+func metadata(ctx context.Context, src content.Fetcher, root ocispec.Descriptor) (map[digest.Digest]int64, error) {
+	out := map[digest.Digest]int64{root.Digest: root.Size}
+	b, err := content.FetchAll(ctx, src, root)
+	if err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", root.Digest, err)
+	}
+	var m struct {
+		MediaType string               `json:"mediaType"`
+		Config    ocispec.Descriptor   `json:"config"`
+		Layers    []ocispec.Descriptor `json:"layers"`
+		Manifests []ocispec.Descriptor `json:"manifests"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w: %v", root.Digest, layout.ErrNotVolume, err)
+	}
+	for _, p := range m.Manifests {
+		sub, err := metadata(ctx, src, p)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range sub {
+			out[k] = v
+		}
+	}
+	if m.Config.Digest != "" {
+		out[m.Config.Digest] = m.Config.Size
+	}
+	for _, l := range m.Layers {
+		if l.MediaType != layout.MediaTypeChunk {
+			out[l.Digest] = l.Size
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,241 @@
+package versions
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// ErrReservedTag is wrapped when a human tag would use a prefix that bdnvol
+// keeps for its own tags.
+var ErrReservedTag = errors.New("reserved tag prefix")
+
+// jobs bounds the concurrent registry requests of List and TagsOf.
+const jobs = 8
+
+// Root is what the root manifest (or root index) of a version tells without
+// reading its file index.
+type Root struct {
+	Desc     ocispec.Descriptor
+	Manifest []byte // the raw root manifest, for re-tagging in one PUT
+	Files    int    // index entries, from the root's annotations
+	Bytes    int64  // file bytes, from the root's annotations
+	Chunks   int    // distinct chunks, from the root's annotations
+}
+
+// Version is one sealed version of a volume as List reports it.
+type Version struct {
+	Digest    digest.Digest `json:"digest"`
+	Sealed    time.Time     `json:"sealed"`
+	Bytes     int64         `json:"bytes"`
+	Files     int           `json:"files"`
+	Chunks    int           `json:"chunks"`
+	Tags      []string      `json:"tags"`       // human tags pointing at it now, sorted
+	SealedTag string        `json:"sealed_tag"` // its protective tag
+}
+
+// IsReserved reports whether tag is one bdnvol manages itself: a protective
+// tag or a history record tag.
+func IsReserved(tag string) bool {
+	return strings.HasPrefix(tag, oci.SealedTagPrefix) || strings.HasPrefix(tag, HistoryTagPrefix)
+}
+
+// CheckTag refuses a human tag that uses a reserved prefix.
+func CheckTag(tag string) error {
+	if IsReserved(tag) {
+		return fmt.Errorf("tag %q: %w (%s and %s are bdnvol's)", tag, ErrReservedTag, oci.SealedTagPrefix, HistoryTagPrefix)
+	}
+	return nil
+}
+
+// Stat fetches the root manifest desc names and checks that it is a bdnvol
+// volume; the error wraps layout.ErrNotVolume otherwise.
+func Stat(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*Root, error) {
+	if desc.Size <= 0 || desc.Size > layout.MaxManifestBytes {
+		return nil, fmt.Errorf("%s: manifest of %d bytes: %w", desc.Digest, desc.Size, layout.ErrNotVolume)
+	}
+	b, err := content.FetchAll(ctx, src, desc)
+	if err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
+	}
+	return parseRoot(desc, b)
+}
+
+func parseRoot(desc ocispec.Descriptor, b []byte) (*Root, error) {
+	var m struct {
+		MediaType    string            `json:"mediaType"`
+		ArtifactType string            `json:"artifactType"`
+		Annotations  map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w: %v", desc.Digest, layout.ErrNotVolume, err)
+	}
+	if m.MediaType == "" {
+		m.MediaType = desc.MediaType
+	}
+	if m.MediaType != ocispec.MediaTypeImageManifest && m.MediaType != ocispec.MediaTypeImageIndex {
+		return nil, fmt.Errorf("%s: media type %q: %w", desc.Digest, m.MediaType, layout.ErrNotVolume)
+	}
+	if m.ArtifactType != layout.ArtifactTypeVolume {
+		return nil, fmt.Errorf("%s: artifactType %q: %w", desc.Digest, m.ArtifactType, layout.ErrNotVolume)
+	}
+	r := &Root{Desc: desc, Manifest: b}
+	r.Desc.MediaType = m.MediaType
+	r.Files, _ = strconv.Atoi(m.Annotations[layout.AnnotationFiles])
+	r.Bytes, _ = strconv.ParseInt(m.Annotations[layout.AnnotationBytes], 10, 64)
+	r.Chunks, _ = strconv.Atoi(m.Annotations[layout.AnnotationChunks])
+	return r, nil
+}
+
+// Resolve returns the version that ref names (a tag or a digest), checking
+// that it exists and is a bdnvol volume.
+func Resolve(ctx context.Context, t oci.Target, ref oci.Ref) (*Root, error) {
+	desc, err := oci.Resolve(ctx, t, ref)
+	if err != nil {
+		return nil, err
+	}
+	r, err := Stat(ctx, t, desc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ref, err)
+	}
+	return r, nil
+}
+
+// List returns every sealed version of the repository, found through the
+// protective tags, newest first (versions sealed in the same second are in
+// descending protective tag order). Each carries the human tags that point
+// at it now. Protective tags that point at something other than a volume are
+// ignored.
+func List(ctx context.Context, t oci.Target) ([]Version, error) {
+	tags, err := oci.ListTags(ctx, t)
+	if err != nil {
+		return nil, fmt.Errorf("list tags: %w", err)
+	}
+	var mu sync.Mutex
+	byDigest := map[digest.Digest]*Version{}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(jobs)
+	for _, tag := range tags {
+		sealed, _, ok := oci.ParseProtectiveTag(tag)
+		if !ok {
+			continue
+		}
+		g.Go(func() error {
+			desc, b, err := oras.FetchBytes(gctx, t, tag, oras.DefaultFetchBytesOptions)
+			if errors.Is(err, errdef.ErrNotFound) {
+				return nil // deleted since the listing
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", tag, err)
+			}
+			r, err := parseRoot(desc, b)
+			if err != nil {
+				return nil // not a volume: not a version of this volume
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			v := byDigest[desc.Digest]
+			if v != nil && (v.Sealed.Before(sealed) || v.Sealed.Equal(sealed) && v.SealedTag < tag) {
+				return nil // keep the first sealing
+			}
+			byDigest[desc.Digest] = &Version{
+				Digest: desc.Digest, Sealed: sealed, Bytes: r.Bytes, Files: r.Files, Chunks: r.Chunks,
+				Tags: []string{}, SealedTag: tag,
+			}
+			return nil
+		})
+	}
+	var human map[digest.Digest][]string
+	g.Go(func() error {
+		var err error
+		human, err = tagsOf(gctx, t, tags)
+		return err
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	out := make([]Version, 0, len(byDigest))
+	for d, v := range byDigest {
+		if h := human[d]; h != nil {
+			v.Tags = h
+		}
+		out = append(out, *v)
+	}
+	slices.SortFunc(out, func(a, b Version) int {
+		if c := b.Sealed.Compare(a.Sealed); c != 0 {
+			return c
+		}
+		return strings.Compare(b.SealedTag, a.SealedTag)
+	})
+	return out, nil
+}
+
+// TagsOf maps each digest to the human tags that point at it now, sorted.
+func TagsOf(ctx context.Context, t oci.Target) (map[digest.Digest][]string, error) {
+	tags, err := oci.ListTags(ctx, t)
+	if err != nil {
+		return nil, fmt.Errorf("list tags: %w", err)
+	}
+	return tagsOf(ctx, t, tags)
+}
+
+func tagsOf(ctx context.Context, t oci.Target, tags []string) (map[digest.Digest][]string, error) {
+	var mu sync.Mutex
+	out := map[digest.Digest][]string{}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(jobs)
+	for _, tag := range tags {
+		if IsReserved(tag) {
+			continue
+		}
+		g.Go(func() error {
+			d, err := t.Resolve(gctx, tag)
+			if errors.Is(err, errdef.ErrNotFound) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("resolve %s: %w", tag, err)
+			}
+			mu.Lock()
+			out[d.Digest] = append(out[d.Digest], tag)
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	for _, v := range out {
+		slices.Sort(v)
+	}
+	return out, nil
+}
+
+// SealedTagOf returns the protective tag of the version d and its sealing
+// time, or "" when it has none among tags.
+func SealedTagOf(tags []string, d digest.Digest) (string, time.Time) {
+	best, bestTime := "", time.Time{}
+	for _, tag := range tags {
+		ts, hex, ok := oci.ParseProtectiveTag(tag)
+		if ok && hex == d.Encoded()[:12] && (best == "" || tag < best) {
+			best, bestTime = tag, ts
+		}
+	}
+	return best, bestTime
+}
