@@ -16,8 +16,6 @@ type PullCmd struct {
 	Dir  string `arg:"" type:"path" help:"Directory to write into (created if missing)."`
 	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
 	Jobs int    `default:"8" help:"Concurrent chunk fetches."`
-
-	VerifyFiles bool `name:"verify-files" help:"Also re-read every written file and check its SHA-256 (chunks are always verified)."`
 }
 
 type pullOutput struct {
@@ -56,10 +54,9 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "pull", counters)
 	res, err := layout.Pull(ctx, t, v, c.Dir, layout.PullOptions{
-		Jobs:        c.Jobs,
-		VerifyFiles: c.VerifyFiles,
-		Cache:       layout.OpenStatCache(g.cacheDir(), c.Dir, layout.Params{}),
-		Counters:    counters,
+		Jobs:     c.Jobs,
+		Cache:    layout.OpenStatCache(g.cacheDir(), c.Dir, layout.Params{}),
+		Counters: counters,
 	})
 	stop()
 	if err != nil {

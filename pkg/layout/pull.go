@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -25,12 +26,9 @@ var ErrDigestMismatch = errors.New("content does not match its digest")
 
 // PullOptions configure Pull. Zero values select defaults.
 type PullOptions struct {
-	Jobs int // concurrent chunk fetches; <= 0 means 8
-	// VerifyFiles re-reads every written file and checks its SHA-256, on
-	// top of the per-chunk digest checks that always run.
-	VerifyFiles bool
-	Cache       *StatCache // remembers verified files; nil disables it
-	Counters    *Counters  // progress; may be nil
+	Jobs     int        // concurrent chunk fetches; <= 0 means 8
+	Cache    *StatCache // remembers verified files; nil disables it
+	Counters *Counters  // progress; may be nil
 }
 
 // PullResult describes a pull.
@@ -51,7 +49,98 @@ type target struct {
 
 type pullFile struct {
 	final, tmp string
-	remaining  atomic.Int64
+	remaining  atomic.Int64 // bytes not yet written and verified
+
+	// The file's SHA-256 is computed in file order while chunks arrive in
+	// any order: bytes at the hashed offset are hashed as they are written;
+	// ranges written ahead of it wait in ahead and are read back from the
+	// temporary file once the gap before them closes.
+	mu      sync.Mutex
+	cond    *sync.Cond
+	h       hash.Hash
+	hashed  int64
+	ahead   map[int64]int64 // start → end of written ranges past hashed
+	hashing bool
+	err     error
+}
+
+func newPullFile(final, tmp string) *pullFile {
+	pf := &pullFile{final: final, tmp: tmp, h: sha256.New(), ahead: map[int64]int64{}}
+	pf.cond = sync.NewCond(&pf.mu)
+	return pf
+}
+
+// wrote records that data now sits at off in the temporary file.
+func (pf *pullFile) wrote(off int64, data []byte) {
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	if off != pf.hashed || pf.hashing {
+		pf.ahead[off] = off + int64(len(data))
+		if !pf.hashing {
+			pf.catchUp()
+		}
+		return
+	}
+	pf.hashing = true
+	pf.mu.Unlock()
+	pf.h.Write(data)
+	pf.mu.Lock()
+	pf.hashed += int64(len(data))
+	pf.hashing = false
+	pf.catchUp()
+}
+
+// catchUp hashes the ranges written ahead that now follow the hashed
+// prefix, reading them back. Called with mu held and hashing false.
+func (pf *pullFile) catchUp() {
+	pf.hashing = true
+	for pf.err == nil {
+		end, ok := pf.ahead[pf.hashed]
+		if !ok {
+			break
+		}
+		delete(pf.ahead, pf.hashed)
+		start := pf.hashed
+		pf.mu.Unlock()
+		err := hashRange(pf.h, pf.tmp, start, end)
+		pf.mu.Lock()
+		pf.hashed, pf.err = end, err
+	}
+	pf.hashing = false
+	pf.cond.Broadcast()
+}
+
+// sum waits until size bytes are hashed and returns the digest.
+func (pf *pullFile) sum(size int64) (digest.Digest, error) {
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	for pf.err == nil && (pf.hashing || pf.hashed < size) {
+		if !pf.hashing {
+			if _, ok := pf.ahead[pf.hashed]; !ok {
+				return "", fmt.Errorf("internal error: %d of %d bytes hashed", pf.hashed, size)
+			}
+			pf.catchUp()
+			continue
+		}
+		pf.cond.Wait()
+	}
+	if pf.err != nil {
+		return "", pf.err
+	}
+	return digest.NewDigest(digest.SHA256, pf.h), nil
+}
+
+func hashRange(h hash.Hash, path string, start, end int64) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	n, err := io.Copy(h, io.NewSectionReader(f, start, end-start))
+	if err == nil && n != end-start {
+		err = fmt.Errorf("%s: short read at %d", path, start+n)
+	}
+	return err
 }
 
 // Pull materialises the version v under dir. Files are written under a
@@ -101,7 +190,7 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 			}
 		}
 		h := sha256.Sum256([]byte(f.Path))
-		pf := &pullFile{final: final, tmp: filepath.Join(filepath.Dir(final), ".bdnvol-"+hex.EncodeToString(h[:8])+".part")}
+		pf := newPullFile(final, filepath.Join(filepath.Dir(final), ".bdnvol-"+hex.EncodeToString(h[:8])+".part"))
 		files[i] = pf
 		done, err := prepareTmp(pf.tmp, f, x, v.Chunks)
 		if err != nil {
@@ -113,6 +202,7 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 				byChunk[e.Chunk] = append(byChunk[e.Chunk], target{file: i, fileOff: off, chunkOff: e.Offset, n: e.Length})
 				remaining += e.Length
 			} else {
+				pf.ahead[off] = off + e.Length // verified by a previous pull
 				opt.Counters.Processed.Add(e.Length)
 			}
 			off += e.Length
@@ -123,7 +213,7 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 		}
 	}
 	for _, i := range ready {
-		if err := finishFile(&x.Files[i], files[i], true, opt.Cache); err != nil {
+		if err := finishFile(&x.Files[i], files[i], opt.Cache); err != nil {
 			return nil, err
 		}
 	}
@@ -147,7 +237,7 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 			fetchedBytes.Add(desc.Size)
 			for _, t := range ts {
 				if files[t.file].remaining.Add(-t.n) == 0 {
-					if err := finishFile(&x.Files[t.file], files[t.file], opt.VerifyFiles, opt.Cache); err != nil {
+					if err := finishFile(&x.Files[t.file], files[t.file], opt.Cache); err != nil {
 						return err
 					}
 				}
@@ -221,6 +311,7 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 				if _, err := f.WriteAt(block[lo-off:hi-off], t.fileOff+lo-t.chunkOff); err != nil {
 					return err
 				}
+				files[t.file].wrote(t.fileOff+lo-t.chunkOff, block[lo-off:hi-off])
 			}
 			off += int64(n)
 			c.Sent.Add(int64(n))
@@ -350,21 +441,16 @@ func prepareTmp(tmp string, f *File, x *Index, chunks []ocispec.Descriptor) ([]b
 	return done, fh.Truncate(f.Size)
 }
 
-// finishFile sets the temporary file's mode and renames it into place. With
-// verify, it first re-hashes the file against f's digest and removes it if
-// it does not match. Without, the file is correct by construction: each of
-// its chunks was verified against the digest that the verified index names.
-func finishFile(f *File, pf *pullFile, verify bool, cache *StatCache) error {
-	d := f.Digest
-	if verify || f.Size == 0 {
-		var err error
-		if d, err = fileDigest(pf.tmp); err != nil {
-			return fmt.Errorf("%s: %w", f.Path, err)
-		}
-		if d != f.Digest {
-			os.Remove(pf.tmp)
-			return fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, d, f.Digest)
-		}
+// finishFile checks the file's SHA-256 (hashed while it was written), sets
+// its mode and renames it into place. A file that does not match is removed.
+func finishFile(f *File, pf *pullFile, cache *StatCache) error {
+	d, err := pf.sum(f.Size)
+	if err != nil {
+		return fmt.Errorf("%s: %w", f.Path, err)
+	}
+	if d != f.Digest {
+		os.Remove(pf.tmp)
+		return fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, d, f.Digest)
 	}
 	if err := os.Chmod(pf.tmp, os.FileMode(f.Mode)); err != nil {
 		return err
