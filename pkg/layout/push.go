@@ -111,45 +111,22 @@ func Push(ctx context.Context, dst content.Storage, root string, opt PushOptions
 	opt.Cache.prune(keep)
 
 	up := &uploader{dst: dst, seen: map[digest.Digest]bool{}, counters: opt.Counters}
-	if allHit {
-		// Everything is known without reading: seal first, and skip all
-		// uploads when the destination already has this version.
-		b.collect = true
-		if err := b.chunkAll(ctx, nil); err != nil {
-			return nil, err
-		}
-		x, err := b.index()
-		if err != nil {
-			return nil, err
-		}
-		s, err := Seal(x, opt.MaxLayers)
-		if err != nil {
-			return nil, err
-		}
-		if ok, err := dst.Exists(ctx, s.Root.Desc); err == nil && ok {
-			opt.Counters.Processed.Store(opt.Counters.Total.Load())
-			return b.result(s, up, 0, true), opt.Cache.Save()
-		}
-		b.collect = false
-		err = up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
-			for _, j := range b.pending {
-				if err := submit(j); err != nil {
-					return err
-				}
-			}
-			return nil
+	if !allHit {
+		err := up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
+			return b.chunkAll(ctx, submit)
 		})
 		if err != nil {
 			return nil, err
 		}
-		return b.finish(ctx, dst, s, up)
+		return b.seal(ctx, dst, up)
 	}
-	err = up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
-		return b.chunkAll(ctx, submit)
-	})
-	if err != nil {
+	// Everything is known without reading: seal first, and skip all uploads
+	// when the destination already has this version.
+	b.collect = true
+	if err := b.chunkAll(ctx, nil); err != nil {
 		return nil, err
 	}
+	b.collect = false
 	x, err := b.index()
 	if err != nil {
 		return nil, err
@@ -158,7 +135,25 @@ func Push(ctx context.Context, dst content.Storage, root string, opt PushOptions
 	if err != nil {
 		return nil, err
 	}
-	return b.finish(ctx, dst, s, up)
+	if ok, err := dst.Exists(ctx, s.Root.Desc); err == nil && ok {
+		opt.Counters.Processed.Store(opt.Counters.Total.Load())
+		if err := opt.Cache.Save(); err != nil {
+			return nil, fmt.Errorf("save stat cache: %w", err)
+		}
+		return b.result(s, up, 0, true), nil
+	}
+	err = up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
+		for _, j := range b.pending {
+			if err := submit(j); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b.seal(ctx, dst, up)
 }
 
 type builder struct {
@@ -172,7 +167,17 @@ type builder struct {
 	pending []chunkJob
 }
 
-func (b *builder) finish(ctx context.Context, dst content.Storage, s *Sealed, up *uploader) (*PushResult, error) {
+// seal builds the index and manifests once every chunk is stored, then
+// stores the manifests and saves the stat cache.
+func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (*PushResult, error) {
+	x, err := b.index()
+	if err != nil {
+		return nil, err
+	}
+	s, err := Seal(x, b.opt.MaxLayers)
+	if err != nil {
+		return nil, err
+	}
 	n, err := s.Store(ctx, dst)
 	if err != nil {
 		return nil, err
