@@ -1,0 +1,75 @@
+package deploy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// FileName is the conventional name of a deploy file.
+const FileName = "bdnvol.yaml"
+
+// ErrInvalidSpec is wrapped by every error about a malformed deploy file.
+var ErrInvalidSpec = errors.New("invalid deploy file")
+
+// Spec is a deploy file: the volumes a workload mounts.
+type Spec struct {
+	Mounts []Mount `yaml:"mounts" json:"mounts"`
+}
+
+// Mount is one volume to mount.
+type Mount struct {
+	Source   string `yaml:"source" json:"source"`     // a volume reference with a tag or a digest
+	Path     string `yaml:"path" json:"path"`         // absolute mount point
+	ReadOnly bool   `yaml:"readOnly" json:"readOnly"` // mount read-only
+}
+
+// Parse decodes and validates a deploy file (YAML or JSON). Unknown fields
+// are refused so that a typo does not silently drop a setting.
+func Parse(b []byte) (*Spec, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	var s Spec
+	if err := dec.Decode(&s); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: empty", ErrInvalidSpec)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Validate checks that every mount has a parseable source with a tag or a
+// digest and a distinct, clean, absolute path.
+func (s *Spec) Validate() error {
+	if len(s.Mounts) == 0 {
+		return fmt.Errorf("%w: no mounts", ErrInvalidSpec)
+	}
+	seen := map[string]bool{}
+	for i, m := range s.Mounts {
+		r, err := oci.ParseRef(m.Source)
+		if err != nil {
+			return fmt.Errorf("%w: mount %d: source: %v", ErrInvalidSpec, i, err)
+		}
+		if r.Reference() == "" {
+			return fmt.Errorf("%w: mount %d: source %q has no tag or digest", ErrInvalidSpec, i, m.Source)
+		}
+		if !path.IsAbs(m.Path) || path.Clean(m.Path) != m.Path || m.Path == "/" {
+			return fmt.Errorf("%w: mount %d: path %q must be a clean absolute path other than /", ErrInvalidSpec, i, m.Path)
+		}
+		if seen[m.Path] {
+			return fmt.Errorf("%w: mount %d: path %q mounted twice", ErrInvalidSpec, i, m.Path)
+		}
+		seen[m.Path] = true
+	}
+	return nil
+}
