@@ -153,7 +153,7 @@ func Push(ctx context.Context, dst content.Storage, root string, opt PushOptions
 	if err != nil {
 		return nil, err
 	}
-	return b.seal(ctx, dst, up)
+	return b.store(ctx, dst, s, up)
 }
 
 type builder struct {
@@ -167,8 +167,8 @@ type builder struct {
 	pending []chunkJob
 }
 
-// seal builds the index and manifests once every chunk is stored, then
-// stores the manifests and saves the stat cache.
+// seal builds the index and manifests once every chunk is stored and
+// stores them.
 func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (*PushResult, error) {
 	x, err := b.index()
 	if err != nil {
@@ -178,6 +178,11 @@ func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (
 	if err != nil {
 		return nil, err
 	}
+	return b.store(ctx, dst, s, up)
+}
+
+// store stores the manifests of s and saves the stat cache.
+func (b *builder) store(ctx context.Context, dst content.Storage, s *Sealed, up *uploader) (*PushResult, error) {
 	n, err := s.Store(ctx, dst)
 	if err != nil {
 		return nil, err
