@@ -1,0 +1,439 @@
+package lazy
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+// Fetcher fetches a blob by descriptor. It is oras-go's content.Fetcher:
+// registry repositories, OCI layouts and memory stores all implement it.
+// The bytes it returns are not trusted; everything in this package verifies
+// them against desc.Digest before use.
+type Fetcher interface {
+	Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error)
+}
+
+var _ Fetcher = content.Fetcher(nil)
+
+// Chunk is the verified bytes of one chunk. Close releases it; a Chunk stays
+// readable after its cache entry is evicted.
+type Chunk interface {
+	io.ReaderAt
+	io.Closer
+}
+
+// DefaultCacheSize bounds a cache opened with a size <= 0.
+const DefaultCacheSize = 10 << 30
+
+// tmpMaxAge is how old a temporary file must be before OpenCache removes it
+// as the leftover of a crashed writer (a live writer may be using a newer one).
+const tmpMaxAge = time.Hour
+
+// CacheStats count what a Cache did since it was opened.
+type CacheStats struct {
+	Hits         int64 // loads served from disk or joined to another load
+	Fetches      int64 // blobs fetched from a Fetcher and verified
+	FetchedBytes int64
+	Corrupt      int64 // fetched blobs or disk entries that failed verification
+	StoreErrors  int64 // verified blobs that could not be written (served uncached)
+	Evictions    int64
+}
+
+// Cache is an on-disk, content-addressed cache of verified blobs, bounded by
+// size with least-recently-used eviction, shared by every process that opens
+// the same directory. It is safe for concurrent use.
+//
+// Layout: DIR/sha256/HEX holds a verified blob; DIR/tmp holds blobs being
+// written. Entries written by other processes are found on disk; the size
+// bound is kept by each process over the entries it knows about.
+type Cache struct {
+	dir string
+	max int64
+
+	mu       sync.Mutex
+	lru      *list.List // of *cacheEntry, most recently used at the front
+	entries  map[digest.Digest]*list.Element
+	size     int64
+	verified map[digest.Digest]bool // entries this process has hashed
+	flight   map[digest.Digest]*call
+
+	hits, fetches, fetchedBytes, corrupt, storeErrors, evictions atomic.Int64
+}
+
+type cacheEntry struct {
+	d    digest.Digest
+	size int64
+}
+
+// call is one in-flight load of a blob; waiters block on done.
+type call struct {
+	done chan struct{}
+	err  error
+	mem  []byte // the verified bytes, when they could not be stored
+}
+
+// OpenCache opens (creating it if needed) the cache directory dir, bounded
+// to maxBytes (DefaultCacheSize if <= 0). It indexes the entries already
+// there, oldest use first, evicts down to the bound, and removes temporary
+// files left by crashed writers.
+func OpenCache(dir string, maxBytes int64) (*Cache, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultCacheSize
+	}
+	c := &Cache{
+		dir: dir, max: maxBytes,
+		lru:      list.New(),
+		entries:  map[digest.Digest]*list.Element{},
+		verified: map[digest.Digest]bool{},
+		flight:   map[digest.Digest]*call{},
+	}
+	for _, d := range []string{c.blobDir(), c.tmpDir()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("chunk cache: %w", err)
+		}
+	}
+	if tmps, err := os.ReadDir(c.tmpDir()); err == nil {
+		for _, e := range tmps {
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > tmpMaxAge {
+				os.Remove(filepath.Join(c.tmpDir(), e.Name()))
+			}
+		}
+	}
+	des, err := os.ReadDir(c.blobDir())
+	if err != nil {
+		return nil, fmt.Errorf("chunk cache: %w", err)
+	}
+	type found struct {
+		d     digest.Digest
+		size  int64
+		mtime time.Time
+	}
+	var fs []found
+	for _, e := range des {
+		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
+		info, err := e.Info()
+		if err != nil || d.Validate() != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		fs = append(fs, found{d, info.Size(), info.ModTime()})
+	}
+	sort.Slice(fs, func(i, j int) bool { return fs[i].mtime.Before(fs[j].mtime) })
+	for _, f := range fs {
+		c.entries[f.d] = c.lru.PushFront(&cacheEntry{d: f.d, size: f.size})
+		c.size += f.size
+	}
+	c.mu.Lock()
+	c.evictLocked(nil)
+	c.mu.Unlock()
+	return c, nil
+}
+
+// Dir returns the cache directory.
+func (c *Cache) Dir() string { return c.dir }
+
+// Size returns the bytes of the entries this process knows about.
+func (c *Cache) Size() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.size
+}
+
+// Stats returns the counters.
+func (c *Cache) Stats() CacheStats {
+	return CacheStats{
+		Hits: c.hits.Load(), Fetches: c.fetches.Load(), FetchedBytes: c.fetchedBytes.Load(),
+		Corrupt: c.corrupt.Load(), StoreErrors: c.storeErrors.Load(), Evictions: c.evictions.Load(),
+	}
+}
+
+func (c *Cache) blobDir() string { return filepath.Join(c.dir, "sha256") }
+func (c *Cache) tmpDir() string  { return filepath.Join(c.dir, "tmp") }
+func (c *Cache) path(d digest.Digest) string {
+	return filepath.Join(c.blobDir(), d.Encoded())
+}
+
+// Contains reports whether d has an entry on disk.
+func (c *Cache) Contains(d digest.Digest) bool {
+	_, err := os.Stat(c.path(d))
+	return err == nil
+}
+
+// cacheable reports whether desc can be held by the cache.
+func cacheable(desc ocispec.Descriptor) bool {
+	return desc.Digest.Algorithm() == digest.SHA256 && desc.Digest.Validate() == nil &&
+		desc.Size >= 0 && desc.Size <= layout.MaxChunkBytes
+}
+
+// Load returns the verified bytes of the blob desc: from disk if an entry is
+// there (hashed again the first time this process opens it), else fetched
+// from src, verified and stored. Concurrent loads of one digest fetch it
+// once; a failed or cancelled fetch is not remembered. Bytes that do not
+// match desc are never returned or stored: the error is a
+// *ChunkInvalidError. If a verified blob cannot be stored (disk full), it is
+// still returned, from memory.
+func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) (Chunk, error) {
+	if !cacheable(desc) {
+		return nil, fmt.Errorf("chunk %s: cannot cache a blob of %d bytes", desc.Digest, desc.Size)
+	}
+	for {
+		if ch := c.open(desc); ch != nil {
+			c.hits.Add(1)
+			return ch, nil
+		}
+		c.mu.Lock()
+		if cl, ok := c.flight[desc.Digest]; ok {
+			c.mu.Unlock()
+			select {
+			case <-cl.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			switch {
+			case cl.err == nil && cl.mem != nil:
+				c.hits.Add(1)
+				return memChunk{bytes.NewReader(cl.mem)}, nil
+			case cl.err == nil:
+				continue // on disk now
+			case errors.Is(cl.err, context.Canceled) || errors.Is(cl.err, context.DeadlineExceeded):
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				continue // the other caller gave up; try ourselves
+			default:
+				return nil, cl.err
+			}
+		}
+		cl := &call{done: make(chan struct{})}
+		c.flight[desc.Digest] = cl
+		c.mu.Unlock()
+
+		ch, mem, err := c.fetch(ctx, src, desc)
+		cl.err, cl.mem = err, mem
+		c.mu.Lock()
+		delete(c.flight, desc.Digest)
+		c.mu.Unlock()
+		close(cl.done)
+		return ch, err
+	}
+}
+
+// open returns the disk entry of desc, or nil when there is none usable.
+func (c *Cache) open(desc ocispec.Descriptor) Chunk {
+	p := c.path(desc.Digest)
+	f, err := os.Open(p)
+	if err != nil {
+		c.forget(desc.Digest)
+		return nil
+	}
+	st, err := f.Stat()
+	if err != nil || st.Size() != desc.Size {
+		f.Close()
+		c.drop(desc.Digest)
+		return nil
+	}
+	c.mu.Lock()
+	checked := c.verified[desc.Digest]
+	c.mu.Unlock()
+	if !checked {
+		h := sha256.New()
+		if _, err := io.Copy(h, io.NewSectionReader(f, 0, desc.Size)); err != nil || digest.NewDigest(digest.SHA256, h) != desc.Digest {
+			f.Close()
+			c.corrupt.Add(1)
+			c.drop(desc.Digest)
+			return nil
+		}
+		now := time.Now()
+		os.Chtimes(p, now, now) // the on-disk LRU order other processes start from
+	}
+	c.mu.Lock()
+	c.verified[desc.Digest] = true
+	if el, ok := c.entries[desc.Digest]; ok {
+		c.lru.MoveToFront(el)
+	} else {
+		c.entries[desc.Digest] = c.lru.PushFront(&cacheEntry{d: desc.Digest, size: desc.Size})
+		c.size += desc.Size
+		c.evictLocked(c.entries[desc.Digest])
+	}
+	c.mu.Unlock()
+	return f
+}
+
+// forget removes d from the accounting (its file is gone).
+func (c *Cache) forget(d digest.Digest) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.entries[d]; ok {
+		c.size -= el.Value.(*cacheEntry).size
+		c.lru.Remove(el)
+		delete(c.entries, d)
+	}
+	delete(c.verified, d)
+}
+
+// drop removes the entry of d from disk and from the accounting.
+func (c *Cache) drop(d digest.Digest) {
+	os.Remove(c.path(d))
+	c.forget(d)
+}
+
+// evictLocked removes least recently used entries, never keep, until the
+// cache fits its bound.
+func (c *Cache) evictLocked(keep *list.Element) {
+	for c.size > c.max {
+		el := c.lru.Back()
+		if el == nil || el == keep {
+			if el = el.Prev(); el == nil || el == keep {
+				return
+			}
+		}
+		e := el.Value.(*cacheEntry)
+		os.Remove(c.path(e.d))
+		c.size -= e.size
+		c.lru.Remove(el)
+		delete(c.entries, e.d)
+		delete(c.verified, e.d)
+		c.evictions.Add(1)
+	}
+}
+
+// fetch fetches desc from src into memory, verifies it and stores it. It
+// returns the chunk, and the bytes too when they could not be stored.
+func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor) (Chunk, []byte, error) {
+	rc, err := src.Fetch(ctx, desc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("chunk %s: %w", desc.Digest, err)
+	}
+	defer rc.Close()
+	buf := make([]byte, desc.Size)
+	n, err := io.ReadFull(rc, buf)
+	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			c.corrupt.Add(1)
+			return nil, nil, &ChunkInvalidError{Want: desc.Digest, Size: int64(n)}
+		}
+		return nil, nil, fmt.Errorf("chunk %s: read after %d of %d bytes: %w", desc.Digest, n, desc.Size, err)
+	}
+	var one [1]byte
+	if m, _ := rc.Read(one[:]); m > 0 {
+		c.corrupt.Add(1)
+		return nil, nil, &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1}
+	}
+	if got := digest.FromBytes(buf); got != desc.Digest {
+		c.corrupt.Add(1)
+		return nil, nil, &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size}
+	}
+	c.fetches.Add(1)
+	c.fetchedBytes.Add(desc.Size)
+	if err := c.store(desc, buf); err != nil {
+		c.storeErrors.Add(1)
+		return memChunk{bytes.NewReader(buf)}, buf, nil
+	}
+	return memChunk{bytes.NewReader(buf)}, nil, nil
+}
+
+// store writes verified bytes to a temporary file and renames it into place.
+func (c *Cache) store(desc ocispec.Descriptor, b []byte) error {
+	f, err := os.CreateTemp(c.tmpDir(), desc.Digest.Encoded()+"-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, c.path(desc.Digest)); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.verified[desc.Digest] = true
+	if el, ok := c.entries[desc.Digest]; ok {
+		c.lru.MoveToFront(el)
+		return nil
+	}
+	el := c.lru.PushFront(&cacheEntry{d: desc.Digest, size: desc.Size})
+	c.entries[desc.Digest] = el
+	c.size += desc.Size
+	c.evictLocked(el)
+	return nil
+}
+
+// memChunk is a Chunk held in memory.
+type memChunk struct{ *bytes.Reader }
+
+func (memChunk) Close() error { return nil }
+
+// Fetcher returns a Fetcher that serves blobs from the cache, fetching
+// missing ones from src (for example to let `bdnvol pull` reuse chunks a
+// mount fetched). Blobs the cache cannot hold are fetched from src and
+// verified as they are read.
+func (c *Cache) Fetcher(src Fetcher) Fetcher { return &cachedFetcher{c: c, src: src} }
+
+type cachedFetcher struct {
+	c   *Cache
+	src Fetcher
+}
+
+func (f *cachedFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if !cacheable(desc) {
+		rc, err := f.src.Fetch(ctx, desc)
+		if err != nil {
+			return nil, err
+		}
+		return &verifyingReadCloser{VerifyReader: content.NewVerifyReader(rc, desc), c: rc}, nil
+	}
+	ch, err := f.c.Load(ctx, f.src, desc)
+	if err != nil {
+		return nil, err
+	}
+	return &chunkReadCloser{SectionReader: io.NewSectionReader(ch, 0, desc.Size), ch: ch}, nil
+}
+
+type chunkReadCloser struct {
+	*io.SectionReader
+	ch Chunk
+}
+
+func (r *chunkReadCloser) Close() error { return r.ch.Close() }
+
+// verifyingReadCloser fails at EOF when the bytes read do not match.
+type verifyingReadCloser struct {
+	*content.VerifyReader
+	c io.Closer
+}
+
+func (r *verifyingReadCloser) Read(p []byte) (int, error) {
+	n, err := r.VerifyReader.Read(p)
+	if err == io.EOF {
+		if verr := r.Verify(); verr != nil {
+			return n, verr
+		}
+	}
+	return n, err
+}
+
+func (r *verifyingReadCloser) Close() error { return r.c.Close() }

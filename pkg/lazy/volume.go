@@ -1,0 +1,556 @@
+package lazy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+// Options configure a Volume. Zero values select defaults.
+type Options struct {
+	// Cache holds verified chunks; required.
+	Cache *Cache
+	// Jobs bounds the background chunk fetches (readahead, prefetch);
+	// <= 0 means 8.
+	Jobs int
+	// Readahead is the most bytes fetched ahead of a sequential reader;
+	// 0 means 64 MiB, < 0 disables readahead.
+	Readahead int64
+	// FetchTimeout bounds one chunk fetch; <= 0 means no bound beyond the
+	// caller's context.
+	FetchTimeout time.Duration
+}
+
+// leadIn is how far a reader must read sequentially into a safetensors
+// tensor before the volume reads ahead inside it. It absorbs the kernel's
+// own readahead, which reads a little past the end of every tensor a loader
+// reads.
+const leadIn = 1 << 20
+
+// seqSlack is how far from the end of the previous read a read may start and
+// still count as sequential (concurrent FUSE reads arrive slightly out of
+// order).
+const seqSlack = 2 << 20
+
+// maxHandles bounds the open chunks a Volume keeps.
+const maxHandles = 64
+
+// Volume is a sealed version opened for lazy reading. It is safe for
+// concurrent use. Close stops its background fetches.
+type Volume struct {
+	ver    *layout.Version
+	src    Fetcher
+	opt    Options
+	byPath map[string]int
+
+	// bg is the lifetime of background fetches, cancelled by Close.
+	bg     context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sem    chan struct{}
+
+	mu      sync.Mutex
+	files   map[int]*File
+	handles map[int]*handle // open chunks by chunk index
+	pending map[int]bool    // chunks being loaded in the background
+}
+
+type handle struct {
+	ch   Chunk
+	refs int
+	gone bool // dropped from handles: close when refs reach 0
+}
+
+// Open opens the version whose root is root, reading its manifests and
+// index through the cache, and returns it ready for reading.
+func Open(ctx context.Context, src Fetcher, root ocispec.Descriptor, opt Options) (*Volume, error) {
+	if opt.Cache == nil {
+		return nil, ErrNoCache
+	}
+	ver, err := layout.Open(ctx, opt.Cache.Fetcher(src), root)
+	if err != nil {
+		return nil, err
+	}
+	return New(ver, src, opt)
+}
+
+// New returns a Volume reading the opened version ver from src.
+func New(ver *layout.Version, src Fetcher, opt Options) (*Volume, error) {
+	if opt.Cache == nil {
+		return nil, ErrNoCache
+	}
+	if opt.Jobs <= 0 {
+		opt.Jobs = 8
+	}
+	if opt.Readahead == 0 {
+		opt.Readahead = 64 << 20
+	}
+	v := &Volume{
+		ver: ver, src: src, opt: opt,
+		byPath:  make(map[string]int, len(ver.Index.Files)),
+		sem:     make(chan struct{}, opt.Jobs),
+		files:   map[int]*File{},
+		handles: map[int]*handle{},
+		pending: map[int]bool{},
+	}
+	v.bg, v.cancel = context.WithCancel(context.Background())
+	for i := range ver.Index.Files {
+		v.byPath[ver.Index.Files[i].Path] = i
+	}
+	return v, nil
+}
+
+// Version returns the opened version.
+func (v *Volume) Version() *layout.Version { return v.ver }
+
+// Root returns the descriptor of the version's root.
+func (v *Volume) Root() ocispec.Descriptor { return v.ver.Root }
+
+// Close cancels background fetches, waits for them and releases open chunks.
+func (v *Volume) Close() error {
+	v.cancel()
+	v.wg.Wait()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i, h := range v.handles {
+		h.gone = true
+		if h.refs == 0 {
+			h.ch.Close()
+		}
+		delete(v.handles, i)
+	}
+	return nil
+}
+
+// Lookup returns the index of the entry at the slash path p.
+func (v *Volume) Lookup(p string) (int, bool) {
+	i, ok := v.byPath[p]
+	return i, ok
+}
+
+// Open returns the regular file at the slash path p.
+func (v *Volume) Open(p string) (*File, error) {
+	i, ok := v.byPath[p]
+	if !ok {
+		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrNotExist}
+	}
+	return v.File(i)
+}
+
+// File returns the regular file at index i of the version's index.
+func (v *Volume) File(i int) (*File, error) {
+	if i < 0 || i >= len(v.ver.Index.Files) {
+		return nil, fmt.Errorf("lazy: no entry %d", i)
+	}
+	e := &v.ver.Index.Files[i]
+	if e.Type != layout.TypeFile {
+		return nil, &fs.PathError{Op: "open", Path: e.Path, Err: errors.New("not a regular file")}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if f, ok := v.files[i]; ok {
+		return f, nil
+	}
+	f := &File{v: v, e: e, starts: make([]int64, len(e.Extents))}
+	var off int64
+	for k, x := range e.Extents {
+		f.starts[k] = off
+		off += x.Length
+	}
+	v.files[i] = f
+	return f, nil
+}
+
+// chunk returns the open chunk k, loading it if needed; release it with
+// v.release.
+func (v *Volume) chunk(ctx context.Context, k int) (*handle, error) {
+	v.mu.Lock()
+	if h, ok := v.handles[k]; ok {
+		h.refs++
+		v.mu.Unlock()
+		return h, nil
+	}
+	v.mu.Unlock()
+	if v.opt.FetchTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, v.opt.FetchTimeout)
+		defer cancel()
+	}
+	ch, err := v.opt.Cache.Load(ctx, v.src, v.ver.Chunks[k])
+	if err != nil {
+		return nil, err
+	}
+	return v.keep(k, ch), nil
+}
+
+// keep adds the loaded chunk k to the open handles, returning it with one
+// reference.
+func (v *Volume) keep(k int, ch Chunk) *handle {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if h, ok := v.handles[k]; ok {
+		ch.Close()
+		h.refs++
+		return h
+	}
+	if len(v.handles) >= maxHandles {
+		for i, h := range v.handles {
+			if h.refs == 0 {
+				h.gone = true
+				h.ch.Close()
+				delete(v.handles, i)
+				break
+			}
+		}
+	}
+	h := &handle{ch: ch, refs: 1}
+	v.handles[k] = h
+	return h
+}
+
+func (v *Volume) release(h *handle) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	h.refs--
+	if h.refs == 0 && h.gone {
+		h.ch.Close()
+	}
+}
+
+// fetchAhead loads chunk k in the background unless it is open or already
+// being loaded.
+func (v *Volume) fetchAhead(k int) {
+	v.mu.Lock()
+	if _, ok := v.handles[k]; ok || v.pending[k] || v.bg.Err() != nil {
+		v.mu.Unlock()
+		return
+	}
+	v.pending[k] = true
+	v.wg.Add(1)
+	v.mu.Unlock()
+	go func() {
+		defer v.wg.Done()
+		defer func() {
+			v.mu.Lock()
+			delete(v.pending, k)
+			v.mu.Unlock()
+		}()
+		select {
+		case v.sem <- struct{}{}:
+		case <-v.bg.Done():
+			return
+		}
+		defer func() { <-v.sem }()
+		if h, err := v.chunk(v.bg, k); err == nil {
+			v.release(h)
+		}
+	}()
+}
+
+// PrefetchHeaders fetches the header of every safetensors file in
+// parallel, as every loader reads them first.
+func (v *Volume) PrefetchHeaders(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(v.opt.Jobs)
+	for i := range v.ver.Index.Files {
+		e := &v.ver.Index.Files[i]
+		if e.Type != layout.TypeFile || !isSafetensors(e.Path) {
+			continue
+		}
+		g.Go(func() error {
+			f, err := v.File(i)
+			if err != nil {
+				return err
+			}
+			f.regions(ctx)
+			return ctx.Err()
+		})
+	}
+	return g.Wait()
+}
+
+// Prefetch fills the cache with the chunks of the regular files for which
+// match returns true (all files if match is nil), in the order a loader
+// likely reads them: small files such as configs first, then safetensors
+// files by name, each from its start. It returns the first error after
+// trying every chunk.
+func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) error {
+	var idx []int
+	for i := range v.ver.Index.Files {
+		e := &v.ver.Index.Files[i]
+		if e.Type == layout.TypeFile && e.Size > 0 && (match == nil || match(e.Path)) {
+			idx = append(idx, i)
+		}
+	}
+	files := v.ver.Index.Files
+	sort.SliceStable(idx, func(a, b int) bool {
+		fa, fb := &files[idx[a]], &files[idx[b]]
+		if sa, sb := isSafetensors(fa.Path), isSafetensors(fb.Path); sa != sb {
+			return !sa
+		}
+		return fa.Path < fb.Path
+	})
+	seen := make(map[int]bool)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(v.opt.Jobs)
+	var mu sync.Mutex
+	var first error
+	for _, i := range idx {
+		for _, x := range files[i].Extents {
+			if seen[x.Chunk] {
+				continue
+			}
+			seen[x.Chunk] = true
+			k := x.Chunk
+			g.Go(func() error {
+				if gctx.Err() != nil {
+					return gctx.Err()
+				}
+				fctx := gctx
+				if v.opt.FetchTimeout > 0 {
+					var cancel context.CancelFunc
+					fctx, cancel = context.WithTimeout(gctx, v.opt.FetchTimeout)
+					defer cancel()
+				}
+				ch, err := v.opt.Cache.Load(fctx, v.src, v.ver.Chunks[k])
+				if err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return nil
+				}
+				return ch.Close()
+			})
+		}
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return first
+}
+
+// MatchGlobs returns a match function for Prefetch that accepts a path when
+// any of the comma-separated patterns (path.Match syntax) matches the whole
+// path or its base name.
+func MatchGlobs(patterns string) (func(string) bool, error) {
+	var pats []string
+	for _, p := range strings.Split(patterns, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("prefetch pattern %q: %w", p, err)
+		}
+		pats = append(pats, p)
+	}
+	return func(name string) bool {
+		for _, p := range pats {
+			if ok, _ := path.Match(p, name); ok {
+				return true
+			}
+			if ok, _ := path.Match(p, path.Base(name)); ok {
+				return true
+			}
+		}
+		return false
+	}, nil
+}
+
+func isSafetensors(p string) bool { return strings.HasSuffix(p, ".safetensors") }
+
+// File is a regular file of a Volume: an io.ReaderAt over its extents.
+type File struct {
+	v      *Volume
+	e      *layout.File
+	starts []int64 // file offset of each extent
+
+	mu      sync.Mutex
+	next    int64 // where a sequential read would start
+	run     int64 // bytes read sequentially up to next
+	parsed  bool
+	tensors []region // header and tensors of a safetensors file, by offset
+}
+
+// region is a byte range of a file read as a unit: a safetensors header or
+// tensor.
+type region struct{ begin, end int64 }
+
+var _ io.ReaderAt = (*File)(nil)
+
+// Path returns the file's path in the volume.
+func (f *File) Path() string { return f.e.Path }
+
+// Size returns the file's size.
+func (f *File) Size() int64 { return f.e.Size }
+
+// ReadAt reads len(p) bytes at off (fewer, with io.EOF, at the end of the
+// file). See ReadAtContext.
+func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	return f.ReadAtContext(context.Background(), p, off)
+}
+
+// ReadAtContext is ReadAt with a context: it fetches, verifies and caches
+// the chunks the range touches (in parallel when there are several), and
+// starts reading ahead when reads are sequential. Only verified bytes are
+// ever copied into p.
+func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	return f.read(ctx, p, off, true)
+}
+
+func (f *File) read(ctx context.Context, p []byte, off int64, ahead bool) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("%s: negative offset", f.e.Path)
+	}
+	if off >= f.e.Size {
+		return 0, io.EOF
+	}
+	n := int(min(int64(len(p)), f.e.Size-off))
+	first := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > off }) - 1
+	// Chunks past the first are loaded in parallel with it.
+	for k := first + 1; k < len(f.starts) && f.starts[k] < off+int64(n); k++ {
+		f.v.fetchAhead(f.e.Extents[k].Chunk)
+	}
+	if ahead {
+		f.readahead(ctx, off, int64(n))
+	}
+	done := 0
+	for k := first; done < n; k++ {
+		x := f.e.Extents[k]
+		within := off + int64(done) - f.starts[k]
+		m := int(min(x.Length-within, int64(n-done)))
+		h, err := f.v.chunk(ctx, x.Chunk)
+		if err != nil {
+			return done, fmt.Errorf("%s at %d: %w", f.e.Path, off+int64(done), err)
+		}
+		_, err = h.ch.ReadAt(p[done:done+m], x.Offset+within)
+		f.v.release(h)
+		if err != nil {
+			return done, fmt.Errorf("%s at %d: chunk %s: %w", f.e.Path, off+int64(done), f.v.ver.Chunks[x.Chunk].Digest, err)
+		}
+		done += m
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// readahead records the read [off, off+n) and, when reads are sequential,
+// starts fetching the chunks after it. The window grows with the length of
+// the sequential run; in a safetensors file it stays inside the current
+// tensor until the reader is leadIn bytes into that tensor, and then goes
+// at most one chunk past its end, so reading one tensor fetches little else.
+func (f *File) readahead(ctx context.Context, off, n int64) {
+	if f.v.opt.Readahead < 0 {
+		return
+	}
+	var regions []region
+	if isSafetensors(f.e.Path) {
+		regions = f.regions(ctx)
+	}
+	end := off + n
+	f.mu.Lock()
+	seq := f.next > 0 && off <= f.next+seqSlack && off+seqSlack >= f.next
+	if seq {
+		f.run += max(0, end-f.next)
+		f.next = max(end, f.next)
+	} else {
+		f.run, f.next = n, end
+	}
+	run := f.run
+	f.mu.Unlock()
+	if !seq {
+		return
+	}
+	window := min(f.v.opt.Readahead, run)
+	if r, ok := regionAt(regions, end-1); ok {
+		into := min(run, end-r.begin)
+		window = min(f.v.opt.Readahead, max(0, into-leadIn))
+		if end+window >= r.end {
+			window = r.end - end
+			if into > leadIn {
+				window++ // and the first byte after the region
+			}
+		}
+	}
+	limit := min(f.e.Size, end+window)
+	if limit <= end {
+		return
+	}
+	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > end }) - 1
+	for ; k < len(f.starts) && f.starts[k] < limit; k++ {
+		f.v.fetchAhead(f.e.Extents[k].Chunk)
+	}
+}
+
+// regionAt returns the region holding offset o.
+func regionAt(rs []region, o int64) (region, bool) {
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].end > o })
+	if i < len(rs) && rs[i].begin <= o {
+		return rs[i], true
+	}
+	return region{}, false
+}
+
+// regions returns the header and tensors of a safetensors file, parsing
+// the header on first use (fetching its chunks); nil when the header does
+// not parse, or could not be fetched this time.
+func (f *File) regions(ctx context.Context) []region {
+	f.mu.Lock()
+	if f.parsed {
+		defer f.mu.Unlock()
+		return f.tensors
+	}
+	f.mu.Unlock()
+	r := &rawReader{ctx: ctx, f: f}
+	hdr, ts, err := layout.ReadSafetensorsHeader(r, f.e.Size)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.parsed {
+		return f.tensors
+	}
+	if err != nil {
+		if r.failed {
+			return nil // a fetch failure: try again on a later read
+		}
+		f.parsed = true
+		return nil
+	}
+	rs := []region{{0, hdr}}
+	for _, t := range ts {
+		if t.End > t.Begin {
+			rs = append(rs, region{t.Begin, t.End})
+		}
+	}
+	f.tensors, f.parsed = rs, true
+	return rs
+}
+
+// rawReader reads a File without readahead, noting read failures.
+type rawReader struct {
+	ctx    context.Context
+	f      *File
+	failed bool
+}
+
+func (r *rawReader) ReadAt(p []byte, off int64) (int, error) {
+	n, err := r.f.read(r.ctx, p, off, false)
+	if err != nil && err != io.EOF {
+		r.failed = true
+	}
+	return n, err
+}
