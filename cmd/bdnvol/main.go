@@ -48,6 +48,15 @@ type CLI struct {
 	Login   LoginCmd   `cmd:"" help:"Save credentials for a registry."`
 	Logout  LogoutCmd  `cmd:"" help:"Remove saved credentials for a registry."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
+
+	Versions VersionsCmd `cmd:"" help:"List the sealed versions of a volume, newest first."`
+	Resolve  ResolveCmd  `cmd:"" help:"Print the digest-pinned reference of a tag or digest."`
+	Inspect  InspectCmd  `cmd:"" help:"Describe one version: files, chunks, tags."`
+	Tag      TagCmd      `cmd:"" help:"Point tags at an existing version (rollback)."`
+	History  HistoryCmd  `cmd:"" help:"List where a tag pointed and when."`
+	Diff     DiffCmd     `cmd:"" help:"Compare two versions by file and by chunk."`
+	Pin      PinCmd      `cmd:"" help:"Pin tag references in YAML or JSON files to digests, in place."`
+	Lint     LintCmd     `cmd:"" help:"Report volume references that are unpinned, missing or moved."`
 }
 
 func (g *Globals) options() oci.Options {

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // PushCmd seals a directory and pushes it.
@@ -87,9 +90,14 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if ref.Tag != "" {
 		tags = append([]string{ref.Tag}, tags...)
 	}
-	prot, err := oci.TagVersion(ctx, t, res.Root, res.RootBytes, tags, time.Now())
+	prev := previousTargets(ctx, t, tags)
+	now := time.Now()
+	prot, err := oci.TagVersion(ctx, t, res.Root, res.RootBytes, tags, now)
 	if err != nil {
 		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	if err := versions.RecordPush(ctx, t, res.Root.Digest, tags, prev, now); err != nil {
+		return fmt.Errorf("push %s: tagged, but recording the tag history failed: %w", ref, err)
 	}
 	out := pushOutput{
 		Digest:         res.Root.Digest.String(),
@@ -132,4 +140,16 @@ func previousParams(ctx context.Context, t oci.Target, ref oci.Ref) layout.Param
 		}
 	}
 	return layout.DefaultParams
+}
+
+// previousTargets returns what each of tags points at before a push moves
+// it (absent when the tag is new), for the tag history.
+func previousTargets(ctx context.Context, t oci.Target, tags []string) map[string]digest.Digest {
+	prev := map[string]digest.Digest{}
+	for _, tag := range tags {
+		if d, err := t.Resolve(ctx, tag); err == nil {
+			prev[tag] = d.Digest
+		}
+	}
+	return prev
 }

@@ -17,7 +17,8 @@
 // # History record
 //
 // The list of moves of one human tag, kept in the repository itself as a
-// small manifest tagged history-<tag> whose one layer holds the whole list
-// as JSON; each move pushes a new record with the full list and re-tags it.
+// small manifest tagged history-<tag> whose annotations hold the whole list
+// as JSON; each move pushes a new record with the full list under that tag,
+// in one manifest PUT and without uploading any blob.
 // The byte-level contract is docs/history.md.
 package versions

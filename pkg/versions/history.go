@@ -8,13 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
-	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -26,12 +26,17 @@ const (
 	HistoryTagPrefix = "history-"
 	// ArtifactTypeHistory is the artifactType of a history record manifest.
 	ArtifactTypeHistory = "application/vnd.bdnvol.history.v1"
-	// MediaTypeHistory is the media type of the layer holding the moves.
-	MediaTypeHistory = "application/vnd.bdnvol.history.v1+json"
 	// AnnotationTag names, on a history record manifest, the tag it records.
 	AnnotationTag = "io.bdnvol.history.tag"
-	// MaxHistoryBytes bounds the moves blob a reader accepts.
-	MaxHistoryBytes = 16 << 20
+	// AnnotationMoves holds, on a history record manifest, the JSON array of
+	// the tag's moves, oldest first.
+	AnnotationMoves = "io.bdnvol.history.moves"
+	// AnnotationDropped counts, on a history record manifest, the oldest
+	// moves dropped to keep the record small.
+	AnnotationDropped = "io.bdnvol.history.dropped"
+	// MaxMoves is the number of moves a record keeps; older ones are dropped
+	// (and counted) so the manifest stays far under the 4 MiB registries take.
+	MaxMoves = 5000
 )
 
 // Operations that move a tag.
@@ -54,8 +59,9 @@ type Move struct {
 
 // History is the recorded moves of one tag, oldest first.
 type History struct {
-	Tag   string `json:"tag"`
-	Moves []Move `json:"moves"`
+	Tag     string `json:"tag"`
+	Moves   []Move `json:"moves"`
+	Dropped int    `json:"dropped,omitempty"` // older moves no longer kept
 }
 
 // HistoryTag returns the tag of tag's history record: history-<tag>, or,
@@ -84,31 +90,29 @@ func ReadHistory(ctx context.Context, t oci.Target, tag string) (*History, error
 	if err := json.Unmarshal(mb, &m); err != nil {
 		return nil, fmt.Errorf("history of %s: %w: %v", tag, ErrInvalidHistory, err)
 	}
-	if m.ArtifactType != ArtifactTypeHistory || len(m.Layers) != 1 || m.Layers[0].MediaType != MediaTypeHistory {
-		return nil, fmt.Errorf("history of %s: %w: not a history manifest", tag, ErrInvalidHistory)
+	if m.ArtifactType != ArtifactTypeHistory {
+		return nil, fmt.Errorf("history of %s: %w: artifactType %q", tag, ErrInvalidHistory, m.ArtifactType)
 	}
-	if m.Layers[0].Size > MaxHistoryBytes {
-		return nil, fmt.Errorf("history of %s: %w: %d bytes", tag, ErrInvalidHistory, m.Layers[0].Size)
+	if got := m.Annotations[AnnotationTag]; got != tag {
+		return nil, fmt.Errorf("history of %s: %w: records tag %q", tag, ErrInvalidHistory, got)
 	}
-	b, err := content.FetchAll(ctx, t, m.Layers[0])
-	if err != nil {
-		return nil, fmt.Errorf("history of %s: %w", tag, err)
-	}
-	if err := json.Unmarshal(b, h); err != nil {
-		return nil, fmt.Errorf("history of %s: %w: %v", tag, ErrInvalidHistory, err)
-	}
-	if h.Tag != tag {
-		return nil, fmt.Errorf("history of %s: %w: records tag %q", tag, ErrInvalidHistory, h.Tag)
+	if err := json.Unmarshal([]byte(m.Annotations[AnnotationMoves]), &h.Moves); err != nil {
+		return nil, fmt.Errorf("history of %s: %w: moves: %v", tag, ErrInvalidHistory, err)
 	}
 	if h.Moves == nil {
 		h.Moves = []Move{}
 	}
+	if s := m.Annotations[AnnotationDropped]; s != "" {
+		h.Dropped, _ = strconv.Atoi(s)
+	}
 	return h, nil
 }
 
-// Record appends moves of tag to its history record: it pushes a new moves
-// blob and manifest holding the whole list and points the history tag at
-// it. Two concurrent Records of one tag may lose one of the moves.
+// Record appends moves of tag to its history record: it pushes, in one
+// manifest PUT, a new record manifest holding the whole list and tagged
+// with HistoryTag(tag). It uploads no blob (the record's config and layer
+// are the empty JSON blob every version already has). Two concurrent
+// Records of one tag may lose one of the moves.
 func Record(ctx context.Context, t oci.Target, tag string, moves ...Move) error {
 	if len(moves) == 0 {
 		return nil
@@ -121,29 +125,33 @@ func Record(ctx context.Context, t oci.Target, tag string, moves ...Move) error 
 		h = &History{Tag: tag}
 	}
 	h.Moves = append(h.Moves, moves...)
-	b, err := json.Marshal(h)
+	if n := len(h.Moves) - MaxMoves; n > 0 {
+		h.Moves, h.Dropped = h.Moves[n:], h.Dropped+n
+	}
+	list, err := json.Marshal(h.Moves)
 	if err != nil {
 		return err
-	}
-	blob := content.NewDescriptorFromBytes(MediaTypeHistory, b)
-	if err := pushIfMissing(ctx, t, blob, b); err != nil {
-		return fmt.Errorf("history of %s: %w", tag, err)
 	}
 	empty := ocispec.DescriptorEmptyJSON
 	empty.Data = nil
 	if err := pushIfMissing(ctx, t, empty, ocispec.DescriptorEmptyJSON.Data); err != nil {
 		return fmt.Errorf("history of %s: %w", tag, err)
 	}
+	ann := map[string]string{
+		AnnotationTag:             tag,
+		AnnotationMoves:           string(list),
+		ocispec.AnnotationCreated: moves[len(moves)-1].Time.UTC().Format(time.RFC3339Nano),
+	}
+	if h.Dropped > 0 {
+		ann[AnnotationDropped] = strconv.Itoa(h.Dropped)
+	}
 	m := ocispec.Manifest{
 		Versioned:    specs.Versioned{SchemaVersion: 2},
 		MediaType:    ocispec.MediaTypeImageManifest,
 		ArtifactType: ArtifactTypeHistory,
 		Config:       empty,
-		Layers:       []ocispec.Descriptor{blob},
-		Annotations: map[string]string{
-			AnnotationTag:             tag,
-			ocispec.AnnotationCreated: moves[len(moves)-1].Time.UTC().Format(time.RFC3339),
-		},
+		Layers:       []ocispec.Descriptor{empty},
+		Annotations:  ann,
 	}
 	mb, err := json.Marshal(m)
 	if err != nil {
@@ -177,8 +185,8 @@ type TagOptions struct {
 
 // Tag points each of tags at the version root, in one manifest PUT each
 // (skipping a tag already there), and records every move in the tag's
-// history. It returns the moves it made. Reserved tags are refused.
-func Tag(ctx context.Context, t oci.Target, root *Root, tags []string, opt TagOptions) ([]Move, error) {
+// history. It returns the moves it made by tag. Reserved tags are refused.
+func Tag(ctx context.Context, t oci.Target, root *Root, tags []string, opt TagOptions) (map[string]Move, error) {
 	for _, tag := range tags {
 		if err := CheckTag(tag); err != nil {
 			return nil, err
@@ -192,16 +200,16 @@ func Tag(ctx context.Context, t oci.Target, root *Root, tags []string, opt TagOp
 		}
 		prev[tag] = d.Digest
 	}
-	var moves []Move
+	moves := map[string]Move{}
 	for _, tag := range tags {
-		if prev[tag] == root.Desc.Digest {
+		if _, done := moves[tag]; done || prev[tag] == root.Desc.Digest {
 			continue
 		}
 		if err := oci.TagBytes(ctx, t, root.Desc, root.Manifest, tag); err != nil {
 			return moves, err
 		}
 		m := Move{Time: opt.now(), Digest: root.Desc.Digest, Previous: prev[tag], Op: opt.op()}
-		moves = append(moves, m)
+		moves[tag] = m
 		if err := Record(ctx, t, tag, m); err != nil {
 			return moves, fmt.Errorf("%s now points at %s, but recording the move failed: %w", tag, root.Desc.Digest, err)
 		}

@@ -376,3 +376,30 @@ func (noCreds) Get(context.Context, string) (auth.Credential, error) {
 }
 func (noCreds) Put(context.Context, string, auth.Credential) error { return nil }
 func (noCreds) Delete(context.Context, string) error               { return nil }
+
+func TestRecordKeepsNewestMoves(t *testing.T) {
+	ctx := context.Background()
+	tg := openLayout(t)
+	threeVersions(t, tg)
+	prev := map[string]digest.Digest{"x": digest.FromString("a")}
+	if err := RecordPush(ctx, tg, digest.FromString("b"), []string{"x", "same"}, map[string]digest.Digest{"x": prev["x"], "same": digest.FromString("b")}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := ReadHistory(ctx, tg, "same"); err != nil || len(h.Moves) != 0 {
+		t.Fatalf("a push that did not move a tag recorded %+v %v", h, err)
+	}
+	moves := make([]Move, MaxMoves+10)
+	for i := range moves {
+		moves[i] = Move{Time: t0.Add(time.Duration(i) * time.Second), Digest: digest.FromString(strconv.Itoa(i)), Op: OpTag}
+	}
+	if err := Record(ctx, tg, "x", moves...); err != nil {
+		t.Fatal(err)
+	}
+	h, err := ReadHistory(ctx, tg, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Moves) != MaxMoves || h.Dropped != 11 || h.Moves[len(h.Moves)-1].Digest != moves[len(moves)-1].Digest {
+		t.Fatalf("%d moves kept, %d dropped", len(h.Moves), h.Dropped)
+	}
+}

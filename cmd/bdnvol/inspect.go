@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// InspectCmd describes one version.
+type InspectCmd struct {
+	Ref  string `arg:"" help:"HOST/REPO:TAG, HOST/REPO@DIGEST or oci:PATH[:TAG|@DIGEST]."`
+	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
+}
+
+// Run inspects the version.
+func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
+	ref, t, err := openRef(ctx, g, c.Ref)
+	if err != nil {
+		return err
+	}
+	root, err := versions.Resolve(ctx, t, ref)
+	if err != nil {
+		return err
+	}
+	d, err := versions.Inspect(ctx, t, root.Desc)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref, err)
+	}
+	if c.JSON {
+		return json.NewEncoder(g.stdout).Encode(struct {
+			Reference string `json:"reference"`
+			*versions.Details
+		}{ref.Pinned(d.Digest), d})
+	}
+	w := g.stdout
+	fmt.Fprintf(w, "reference: %s\n", ref.Pinned(d.Digest))
+	fmt.Fprintf(w, "digest:    %s\n", d.Digest)
+	fmt.Fprintf(w, "format:    %d\n", d.FormatVersion)
+	if d.Sealed != nil {
+		fmt.Fprintf(w, "sealed:    %s (%s)\n", d.Sealed.Format(time.RFC3339), d.SealedTag)
+	}
+	fmt.Fprintf(w, "tags:      %s\n", strings.Join(d.Tags, " "))
+	fmt.Fprintf(w, "files:     %d, %s\n", len(d.Files), humanBytes(d.Bytes))
+	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, humanBytes(d.UniqueBytes))
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODE\tSIZE\tSHA256\tPATH")
+	for _, f := range d.Files {
+		path := f.Path
+		if f.Type == layout.TypeSymlink {
+			path += " -> " + f.Target
+		}
+		sum := f.SHA256
+		if sum == "" {
+			sum = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", modeString(f.Type, f.Mode), f.Size, sum, path)
+	}
+	return tw.Flush()
+}
+
+func modeString(typ string, mode uint32) string {
+	m := fs.FileMode(mode & 0o777)
+	switch typ {
+	case layout.TypeDir:
+		m |= fs.ModeDir
+	case layout.TypeSymlink:
+		m |= fs.ModeSymlink
+	}
+	return m.String()
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/bdnvol/bdnvol/pkg/deploy"
+)
+
+// LintCmd reports volume references that are not pinned, do not resolve, or
+// whose tag has moved since they were pinned.
+type LintCmd struct {
+	Files []string `arg:"" type:"path" help:"YAML or JSON files: bdnvol.yaml, Kubernetes manifests, Helm values."`
+	All   bool     `help:"Check every string that names a bdnvol volume, not only source: values."`
+	JSON  bool     `name:"json" help:"Print the findings as a JSON array."`
+}
+
+type lintFinding struct {
+	File string `json:"file"`
+	deploy.Finding
+}
+
+// Run lints the files; it fails when there is any finding.
+func (c *LintCmd) Run(ctx context.Context, g *Globals) error {
+	res := newRefResolver(g)
+	all := []lintFinding{}
+	for _, file := range c.Files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		fs, err := deploy.Lint(ctx, b, res, deploy.LintOptions{All: c.All})
+		if err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+		for _, f := range fs {
+			all = append(all, lintFinding{File: file, Finding: f})
+		}
+	}
+	if c.JSON {
+		if err := json.NewEncoder(g.stdout).Encode(all); err != nil {
+			return err
+		}
+	} else {
+		for _, f := range all {
+			fmt.Fprintf(g.stdout, "%s:%d: %s: %s\n", f.File, f.Line, f.Ref, f.Reason)
+		}
+	}
+	if len(all) > 0 {
+		return fmt.Errorf("%d references need attention", len(all))
+	}
+	return nil
+}

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/pkg/deploy"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// PinCmd rewrites tag references into digest-pinned ones in place.
+type PinCmd struct {
+	Files  []string `arg:"" type:"path" help:"YAML or JSON files: bdnvol.yaml, Kubernetes manifests, Helm values."`
+	All    bool     `help:"Pin every string that resolves to a bdnvol volume, not only source: values."`
+	Check  bool     `help:"Print the changes without writing."`
+	Update bool     `help:"Also re-pin references whose tag has moved since they were pinned."`
+}
+
+// Run pins the files.
+func (c *PinCmd) Run(ctx context.Context, g *Globals) error {
+	res := newRefResolver(g)
+	failed := 0
+	for _, file := range c.Files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		out, changes, err := deploy.Pin(ctx, b, res, deploy.PinOptions{All: c.All, Update: c.Update})
+		var refErrs []*deploy.RefError
+		if err != nil {
+			if refErrs = refErrors(err); refErrs == nil {
+				return fmt.Errorf("%s: %w", file, err)
+			}
+		}
+		for _, e := range refErrs {
+			fmt.Fprintf(g.stderr, "%s:%d: %s: %v\n", file, e.Line, e.Ref, e.Err)
+			failed++
+		}
+		for _, ch := range changes {
+			fmt.Fprintf(g.stdout, "%s:%d: %s -> %s\n", file, ch.Line, ch.Old, ch.New)
+		}
+		if c.Check || len(changes) == 0 {
+			continue
+		}
+		if err := writeFileAtomic(file, out); err != nil {
+			return err
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d references could not be pinned", failed)
+	}
+	return nil
+}
+
+// refErrors returns the *deploy.RefError parts of err, or nil if err has
+// any other part.
+func refErrors(err error) []*deploy.RefError {
+	parts := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		parts = j.Unwrap()
+	}
+	var out []*deploy.RefError
+	for _, p := range parts {
+		var re *deploy.RefError
+		if !errors.As(p, &re) {
+			return nil
+		}
+		out = append(out, re)
+	}
+	return out
+}
+
+// writeFileAtomic replaces file with b, keeping its permission bits.
+func writeFileAtomic(file string, b []byte) error {
+	st, err := os.Stat(file)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(st.Mode().Perm()); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), file)
+}
+
+// refResolver resolves references for pin and lint, opening each repository
+// once and resolving each reference once.
+type refResolver struct {
+	g       *Globals
+	targets map[string]oci.Target
+	digests map[string]resolved
+	volumes map[string]bool
+}
+
+type resolved struct {
+	d   digest.Digest
+	err error
+}
+
+var _ deploy.Resolver = (*refResolver)(nil)
+
+func newRefResolver(g *Globals) *refResolver {
+	return &refResolver{g: g, targets: map[string]oci.Target{}, digests: map[string]resolved{}, volumes: map[string]bool{}}
+}
+
+func (r *refResolver) target(ctx context.Context, ref oci.Ref) (oci.Target, error) {
+	if t, ok := r.targets[ref.Repo()]; ok {
+		return t, nil
+	}
+	t, err := oci.Open(ctx, ref, r.g.options())
+	if err != nil {
+		return nil, err
+	}
+	r.targets[ref.Repo()] = t
+	return t, nil
+}
+
+// Resolve implements deploy.Resolver.
+func (r *refResolver) Resolve(ctx context.Context, ref oci.Ref) (digest.Digest, error) {
+	key := ref.String()
+	if v, ok := r.digests[key]; ok {
+		return v.d, v.err
+	}
+	var v resolved
+	t, err := r.target(ctx, ref)
+	if err != nil {
+		v.err = err
+	} else if root, err := versions.Resolve(ctx, t, ref); err != nil {
+		v.err = err
+	} else {
+		v.d = root.Desc.Digest
+	}
+	r.digests[key] = v
+	return v.d, v.err
+}
+
+// HasVolumes implements deploy.Resolver.
+func (r *refResolver) HasVolumes(ctx context.Context, ref oci.Ref) (bool, error) {
+	if v, ok := r.volumes[ref.Repo()]; ok {
+		return v, nil
+	}
+	t, err := r.target(ctx, ref)
+	if err != nil {
+		return false, err
+	}
+	tags, err := oci.ListTags(ctx, t)
+	if err != nil {
+		return false, err
+	}
+	has := false
+	for _, tag := range tags {
+		if _, _, ok := oci.ParseProtectiveTag(tag); ok {
+			has = true
+			break
+		}
+	}
+	r.volumes[ref.Repo()] = has
+	return has, nil
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"oras.land/oras-go/v2/registry"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// TagCmd points tags at an existing version: the rollback verb.
+type TagCmd struct {
+	Ref  string   `arg:"" help:"The version: HOST/REPO@DIGEST, HOST/REPO:TAG or oci:PATH[:TAG|@DIGEST]."`
+	Tags []string `arg:"" help:"Tags to point at it."`
+}
+
+// Run moves the tags.
+func (c *TagCmd) Run(ctx context.Context, g *Globals) error {
+	for _, tag := range c.Tags {
+		if err := (registry.Reference{Registry: "x", Repository: "x", Reference: tag}).ValidateReferenceAsTag(); err != nil {
+			return usageError{fmt.Errorf("bad tag %q", tag)}
+		}
+		if err := versions.CheckTag(tag); err != nil {
+			return usageError{err}
+		}
+	}
+	ref, t, err := openRef(ctx, g, c.Ref)
+	if err != nil {
+		return err
+	}
+	root, err := versions.Resolve(ctx, t, ref)
+	if err != nil {
+		return err
+	}
+	if _, err := layout.Open(ctx, t, root.Desc); err != nil {
+		return fmt.Errorf("%s: %w", ref, err)
+	}
+	moves, err := versions.Tag(ctx, t, root, c.Tags, versions.TagOptions{})
+	if err != nil {
+		return err
+	}
+	for _, tag := range c.Tags {
+		if m, ok := moves[tag]; ok {
+			from := "(new)"
+			if m.Previous != "" {
+				from = m.Previous.String()
+			}
+			fmt.Fprintf(g.stderr, "%s: %s -> %s\n", tag, from, m.Digest)
+		} else {
+			fmt.Fprintf(g.stderr, "%s: already at %s\n", tag, root.Desc.Digest)
+		}
+		fmt.Fprintln(g.stdout, tagged(ref, tag, root.Desc.Digest.String()))
+	}
+	return nil
+}
+
+// tagged formats REPO:TAG@DIGEST.
+func tagged(ref oci.Ref, tag, d string) string {
+	return ref.Repo() + ":" + tag + "@" + d
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// VersionsCmd lists the sealed versions of a volume.
+type VersionsCmd struct {
+	Repo string `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
+	JSON bool   `name:"json" help:"Print a JSON array instead of a table."`
+}
+
+// Run lists the versions.
+func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
+	ref, err := oci.ParseRef(c.Repo)
+	if err != nil {
+		return usageError{err}
+	}
+	if ref.Reference() != "" {
+		return usageError{fmt.Errorf("%s: versions takes a repository, without a tag or digest", c.Repo)}
+	}
+	t, err := oci.Open(ctx, ref, g.options())
+	if err != nil {
+		return err
+	}
+	vs, err := versions.List(ctx, t)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref.Repo(), err)
+	}
+	if c.JSON {
+		if vs == nil {
+			vs = []versions.Version{}
+		}
+		return json.NewEncoder(g.stdout).Encode(vs)
+	}
+	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS")
+	for _, v := range vs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), humanBytes(v.Bytes), v.Files, strings.Join(v.Tags, ","))
+	}
+	return tw.Flush()
+}
+
+// openRef parses s, which must name a tag or a digest, and opens its repository.
+func openRef(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target, error) {
+	ref, err := oci.ParseRef(s)
+	if err != nil {
+		return ref, nil, usageError{err}
+	}
+	if ref.Reference() == "" {
+		return ref, nil, usageError{fmt.Errorf("%s: name a tag or a digest", s)}
+	}
+	t, err := oci.Open(ctx, ref, g.options())
+	return ref, t, err
+}
