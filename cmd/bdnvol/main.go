@@ -48,6 +48,9 @@ type CLI struct {
 	Login   LoginCmd   `cmd:"" help:"Save credentials for a registry."`
 	Logout  LogoutCmd  `cmd:"" help:"Remove saved credentials for a registry."`
 	Version VersionCmd `cmd:"" help:"Print the version."`
+	Mount   MountCmd   `cmd:"" help:"Mount a version read-only with FUSE; chunks are fetched as files are read."`
+	Umount  UmountCmd  `cmd:"" help:"Unmount a bdnvol mount."`
+	Mounts  MountsCmd  `cmd:"" help:"List the bdnvol mounts on this machine with the digest each serves."`
 
 	Versions VersionsCmd `cmd:"" help:"List the sealed versions of a volume, newest first."`
 	Resolve  ResolveCmd  `cmd:"" help:"Print the digest-pinned reference of a tag or digest."`
