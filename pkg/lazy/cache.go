@@ -345,6 +345,10 @@ func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor)
 		c.storeErrors.Add(1)
 		return memChunk{bytes.NewReader(buf)}, buf, nil
 	}
+	// Serve from the page cache rather than keep the buffer alive.
+	if f, err := os.Open(c.path(desc.Digest)); err == nil {
+		return f, nil, nil
+	}
 	return memChunk{bytes.NewReader(buf)}, nil, nil
 }
 

@@ -39,14 +39,14 @@ func (f *fakeFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Re
 	f.mu.Lock()
 	f.fetches[desc.Digest]++
 	f.bytes += desc.Size
-	flip, fail := f.corrupt[desc.Digest], f.fail
+	flip, fail, delay := f.corrupt[desc.Digest], f.fail, f.delay
 	f.mu.Unlock()
 	if fail != nil {
 		return nil, fail
 	}
-	if f.delay > 0 {
+	if delay > 0 {
 		select {
-		case <-time.After(f.delay):
+		case <-time.After(delay):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

@@ -198,6 +198,10 @@ func (v *Volume) chunk(ctx context.Context, k int) (*handle, error) {
 // keep adds the loaded chunk k to the open handles, returning it with one
 // reference.
 func (v *Volume) keep(k int, ch Chunk) *handle {
+	if _, inMemory := ch.(memChunk); inMemory {
+		// Not stored (disk full): serve this read, keep no memory.
+		return &handle{ch: ch, refs: 1, gone: true}
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if h, ok := v.handles[k]; ok {
