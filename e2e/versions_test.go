@@ -192,6 +192,9 @@ func TestVersionsTagsRollbackHistoryDiff(t *testing.T) {
 		if r := run(t, "tag", repo+":v1", "sealed-x"); r.code != 2 {
 			t.Fatalf("a reserved tag should exit 2:\n%s", r)
 		}
+		if r := run(t, "push", "--tag", "history-x", repo+":v9", dirs[0]); r.code != 2 {
+			t.Fatalf("push with a reserved tag should exit 2:\n%s", r)
+		}
 
 		// history shows the moves in order: the push, the rollback, the roll forward.
 		var h struct {

@@ -49,6 +49,11 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if ref.Digest != "" {
 		return usageError{fmt.Errorf("%s: push takes a tag, not a digest", c.Ref)}
 	}
+	for _, tag := range append([]string{ref.Tag}, c.Tag...) {
+		if err := versions.CheckTag(tag); err != nil {
+			return usageError{err}
+		}
+	}
 	opt := g.options()
 	opt.CreateLayout = true
 	t, err := oci.Open(ctx, ref, opt)

@@ -167,6 +167,7 @@ type RefError struct {
 	Err  error
 }
 
+// Error names the line, the reference and the cause.
 func (e *RefError) Error() string { return fmt.Sprintf("line %d: %s: %v", e.Line, e.Ref, e.Err) }
 
 // Unwrap returns the cause.
