@@ -80,7 +80,7 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "push", counters)
-	res, err := layout.Push(ctx, t, c.Dir, layout.PushOptions{
+	res, err := layout.Push(ctx, t, layout.DirSource(c.Dir), layout.PushOptions{
 		Params:    params,
 		MaxLayers: c.MaxLayers,
 		Jobs:      c.Jobs,

@@ -215,7 +215,7 @@ func TestPushPullMemory(t *testing.T) {
 	for _, maxLayers := range []int{0, 7} {
 		t.Run(fmt.Sprint("maxLayers=", maxLayers), func(t *testing.T) {
 			store := memory.New()
-			res, err := Push(ctx, store, src, PushOptions{Params: p, MaxLayers: maxLayers})
+			res, err := Push(ctx, store, DirSource(src), PushOptions{Params: p, MaxLayers: maxLayers})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -223,7 +223,7 @@ func TestPushPullMemory(t *testing.T) {
 			if res.Chunks > 1<<20/int(p.Min)+300*1024/int(p.Min)+4 {
 				t.Fatalf("%d chunks: small files were not packed", res.Chunks)
 			}
-			again, err := Push(ctx, store, src, PushOptions{Params: p, MaxLayers: maxLayers})
+			again, err := Push(ctx, store, DirSource(src), PushOptions{Params: p, MaxLayers: maxLayers})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -264,7 +264,7 @@ func TestPushRefusesEscapingSymlink(t *testing.T) {
 	if err := os.Symlink("/etc/passwd", filepath.Join(src, "evil")); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Push(context.Background(), memory.New(), src, PushOptions{})
+	_, err := Push(context.Background(), memory.New(), DirSource(src), PushOptions{})
 	if !errors.Is(err, ErrUnsupportedFile) || !strings.Contains(err.Error(), "evil") {
 		t.Fatalf("got %v", err)
 	}

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -8,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
-	"os"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 )
@@ -54,16 +54,18 @@ type PushResult struct {
 	Existed        bool  // the version was already stored
 }
 
-// section is a run of a file on disk.
+// section is a run of a file of the source.
 type section struct {
-	path   string
+	path   string // slash path in the source
 	off, n int64
 }
 
-// chunkJob is a chunk to store and where its bytes are on disk.
+// chunkJob is a chunk to store: its bytes (for remote sources) or where
+// they are in the source.
 type chunkJob struct {
 	Chunk
-	src []section
+	src  []section
+	data []byte
 }
 
 // fileChunks is the result of chunking one regular file.
@@ -77,9 +79,9 @@ type extentRef struct {
 	off, length int64
 }
 
-// Push chunks the tree at root, uploads the chunks dst lacks, and stores
+// Push chunks the tree of src, uploads the chunks dst lacks, and stores
 // the sealed version. It does not tag: the caller tags the returned root.
-func Push(ctx context.Context, dst content.Storage, root string, opt PushOptions) (*PushResult, error) {
+func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions) (*PushResult, error) {
 	if opt.Params == (Params{}) {
 		opt.Params = DefaultParams
 	}
@@ -92,11 +94,14 @@ func Push(ctx context.Context, dst content.Storage, root string, opt PushOptions
 	if opt.Counters == nil {
 		opt.Counters = &Counters{}
 	}
-	entries, err := Walk(root)
+	entries, err := src.Walk(ctx)
 	if err != nil {
 		return nil, err
 	}
-	b := &builder{opt: opt, root: root, entries: entries, results: make([]fileChunks, len(entries))}
+	b := &builder{opt: opt, src: src, entries: entries, results: make([]fileChunks, len(entries))}
+	if r, ok := src.(Remote); ok && r.Remote() {
+		b.buffer = semaphore.NewWeighted(bufferBudget)
+	}
 	keep := make(map[string]bool, len(entries))
 	allHit := true
 	for _, e := range entries {
@@ -110,7 +115,7 @@ func Push(ctx context.Context, dst content.Storage, root string, opt PushOptions
 	}
 	opt.Cache.prune(keep)
 
-	up := &uploader{dst: dst, seen: map[digest.Digest]bool{}, counters: opt.Counters}
+	up := &uploader{dst: dst, src: src, seen: map[digest.Digest]bool{}, counters: opt.Counters, buffer: b.buffer}
 	if !allHit {
 		err := up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
 			return b.chunkAll(ctx, submit)
@@ -156,9 +161,13 @@ func Push(ctx context.Context, dst content.Storage, root string, opt PushOptions
 	return b.store(ctx, dst, s, up)
 }
 
+// bufferBudget bounds the chunk bytes held in memory for remote sources.
+const bufferBudget = 128 << 20
+
 type builder struct {
 	opt     PushOptions
-	root    string
+	src     Source
+	buffer  *semaphore.Weighted // non-nil: keep chunk bytes in memory
 	entries []Entry
 	results []fileChunks // by entry index
 
@@ -252,13 +261,11 @@ func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) err
 	return g.Wait()
 }
 
-func (b *builder) abs(p string) string { return filepath.Join(b.root, filepath.FromSlash(p)) }
-
 // chunkFile cuts one large file into chunks and hands each to submit.
 func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(chunkJob) error) error {
 	e := b.entries[i]
-	path := b.abs(e.Path)
-	if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok && c.Chunks != nil {
+	path := e.Path
+	if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok && c.Chunks != nil && b.buffer == nil {
 		var off int64
 		res := fileChunks{digest: c.Digest}
 		for _, ch := range c.Chunks {
@@ -272,15 +279,16 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		b.opt.Counters.Processed.Add(e.Size)
 		return nil
 	}
-	f, err := os.Open(path)
+	ra, err := b.src.Open(ctx, path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer ra.Close()
+	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
 	var cuts []int64
 	cdc := true
 	if isSafetensors(e.Path) {
-		if hdrEnd, ts, err := ReadSafetensorsHeader(f, e.Size); err == nil {
+		if hdrEnd, ts, err := ReadSafetensorsHeader(ra, e.Size); err == nil {
 			// The header says where every tensor is: cut there, and
 			// at fixed offsets inside big tensors, with no rolling hash.
 			cuts = tensorBoundaries(hdrEnd, ts, e.Size, b.opt.Params)
@@ -293,6 +301,7 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	var (
 		pos, start int64
 		res        fileChunks
+		held       []byte // the current chunk's bytes, for remote sources
 	)
 	emitChunk := func() error {
 		n := pos - start
@@ -303,7 +312,14 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		chunkHash.Reset()
 		cut.reset()
 		res.extents = append(res.extents, extentRef{chunk: ch, length: n})
-		err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{path, start, n}}})
+		job := chunkJob{Chunk: ch, src: []section{{path, start, n}}}
+		if b.buffer != nil {
+			if err := b.buffer.Acquire(ctx, min(n, bufferBudget)); err != nil {
+				return err
+			}
+			job.data, held = held, nil
+		}
+		err := b.emit(submit, job)
 		start = pos
 		return err
 	}
@@ -330,6 +346,9 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 					k, end = cut.next(data[:lim])
 				}
 				chunkHash.Write(data[:k])
+				if b.buffer != nil {
+					held = append(held, data[:k]...)
+				}
 				pos += int64(k)
 				data = data[k:]
 				if end || (forced && k == lim) {
@@ -398,11 +417,11 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 				data := m.data
 				if data == nil {
 					var err error
-					if data, err = readSmall(b.abs(b.entries[m.idx].Path), m.size); err != nil {
+					if data, err = b.readSmall(ctx, b.entries[m.idx].Path, m.size); err != nil {
 						return err
 					}
 					if digest.FromBytes(data) != m.dg {
-						return fmt.Errorf("%s: %w", b.abs(b.entries[m.idx].Path), ErrFileChanged)
+						return fmt.Errorf("%s: %w", b.entries[m.idx].Path, ErrFileChanged)
 					}
 				}
 				h.Write(data)
@@ -410,15 +429,24 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 			ch = Chunk{Digest: digest.NewDigest(digest.SHA256, h), Size: size}
 			b.opt.Cache.storePack(keyStr, ch)
 		}
+		job := chunkJob{Chunk: ch, src: make([]section, len(members))}
+		if b.buffer != nil {
+			if err := b.buffer.Acquire(ctx, min(size, bufferBudget)); err != nil {
+				return err
+			}
+			job.data = make([]byte, 0, size)
+			for _, m := range members {
+				job.data = append(job.data, m.data...)
+			}
+		}
 		var off int64
-		src := make([]section, len(members))
 		for k, m := range members {
-			src[k] = section{b.abs(b.entries[m.idx].Path), 0, m.size}
+			job.src[k] = section{b.entries[m.idx].Path, 0, m.size}
 			b.results[m.idx] = fileChunks{digest: m.dg, extents: []extentRef{{chunk: ch, off: off, length: m.size}}}
 			off += m.size
 		}
 		members, size = members[:0], 0
-		return b.emit(submit, chunkJob{Chunk: ch, src: src})
+		return b.emit(submit, job)
 	}
 	for i, e := range b.entries {
 		if e.Type != TypeFile || e.Size >= p.Min {
@@ -428,10 +456,10 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 			return err
 		}
 		m := member{idx: i, size: e.Size}
-		if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok {
+		if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok && b.buffer == nil {
 			m.dg = c.Digest
 		} else {
-			data, err := readSmall(b.abs(e.Path), e.Size)
+			data, err := b.readSmall(ctx, e.Path, e.Size)
 			if err != nil {
 				return err
 			}
@@ -481,15 +509,22 @@ func unhex(c byte) byte {
 	return 0
 }
 
-func readSmall(path string, size int64) ([]byte, error) {
-	data, err := os.ReadFile(path)
+// readSmall reads a whole small file and checks its size.
+func (b *builder) readSmall(ctx context.Context, path string, size int64) ([]byte, error) {
+	f, err := b.src.Open(ctx, path)
 	if err != nil {
 		return nil, err
 	}
-	if int64(len(data)) != size {
-		return nil, fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, size, len(data))
+	defer f.Close()
+	data := make([]byte, size+1)
+	n, err := f.ReadAt(data, 0)
+	if err != nil && err != io.EOF {
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	return data, nil
+	if int64(n) != size {
+		return nil, fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, size, n)
+	}
+	return data[:n], nil
 }
 
 // index assembles the file index from the walk and the chunking results.
@@ -524,6 +559,8 @@ func (b *builder) index() (*Index, error) {
 // those the destination already has.
 type uploader struct {
 	dst      content.Storage
+	src      Source
+	buffer   *semaphore.Weighted // releases the bytes of buffered jobs
 	counters *Counters
 	mu       sync.Mutex
 	seen     map[digest.Digest]bool
@@ -554,6 +591,7 @@ func (u *uploader) run(ctx context.Context, jobs int, produce func(context.Conte
 			u.seen[j.Digest] = true
 			u.mu.Unlock()
 			if dup {
+				u.release(j)
 				return nil
 			}
 			select {
@@ -567,7 +605,15 @@ func (u *uploader) run(ctx context.Context, jobs int, produce func(context.Conte
 	return g.Wait()
 }
 
+// release frees the memory a buffered job holds.
+func (u *uploader) release(j chunkJob) {
+	if j.data != nil && u.buffer != nil {
+		u.buffer.Release(min(j.Size, bufferBudget))
+	}
+}
+
 func (u *uploader) store(ctx context.Context, j chunkJob) error {
+	defer u.release(j)
 	desc := chunkDescriptor(j.Chunk)
 	ok, err := u.dst.Exists(ctx, desc)
 	if err != nil {
@@ -576,9 +622,15 @@ func (u *uploader) store(ctx context.Context, j chunkJob) error {
 	if ok {
 		return nil
 	}
-	r := &sectionReader{secs: j.src}
+	var body io.Reader
+	r := &sectionReader{ctx: ctx, src: u.src, secs: j.src}
 	defer r.Close()
-	err = u.dst.Push(ctx, desc, &countingReader{r: r, n: &u.counters.Sent})
+	if j.data != nil {
+		body = bytes.NewReader(j.data)
+	} else {
+		body = r
+	}
+	err = u.dst.Push(ctx, desc, &countingReader{r: body, n: &u.counters.Sent})
 	if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
 		if r.err != nil {
 			return fmt.Errorf("chunk %s: %w", j.Digest, r.err)
@@ -595,8 +647,10 @@ func (u *uploader) store(ctx context.Context, j chunkJob) error {
 // sectionReader reads a list of file sections in order, opening each file
 // when it is reached.
 type sectionReader struct {
+	ctx  context.Context
+	src  Source
 	secs []section
-	f    *os.File
+	f    ReadAtCloser
 	cur  io.Reader
 	err  error
 }
@@ -609,7 +663,7 @@ func (r *sectionReader) Read(p []byte) (int, error) {
 			}
 			s := r.secs[0]
 			r.secs = r.secs[1:]
-			f, err := os.Open(s.path)
+			f, err := r.src.Open(r.ctx, s.path)
 			if err != nil {
 				r.err = err
 				return 0, err

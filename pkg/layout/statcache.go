@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,14 +38,16 @@ type cachedFile struct {
 	Chunks []Chunk       `json:"c,omitempty"`
 }
 
-// OpenStatCache loads the cache of tree root under dir. A missing or
-// unreadable cache starts empty.
-func OpenStatCache(dir, root string, p Params) *StatCache {
-	abs, err := filepath.Abs(root)
-	if err != nil {
-		abs = root
+// OpenStatCache loads, from the cache directory dir, the cache of the tree
+// named key (a local directory, whose absolute path is used, or a source
+// URL). A missing or unreadable cache starts empty.
+func OpenStatCache(dir, key string, p Params) *StatCache {
+	if !strings.Contains(key, "://") {
+		if abs, err := filepath.Abs(key); err == nil {
+			key = abs
+		}
 	}
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d/%d/%d", abs, p.Min, p.Avg, p.Max)))
+	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d/%d/%d", key, p.Min, p.Avg, p.Max)))
 	c := &StatCache{
 		path:  filepath.Join(dir, "stat", hex.EncodeToString(h[:16])+".json"),
 		since: time.Now().Add(-2 * time.Second).UnixNano(),
