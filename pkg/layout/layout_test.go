@@ -294,3 +294,41 @@ func TestSealSplitsParts(t *testing.T) {
 		t.Fatal("sealing is not deterministic")
 	}
 }
+
+// remoteDir is a local directory that claims to be expensive to re-read.
+type remoteDir struct{ Source }
+
+func (remoteDir) Remote() bool { return true }
+
+func TestPushRemoteSourceBuffers(t *testing.T) {
+	ctx := context.Background()
+	p := Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
+	src := t.TempDir()
+	files := map[string][]byte{"big.bin": randBytes(7, 700<<10), "a/small": []byte("small file")}
+	writeTree(t, src, files)
+	local, remote := memory.New(), memory.New()
+	want, err := Push(ctx, local, DirSource(src), PushOptions{Params: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Push(ctx, remote, remoteDir{DirSource(src)}, PushOptions{Params: p, Jobs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Root.Digest != want.Root.Digest {
+		t.Fatalf("remote source sealed %s, local %s", got.Root.Digest, want.Root.Digest)
+	}
+	v, err := Open(ctx, remote, got.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	if _, err := Pull(ctx, remote, v, dst, PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for p, data := range files {
+		if b, err := os.ReadFile(filepath.Join(dst, p)); err != nil || !bytes.Equal(b, data) {
+			t.Fatalf("%s differs (%v)", p, err)
+		}
+	}
+}
