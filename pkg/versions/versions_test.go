@@ -57,7 +57,7 @@ func pushVersion(t *testing.T, tg oci.Target, files map[string][]byte, sealed ti
 	ctx := context.Background()
 	dir := t.TempDir()
 	writeTree(t, dir, files)
-	res, err := layout.Push(ctx, tg, dir, layout.PushOptions{Params: smallParams})
+	res, err := layout.Push(ctx, tg, layout.DirSource(dir), layout.PushOptions{Params: smallParams})
 	if err != nil {
 		t.Fatal(err)
 	}
