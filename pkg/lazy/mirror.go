@@ -1,0 +1,294 @@
+package lazy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+// ErrMirror is wrapped by every error a mirror attempt reports through
+// MirrorOptions.OnError.
+var ErrMirror = errors.New("lazy: mirror")
+
+// Mirror is one registry mirror speaking the OCI distribution API for
+// content by digest: a pull-through cache, Spegel, Dragonfly.
+type Mirror struct {
+	// URL is scheme://host[:port][/path]. "/v2" is appended to the path
+	// unless it already ends in "/v2" or OverridePath is set, as containerd
+	// does.
+	URL string
+	// OverridePath uses URL's path as the API root as given.
+	OverridePath bool
+	// Client sends the requests; nil uses a client without retries whose
+	// transport gives up on a silent mirror after MirrorOptions.Timeout.
+	Client *http.Client
+}
+
+// MirrorOptions configure NewMirrorFetcher. Zero values select defaults.
+type MirrorOptions struct {
+	// Registry is the upstream registry host, sent to every mirror as the
+	// containerd-style query parameter ns.
+	Registry string
+	// Repository is the repository path on the mirror (the same as upstream).
+	Repository string
+	// Timeout bounds how long a mirror may take to answer with headers;
+	// <= 0 means 5s. It applies to mirrors without their own Client.
+	Timeout time.Duration
+	// Cooldown is how long a mirror that failed with a network error or a
+	// server error is skipped; 0 means 10s, < 0 never skips.
+	Cooldown time.Duration
+	// OnError is called (from any goroutine) for each failed mirror
+	// attempt; the fetch then tries the next mirror or the source. It may
+	// be nil.
+	OnError func(mirror string, desc ocispec.Descriptor, err error)
+}
+
+// MirrorStats count what a mirror fetcher did.
+type MirrorStats struct {
+	Hits      int64 // blobs served by a mirror and verified
+	HitBytes  int64
+	Misses    int64 // mirror attempts that failed (not found, error, bad bytes)
+	Fallbacks int64 // blobs fetched from the source after every mirror failed or was skipped
+}
+
+// MirrorFetcher tries mirrors in order for every blob and falls back to its
+// source. Bytes from a mirror are verified against the descriptor before
+// they are returned, so a mirror that serves wrong bytes costs a fallback,
+// never a wrong byte. It is safe for concurrent use.
+type MirrorFetcher struct {
+	src     Fetcher
+	mirrors []*mirror
+	opt     MirrorOptions
+
+	mu    sync.Mutex
+	stats MirrorStats
+}
+
+type mirror struct {
+	base   *url.URL // scheme, host and API root path ("/v2")
+	name   string   // as configured, for messages
+	client *http.Client
+
+	mu        sync.Mutex
+	downUntil time.Time
+}
+
+var _ Fetcher = (*MirrorFetcher)(nil)
+
+// NewMirrorFetcher returns a Fetcher that tries mirrors, in order, before
+// src. It fails only on a mirror URL it cannot parse.
+func NewMirrorFetcher(src Fetcher, mirrors []Mirror, opt MirrorOptions) (*MirrorFetcher, error) {
+	if opt.Timeout <= 0 {
+		opt.Timeout = 5 * time.Second
+	}
+	if opt.Cooldown == 0 {
+		opt.Cooldown = 10 * time.Second
+	}
+	f := &MirrorFetcher{src: src, opt: opt}
+	var def *http.Client
+	for _, m := range mirrors {
+		u, err := ParseMirrorURL(m.URL)
+		if err != nil {
+			return nil, err
+		}
+		if !m.OverridePath && !strings.HasSuffix(u.Path, "/v2") {
+			u.Path = strings.TrimSuffix(u.Path, "/") + "/v2"
+		}
+		c := m.Client
+		if c == nil {
+			if def == nil {
+				def = defaultMirrorClient(opt.Timeout)
+			}
+			c = def
+		}
+		f.mirrors = append(f.mirrors, &mirror{base: u, name: m.URL, client: c})
+	}
+	return f, nil
+}
+
+// ParseMirrorURL parses a mirror given as a URL or as host[:port]. A bare
+// host means https, except a loopback host, which means http.
+func ParseMirrorURL(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		scheme := "https"
+		host := s
+		if i := strings.IndexByte(host, '/'); i >= 0 {
+			host = host[:i]
+		}
+		if isLoopbackHost(host) {
+			scheme = "http"
+		}
+		s = scheme + "://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: %v", ErrMirror, s, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return nil, fmt.Errorf("%w %q: want http(s)://HOST[:PORT][/PATH]", ErrMirror, s)
+	}
+	return u, nil
+}
+
+func isLoopbackHost(hostport string) bool {
+	h := hostport
+	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.HasSuffix(h, "]") {
+		h = h[:i]
+	}
+	h = strings.Trim(h, "[]")
+	return h == "localhost" || h == "::1" || strings.HasPrefix(h, "127.")
+}
+
+func defaultMirrorClient(timeout time.Duration) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	tr.ResponseHeaderTimeout = timeout
+	tr.TLSHandshakeTimeout = timeout
+	return &http.Client{Transport: tr}
+}
+
+// Stats returns the counters.
+func (f *MirrorFetcher) Stats() MirrorStats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stats
+}
+
+// Fetch returns the blob desc from the first mirror that serves it
+// correctly, else from the source. Bytes from a mirror are verified before
+// Fetch returns; bytes from the source are returned as the source gives
+// them (callers verify them, as everything in this package does).
+func (f *MirrorFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if desc.Digest.Validate() == nil && desc.Size >= 0 && desc.Size <= layout.MaxChunkBytes {
+		for _, m := range f.mirrors {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if m.skipped() {
+				continue
+			}
+			b, err := f.fetchFrom(ctx, m, desc)
+			if err == nil {
+				f.mu.Lock()
+				f.stats.Hits++
+				f.stats.HitBytes += int64(len(b))
+				f.mu.Unlock()
+				return io.NopCloser(bytes.NewReader(b)), nil
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			f.mu.Lock()
+			f.stats.Misses++
+			f.mu.Unlock()
+			if f.opt.OnError != nil {
+				f.opt.OnError(m.name, desc, err)
+			}
+		}
+	}
+	f.mu.Lock()
+	f.stats.Fallbacks++
+	f.mu.Unlock()
+	return f.src.Fetch(ctx, desc)
+}
+
+func (m *mirror) skipped() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return time.Now().Before(m.downUntil)
+}
+
+func (m *mirror) markDown(d time.Duration) {
+	if d < 0 {
+		return
+	}
+	m.mu.Lock()
+	m.downUntil = time.Now().Add(d)
+	m.mu.Unlock()
+}
+
+// blobURL is where m serves desc: manifests under manifests/, everything
+// else under blobs/.
+func (f *MirrorFetcher) blobURL(m *mirror, desc ocispec.Descriptor) string {
+	u := *m.base
+	kind := "blobs"
+	if isManifest(desc.MediaType) {
+		kind = "manifests"
+	}
+	u.Path = u.Path + "/" + strings.Trim(f.opt.Repository, "/") + "/" + kind + "/" + desc.Digest.String()
+	if f.opt.Registry != "" {
+		u.RawQuery = url.Values{"ns": {f.opt.Registry}}.Encode()
+	}
+	return u.String()
+}
+
+func isManifest(mt string) bool {
+	switch mt {
+	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
+		"application/vnd.docker.distribution.manifest.v2+json",
+		"application/vnd.docker.distribution.manifest.list.v2+json":
+		return true
+	}
+	return false
+}
+
+// fetchFrom reads desc whole from m and verifies it.
+func (f *MirrorFetcher) fetchFrom(ctx context.Context, m *mirror, desc ocispec.Descriptor) ([]byte, error) {
+	u := f.blobURL(m, desc)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %v", ErrMirror, m.name, err)
+	}
+	if isManifest(desc.MediaType) {
+		req.Header.Set("Accept", desc.MediaType)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.markDown(f.opt.Cooldown)
+		}
+		return nil, fmt.Errorf("%w %s: GET %s: %v", ErrMirror, m.name, desc.Digest, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode >= 500 {
+			m.markDown(f.opt.Cooldown)
+		}
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return nil, fmt.Errorf("%w %s: GET %s: %s", ErrMirror, m.name, desc.Digest, resp.Status)
+	}
+	if resp.ContentLength >= 0 && resp.ContentLength != desc.Size {
+		return nil, fmt.Errorf("%w %s: %s: %w", ErrMirror, m.name, desc.Digest,
+			&ChunkInvalidError{Want: desc.Digest, Size: resp.ContentLength})
+	}
+	b := make([]byte, desc.Size)
+	n, err := io.ReadFull(resp.Body, b)
+	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w %s: %s: %w", ErrMirror, m.name, desc.Digest, &ChunkInvalidError{Want: desc.Digest, Size: int64(n)})
+		}
+		if ctx.Err() == nil {
+			m.markDown(f.opt.Cooldown)
+		}
+		return nil, fmt.Errorf("%w %s: %s: read after %d of %d bytes: %v", ErrMirror, m.name, desc.Digest, n, desc.Size, err)
+	}
+	var one [1]byte
+	if k, _ := resp.Body.Read(one[:]); k > 0 {
+		return nil, fmt.Errorf("%w %s: %s: %w", ErrMirror, m.name, desc.Digest, &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1})
+	}
+	if got := desc.Digest.Algorithm().FromBytes(b); got != desc.Digest {
+		return nil, fmt.Errorf("%w %s: %w", ErrMirror, m.name, &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size})
+	}
+	return b, nil
+}
