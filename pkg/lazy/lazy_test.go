@@ -142,7 +142,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	store := memory.New()
-	res, err := layout.Push(context.Background(), store, dir, layout.PushOptions{Params: testParams})
+	res, err := layout.Push(context.Background(), store, layout.DirSource(dir), layout.PushOptions{Params: testParams})
 	if err != nil {
 		t.Fatal(err)
 	}
