@@ -44,7 +44,7 @@ func (c *LoginCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	reg.PlainHTTP = g.PlainHTTP || oci.IsLoopback(c.Registry)
+	reg.PlainHTTP = !g.TLS && (g.PlainHTTP || oci.IsLoopback(c.Registry))
 	opt := g.options()
 	opt.Credentials = store
 	client, err := oci.NewClient(opt)

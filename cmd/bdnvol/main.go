@@ -35,6 +35,8 @@ type Globals struct {
 	InsecureSkipVerify bool   `help:"Accept any TLS certificate (unsafe)." name:"insecure-skip-verify"`
 	CAFile             string `help:"PEM file of extra CA certificates." name:"ca-file" type:"path"`
 	CacheDir           string `help:"Cache directory (default $XDG_CACHE_HOME/bdnvol)." name:"cache-dir" type:"path"`
+	TLS                bool   `help:"Use TLS even for loopback registries." name:"tls"`
+	UploadPartSize     Size   `help:"Upload blobs in PATCH parts of this size (0: one request per blob, parts after a 413)." name:"upload-part-size"`
 
 	stdout, stderr io.Writer
 }
@@ -63,7 +65,14 @@ type CLI struct {
 }
 
 func (g *Globals) options() oci.Options {
-	return oci.Options{PlainHTTP: g.PlainHTTP, InsecureSkipVerify: g.InsecureSkipVerify, CAFile: g.CAFile, UserAgent: "bdnvol/" + version}
+	return oci.Options{
+		PlainHTTP:          g.PlainHTTP,
+		ForceTLS:           g.TLS,
+		InsecureSkipVerify: g.InsecureSkipVerify,
+		CAFile:             g.CAFile,
+		PartSize:           int64(g.UploadPartSize),
+		UserAgent:          "bdnvol/" + version,
+	}
 }
 
 func (g *Globals) cacheDir() string {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/bits"
 	"runtime"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -622,18 +623,20 @@ func (u *uploader) store(ctx context.Context, j chunkJob) error {
 	if ok {
 		return nil
 	}
-	var body io.Reader
-	r := &sectionReader{ctx: ctx, src: u.src, secs: j.src}
-	defer r.Close()
+	var ra io.ReaderAt
+	sa := &sectionsAt{src: u.src, secs: j.src}
+	defer sa.Close()
 	if j.data != nil {
-		body = bytes.NewReader(j.data)
+		ra = bytes.NewReader(j.data)
 	} else {
-		body = r
+		ra = sa
 	}
-	err = u.dst.Push(ctx, desc, &countingReader{r: body, n: &u.counters.Sent})
+	// An io.ReaderAt body lets a registry upload retry and resume.
+	body := io.NewSectionReader(countingReaderAt{ra, &u.counters.Sent}, 0, j.Size)
+	err = u.dst.Push(ctx, desc, body)
 	if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
-		if r.err != nil {
-			return fmt.Errorf("chunk %s: %w", j.Digest, r.err)
+		if serr := sa.failure(); serr != nil {
+			return fmt.Errorf("chunk %s: %w", j.Digest, serr)
 		}
 		return fmt.Errorf("upload chunk %s: %w", j.Digest, err)
 	}
@@ -644,59 +647,90 @@ func (u *uploader) store(ctx context.Context, j chunkJob) error {
 	return nil
 }
 
-// sectionReader reads a list of file sections in order, opening each file
-// when it is reached.
-type sectionReader struct {
-	ctx  context.Context
+// sectionsAt reads a list of source file sections as one run of bytes,
+// opening the file under each read and keeping the last one open.
+type sectionsAt struct {
 	src  Source
 	secs []section
+
+	mu   sync.Mutex
+	cur  int // index of the open section, -1 when none
 	f    ReadAtCloser
-	cur  io.Reader
 	err  error
+	offs []int64 // start of each section in the run
 }
 
-func (r *sectionReader) Read(p []byte) (int, error) {
-	for {
-		if r.cur == nil {
-			if len(r.secs) == 0 {
-				return 0, io.EOF
-			}
-			s := r.secs[0]
-			r.secs = r.secs[1:]
-			f, err := r.src.Open(r.ctx, s.path)
-			if err != nil {
-				r.err = err
-				return 0, err
-			}
-			r.f, r.cur = f, io.NewSectionReader(f, s.off, s.n)
+// ReadAt reads the run at off.
+func (s *sectionsAt) ReadAt(p []byte, off int64) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.offs == nil {
+		s.cur = -1
+		var o int64
+		for _, sec := range s.secs {
+			s.offs = append(s.offs, o)
+			o += sec.n
 		}
-		n, err := r.cur.Read(p)
-		if err == io.EOF {
-			r.f.Close()
-			r.f, r.cur = nil, nil
-			if n > 0 {
-				return n, nil
-			}
-			continue
-		}
-		return n, err
 	}
+	done := 0
+	for done < len(p) {
+		at := off + int64(done)
+		i := sort.Search(len(s.offs), func(i int) bool { return s.offs[i] > at }) - 1
+		if i < 0 || at >= s.offs[i]+s.secs[i].n {
+			return done, io.EOF
+		}
+		if i != s.cur {
+			if s.f != nil {
+				s.f.Close()
+				s.f = nil
+			}
+			f, err := s.src.Open(context.Background(), s.secs[i].path)
+			if err != nil {
+				s.err = err
+				return done, err
+			}
+			s.f, s.cur = f, i
+		}
+		sec := s.secs[i]
+		within := at - s.offs[i]
+		n := min(int64(len(p)-done), sec.n-within)
+		k, err := s.f.ReadAt(p[done:done+int(n)], sec.off+within)
+		done += k
+		if err != nil && !(err == io.EOF && int64(k) == n) {
+			if err == io.EOF {
+				err = fmt.Errorf("%s: %w", sec.path, ErrFileChanged)
+			}
+			s.err = err
+			return done, err
+		}
+	}
+	return done, nil
 }
 
-func (r *sectionReader) Close() error {
-	if r.f != nil {
-		return r.f.Close()
+func (s *sectionsAt) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Close closes the open file.
+func (s *sectionsAt) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil {
+		return s.f.Close()
 	}
 	return nil
 }
 
-type countingReader struct {
-	r io.Reader
+// countingReaderAt counts the bytes read, for progress.
+type countingReaderAt struct {
+	r io.ReaderAt
 	n *atomic.Int64
 }
 
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
+func (c countingReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	n, err := c.r.ReadAt(p, off)
 	c.n.Add(int64(n))
 	return n, err
 }

@@ -20,7 +20,6 @@ import (
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
-	"oras.land/oras-go/v2/registry/remote/retry"
 )
 
 // ErrNotFound is wrapped when a reference names nothing.
@@ -37,6 +36,7 @@ type Target interface {
 // defaults: TLS with the system roots, docker credentials.
 type Options struct {
 	PlainHTTP          bool   // use plain HTTP (always used for loopback hosts)
+	ForceTLS           bool   // use TLS even for loopback hosts
 	InsecureSkipVerify bool   // accept any TLS certificate
 	CAFile             string // extra PEM roots; SSL_CERT_FILE is honoured too
 	UserAgent          string
@@ -44,6 +44,11 @@ type Options struct {
 	Credentials credentials.Store
 	// CreateLayout lets Open create a missing OCI layout (for pushes).
 	CreateLayout bool
+	// Retry bounds retries of registry requests.
+	Retry RetryPolicy
+	// PartSize uploads blobs in PATCH parts of this many bytes; 0 sends each
+	// blob in one request, switching to parts when the registry answers 413.
+	PartSize int64
 }
 
 // Open returns the repository that r names.
@@ -65,13 +70,19 @@ func Open(ctx context.Context, r Ref, opt Options) (Target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", r.Repo(), err)
 	}
-	repo.PlainHTTP = opt.PlainHTTP || IsLoopback(r.Registry)
+	repo.PlainHTTP = !opt.ForceTLS && (opt.PlainHTTP || IsLoopback(r.Registry))
 	client, err := NewClient(opt)
 	if err != nil {
 		return nil, err
 	}
 	repo.Client = client
-	return repo, nil
+	scheme := "https"
+	if repo.PlainHTTP {
+		scheme = "http"
+	}
+	reg := &repository{Repository: repo, client: client, base: scheme + "://" + r.Registry}
+	reg.partSize.Store(opt.PartSize)
+	return reg, nil
 }
 
 // NewClient returns an authenticating, retrying HTTP client for registries.
@@ -104,7 +115,7 @@ func NewClient(opt Options) (*auth.Client, error) {
 		store = s
 	}
 	c := &auth.Client{
-		Client:     &http.Client{Transport: retry.NewTransport(base)},
+		Client:     &http.Client{Transport: NewRetryTransport(base, opt.Retry)},
 		Cache:      auth.NewCache(),
 		Credential: credentials.Credential(store),
 	}

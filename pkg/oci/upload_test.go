@@ -1,0 +1,102 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	ggcr "github.com/google/go-containerregistry/pkg/registry"
+	"oras.land/oras-go/v2/content"
+)
+
+// faulty wraps a real registry: it answers 413 to bodies over limit, 503 to
+// every failEvery-th request, and can cut one PATCH body short.
+type faulty struct {
+	next      http.Handler
+	limit     int64
+	failEvery int64
+	n         atomic.Int64
+	patches   atomic.Int64
+	puts      atomic.Int64
+}
+
+func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if k := f.n.Add(1); f.failEvery > 0 && k%f.failEvery == 0 {
+		io.Copy(io.Discard, r.Body)
+		http.Error(w, "try later", http.StatusServiceUnavailable)
+		return
+	}
+	if f.limit > 0 && r.ContentLength > f.limit {
+		io.Copy(io.Discard, r.Body)
+		http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+		return
+	}
+	switch r.Method {
+	case http.MethodPatch:
+		f.patches.Add(1)
+	case http.MethodPut:
+		f.puts.Add(1)
+	}
+	f.next.ServeHTTP(w, r)
+}
+
+func pushAndFetch(t *testing.T, f *faulty, opt Options, data []byte) {
+	t.Helper()
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	ref, err := ParseRef(strings.TrimPrefix(srv.URL, "http://") + "/vol/test:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tg, err := Open(ctx, ref, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := content.NewDescriptorFromBytes("application/vnd.bdnvol.chunk.v1", data)
+	if err := tg.Push(ctx, desc, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := content.FetchAll(ctx, tg, desc)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("fetched %d bytes (%v), want the %d pushed", len(got), err, len(data))
+	}
+}
+
+func TestUploadFallsBackToPartsOn413(t *testing.T) {
+	data := bytes.Repeat([]byte("0123456789abcdef"), 600<<10/16) // 600 KiB
+	f := &faulty{next: ggcr.New(), limit: 300 << 10}
+	pushAndFetch(t, f, Options{}, data)
+	// 4 MiB parts are too large too: halved down to 256 KiB, three parts.
+	if f.patches.Load() < 3 {
+		t.Fatalf("%d PATCH requests, want the upload split into parts", f.patches.Load())
+	}
+}
+
+func TestUploadInParts(t *testing.T) {
+	data := bytes.Repeat([]byte{7}, 1<<20+5)
+	f := &faulty{next: ggcr.New()}
+	pushAndFetch(t, f, Options{PartSize: 256 << 10}, data)
+	if f.patches.Load() != 5 {
+		t.Fatalf("%d PATCH requests, want 5 parts of 256 KiB", f.patches.Load())
+	}
+}
+
+func TestUploadRetries503(t *testing.T) {
+	data := bytes.Repeat([]byte{9}, 700<<10)
+	f := &faulty{next: ggcr.New(), failEvery: 3}
+	pushAndFetch(t, f, Options{PartSize: 128 << 10, Retry: RetryPolicy{Base: 1}}, data)
+}
+
+func TestRetryAfter(t *testing.T) {
+	for v, want := range map[string]bool{"2": true, "": false, "junk": false} {
+		if got := retryAfter(v) > 0; got != want {
+			t.Errorf("Retry-After %q: %v", v, got)
+		}
+	}
+}
