@@ -7,7 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"io"
 	"math/rand/v2"
+	"oras.land/oras-go/v2/content"
 	"os"
 	"path/filepath"
 	"strings"
@@ -330,5 +333,77 @@ func TestPushRemoteSourceBuffers(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(dst, p)); err != nil || !bytes.Equal(b, data) {
 			t.Fatalf("%s differs (%v)", p, err)
 		}
+	}
+}
+
+// flaky serves a chunk wrong the first times it is fetched: bytes flipped,
+// or the body cut half-way.
+type flaky struct {
+	content.Fetcher
+	target digest.Digest
+	bad    int // fetches of target left to spoil
+	cut    bool
+}
+
+func (f *flaky) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+	rc, err := f.Fetcher.Fetch(ctx, d)
+	if err != nil || d.Digest != f.target || f.bad == 0 {
+		return rc, err
+	}
+	f.bad--
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if f.cut {
+		return io.NopCloser(io.MultiReader(bytes.NewReader(b[:len(b)/2]), errReader{})), nil
+	}
+	b[len(b)/3] ^= 0xff
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+func TestPullRefetchesSpoiledChunks(t *testing.T) {
+	ctx := context.Background()
+	p := Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
+	src := t.TempDir()
+	data := randBytes(11, 300<<10)
+	writeTree(t, src, map[string][]byte{"f.bin": data})
+	store := memory.New()
+	res, err := Push(ctx, store, DirSource(src), PushOptions{Params: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := Open(ctx, store, res.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		f    *flaky
+		ok   bool
+	}{
+		{"flipped once", &flaky{Fetcher: store, target: v.Chunks[1].Digest, bad: 1}, true},
+		{"cut twice", &flaky{Fetcher: store, target: v.Chunks[2].Digest, bad: 2, cut: true}, true},
+		{"flipped always", &flaky{Fetcher: store, target: v.Chunks[0].Digest, bad: 99}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dst := t.TempDir()
+			_, err := Pull(ctx, c.f, v, dst, PullOptions{Jobs: 2})
+			got, rerr := os.ReadFile(filepath.Join(dst, "f.bin"))
+			if c.ok {
+				if err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("pull: %v; file matches: %v", err, bytes.Equal(got, data))
+				}
+				return
+			}
+			if !errors.Is(err, ErrDigestMismatch) || !strings.Contains(err.Error(), v.Chunks[0].Digest.String()) {
+				t.Fatalf("got %v, want a digest mismatch naming the chunk", err)
+			}
+			if rerr == nil {
+				t.Fatal("a file with a corrupt chunk is under its final name")
+			}
+		})
 	}
 }

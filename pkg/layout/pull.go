@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"oras.land/oras-go/v2/errdef"
 	"os"
 	"path/filepath"
+	"time"
 
 	"sync"
 	"sync/atomic"
@@ -50,6 +52,7 @@ type target struct {
 type pullFile struct {
 	final, tmp string
 	remaining  atomic.Int64 // bytes not yet written and verified
+	tainted    atomic.Bool  // a chunk was re-fetched: hash the file again at the end
 
 	// The file's SHA-256 is computed in file order while chunks arrive in
 	// any order: bytes at the hashed offset are hashed as they are written;
@@ -230,7 +233,23 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 		g.Go(func() error {
 			buf := bufs.Get().(*[]byte)
 			defer bufs.Put(buf)
-			if err := streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters); err != nil {
+			var err error
+			for attempt := 1; ; attempt++ {
+				err = streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters)
+				if err == nil || attempt >= fetchAttempts || !refetchable(gctx, err) {
+					break
+				}
+				// The bytes written so far may be wrong and may have gone
+				// into the files' running hashes: re-hash those files whole.
+				for _, t := range ts {
+					files[t.file].tainted.Store(true)
+				}
+				select {
+				case <-gctx.Done():
+				case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+				}
+			}
+			if err != nil {
 				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
 			}
 			fetchedChunks.Add(1)
@@ -273,6 +292,22 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 	return res, nil
 }
 
+// fetchAttempts bounds the fetches of one chunk: a body cut short or
+// corrupted in transit is fetched again.
+const fetchAttempts = 3
+
+// writeError marks a failure to write the local file, which a re-fetch
+// does not cure.
+type writeError struct{ error }
+
+func (e writeError) Unwrap() error { return e.error }
+
+// refetchable reports whether fetching a chunk again may succeed.
+func refetchable(ctx context.Context, err error) bool {
+	var we writeError
+	return ctx.Err() == nil && !errors.As(err, &we) && !errors.Is(err, errdef.ErrNotFound)
+}
+
 // streamChunk fetches one chunk and writes it to its targets as it
 // arrives, verifying its size and digest. The targets' files are not
 // renamed into place unless this returns nil, so unverified bytes are never
@@ -304,12 +339,12 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 				f := open[t.file]
 				if f == nil {
 					if f, err = os.OpenFile(files[t.file].tmp, os.O_WRONLY, 0); err != nil {
-						return err
+						return writeError{err}
 					}
 					open[t.file] = f
 				}
 				if _, err := f.WriteAt(block[lo-off:hi-off], t.fileOff+lo-t.chunkOff); err != nil {
-					return err
+					return writeError{err}
 				}
 				files[t.file].wrote(t.fileOff+lo-t.chunkOff, block[lo-off:hi-off])
 			}
@@ -333,7 +368,7 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 	}
 	for _, f := range open {
 		if err := f.Close(); err != nil {
-			return err
+			return writeError{err}
 		}
 	}
 	clear(open)
@@ -444,7 +479,13 @@ func prepareTmp(tmp string, f *File, x *Index, chunks []ocispec.Descriptor) ([]b
 // finishFile checks the file's SHA-256 (hashed while it was written), sets
 // its mode and renames it into place. A file that does not match is removed.
 func finishFile(f *File, pf *pullFile, cache *StatCache) error {
-	d, err := pf.sum(f.Size)
+	var d digest.Digest
+	var err error
+	if pf.tainted.Load() {
+		d, err = fileDigest(pf.tmp)
+	} else {
+		d, err = pf.sum(f.Size)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", f.Path, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -613,6 +614,9 @@ func (u *uploader) release(j chunkJob) {
 	}
 }
 
+// uploadAttempts bounds the upload sessions tried for one chunk.
+const uploadAttempts = 3
+
 func (u *uploader) store(ctx context.Context, j chunkJob) error {
 	defer u.release(j)
 	desc := chunkDescriptor(j.Chunk)
@@ -632,13 +636,23 @@ func (u *uploader) store(ctx context.Context, j chunkJob) error {
 		ra = sa
 	}
 	// An io.ReaderAt body lets a registry upload retry and resume.
-	body := io.NewSectionReader(countingReaderAt{ra, &u.counters.Sent}, 0, j.Size)
-	err = u.dst.Push(ctx, desc, body)
-	if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+	for attempt := 1; ; attempt++ {
+		body := io.NewSectionReader(countingReaderAt{ra, &u.counters.Sent}, 0, j.Size)
+		err = u.dst.Push(ctx, desc, body)
+		if err == nil || errors.Is(err, errdef.ErrAlreadyExists) {
+			break
+		}
 		if serr := sa.failure(); serr != nil {
 			return fmt.Errorf("chunk %s: %w", j.Digest, serr)
 		}
-		return fmt.Errorf("upload chunk %s: %w", j.Digest, err)
+		if attempt >= uploadAttempts || ctx.Err() != nil {
+			return fmt.Errorf("upload chunk %s: %w", j.Digest, err)
+		}
+		// Start the upload over in a new session.
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(attempt) * 500 * time.Millisecond):
+		}
 	}
 	if err == nil {
 		u.chunks.Add(1)
