@@ -407,3 +407,44 @@ func TestPullRefetchesSpoiledChunks(t *testing.T) {
 		})
 	}
 }
+
+// A 1 TiB volume in 8 MiB chunks seals as an index of parts, every part
+// manifest under the registries' 4 MiB limit.
+func TestSealTebibyteVolume(t *testing.T) {
+	const chunks = 1 << 17 // 1 TiB / 8 MiB
+	x := &Index{Version: 1, Chunking: DefaultParams, Chunks: make([]Chunk, chunks)}
+	f := File{Path: "weights.bin", Type: TypeFile, Mode: 0o644, Size: chunks << 23, Digest: digest.FromString("w"), Extents: make([]Extent, chunks)}
+	for i := range x.Chunks {
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(i))
+		x.Chunks[i] = Chunk{Digest: digest.FromBytes(b[:]), Size: 8 << 20}
+		f.Extents[i] = Extent{Chunk: i, Length: 8 << 20}
+	}
+	x.Files = []File{f}
+	s, err := Seal(x, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (chunks + 1 + DefaultMaxLayers - 1) / DefaultMaxLayers; len(s.Parts) != want {
+		t.Fatalf("%d parts, want %d", len(s.Parts), want)
+	}
+	for _, p := range s.Parts {
+		if len(p.Data) >= MaxManifestBytes {
+			t.Fatalf("part of %d bytes", len(p.Data))
+		}
+	}
+	store := memory.New()
+	ctx := context.Background()
+	for _, b := range append(append(s.Blobs, s.Parts...), s.Root) {
+		if err := store.Push(ctx, b.Desc, bytes.NewReader(b.Data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := Open(ctx, store, s.Root.Desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Chunks) != chunks || v.Index.Bytes() != 1<<40 {
+		t.Fatalf("opened %d chunks, %d bytes", len(v.Chunks), v.Index.Bytes())
+	}
+}
