@@ -4,9 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
+	"path/filepath"
 	"time"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -16,6 +22,27 @@ type PullCmd struct {
 	Dir  string `arg:"" type:"path" help:"Directory to write into (created if missing)."`
 	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
 	Jobs int    `default:"8" help:"Concurrent chunk fetches."`
+
+	Cache       bool `xor:"cache" help:"Also store fetched chunks in the shared chunk cache (for mounts and later pulls). By default a pull uses chunks already in the cache but adds none: DIR holds every byte anyway."`
+	NoCache     bool `name:"no-cache" xor:"cache" help:"Neither use nor fill the shared chunk cache."`
+	CacheSize   Size `name:"cache-size" default:"10GiB" help:"Bound of the shared chunk cache with --cache."`
+	MirrorFlags `embed:""`
+}
+
+// cacheReader serves blobs that are already in the cache from it and
+// fetches the others from src without storing them. An entry that turns
+// out damaged is fetched again through the cache, which replaces it.
+type cacheReader struct {
+	cache  *lazy.Cache
+	src    lazy.Fetcher
+	filled lazy.Fetcher
+}
+
+func (r cacheReader) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if r.cache.Contains(desc.Digest) {
+		return r.filled.Fetch(ctx, desc)
+	}
+	return r.src.Fetch(ctx, desc)
 }
 
 type pullOutput struct {
@@ -26,18 +53,20 @@ type pullOutput struct {
 	ChunksFetched int64   `json:"chunks_fetched"`
 	BytesFetched  int64   `json:"bytes_fetched"`
 	FilesReused   int     `json:"files_reused"`
+	CacheHits     int64   `json:"cache_hits"`
+	MirrorHits    int64   `json:"mirror_hits"`
 	Seconds       float64 `json:"seconds"`
 }
 
 // Run pulls the version.
 func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	start := time.Now()
-	ref, err := oci.ParseRef(c.Ref)
+	ref, err := parseVersionRef(c.Ref)
 	if err != nil {
-		return usageError{err}
+		return err
 	}
-	if ref.Reference() == "" {
-		return usageError{fmt.Errorf("%s: name a tag or a digest", c.Ref)}
+	if err := c.MirrorFlags.check(); err != nil {
+		return err
 	}
 	t, err := oci.Open(ctx, ref, g.options())
 	if err != nil {
@@ -47,13 +76,34 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	v, err := layout.Open(ctx, t, desc)
+	src, mirrors, err := c.MirrorFlags.fetcher(g, ref, t)
+	if err != nil {
+		return err
+	}
+	var cache *lazy.Cache
+	if !c.NoCache {
+		// Without --cache nothing is added, so open with no bound: a
+		// smaller one than the mounts' would evict their chunks.
+		max := int64(math.MaxInt64)
+		if c.Cache {
+			max = int64(c.CacheSize)
+		}
+		if cache, err = lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), max); err != nil {
+			return err
+		}
+		if c.Cache {
+			src = cache.Fetcher(src)
+		} else {
+			src = cacheReader{cache: cache, src: src, filled: cache.Fetcher(src)}
+		}
+	}
+	v, err := layout.Open(ctx, src, desc)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref, err)
 	}
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "pull", counters)
-	res, err := layout.Pull(ctx, t, v, c.Dir, layout.PullOptions{
+	res, err := layout.Pull(ctx, src, v, c.Dir, layout.PullOptions{
 		Jobs:     c.Jobs,
 		Cache:    layout.OpenStatCache(g.cacheDir(), c.Dir, layout.Params{}),
 		Counters: counters,
@@ -71,6 +121,12 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		BytesFetched:  res.BytesFetched,
 		FilesReused:   res.FilesReused,
 		Seconds:       time.Since(start).Seconds(),
+	}
+	if cache != nil {
+		out.CacheHits = cache.Stats().Hits
+	}
+	if mirrors != nil {
+		out.MirrorHits = mirrors.Stats().Hits
 	}
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)
