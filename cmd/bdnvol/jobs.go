@@ -1,0 +1,305 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/jobs"
+)
+
+// JobsCmd lists and manages sync jobs.
+type JobsCmd struct {
+	List   JobsListCmd   `cmd:"" default:"withargs" help:"List jobs, newest first (the default)."`
+	Wait   JobsWaitCmd   `cmd:"" help:"Wait for a job to end; print its version reference on success."`
+	Cancel JobsCancelCmd `cmd:"" help:"Cancel a job."`
+	Logs   JobsLogsCmd   `cmd:"" help:"Print a job's log."`
+	Resume JobsResumeCmd `cmd:"" help:"Run a failed, interrupted or canceled job again in the background; nothing already uploaded is uploaded again."`
+	Run    JobsRunCmd    `cmd:"" hidden:"" help:"Run a job in this process (used by detached jobs)."`
+}
+
+func openJobs() (*jobs.Store, error) { return jobs.Open(jobs.DefaultDir()) }
+
+// JobsListCmd lists jobs.
+type JobsListCmd struct {
+	JSON bool `name:"json" help:"Print a JSON array."`
+}
+
+// jobJSON is one job as jobs --json prints it.
+type jobJSON struct {
+	ID            string        `json:"id"`
+	Source        string        `json:"source"`
+	Destination   string        `json:"destination"`
+	State         jobs.State    `json:"state"`
+	Reason        string        `json:"reason,omitempty"`
+	Progress      jobs.Progress `json:"progress"`
+	PID           int           `json:"pid,omitempty"`
+	Attempts      int           `json:"attempts"`
+	Reference     string        `json:"reference,omitempty"`
+	Commit        string        `json:"commit,omitempty"`
+	BytesUploaded int64         `json:"bytes_uploaded,omitempty"`
+	Created       time.Time     `json:"created"`
+	Updated       time.Time     `json:"updated"`
+}
+
+func toJobJSON(j *jobs.Job) jobJSON {
+	return jobJSON{ID: j.ID, Source: j.Spec.Source, Destination: j.Spec.Destination, State: j.State, Reason: j.Reason,
+		Progress: j.Progress, PID: j.PID, Attempts: j.Attempts, Reference: j.Reference, Commit: j.Commit,
+		BytesUploaded: j.BytesUploaded, Created: j.Created, Updated: j.Updated}
+}
+
+// progressText renders a job's progress in a few words.
+func progressText(j *jobs.Job) string {
+	p := j.Progress
+	switch {
+	case j.State == jobs.Succeeded:
+		return fmt.Sprintf("100%%, %s uploaded", humanBytes(j.BytesUploaded))
+	case p.Total > 0:
+		return fmt.Sprintf("%.0f%% of %s, %s uploaded", 100*float64(p.Processed)/float64(p.Total), humanBytes(p.Total), humanBytes(p.Sent))
+	case p.Phase != "":
+		return p.Phase
+	}
+	return "-"
+}
+
+// Run lists the jobs.
+func (c *JobsListCmd) Run(g *Globals) error {
+	store, err := openJobs()
+	if err != nil {
+		return err
+	}
+	js, err := store.List()
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		out := make([]jobJSON, 0, len(js))
+		for _, j := range js {
+			out = append(out, toJobJSON(j))
+		}
+		return json.NewEncoder(g.stdout).Encode(out)
+	}
+	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSOURCE\tDESTINATION\tSTATE\tPROGRESS")
+	for _, j := range js {
+		state := string(j.State)
+		if j.Reason != "" && j.State != jobs.Succeeded {
+			state += " (" + short(j.Reason, 60) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, j.Spec.Source, j.Spec.Destination, state, progressText(j))
+	}
+	return tw.Flush()
+}
+
+func short(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+
+// JobsWaitCmd waits for a job.
+type JobsWaitCmd struct {
+	ID      string        `arg:"" help:"Job ID (or a unique prefix)."`
+	Timeout time.Duration `help:"Give up waiting after this long (0: wait as long as it takes)."`
+}
+
+// Run blocks until the job ends; Ctrl+C stops the waiting, not the job.
+func (c *JobsWaitCmd) Run(ctx context.Context, g *Globals) error {
+	store, err := openJobs()
+	if err != nil {
+		return err
+	}
+	return waitJob(ctx, g, store, c.ID, c.Timeout)
+}
+
+func waitJob(ctx context.Context, g *Globals, store *jobs.Store, id string, timeout time.Duration) error {
+	j, err := store.Get(id)
+	if err != nil {
+		return usageError{err}
+	}
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		deadline = time.After(timeout)
+	}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for !j.Done() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped waiting; job %s is still %s (%s)\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
+				j.ID, j.State, progressText(j), j.ID, j.ID)
+		case <-deadline:
+			return fmt.Errorf("job %s is still %s (%s) after %v\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
+				j.ID, j.State, progressText(j), timeout, j.ID, j.ID)
+		case <-tick.C:
+		}
+		if j, err = store.Get(j.ID); err != nil {
+			return err
+		}
+	}
+	switch j.State {
+	case jobs.Succeeded:
+		fmt.Fprintln(g.stdout, j.Reference)
+		return nil
+	case jobs.Canceled:
+		return fmt.Errorf("job %s was canceled: %s; resume it with: bdnvol jobs resume %s", j.ID, j.Reason, j.ID)
+	default:
+		return fmt.Errorf("job %s failed: %s; resume it with: bdnvol jobs resume %s (log: bdnvol jobs logs %s)", j.ID, j.Reason, j.ID, j.ID)
+	}
+}
+
+// JobsCancelCmd cancels a job.
+type JobsCancelCmd struct {
+	ID string `arg:"" help:"Job ID (or a unique prefix)."`
+}
+
+// Run asks the job's process to stop and waits (a while) until it has.
+func (c *JobsCancelCmd) Run(ctx context.Context, g *Globals) error {
+	store, err := openJobs()
+	if err != nil {
+		return err
+	}
+	j, err := store.Update(c.ID, func(j *jobs.Job) error {
+		if j.Done() && j.State != jobs.Failed {
+			return fmt.Errorf("job %s already %s", j.ID, j.State)
+		}
+		if j.State == jobs.Failed || !jobs.Alive(j.PID, j.PIDStart) {
+			// Nothing runs it: cancel it here.
+			j.State, j.Reason, j.Finished, j.PID, j.PIDStart = jobs.Canceled, "canceled by bdnvol jobs cancel", time.Now().UTC(), 0, ""
+			return nil
+		}
+		j.CancelRequested = true
+		return nil
+	})
+	if err != nil {
+		if j == nil {
+			return usageError{err}
+		}
+		return err
+	}
+	if j.State == jobs.Running && j.PID != 0 {
+		syscall.Kill(j.PID, syscall.SIGTERM)
+		deadline := time.Now().Add(15 * time.Second)
+		for !j.Done() && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+			if j, err = store.Get(j.ID); err != nil {
+				return err
+			}
+		}
+		if !j.Done() {
+			return fmt.Errorf("job %s: asked process %d to stop; it has not yet", j.ID, j.PID)
+		}
+	}
+	fmt.Fprintf(g.stderr, "bdnvol: job %s: %s\n", j.ID, j.State)
+	return nil
+}
+
+// JobsLogsCmd prints a job's log.
+type JobsLogsCmd struct {
+	ID     string `arg:"" help:"Job ID (or a unique prefix)."`
+	Follow bool   `short:"f" help:"Keep printing until the job ends."`
+}
+
+// Run copies the log to stdout.
+func (c *JobsLogsCmd) Run(ctx context.Context, g *Globals) error {
+	store, err := openJobs()
+	if err != nil {
+		return err
+	}
+	id, err := store.Resolve(c.ID)
+	if err != nil {
+		return usageError{err}
+	}
+	f, err := os.Open(store.LogPath(id))
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil // nothing logged yet
+		}
+		return err
+	}
+	defer f.Close()
+	for {
+		if _, err := io.Copy(g.stdout, f); err != nil {
+			return err
+		}
+		if !c.Follow {
+			return nil
+		}
+		j, err := store.Get(id)
+		if err != nil {
+			return err
+		}
+		if j.Done() {
+			_, err := io.Copy(g.stdout, f)
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// JobsResumeCmd runs a job again.
+type JobsResumeCmd struct {
+	ID   string `arg:"" help:"Job ID (or a unique prefix)."`
+	Wait bool   `help:"Wait for it to end, as bdnvol jobs wait does."`
+}
+
+// Run requeues the job and starts a detached process for it.
+func (c *JobsResumeCmd) Run(ctx context.Context, g *Globals) error {
+	store, err := openJobs()
+	if err != nil {
+		return err
+	}
+	j, err := store.Update(c.ID, func(j *jobs.Job) error {
+		switch j.State {
+		case jobs.Succeeded:
+			return fmt.Errorf("job %s already succeeded: %s", j.ID, j.Reference)
+		case jobs.Running, jobs.Queued:
+			return fmt.Errorf("job %s is %s (pid %d)", j.ID, j.State, j.PID)
+		}
+		j.State, j.Reason, j.PID, j.PIDStart, j.CancelRequested = jobs.Queued, "", 0, "", false
+		return nil
+	})
+	if err != nil {
+		if j == nil {
+			return usageError{err}
+		}
+		return err
+	}
+	if err := startDetached(store, j.ID); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.stderr, "bdnvol: resumed job %s; wait for it with: bdnvol jobs wait %s\n", j.ID, j.ID)
+	if c.Wait {
+		return waitJob(ctx, g, store, j.ID, 0)
+	}
+	fmt.Fprintln(g.stdout, j.ID)
+	return nil
+}
+
+// JobsRunCmd runs a job in this process.
+type JobsRunCmd struct {
+	ID string `arg:""`
+}
+
+// Run runs the job; its log lines go to stderr (the job's log file).
+func (c *JobsRunCmd) Run(ctx context.Context, g *Globals) error {
+	store, err := openJobs()
+	if err != nil {
+		return err
+	}
+	return runJob(ctx, g, store, c.ID, false, false)
+}

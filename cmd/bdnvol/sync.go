@@ -1,0 +1,346 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/jobs"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/source"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// SyncCmd seals a remote source as a new version, as a job.
+type SyncCmd struct {
+	Source   string   `arg:"" help:"hf://ORG/REPO[@REV], hf://datasets/ORG/REPO[@REV], s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or https://HOST/FILE."`
+	Ref      string   `arg:"" help:"Destination: HOST/REPO[:TAG] or oci:PATH[:TAG]."`
+	Include  []string `help:"Sync only paths matching this glob (repeatable; * matches across /)."`
+	Exclude  []string `help:"Skip paths matching this glob (repeatable)."`
+	Endpoint string   `help:"S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS); uses path-style addressing."`
+	List     bool     `help:"The https:// source is a list of URLs, one per line: URL [PATH] [sha256:HEX]."`
+	Tag      []string `help:"Extra tag to point at the version (repeatable)."`
+	Jobs     int      `default:"8" help:"Concurrent uploads."`
+	Detach   bool     `help:"Run as a background job and print its ID at once; see bdnvol jobs wait."`
+	JSON     bool     `name:"json" help:"Print one JSON object instead of the reference."`
+}
+
+// syncOutput is what a finished sync reports.
+type syncOutput struct {
+	Job            string   `json:"job"`
+	Source         string   `json:"source"`
+	Commit         string   `json:"commit,omitempty"`
+	Digest         string   `json:"digest"`
+	Reference      string   `json:"reference"`
+	Tags           []string `json:"tags"`
+	Files          int      `json:"files"`
+	Bytes          int64    `json:"bytes"`
+	Chunks         int      `json:"chunks"`
+	ChunksUploaded int64    `json:"chunks_uploaded"`
+	BytesUploaded  int64    `json:"bytes_uploaded"`
+	Seconds        float64  `json:"seconds"`
+}
+
+// Run creates the job and runs it here, or in a detached process.
+func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
+	spec := jobs.Spec{
+		Source: c.Source, Destination: c.Ref, Include: c.Include, Exclude: c.Exclude,
+		Endpoint: c.Endpoint, List: c.List, Tags: c.Tag, Jobs: c.Jobs,
+		PlainHTTP: g.PlainHTTP, InsecureSkipVerify: g.InsecureSkipVerify, CAFile: g.CAFile,
+	}
+	if err := checkSpec(ctx, spec); err != nil {
+		return usageError{err}
+	}
+	store, err := jobs.Open(jobs.DefaultDir())
+	if err != nil {
+		return err
+	}
+	j, err := store.Create(spec)
+	if err != nil {
+		return err
+	}
+	if c.Detach {
+		if err := startDetached(store, j.ID); err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stderr, "bdnvol: started job %s; wait for it with: bdnvol jobs wait %s\n", j.ID, j.ID)
+		fmt.Fprintln(g.stdout, j.ID)
+		return nil
+	}
+	fmt.Fprintf(g.stderr, "bdnvol: job %s\n", j.ID)
+	return runJob(ctx, g, store, j.ID, true, c.JSON)
+}
+
+// checkSpec refuses a bad source or destination before a job is created.
+func checkSpec(ctx context.Context, spec jobs.Spec) error {
+	ref, err := oci.ParseRef(spec.Destination)
+	if err != nil {
+		return err
+	}
+	if ref.Digest != "" {
+		return fmt.Errorf("%s: sync takes a tag, not a digest", spec.Destination)
+	}
+	for _, tag := range append([]string{ref.Tag}, spec.Tags...) {
+		if err := versions.CheckTag(tag); err != nil {
+			return err
+		}
+	}
+	_, err = source.Open(ctx, spec.Source, sourceOptions(spec))
+	return err
+}
+
+func sourceOptions(spec jobs.Spec) source.Options {
+	return source.Options{Include: spec.Include, Exclude: spec.Exclude, Endpoint: spec.Endpoint, List: spec.List,
+		UserAgent: "bdnvol/" + version}
+}
+
+// startDetached runs `bdnvol jobs run ID` in a new session with its output
+// appended to the job's log, and records its PID.
+func startDetached(store *jobs.Store, id string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(store.LogPath(id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(exe, "jobs", "run", id)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		store.Update(id, func(j *jobs.Job) error {
+			j.State, j.Reason, j.Finished = jobs.Failed, "could not start: "+err.Error(), time.Now().UTC()
+			return nil
+		})
+		return fmt.Errorf("start job %s: %w", id, err)
+	}
+	pid := cmd.Process.Pid
+	_, err = store.Update(id, func(j *jobs.Job) error {
+		if j.State == jobs.Queued {
+			j.State, j.PID, j.PIDStart = jobs.Running, pid, jobs.ProcessStart(pid)
+		}
+		return nil
+	})
+	cmd.Process.Release()
+	return err
+}
+
+// errCanceled marks a job stopped by a cancel request or a signal.
+var errCanceled = errors.New("canceled")
+
+// runJob runs job id in this process and records how it ends. In the
+// foreground, log lines also go to stderr and the reference (or JSON) to
+// stdout.
+func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreground, asJSON bool) error {
+	j, err := store.Update(id, func(j *jobs.Job) error {
+		if j.Done() || (j.State == jobs.Running && j.PID != os.Getpid()) {
+			return fmt.Errorf("job %s is %s", j.ID, j.State)
+		}
+		j.State, j.PID, j.PIDStart = jobs.Running, os.Getpid(), jobs.ProcessStart(os.Getpid())
+		j.Attempts++
+		j.Reason, j.CancelRequested, j.Progress = "", false, jobs.Progress{Phase: "listing"}
+		j.Started, j.Finished = time.Now().UTC(), time.Time{}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	logw := g.stderr
+	if foreground {
+		if f, err := os.OpenFile(store.LogPath(id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+			defer f.Close()
+			logw = io.MultiWriter(g.stderr, f)
+		}
+	}
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(logw, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+	}
+	logf("job %s attempt %d: sync %s to %s", id, j.Attempts, j.Spec.Source, j.Spec.Destination)
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		mu       sync.Mutex
+		counters = &layout.Counters{}
+		progress = jobs.Progress{Phase: "listing"}
+	)
+	setPhase := func(p string, files int) {
+		mu.Lock()
+		progress.Phase = p
+		if files > 0 {
+			progress.Files = files
+		}
+		mu.Unlock()
+	}
+	report := func() {
+		mu.Lock()
+		p := progress
+		mu.Unlock()
+		p.Total, p.Processed, p.Sent = counters.Total.Load(), counters.Processed.Load(), counters.Sent.Load()
+		store.Update(id, func(j *jobs.Job) error {
+			j.Progress = p
+			if j.CancelRequested {
+				cancel(errCanceled)
+			}
+			return nil
+		})
+	}
+	stopReport := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopReport:
+				return
+			case <-t.C:
+				report()
+			}
+		}
+	})
+
+	start := time.Now()
+	stopBar := func() {}
+	if foreground {
+		stopBar = startProgress(g.stderr, "sync", counters)
+	}
+	out, err := syncVersion(ctx, j, counters, setPhase, logf)
+	stopBar()
+	close(stopReport)
+	wg.Wait()
+	report()
+
+	_, uerr := store.Update(id, func(jj *jobs.Job) error {
+		jj.Finished = time.Now().UTC()
+		jj.PID, jj.PIDStart = 0, ""
+		switch {
+		case err == nil:
+			jj.State, jj.Reference, jj.Digest, jj.BytesUploaded = jobs.Succeeded, out.Reference, out.Digest, out.BytesUploaded
+			jj.Commit = out.Commit
+		case errors.Is(context.Cause(ctx), errCanceled) || jj.CancelRequested:
+			jj.State, jj.Reason = jobs.Canceled, "canceled by bdnvol jobs cancel"
+		case ctx.Err() != nil:
+			jj.State, jj.Reason = jobs.Canceled, "interrupted by a signal"
+		default:
+			jj.State, jj.Reason = jobs.Failed, err.Error()
+		}
+		return nil
+	})
+	if err != nil {
+		logf("job %s: %v", id, err)
+		if ctx.Err() != nil {
+			return fmt.Errorf("job %s stopped: %w; resume it with: bdnvol jobs resume %s", id, err, id)
+		}
+		return fmt.Errorf("job %s failed: %w; after fixing the cause, resume it with: bdnvol jobs resume %s", id, err, id)
+	}
+	if uerr != nil {
+		return fmt.Errorf("job %s: synced %s, but recording it failed: %w", id, out.Reference, uerr)
+	}
+	out.Job, out.Seconds = id, time.Since(start).Seconds()
+	logf("job %s: sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs; %s",
+		id, out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds, out.Reference)
+	if !foreground {
+		return nil
+	}
+	if asJSON {
+		return json.NewEncoder(g.stdout).Encode(out)
+	}
+	fmt.Fprintln(g.stdout, out.Reference)
+	return nil
+}
+
+// syncVersion streams the source into a sealed version at the destination,
+// verifies every file, and only then tags it.
+func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, setPhase func(string, int), logf func(string, ...any)) (*syncOutput, error) {
+	spec := j.Spec
+	ref, err := oci.ParseRef(spec.Destination)
+	if err != nil {
+		return nil, err
+	}
+	src, err := source.Open(ctx, spec.Source, sourceOptions(spec))
+	if err != nil {
+		return nil, err
+	}
+	g := &Globals{PlainHTTP: spec.PlainHTTP, InsecureSkipVerify: spec.InsecureSkipVerify, CAFile: spec.CAFile}
+	opt := g.options()
+	opt.CreateLayout = true
+	t, err := oci.Open(ctx, ref, opt)
+	if err != nil {
+		return nil, err
+	}
+	params := previousParams(ctx, t, ref)
+	walked := &walkLogger{Source: src, logf: logf, setPhase: setPhase}
+	res, err := layout.Push(ctx, t, walked, layout.PushOptions{Params: params, Jobs: spec.Jobs, Counters: counters})
+	if err != nil {
+		return nil, fmt.Errorf("sync %s to %s: %w", src, ref, err)
+	}
+	if err := source.Verify(src, res.Index); err != nil {
+		return nil, fmt.Errorf("sync %s to %s: not tagged: %w", src, ref, err)
+	}
+	setPhase("tagging", 0)
+	tags := spec.Tags
+	if ref.Tag != "" {
+		tags = append([]string{ref.Tag}, tags...)
+	}
+	prev := previousTargets(ctx, t, tags)
+	now := time.Now()
+	prot, err := oci.TagVersion(ctx, t, res.Root, res.RootBytes, tags, now)
+	if err != nil {
+		return nil, fmt.Errorf("sync %s to %s: %w", src, ref, err)
+	}
+	if err := versions.RecordPush(ctx, t, res.Root.Digest, tags, prev, now); err != nil {
+		return nil, fmt.Errorf("sync %s to %s: tagged, but recording the tag history failed: %w", src, ref, err)
+	}
+	return &syncOutput{
+		Source:         spec.Source,
+		Commit:         src.Revision(),
+		Digest:         res.Root.Digest.String(),
+		Reference:      ref.Pinned(res.Root.Digest),
+		Tags:           append([]string{prot}, tags...),
+		Files:          res.Files,
+		Bytes:          res.Bytes,
+		Chunks:         res.Chunks,
+		ChunksUploaded: res.ChunksUploaded,
+		BytesUploaded:  res.BytesUploaded,
+	}, nil
+}
+
+// walkLogger logs what the walk of a source found.
+type walkLogger struct {
+	source.Source
+	logf     func(string, ...any)
+	setPhase func(string, int)
+}
+
+func (w *walkLogger) Walk(ctx context.Context) ([]layout.Entry, error) {
+	w.logf("listing %s", w.Source)
+	es, err := w.Source.Walk(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var files int
+	var bytes int64
+	for _, e := range es {
+		if e.Type == layout.TypeFile {
+			files++
+			bytes += e.Size
+		}
+	}
+	if rev := w.Revision(); rev != "" {
+		w.logf("%s is at commit %s", w.Source, rev)
+	}
+	w.logf("%d files, %s to transfer", files, humanBytes(bytes))
+	w.setPhase("transferring", files)
+	return es, nil
+}

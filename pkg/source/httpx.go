@@ -1,0 +1,132 @@
+package source
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// HTTPError is an unexpected HTTP answer from a source.
+type HTTPError struct {
+	Method string
+	URL    string // without user info or query
+	Status int
+	Body   string // the start of the answer's body
+}
+
+func (e *HTTPError) Error() string {
+	s := fmt.Sprintf("%s %s: %d %s", e.Method, e.URL, e.Status, http.StatusText(e.Status))
+	if e.Body != "" {
+		s += ": " + e.Body
+	}
+	return s
+}
+
+// authTransport adds the Authorization header to requests for one host
+// only, so a token never follows a redirect to another host (a CDN).
+type authTransport struct {
+	base   http.RoundTripper
+	host   string
+	header string // "" sends none
+	ua     string
+}
+
+func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r := req.Clone(req.Context())
+	r.Header.Del("Authorization")
+	if t.header != "" && strings.EqualFold(r.URL.Host, t.host) {
+		r.Header.Set("Authorization", t.header)
+	}
+	if t.ua != "" {
+		r.Header.Set("User-Agent", t.ua)
+	}
+	return t.base.RoundTrip(r)
+}
+
+// newHTTPClient returns a client that sends authHeader to authHost only.
+func newHTTPClient(opt Options, authHost, authHeader string) *http.Client {
+	base := opt.Transport
+	if base == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 32
+		base = tr
+	}
+	return &http.Client{Transport: &authTransport{base: base, host: authHost, header: authHeader, ua: opt.UserAgent}}
+}
+
+// do sends req and returns the response when its status is one of ok;
+// otherwise it closes the body and returns an *HTTPError. Errors carry no
+// query strings.
+func do(hc *http.Client, req *http.Request, ok ...int) (*http.Response, error) {
+	resp, err := hc.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			u, _ := url.Parse(ue.URL)
+			return nil, fmt.Errorf("%s %s: %w", req.Method, redactURL(u), ue.Err)
+		}
+		return nil, fmt.Errorf("%s %s: %w", req.Method, redactURL(req.URL), err)
+	}
+	for _, s := range ok {
+		if resp.StatusCode == s {
+			return resp, nil
+		}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	body := strings.Join(strings.Fields(string(b)), " ")
+	herr := &HTTPError{Method: req.Method, URL: redactURL(resp.Request.URL), Status: resp.StatusCode, Body: body}
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, fmt.Errorf("%w: %w", ErrNotFound, herr)
+	}
+	return nil, herr
+}
+
+func rangeHeader(off, n int64) string {
+	return "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+n-1, 10)
+}
+
+// getRange GETs n bytes at off of u with a Range request. A server that
+// ignores Range (200) is read from the start and skipped to off.
+func getRange(hc *http.Client, req *http.Request, off, n int64) ([]byte, *http.Response, error) {
+	req.Header.Set("Range", rangeHeader(off, n))
+	resp, err := do(hc, req, http.StatusOK, http.StatusPartialContent)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	name := req.Method + " " + redactURL(resp.Request.URL)
+	if resp.StatusCode == http.StatusPartialContent {
+		start, ok := contentRangeStart(resp.Header.Get("Content-Range"))
+		if !ok || start != off {
+			return nil, resp, permanentError{fmt.Errorf("%s: asked for %s, got Content-Range %q", name, rangeHeader(off, n), resp.Header.Get("Content-Range"))}
+		}
+	} else if off > 0 {
+		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
+			return nil, resp, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		return nil, resp, fmt.Errorf("%s: range %s: %w", name, rangeHeader(off, n), err)
+	}
+	return buf, resp, nil
+}
+
+// contentRangeStart parses the first byte position of "bytes a-b/size".
+func contentRangeStart(s string) (int64, bool) {
+	s, ok := strings.CutPrefix(s, "bytes ")
+	if !ok {
+		return 0, false
+	}
+	a, _, ok := strings.Cut(s, "-")
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(a, 10, 64)
+	return v, err == nil
+}

@@ -1,0 +1,131 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// s3Store is the objects under a prefix of an S3 bucket, or of any
+// S3-compatible store (MinIO, R2, Ceph) at a custom endpoint.
+type s3Store struct {
+	client *s3.Client
+	bucket string
+	prefix string // "" or ending in "/"
+	single string // the key, when the URI names one object
+	uri    string
+}
+
+// newS3 parses BUCKET[/PREFIX] and loads the AWS SDK's default
+// configuration (environment, shared files, SSO, IMDS, web identity).
+func newS3(ctx context.Context, rest string, opt Options) (backend, error) {
+	bucket, prefix, _ := strings.Cut(rest, "/")
+	if bucket == "" {
+		return nil, fmt.Errorf("%w %q: want s3://BUCKET[/PREFIX]", ErrUnsupported, "s3://"+rest)
+	}
+	cfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("s3://%s: AWS configuration: %w", rest, err)
+	}
+	if cfg.Region == "" {
+		cfg.Region = "us-east-1"
+	}
+	endpoint := opt.Endpoint
+	if endpoint == "" && cfg.BaseEndpoint != nil {
+		endpoint = *cfg.BaseEndpoint
+	}
+	anonymous := strings.EqualFold(os.Getenv("AWS_NO_SIGN_REQUEST"), "true")
+	client := s3.NewFromConfig(cfg, func(o *s3.Options) {
+		if endpoint != "" {
+			o.BaseEndpoint = aws.String(endpoint)
+			o.UsePathStyle = true
+		}
+		if anonymous {
+			o.Credentials = aws.AnonymousCredentials{}
+		}
+		if opt.UserAgent != "" {
+			o.AppID = strings.ReplaceAll(opt.UserAgent, "/", "-")
+		}
+	})
+	return &s3Store{client: client, bucket: bucket, prefix: prefix, uri: "s3://" + rest}, nil
+}
+
+func (s *s3Store) String() string   { return s.uri }
+func (s *s3Store) revision() string { return "" }
+
+// list lists the objects under the prefix (as a directory: a trailing "/"
+// is implied); when there are none and the prefix names an object, the
+// source is that one object.
+func (s *s3Store) list(ctx context.Context) ([]*object, error) {
+	dir := s.prefix
+	if dir != "" && !strings.HasSuffix(dir, "/") {
+		dir += "/"
+	}
+	var out []*object
+	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Prefix: aws.String(dir)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: list: %w", s, err)
+		}
+		for _, obj := range page.Contents {
+			key := aws.ToString(obj.Key)
+			rel := strings.TrimPrefix(key, dir)
+			if rel == "" || strings.HasSuffix(key, "/") {
+				continue // the prefix itself, or a "directory" marker
+			}
+			out = append(out, &object{path: rel, size: aws.ToInt64(obj.Size), key: key})
+		}
+	}
+	if len(out) == 0 && s.prefix != "" && !strings.HasSuffix(s.prefix, "/") {
+		head, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(s.prefix)})
+		if err == nil {
+			out = append(out, &object{path: path.Base(s.prefix), size: aws.ToInt64(head.ContentLength), key: s.prefix})
+		}
+	}
+	return out, nil
+}
+
+func (s *s3Store) get(ctx context.Context, o *object, off, n int64) ([]byte, error) {
+	resp, err := s.client.GetObject(ctx, &s3.GetObjectInput{
+		Bucket: aws.String(s.bucket),
+		Key:    aws.String(o.key),
+		Range:  aws.String(rangeHeader(off, n)),
+	})
+	if err != nil {
+		err = fmt.Errorf("%s: get %s: %w", s, o.key, err)
+		var re *awshttp.ResponseError
+		if errors.As(err, &re) {
+			st := re.HTTPStatusCode()
+			if st == 404 {
+				return nil, permanentError{fmt.Errorf("%w: %w", ErrNotFound, err)}
+			}
+			if st < 500 && st != 408 && st != 429 {
+				return nil, permanentError{err}
+			}
+		}
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if cr := aws.ToString(resp.ContentRange); cr != "" {
+		if start, ok := contentRangeStart(cr); !ok || start != off {
+			return nil, permanentError{fmt.Errorf("%s: get %s: asked for %s, got Content-Range %q", s, o.key, rangeHeader(off, n), cr)}
+		}
+	} else if off > 0 {
+		return nil, permanentError{fmt.Errorf("%s: get %s: the store ignored the range %s", s, o.key, rangeHeader(off, n))}
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		return nil, fmt.Errorf("%s: get %s range %s: %w", s, o.key, rangeHeader(off, n), err)
+	}
+	return buf, nil
+}
