@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -506,4 +507,46 @@ func TestSyncS3PrefixThroughTheAWSSDK(t *testing.T) {
 	ref2 := mustRun(t, "jobs", "wait", id).lastLine()
 	syncCheckTree(t, ref2, map[string][]byte{"model.bin": objects["run1/step-100/model.bin"]})
 	syncCheckNoSecrets(t, jobsDir, res.stdout, res.stderr)
+}
+
+func TestSyncJobsWaitInterruptedKeepsTheJobAndCancelStopsIt(t *testing.T) {
+	files, lfs := syncModel()
+	h := newSyncHub(t, files, lfs)
+	syncEnv(t, h)
+	reg := newDistribution(t)
+	h.hold("zz-slow.bin")
+	id := mustRun(t, "sync", "--detach", "hf://org/model", reg.Host+"/team/model:v1").lastLine()
+
+	// Ctrl+C stops the waiting, not the job, and says how to go on.
+	cmd := exec.Command(bin(t), "jobs", "wait", id)
+	cmd.Env = append(os.Environ(), "HOME="+home(t), "XDG_CACHE_HOME="+home(t), "DOCKER_CONFIG="+home(t))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); err == nil {
+		t.Errorf("interrupted jobs wait exited 0")
+	}
+	for _, want := range []string{"jobs wait " + id, "jobs cancel " + id} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("interrupted jobs wait does not say %q:\n%s", want, stderr.String())
+		}
+	}
+	if j := syncJobByID(t, id); j.State != "RUNNING" {
+		t.Fatalf("after an interrupted wait the job is %+v", j)
+	}
+
+	mustRun(t, "jobs", "cancel", id)
+	if j := syncJobByID(t, id); j.State != "CANCELED" || j.PID != 0 {
+		t.Fatalf("canceled job: %+v", j)
+	}
+	if w := run(t, "jobs", "wait", id); w.code == 0 || !strings.Contains(w.stderr, "canceled") {
+		t.Errorf("jobs wait on a canceled job:\n%s", w)
+	}
+	if n := reg.Stats().Requests["PUT manifest"]; n != 0 {
+		t.Errorf("a canceled job stored %d manifests", n)
+	}
 }

@@ -62,6 +62,9 @@ type CLI struct {
 	Diff     DiffCmd     `cmd:"" help:"Compare two versions by file and by chunk."`
 	Pin      PinCmd      `cmd:"" help:"Pin tag references in YAML or JSON files to digests, in place."`
 	Lint     LintCmd     `cmd:"" help:"Report volume references that are unpinned, missing or moved."`
+	GC       GCCmd       `cmd:"" name:"gc" help:"Delete old versions that no tag, deploy reference or running mount keeps (prints a plan unless --apply)."`
+	Rm       RmCmd       `cmd:"" help:"Delete one version, restorably; refuses while a reference names it."`
+	Restore  RestoreCmd  `cmd:"" help:"Bring a deleted version back (without its former tags)."`
 
 	Sync SyncCmd `cmd:"" help:"Seal a Hugging Face, S3, GCS or HTTP source as a new version, as a job."`
 	Jobs JobsCmd `cmd:"" help:"List, wait for, cancel, resume and read the logs of sync jobs."`

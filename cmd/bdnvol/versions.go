@@ -8,14 +8,18 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // VersionsCmd lists the sealed versions of a volume.
 type VersionsCmd struct {
-	Repo string `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
-	JSON bool   `name:"json" help:"Print a JSON array instead of a table."`
+	Repo    string `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
+	JSON    bool   `name:"json" help:"Print a JSON array instead of a table."`
+	Deleted bool   `name:"deleted" help:"List the deleted versions that can still be restored instead."`
 }
 
 // Run lists the versions.
@@ -31,6 +35,9 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	if c.Deleted {
+		return listDeleted(ctx, g, t, c.JSON)
+	}
 	vs, err := versions.List(ctx, t)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref.Repo(), err)
@@ -45,6 +52,32 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS")
 	for _, v := range vs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), humanBytes(v.Bytes), v.Files, strings.Join(v.Tags, ","))
+	}
+	return tw.Flush()
+}
+
+// listDeleted lists the restorable deleted versions, oldest deletion first.
+func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) error {
+	all, err := retention.ListDeleted(ctx, t)
+	if err != nil {
+		return err
+	}
+	ds := []retention.Deleted{}
+	seen := map[digest.Digest]bool{}
+	for _, d := range all {
+		if !d.Live && !d.Gone && !seen[d.Digest] {
+			seen[d.Digest] = true
+			ds = append(ds, d)
+		}
+	}
+	if asJSON {
+		return json.NewEncoder(g.stdout).Encode(ds)
+	}
+	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DIGEST\tDELETED\tSEALED\tBYTES\tFILES\tFORMER TAGS")
+	for _, d := range ds {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", d.Digest, d.Deleted.UTC().Format(time.RFC3339), d.Sealed.UTC().Format(time.RFC3339),
+			humanBytes(d.Bytes), d.Files, strings.Join(d.Tags, ","))
 	}
 	return tw.Flush()
 }

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/retention"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// Duration is a time.Duration flag that also accepts days ("7d").
+type Duration time.Duration
+
+// UnmarshalText parses 7d, 36h, 1d12h, 0s.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := retention.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// GCCmd plans, and with --apply carries out, the deletion of old versions
+// that nothing keeps.
+type GCCmd struct {
+	Repo          string   `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
+	KeepLast      int      `name:"keep-last" default:"3" help:"Keep the newest N versions."`
+	KeepTag       []string `name:"keep-tag" default:"*" help:"Keep versions with a human tag matching this glob (repeatable; default: any tag)."`
+	KeepWithin    Duration `name:"keep-within" default:"0s" help:"Keep versions pushed within this long (e.g. 7d, 36h)."`
+	Refs          []string `name:"refs" help:"YAML/JSON file or directory whose volume references keep versions; - reads standard input (repeatable)."`
+	Apply         bool     `help:"Carry the plan out (default: only print it)."`
+	JSON          bool     `name:"json" help:"Print the plan (and results) as JSON."`
+	Purge         bool     `help:"Also delete for real the versions deleted more than --restore-window ago."`
+	RestoreWindow Duration `name:"restore-window" default:"7d" help:"How long a deleted version stays restorable before --purge removes it."`
+	BlobGrace     Duration `name:"blob-grace" default:"1h" help:"OCI layouts: leave unreachable blobs younger than this (a push may be running)."`
+}
+
+type gcOutput struct {
+	Repository string                `json:"repository"`
+	Applied    bool                  `json:"applied"`
+	Plan       *retention.Plan       `json:"plan"`
+	Results    []retention.Result    `json:"results,omitempty"`
+	Swept      *retention.Swept      `json:"swept,omitempty"`
+	References []retention.Reference `json:"references"`
+}
+
+// Run plans and applies.
+func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
+	ref, err := oci.ParseRef(c.Repo)
+	if err != nil {
+		return usageError{err}
+	}
+	if ref.Reference() != "" {
+		return usageError{fmt.Errorf("%s: gc takes a repository, without a tag or digest", c.Repo)}
+	}
+	policy := retention.Policy{
+		KeepLast: c.KeepLast, KeepTags: c.KeepTag, KeepWithin: time.Duration(c.KeepWithin),
+		Purge: c.Purge, RestoreWindow: time.Duration(c.RestoreWindow),
+	}
+	if err := policy.Validate(); err != nil {
+		return usageError{err}
+	}
+	sources, err := newSources(g, ref, c.Refs)
+	if err != nil {
+		return err
+	}
+	unlock, err := lockLayout(ref, c.Apply)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	t, err := oci.Open(ctx, ref, g.options())
+	if err != nil {
+		return err
+	}
+	in, refs, err := snapshot(ctx, t, sources)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref.Repo(), err)
+	}
+	plan, err := retention.NewPlan(in, policy)
+	if err != nil {
+		return usageError{err}
+	}
+	out := gcOutput{Repository: ref.Repo(), Applied: c.Apply, Plan: plan, References: refs}
+	if out.References == nil {
+		out.References = []retention.Reference{}
+	}
+	if !c.JSON {
+		printPlan(g.stdout, plan)
+	}
+	for _, w := range plan.Warnings {
+		fmt.Fprintln(g.stderr, "bdnvol: warning:", w)
+	}
+	if !c.Apply {
+		if c.JSON {
+			return json.NewEncoder(g.stdout).Encode(out)
+		}
+		return nil
+	}
+	results, applyErr := retention.Apply(ctx, t, plan, retention.ApplyOptions{
+		Sources: sources,
+		OnResult: func(r retention.Result) {
+			switch {
+			case r.Done && r.Action == retention.ActionDelete:
+				fmt.Fprintf(g.stderr, "bdnvol: deleted %s (restorable: bdnvol restore %s)\n", r.Digest, ref.Pinned(r.Digest))
+			case r.Done:
+				fmt.Fprintf(g.stderr, "bdnvol: purged %s\n", r.Digest)
+			case r.Skipped != "":
+				fmt.Fprintf(g.stderr, "bdnvol: kept %s after all: %s\n", r.Digest, r.Skipped)
+			}
+		},
+	})
+	out.Results = results
+	if out.Results == nil {
+		out.Results = []retention.Result{}
+	}
+	if ref.Layout != "" && c.Purge && applyErr == nil {
+		sw, err := retention.SweepLayout(ctx, ref.Layout, time.Duration(c.BlobGrace))
+		if err != nil {
+			applyErr = fmt.Errorf("sweep %s: %w", ref.Repo(), err)
+		} else {
+			out.Swept = &sw
+			fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", sw.Blobs, humanBytes(sw.Bytes))
+		}
+	}
+	if c.JSON {
+		if err := json.NewEncoder(g.stdout).Encode(out); err != nil {
+			return err
+		}
+	}
+	return applyErr
+}
+
+// printPlan writes the plan as a table: one line per version, then one per
+// tombstone.
+func printPlan(w io.Writer, p *retention.Plan) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACTION\tDIGEST\tSEALED\tTAGS\tWHY")
+	for _, d := range p.Versions {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.ToUpper(string(d.Action)), d.Digest,
+			d.Sealed.UTC().Format(time.RFC3339), dash(strings.Join(d.Tags, ",")), d.Why())
+	}
+	for _, d := range p.Deleted {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.ToUpper(string(d.Action)), d.Digest,
+			d.Sealed.UTC().Format(time.RFC3339), "(deleted "+d.Deleted.UTC().Format(time.RFC3339)+")", d.Why())
+	}
+	tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// snapshot lists the versions and tombstones of t and reads the references.
+func snapshot(ctx context.Context, t oci.Target, sources retention.Sources) (retention.Input, []retention.Reference, error) {
+	var in retention.Input
+	vs, err := versions.List(ctx, t)
+	if err != nil {
+		return in, nil, err
+	}
+	for _, v := range vs {
+		in.Versions = append(in.Versions, retention.Version{Digest: v.Digest, Sealed: v.Sealed, Tags: v.Tags})
+	}
+	if in.Deleted, err = retention.ListDeleted(ctx, t); err != nil {
+		return in, nil, err
+	}
+	if in.References, err = sources(ctx); err != nil {
+		return in, nil, err
+	}
+	return in, in.References, nil
+}
+
+// newSources returns the reference sources of a command: the files and
+// directories in paths, standard input for "-" (read once, now), and the
+// bdnvol mounts running on this machine.
+func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
+	var files []string
+	var stdin []byte
+	for _, p := range paths {
+		if p != "-" {
+			files = append(files, p)
+			continue
+		}
+		if stdin != nil {
+			return nil, usageError{fmt.Errorf("--refs - given twice")}
+		}
+		b, err := io.ReadAll(os.Stdin)
+		if err != nil {
+			return nil, fmt.Errorf("refs: standard input: %w", err)
+		}
+		if b == nil {
+			b = []byte{}
+		}
+		stdin = b
+	}
+	if _, err := retention.ScanPaths(repo, files); err != nil {
+		return nil, err
+	}
+	return func(context.Context) ([]retention.Reference, error) {
+		refs, err := retention.ScanPaths(repo, files)
+		if err != nil {
+			return nil, err
+		}
+		if stdin != nil {
+			refs = append(refs, retention.Scan(repo, "stdin", stdin)...)
+		}
+		return append(refs, g.runningMounts()...), nil
+	}, nil
+}
+
+// runningMounts returns the bdnvol mounts on this machine whose server is
+// alive, as references to the digest each serves (whatever repository it
+// came from: a digest names the same content everywhere).
+func (g *Globals) runningMounts() []retention.Reference {
+	ms, err := bdnvolMounts()
+	if err != nil {
+		return nil
+	}
+	var out []retention.Reference
+	for _, m := range ms {
+		st, ok := g.readState(m.Mountpoint)
+		if isNotConnected(m.Mountpoint) || ok && st.Digest == m.Digest && st.PID != 0 && !alive(st.PID) {
+			continue // stale: nothing is served from it
+		}
+		r := retention.Reference{Source: m.Mountpoint, Ref: m.Digest, Mount: true}
+		if ok && st.Digest == m.Digest {
+			r.Ref = st.Reference
+		}
+		r.Digest = digestOf(m.Digest)
+		if r.Digest != "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// digestOf parses s, or returns "" if it is not a digest.
+func digestOf(s string) digest.Digest {
+	d, err := digest.Parse(s)
+	if err != nil {
+		return ""
+	}
+	return d
+}
+
+// lockLayout takes an exclusive lock on an OCI layout directory, so that
+// bdnvol processes changing one layout's index.json take turns (registries
+// need no lock: every step there is a single request). Without write it
+// does nothing.
+func lockLayout(ref oci.Ref, write bool) (func(), error) {
+	if ref.Layout == "" || !write {
+		return func() {}, nil
+	}
+	f, err := os.Open(ref.Layout)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ref.Repo(), oci.ErrNotFound)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", ref.Repo(), err)
+	}
+	return func() { f.Close() }, nil
+}
