@@ -279,7 +279,7 @@ func TestSealSplitsParts(t *testing.T) {
 		x.Chunks = append(x.Chunks, Chunk{Digest: digest.FromString(fmt.Sprint(i)), Size: 1})
 		x.Files = append(x.Files, File{Path: fmt.Sprintf("f%02d", i), Type: TypeFile, Mode: 0o644, Size: 1, Digest: digest.FromString("y"), Extents: []Extent{{i, 0, 1}}})
 	}
-	s, err := Seal(x, 10)
+	s, err := Seal(x, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestSealSplitsParts(t *testing.T) {
 	if err := json.Unmarshal(s.Root.Data, &root); err != nil || root.ArtifactType != ArtifactTypeVolume {
 		t.Fatalf("root artifactType %q (%v)", root.ArtifactType, err)
 	}
-	s2, _ := Seal(x, 10)
+	s2, _ := Seal(x, 10, nil)
 	if s2.Root.Desc.Digest != s.Root.Desc.Digest {
 		t.Fatal("sealing is not deterministic")
 	}
@@ -421,7 +421,7 @@ func TestSealTebibyteVolume(t *testing.T) {
 		f.Extents[i] = Extent{Chunk: i, Length: 8 << 20}
 	}
 	x.Files = []File{f}
-	s, err := Seal(x, 0)
+	s, err := Seal(x, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,9 @@ type PushOptions struct {
 	Jobs      int        // concurrent uploads; <= 0 means 8
 	Cache     *StatCache // stat cache; nil disables it
 	Counters  *Counters  // progress; may be nil
+	// Annotations are added to the root manifest (for example the
+	// revision a sync sealed); they are part of the version's digest.
+	Annotations map[string]string
 }
 
 // PushResult describes a pushed version.
@@ -138,7 +141,7 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	if err != nil {
 		return nil, err
 	}
-	s, err := Seal(x, opt.MaxLayers)
+	s, err := Seal(x, opt.MaxLayers, opt.Annotations)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +188,7 @@ func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (
 	if err != nil {
 		return nil, err
 	}
-	s, err := Seal(x, b.opt.MaxLayers)
+	s, err := Seal(x, b.opt.MaxLayers, b.opt.Annotations)
 	if err != nil {
 		return nil, err
 	}

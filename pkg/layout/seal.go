@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -44,8 +45,10 @@ func chunkDescriptor(c Chunk) ocispec.Descriptor {
 }
 
 // Seal builds the manifests of a version from its index. The result is
-// deterministic: the same index and maxLayers give the same root digest.
-func Seal(x *Index, maxLayers int) (*Sealed, error) {
+// deterministic: the same index, maxLayers and annotations give the same
+// root digest. Extra annotations (such as a sync's source revision) go on
+// the root next to bdnvol's own, which they may not override.
+func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	if maxLayers <= 0 {
 		maxLayers = DefaultMaxLayers
 	}
@@ -65,11 +68,11 @@ func Seal(x *Index, maxLayers int) (*Sealed, error) {
 	for i, c := range x.Chunks {
 		s.Chunks[i] = chunkDescriptor(c)
 	}
-	ann := map[string]string{
-		AnnotationFiles:  strconv.Itoa(len(x.Files)),
-		AnnotationBytes:  strconv.FormatInt(x.Bytes(), 10),
-		AnnotationChunks: strconv.Itoa(len(x.Chunks)),
-	}
+	ann := make(map[string]string, len(extra)+3)
+	maps.Copy(ann, extra)
+	ann[AnnotationFiles] = strconv.Itoa(len(x.Files))
+	ann[AnnotationBytes] = strconv.FormatInt(x.Bytes(), 10)
+	ann[AnnotationChunks] = strconv.Itoa(len(x.Chunks))
 	layers := append([]ocispec.Descriptor{idx.Desc}, s.Chunks...)
 	if len(layers) <= maxLayers {
 		m, err := manifest(ArtifactTypeVolume, empty.Desc, layers, ann)
