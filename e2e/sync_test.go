@@ -307,6 +307,15 @@ func TestSyncHubSealsTheSourceBitForBitAndResyncUploadsNothing(t *testing.T) {
 	}
 	ref := res.lastLine()
 	syncCheckTree(t, ref, files)
+	// The sealed version names its source and the commit it was taken at.
+	var man struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	body, _ := getManifest(t, reg, "team/model", m[2], "application/vnd.oci.image.manifest.v1+json")
+	mustJSON(t, body, &man)
+	if man.Annotations["io.bdnvol.source"] != "hf://org/model@main" || man.Annotations["io.bdnvol.source.revision"] != h.commit {
+		t.Errorf("manifest annotations %v do not record the source and commit %s", man.Annotations, h.commit)
+	}
 	for _, tag := range []string{"v1", "latest"} {
 		if got := mustRun(t, "resolve", repo+":"+tag).lastLine(); got != ref {
 			t.Errorf("%s resolves to %s, want %s", tag, got, ref)

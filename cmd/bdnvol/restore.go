@@ -45,7 +45,7 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	tag, warn, err := retention.Restore(ctx, t, ref.Digest, time.Now())
 	if errors.Is(err, retention.ErrNoTombstone) {
-		return fmt.Errorf("%s: %w (bdnvol versions --deleted lists what can be restored)", ref.Pinned(ref.Digest), err)
+		return fmt.Errorf("%s: %w (bdnvol versions --deleted lists what can be restored)", ref.Pinned(ref.Digest), retention.ErrNoTombstone)
 	}
 	if err != nil {
 		return err

@@ -42,7 +42,7 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	d := root.Desc.Digest
 	rec, err := retention.SoftDelete(ctx, t, d, retention.DeleteOptions{
-		Check: func(ctx context.Context, _ []string) error {
+		Check: func(ctx context.Context, tags []string) error {
 			if c.Force {
 				return nil
 			}
@@ -51,7 +51,7 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 				return err
 			}
 			var why []string
-			for _, r := range retention.KeepReasons(retention.Version{Digest: d}, refs, retention.Policy{}) {
+			for _, r := range retention.KeepReasons(retention.Version{Digest: d, Tags: tags}, refs, retention.Policy{}) {
 				why = append(why, r.Text)
 			}
 			if len(why) > 0 {

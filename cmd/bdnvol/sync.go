@@ -280,8 +280,10 @@ func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, se
 		return nil, err
 	}
 	params := previousParams(ctx, t, ref)
-	walked := &walkLogger{Source: src, logf: logf, setPhase: setPhase}
-	res, err := layout.Push(ctx, t, walked, layout.PushOptions{Params: params, Jobs: spec.Jobs, Counters: counters})
+	// The walk fills in the revision; Push seals after walking.
+	ann := map[string]string{annotationSource: src.String()}
+	walked := &walkLogger{Source: src, logf: logf, setPhase: setPhase, annotations: ann}
+	res, err := layout.Push(ctx, t, walked, layout.PushOptions{Params: params, Jobs: spec.Jobs, Counters: counters, Annotations: ann})
 	if err != nil {
 		return nil, fmt.Errorf("sync %s to %s: %w", src, ref, err)
 	}
@@ -319,9 +321,16 @@ func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, se
 // walkLogger logs what the walk of a source found.
 type walkLogger struct {
 	source.Source
-	logf     func(string, ...any)
-	setPhase func(string, int)
+	logf        func(string, ...any)
+	setPhase    func(string, int)
+	annotations map[string]string // receives the resolved revision
 }
+
+// Annotations a sync puts on the versions it seals.
+const (
+	annotationSource   = "io.bdnvol.source"
+	annotationRevision = "io.bdnvol.source.revision"
+)
 
 func (w *walkLogger) Walk(ctx context.Context) ([]layout.Entry, error) {
 	w.logf("listing %s", w.Source)
@@ -339,6 +348,7 @@ func (w *walkLogger) Walk(ctx context.Context) ([]layout.Entry, error) {
 	}
 	if rev := w.Revision(); rev != "" {
 		w.logf("%s is at commit %s", w.Source, rev)
+		w.annotations[annotationRevision] = rev
 	}
 	w.logf("%d files, %s to transfer", files, humanBytes(bytes))
 	w.setPhase("transferring", files)

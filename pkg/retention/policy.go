@@ -196,12 +196,20 @@ func NewPlan(in Input, p Policy) (*Plan, error) {
 			deleted[r.Digest] = r
 		}
 	}
+	liveTags := map[string]bool{}
+	for _, v := range vs {
+		for _, tag := range v.Tags {
+			liveTags[tag] = true
+		}
+	}
 	for _, r := range in.References {
-		if r.Digest == "" || live[r.Digest] {
+		if r.Mount || r.Digest == "" && (r.Tag == "" || liveTags[r.Tag]) || r.Digest != "" && live[r.Digest] {
 			continue
 		}
 		w := Warning{Source: r.Source, Ref: r.Ref, Digest: r.Digest}
-		if d, ok := deleted[r.Digest]; ok {
+		if r.Digest == "" {
+			w.Text = "tag " + r.Tag + " names no version of this repository (deleted?): new replicas will fail to start"
+		} else if d, ok := deleted[r.Digest]; ok {
 			w.Text = fmt.Sprintf("names a version deleted at %s: new replicas will fail to start until it is restored (bdnvol restore)", d.Deleted.UTC().Format(time.RFC3339))
 		} else {
 			w.Text = "names a digest this repository does not have as a version (deleted?): new replicas will fail to start"

@@ -162,8 +162,9 @@ func TestNewPlanWarningsAndPurge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Warnings) != 2 || p.Warnings[0].Digest != gone || !strings.Contains(p.Warnings[0].Text, "does not have") ||
-		p.Warnings[1].Digest != pinned.Digest || !strings.Contains(p.Warnings[1].Text, "deleted at") {
+	if len(p.Warnings) != 3 || p.Warnings[0].Digest != gone || !strings.Contains(p.Warnings[0].Text, "does not have") ||
+		p.Warnings[1].Digest != pinned.Digest || !strings.Contains(p.Warnings[1].Text, "deleted at") ||
+		!strings.HasPrefix(p.Warnings[2].Text, "tag nope names no version") {
 		t.Errorf("warnings: %v", p.Warnings)
 	}
 	if !strings.HasPrefix(p.Warnings[0].String(), "a.yaml:1: r/x@sha256:") {
