@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
@@ -68,7 +69,7 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 	if layers[0].Size <= 0 || layers[0].Size > MaxIndexBytes {
 		return nil, fmt.Errorf("%s: %w: file index of %d bytes", desc.Digest, ErrInvalidIndex, layers[0].Size)
 	}
-	b, err := content.FetchAll(ctx, src, layers[0])
+	b, err := fetchAll(ctx, src, layers[0])
 	if err != nil {
 		return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
 	}
@@ -100,7 +101,7 @@ func fetchManifest(ctx context.Context, src content.Fetcher, desc ocispec.Descri
 	if desc.Size <= 0 || desc.Size > MaxManifestBytes {
 		return nil, fmt.Errorf("manifest %s: %w: size %d", desc.Digest, ErrInvalidIndex, desc.Size)
 	}
-	b, err := content.FetchAll(ctx, src, desc)
+	b, err := fetchAll(ctx, src, desc)
 	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
@@ -112,4 +113,26 @@ func fetchManifest(ctx context.Context, src content.Fetcher, desc ocispec.Descri
 		m.MediaType = desc.MediaType
 	}
 	return &m, nil
+}
+
+// fetchAll fetches and verifies a whole blob, fetching it again when the
+// body is cut short or its bytes do not match (bounded, like chunks).
+func fetchAll(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) ([]byte, error) {
+	for attempt := 1; ; attempt++ {
+		b, err := content.FetchAll(ctx, src, desc)
+		if err == nil {
+			return b, nil
+		}
+		if attempt >= fetchAttempts || !refetchable(ctx, err) {
+			if errors.Is(err, content.ErrMismatchedDigest) {
+				err = fmt.Errorf("%w: %v", ErrDigestMismatch, err)
+			}
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		}
+	}
 }

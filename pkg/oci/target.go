@@ -14,7 +14,6 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content"
-	"oras.land/oras-go/v2/content/oci"
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote"
@@ -59,11 +58,10 @@ func Open(ctx context.Context, r Ref, opt Options) (Target, error) {
 				return nil, fmt.Errorf("%s: %w", r.Repo(), ErrNotFound)
 			}
 		}
-		s, err := oci.NewWithContext(ctx, r.Layout)
+		s, err := openLayout(ctx, r.Layout)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", r.Repo(), err)
 		}
-		s.AutoGC = false
 		return s, nil
 	}
 	repo, err := remote.NewRepository(r.Registry + "/" + r.Repository)
