@@ -44,6 +44,9 @@ func ParseRef(s string) (Ref, error) {
 			// "oci:path" without a tag
 		} else {
 			r.Tag, rest = rest[i+1:], rest[:i]
+			if r.Tag == "" {
+				return r, fmt.Errorf("%w %q: empty tag", ErrInvalidRef, s)
+			}
 		}
 	}
 	if r.Tag != "" {
@@ -54,6 +57,10 @@ func ParseRef(s string) (Ref, error) {
 	if p, ok := strings.CutPrefix(rest, LayoutPrefix); ok {
 		if p == "" {
 			return r, fmt.Errorf("%w %q: empty layout path", ErrInvalidRef, s)
+		}
+		if strings.ContainsAny(p, ":@") {
+			// They would read as a tag or digest separator.
+			return r, fmt.Errorf("%w %q: a layout path may not contain ':' or '@'", ErrInvalidRef, s)
 		}
 		abs, err := filepath.Abs(p)
 		if err != nil {
