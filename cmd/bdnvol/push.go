@@ -22,8 +22,8 @@ type PushCmd struct {
 	JSON      bool     `name:"json" help:"Print one JSON object instead of text."`
 	Jobs      int      `default:"8" help:"Concurrent uploads."`
 	ChunkMin  Size     `name:"chunk-min" help:"Minimum chunk size (default: the volume's, else 1MiB)."`
-	ChunkAvg  Size     `name:"chunk-avg" help:"Average chunk size (default: the volume's, else 4MiB)."`
-	ChunkMax  Size     `name:"chunk-max" help:"Maximum chunk size (default: the volume's, else 8MiB)."`
+	ChunkAvg  Size     `name:"chunk-avg" help:"Average chunk size (default: the volume's, else 8MiB)."`
+	ChunkMax  Size     `name:"chunk-max" help:"Maximum chunk size (default: the volume's, else 16MiB)."`
 	MaxLayers int      `name:"max-layers" hidden:"" help:"Layers per manifest before splitting into parts."`
 }
 
@@ -37,6 +37,19 @@ type pushOutput struct {
 	ChunksUploaded int64    `json:"chunks_uploaded"`
 	BytesUploaded  int64    `json:"bytes_uploaded"`
 	Seconds        float64  `json:"seconds"`
+}
+
+func newPushOutput(ref oci.Ref, res *layout.PushResult, tags []string) pushOutput {
+	return pushOutput{
+		Digest:         res.Root.Digest.String(),
+		Reference:      ref.Pinned(res.Root.Digest),
+		Tags:           tags,
+		Files:          res.Files,
+		Bytes:          res.Bytes,
+		Chunks:         res.Chunks,
+		ChunksUploaded: res.ChunksUploaded,
+		BytesUploaded:  res.BytesUploaded,
+	}
 }
 
 // Run pushes the directory.
@@ -104,17 +117,8 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err := versions.RecordPush(ctx, t, res.Root.Digest, tags, prev, now); err != nil {
 		return fmt.Errorf("push %s: tagged, but recording the tag history failed: %w", ref, err)
 	}
-	out := pushOutput{
-		Digest:         res.Root.Digest.String(),
-		Reference:      ref.Pinned(res.Root.Digest),
-		Tags:           append([]string{prot}, tags...),
-		Files:          res.Files,
-		Bytes:          res.Bytes,
-		Chunks:         res.Chunks,
-		ChunksUploaded: res.ChunksUploaded,
-		BytesUploaded:  res.BytesUploaded,
-		Seconds:        time.Since(start).Seconds(),
-	}
+	out := newPushOutput(ref, res, append([]string{prot}, tags...))
+	out.Seconds = time.Since(start).Seconds()
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}

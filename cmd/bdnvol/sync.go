@@ -35,18 +35,10 @@ type SyncCmd struct {
 
 // syncOutput is what a finished sync reports.
 type syncOutput struct {
-	Job            string   `json:"job"`
-	Source         string   `json:"source"`
-	Commit         string   `json:"commit,omitempty"`
-	Digest         string   `json:"digest"`
-	Reference      string   `json:"reference"`
-	Tags           []string `json:"tags"`
-	Files          int      `json:"files"`
-	Bytes          int64    `json:"bytes"`
-	Chunks         int      `json:"chunks"`
-	ChunksUploaded int64    `json:"chunks_uploaded"`
-	BytesUploaded  int64    `json:"bytes_uploaded"`
-	Seconds        float64  `json:"seconds"`
+	Job    string `json:"job"`
+	Source string `json:"source"`
+	Commit string `json:"commit,omitempty"`
+	pushOutput
 }
 
 // Run creates the job and runs it here, or in a detached process.
@@ -305,16 +297,9 @@ func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, se
 		return nil, fmt.Errorf("sync %s to %s: tagged, but recording the tag history failed: %w", src, ref, err)
 	}
 	return &syncOutput{
-		Source:         spec.Source,
-		Commit:         src.Revision(),
-		Digest:         res.Root.Digest.String(),
-		Reference:      ref.Pinned(res.Root.Digest),
-		Tags:           append([]string{prot}, tags...),
-		Files:          res.Files,
-		Bytes:          res.Bytes,
-		Chunks:         res.Chunks,
-		ChunksUploaded: res.ChunksUploaded,
-		BytesUploaded:  res.BytesUploaded,
+		Source:     spec.Source,
+		Commit:     src.Revision(),
+		pushOutput: newPushOutput(ref, res, append([]string{prot}, tags...)),
 	}, nil
 }
 
