@@ -251,6 +251,9 @@ func (c *Cache) open(desc ocispec.Descriptor) Chunk {
 	c.mu.Lock()
 	checked := c.verified[desc.Digest]
 	c.mu.Unlock()
+	if !checked && sealedEntry(f, st) {
+		checked = true // hashed when it was stored, unchanged since
+	}
 	if !checked {
 		h := sha256.New()
 		if _, err := io.Copy(h, io.NewSectionReader(f, 0, desc.Size)); err != nil || digest.NewDigest(digest.SHA256, h) != desc.Digest {
@@ -261,6 +264,7 @@ func (c *Cache) open(desc ocispec.Descriptor) Chunk {
 		}
 		now := time.Now()
 		os.Chtimes(p, now, now) // the on-disk LRU order other processes start from
+		sealEntry(p)
 	}
 	c.mu.Lock()
 	c.verified[desc.Digest] = true
@@ -372,6 +376,7 @@ func (c *Cache) store(desc ocispec.Descriptor, b []byte) error {
 		os.Remove(tmp)
 		return err
 	}
+	sealEntry(c.path(desc.Digest))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.verified[desc.Digest] = true
