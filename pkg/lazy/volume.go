@@ -477,6 +477,12 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	}
 	run := f.run
 	f.mu.Unlock()
+	if r, ok := regionAt(regions, off); ok && off == r.begin && r.begin > 0 {
+		// A read at the start of a tensor: loaders read tensors whole, so
+		// fetch all of its chunks now, in parallel, not one after another.
+		f.fetchRange(end, min(f.e.Size, end+min(f.v.opt.Readahead, r.end-end)))
+		return
+	}
 	if !seq {
 		return
 	}
@@ -491,12 +497,16 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 			}
 		}
 	}
-	limit := min(f.e.Size, end+window)
-	if limit <= end {
+	f.fetchRange(end, min(f.e.Size, end+window))
+}
+
+// fetchRange starts background fetches of the chunks holding [from, to).
+func (f *File) fetchRange(from, to int64) {
+	if to <= from {
 		return
 	}
-	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > end }) - 1
-	for ; k < len(f.starts) && f.starts[k] < limit; k++ {
+	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > from }) - 1
+	for ; k < len(f.starts) && f.starts[k] < to; k++ {
 		f.v.fetchAhead(f.e.Extents[k].Chunk)
 	}
 }
