@@ -189,8 +189,10 @@ func TestVersionsTagsRollbackHistoryDiff(t *testing.T) {
 		if r := run(t, "tag", repo+"@sha256:"+strings.Repeat("ab", 32), "prod"); r.code != 1 {
 			t.Fatalf("tagging a missing digest should exit 1:\n%s", r)
 		}
-		if r := run(t, "tag", repo+":v1", "sealed-x"); r.code != 2 {
-			t.Fatalf("a reserved tag should exit 2:\n%s", r)
+		for _, reserved := range []string{"sealed-x", "history-x", "deleted-x"} {
+			if r := run(t, "tag", repo+":v1", reserved); r.code != 2 {
+				t.Fatalf("the reserved tag %s should exit 2:\n%s", reserved, r)
+			}
 		}
 		if r := run(t, "push", "--tag", "history-x", repo+":v9", dirs[0]); r.code != 2 {
 			t.Fatalf("push with a reserved tag should exit 2:\n%s", r)

@@ -16,6 +16,9 @@ import (
 // SealedTagPrefix starts every protective tag.
 const SealedTagPrefix = "sealed-"
 
+// DeletedTagPrefix starts every tombstone tag of a soft-deleted version.
+const DeletedTagPrefix = "deleted-"
+
 // sealedTimeFormat is the UTC time inside a protective tag; it sorts.
 const sealedTimeFormat = "20060102T150405Z"
 

@@ -28,7 +28,7 @@ const (
 	// ArtifactTypeTombstone is the artifactType of a tombstone index.
 	ArtifactTypeTombstone = "application/vnd.bdnvol.tombstone.v1"
 	// DeletedTagPrefix starts every tombstone tag.
-	DeletedTagPrefix = "deleted-"
+	DeletedTagPrefix = oci.DeletedTagPrefix
 	// AnnotationVersion names the deleted version's digest.
 	AnnotationVersion = "io.bdnvol.tombstone.version"
 	// AnnotationDeleted is the RFC 3339 time of the deletion.

@@ -53,13 +53,14 @@ type Version struct {
 // IsReserved reports whether tag is one bdnvol manages itself: a protective
 // tag or a history record tag.
 func IsReserved(tag string) bool {
-	return strings.HasPrefix(tag, oci.SealedTagPrefix) || strings.HasPrefix(tag, HistoryTagPrefix)
+	return strings.HasPrefix(tag, oci.SealedTagPrefix) || strings.HasPrefix(tag, HistoryTagPrefix) ||
+		strings.HasPrefix(tag, oci.DeletedTagPrefix)
 }
 
 // CheckTag refuses a human tag that uses a reserved prefix.
 func CheckTag(tag string) error {
 	if IsReserved(tag) {
-		return fmt.Errorf("tag %q: %w (%s and %s are bdnvol's)", tag, ErrReservedTag, oci.SealedTagPrefix, HistoryTagPrefix)
+		return fmt.Errorf("tag %q: %w (%s, %s and %s are bdnvol's)", tag, ErrReservedTag, oci.SealedTagPrefix, HistoryTagPrefix, oci.DeletedTagPrefix)
 	}
 	return nil
 }
