@@ -52,7 +52,7 @@ func TestProtectiveTag(t *testing.T) {
 	d := "sha256:" + "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"
 	r, _ := ParseRef("x.io/y@" + d)
 	tag := ProtectiveTag(r.Digest, mustTime("2026-11-29T16:00:00Z"))
-	if tag != "sealed-20261129T160000Z-a1b2c3d4e5f6" {
+	if tag != "sealed-20261129T160000.000Z-a1b2c3d4e5f6" {
 		t.Fatal(tag)
 	}
 	ts, hex, ok := ParseProtectiveTag(tag)

@@ -19,8 +19,9 @@ const SealedTagPrefix = "sealed-"
 // DeletedTagPrefix starts every tombstone tag of a soft-deleted version.
 const DeletedTagPrefix = "deleted-"
 
-// sealedTimeFormat is the UTC time inside a protective tag; it sorts.
-const sealedTimeFormat = "20060102T150405Z"
+// sealedTimeFormat is the UTC time inside a protective tag, to the
+// millisecond so that versions sealed in one second still order; it sorts.
+const sealedTimeFormat = "20060102T150405.000Z"
 
 // ProtectiveTag returns the tag that keeps the version d alive: it names the
 // sealing time and the first 12 hex digits of the digest, and sorts by time.

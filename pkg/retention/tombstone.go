@@ -51,7 +51,7 @@ var (
 	ErrNoTombstone = errors.New("no deleted version")
 )
 
-const tagTimeFormat = "20060102T150405Z"
+const tagTimeFormat = "20060102T150405.000Z"
 
 // jobs bounds concurrent registry requests.
 const jobs = 8
