@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,6 +41,8 @@ type syncHub struct {
 	lfs      map[string]bool
 
 	mu      sync.Mutex
+	cut     int                      // the CDN cuts this many more responses half-way
+	fail503 int                      // and answers 503 to this many more requests
 	served  map[string][]byte        // bytes served instead of files[p]
 	gates   map[string]chan struct{} // the CDN holds requests for p until closed
 	cdnAuth []string                 // Authorization headers the CDN saw
@@ -65,6 +68,21 @@ func newSyncHub(t *testing.T, files map[string][]byte, lfs map[string]bool) *syn
 		if r.URL.Query().Get("X-Amz-Signature") == "" {
 			http.Error(w, "unsigned", http.StatusForbidden)
 			return
+		}
+		h.mu.Lock()
+		fail, cut := h.fail503 > 0, h.fail503 == 0 && h.cut > 0
+		if fail {
+			h.fail503--
+		} else if cut {
+			h.cut--
+		}
+		h.mu.Unlock()
+		if fail {
+			http.Error(w, "slow down", http.StatusServiceUnavailable)
+			return
+		}
+		if cut {
+			w = &cuttingWriter{ResponseWriter: w}
 		}
 		http.ServeContent(w, r, p, time.Time{}, bytes.NewReader(h.content(p)))
 	}))
@@ -558,4 +576,49 @@ func TestSyncJobsWaitInterruptedKeepsTheJobAndCancelStopsIt(t *testing.T) {
 	if n := reg.Stats().Requests["PUT manifest"]; n != 0 {
 		t.Errorf("a canceled job stored %d manifests", n)
 	}
+}
+
+// cuttingWriter sends the headers and half of the announced body, then
+// drops the connection.
+type cuttingWriter struct {
+	http.ResponseWriter
+	left int64
+	set  bool
+}
+
+func (c *cuttingWriter) Write(b []byte) (int, error) {
+	if !c.set {
+		n, _ := strconv.ParseInt(c.Header().Get("Content-Length"), 10, 64)
+		c.left, c.set = n/2, true
+	}
+	if int64(len(b)) > c.left {
+		c.ResponseWriter.Write(b[:c.left])
+		panic(http.ErrAbortHandler)
+	}
+	c.left -= int64(len(b))
+	return c.ResponseWriter.Write(b)
+}
+
+// A sync through a CDN that answers 503 and cuts bodies half-way completes
+// bit-exact: requests are retried and cut ranges fetched again.
+func TestSyncThroughCDNFaults(t *testing.T) {
+	files, lfs := syncModel()
+	h := newSyncHub(t, files, lfs)
+	syncEnv(t, h)
+	reg := newDistribution(t)
+	repo := reg.Host + "/team/faults"
+	h.mu.Lock()
+	h.fail503, h.cut = 2, 3
+	h.mu.Unlock()
+	res := run(t, "sync", "hf://org/model", repo+":v1")
+	h.mu.Lock()
+	left503, leftCut := h.fail503, h.cut
+	h.mu.Unlock()
+	if left503 != 0 || leftCut != 0 {
+		t.Fatalf("the faults did not all fire (503 left %d, cuts left %d)", left503, leftCut)
+	}
+	if res.code != 0 {
+		t.Fatalf("sync through CDN faults failed:\n%s", res)
+	}
+	syncCheckTree(t, res.lastLine(), files)
 }
