@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -70,7 +71,7 @@ func pushAndFetch(t *testing.T, f *faulty, opt Options, data []byte) {
 
 func TestUploadFallsBackToPartsOn413(t *testing.T) {
 	data := bytes.Repeat([]byte("0123456789abcdef"), 600<<10/16) // 600 KiB
-	f := &faulty{next: ggcr.New(), limit: 300 << 10}
+	f := &faulty{next: quietRegistry(), limit: 300 << 10}
 	pushAndFetch(t, f, Options{}, data)
 	// 4 MiB parts are too large too: halved down to 256 KiB, three parts.
 	if f.patches.Load() < 3 {
@@ -80,7 +81,7 @@ func TestUploadFallsBackToPartsOn413(t *testing.T) {
 
 func TestUploadInParts(t *testing.T) {
 	data := bytes.Repeat([]byte{7}, 1<<20+5)
-	f := &faulty{next: ggcr.New()}
+	f := &faulty{next: quietRegistry()}
 	pushAndFetch(t, f, Options{PartSize: 256 << 10}, data)
 	if f.patches.Load() != 5 {
 		t.Fatalf("%d PATCH requests, want 5 parts of 256 KiB", f.patches.Load())
@@ -89,7 +90,7 @@ func TestUploadInParts(t *testing.T) {
 
 func TestUploadRetries503(t *testing.T) {
 	data := bytes.Repeat([]byte{9}, 700<<10)
-	f := &faulty{next: ggcr.New(), failEvery: 3}
+	f := &faulty{next: quietRegistry(), failEvery: 3}
 	pushAndFetch(t, f, Options{PartSize: 128 << 10, Retry: RetryPolicy{Base: 1}}, data)
 }
 
@@ -99,4 +100,50 @@ func TestRetryAfter(t *testing.T) {
 			t.Errorf("Retry-After %q: %v", v, got)
 		}
 	}
+}
+
+// cutPatch drops the connection half-way through the body of one PATCH.
+type cutPatch struct {
+	next  http.Handler
+	which int64 // the PATCH to cut, counting from 1
+	n     atomic.Int64
+	cut   atomic.Bool
+}
+
+func (c *cutPatch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPatch && c.n.Add(1) == c.which {
+		io.CopyN(io.Discard, r.Body, r.ContentLength/2)
+		c.cut.Store(true)
+		panic(http.ErrAbortHandler)
+	}
+	c.next.ServeHTTP(w, r)
+}
+
+func TestUploadSurvivesACutPart(t *testing.T) {
+	data := bytes.Repeat([]byte("part"), 300<<10) // 1.2 MiB
+	c := &cutPatch{next: quietRegistry(), which: 2}
+	srv := httptest.NewServer(c)
+	defer srv.Close()
+	ref, _ := ParseRef(strings.TrimPrefix(srv.URL, "http://") + "/vol/cut:v1")
+	ctx := context.Background()
+	tg, err := Open(ctx, ref, Options{PartSize: 256 << 10, Retry: RetryPolicy{Base: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := content.NewDescriptorFromBytes("application/vnd.bdnvol.chunk.v1", data)
+	if err := tg.Push(ctx, desc, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	if !c.cut.Load() {
+		t.Fatal("no part was cut")
+	}
+	got, err := content.FetchAll(ctx, tg, desc)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("fetched %d bytes (%v)", len(got), err)
+	}
+}
+
+// quietRegistry is go-containerregistry's in-memory registry, not logging.
+func quietRegistry() http.Handler {
+	return ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0)))
 }
