@@ -21,7 +21,8 @@
 #   BENCH_TIME     GNU time binary (default /usr/bin/time; a missing one means
 #                  peak RSS is polled from /proc, with ~50 ms timing granularity)
 # Page caches are not dropped (that needs root); every input is read once
-# before the measurements so both tools see a warm cache.
+# before the measurements so both tools see a warm cache, and each run starts
+# after a sync, so no run pays for the previous one's writeback.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -167,6 +168,10 @@ measure() {
 	shift
 	log "running $name"
 	local t0 t1 rc=0
+	# Start each run with no dirty pages left by the one before, so that
+	# neither tool pays for the other's writeback.
+	sync
+	sleep 1
 	t0=$(date +%s%N)
 	if [[ -x $TIME_BIN ]]; then
 		"$TIME_BIN" -v -o "$TMP/$name.time" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" || rc=$?
