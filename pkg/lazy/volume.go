@@ -487,7 +487,9 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		return
 	}
 	window := min(f.v.opt.Readahead, run)
-	if r, ok := regionAt(regions, end-1); ok {
+	// A run that began before the current tensor streams through tensors
+	// (cat, cp, a full load): read ahead across their boundaries too.
+	if r, ok := regionAt(regions, end-1); ok && run <= end-r.begin {
 		into := min(run, end-r.begin)
 		window = min(f.v.opt.Readahead, max(0, into-leadIn))
 		if end+window >= r.end {
