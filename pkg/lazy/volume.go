@@ -382,11 +382,14 @@ type File struct {
 	e      *layout.File
 	starts []int64 // file offset of each extent
 
-	mu      sync.Mutex
-	next    int64 // where a sequential read would start
-	run     int64 // bytes read sequentially up to next
-	parsed  bool
-	tensors []region // header and tensors of a safetensors file, by offset
+	mu   sync.Mutex
+	next int64 // where a sequential read would start
+	run  int64 // bytes read sequentially up to next
+	// streaming: the reader went on contiguously from one tensor into the
+	// next, so it reads whole files (cat, cp, a full load), not one tensor.
+	streaming bool
+	parsed    bool
+	tensors   []region // header and tensors of a safetensors file, by offset
 }
 
 // region is a byte range of a file read as a unit: a safetensors header or
@@ -469,15 +472,22 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	end := off + n
 	f.mu.Lock()
 	seq := f.next > 0 && off <= f.next+seqSlack && off+seqSlack >= f.next
+	if !seq {
+		f.streaming = false
+	} else if cur, ok := regionAt(regions, off); ok && cur.begin > 0 {
+		if prev, ok := regionAt(regions, f.next-1); ok && prev.begin > 0 && prev.begin != cur.begin {
+			f.streaming = true // on from one tensor into the next
+		}
+	}
 	if seq {
 		f.run += max(0, end-f.next)
 		f.next = max(end, f.next)
 	} else {
 		f.run, f.next = n, end
 	}
-	run := f.run
+	run, streaming := f.run, f.streaming
 	f.mu.Unlock()
-	if r, ok := regionAt(regions, off); ok && off == r.begin && r.begin > 0 {
+	if r, ok := regionAt(regions, off); ok && off == r.begin && r.begin > 0 && !streaming {
 		// A read at the start of a tensor: loaders read tensors whole, so
 		// fetch all of its chunks now, in parallel, not one after another.
 		f.fetchRange(end, min(f.e.Size, end+min(f.v.opt.Readahead, r.end-end)))
@@ -487,9 +497,9 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		return
 	}
 	window := min(f.v.opt.Readahead, run)
-	// A run that began before the current tensor streams through tensors
-	// (cat, cp, a full load): read ahead across their boundaries too.
-	if r, ok := regionAt(regions, end-1); ok && run <= end-r.begin {
+	// A reader streaming through tensors reads ahead across their
+	// boundaries; otherwise readahead stays near the current tensor.
+	if r, ok := regionAt(regions, end-1); ok && !streaming {
 		into := min(run, end-r.begin)
 		window = min(f.v.opt.Readahead, max(0, into-leadIn))
 		if end+window >= r.end {
