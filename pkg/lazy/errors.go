@@ -20,6 +20,7 @@ type ChunkInvalidError struct {
 	Size int64         // the bytes received
 }
 
+// Error describes the mismatch.
 func (e *ChunkInvalidError) Error() string {
 	if e.Got == "" {
 		return fmt.Sprintf("chunk %s: %v: wrong size %d", e.Want, layout.ErrDigestMismatch, e.Size)

@@ -18,6 +18,7 @@ type HTTPError struct {
 	Body   string // the start of the answer's body
 }
 
+// Error names the request and the status.
 func (e *HTTPError) Error() string {
 	s := fmt.Sprintf("%s %s: %d %s", e.Method, e.URL, e.Status, http.StatusText(e.Status))
 	if e.Body != "" {
