@@ -45,8 +45,11 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 		AllowOther:   opt.AllowOther,
 		MaxReadAhead: 1 << 20,
 		MaxWrite:     1 << 20,
-		Debug:        opt.Debug,
-		Logger:       opt.Logger,
+		// Mount with the mount(2) call when allowed (root), so fusermount3
+		// is needed only by unprivileged users; go-fuse falls back to it.
+		DirectMount: true,
+		Debug:       opt.Debug,
+		Logger:      opt.Logger,
 	}
 	return fs.Mount(dir, NewRoot(v, opt), &fs.Options{
 		MountOptions:    mo,
