@@ -326,7 +326,9 @@ func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor)
 	}
 	defer rc.Close()
 	buf := make([]byte, desc.Size)
-	n, err := io.ReadFull(rc, buf)
+	// Hash as the bytes arrive, so hashing overlaps the transfer.
+	h := sha256.New()
+	n, err := io.ReadFull(io.TeeReader(rc, h), buf)
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			c.corrupt.Add(1)
@@ -339,7 +341,7 @@ func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor)
 		c.corrupt.Add(1)
 		return nil, nil, &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1}
 	}
-	if got := digest.FromBytes(buf); got != desc.Digest {
+	if got := digest.NewDigest(digest.SHA256, h); got != desc.Digest {
 		c.corrupt.Add(1)
 		return nil, nil, &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size}
 	}
