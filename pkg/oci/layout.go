@@ -2,8 +2,10 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -34,10 +36,13 @@ type layoutStore struct {
 
 var _ Target = (*layoutStore)(nil)
 
-func openLayout(ctx context.Context, root string) (*layoutStore, error) {
-	// Creating the store writes oci-layout and index.json when missing.
+func openLayout(ctx context.Context, root string, create bool) (*layoutStore, error) {
 	s := &layoutStore{root: root}
-	if err := s.locked(ctx, syscall.LOCK_EX, func(*oci.Store) error { return nil }); err != nil {
+	how := syscall.LOCK_SH
+	if create {
+		how = syscall.LOCK_EX // loading writes oci-layout and index.json when missing
+	}
+	if err := s.locked(ctx, how, func(*oci.Store) error { return nil }); err != nil {
 		return nil, err
 	}
 	st, err := oci.NewStorage(root)
@@ -51,18 +56,25 @@ func openLayout(ctx context.Context, root string) (*layoutStore, error) {
 // locked runs fn on a freshly loaded store while holding the index lock
 // (exclusive or shared).
 func (s *layoutStore) locked(ctx context.Context, how int, fn func(*oci.Store) error) error {
-	if err := os.MkdirAll(s.root, 0o755); err != nil {
-		return err
+	if how == syscall.LOCK_EX {
+		if err := os.MkdirAll(s.root, 0o755); err != nil {
+			return err
+		}
 	}
 	f, err := os.OpenFile(filepath.Join(s.root, indexLockName), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
+	switch {
+	case err == nil:
+		defer f.Close()
+		if err := syscall.Flock(int(f.Fd()), how); err != nil {
+			return fmt.Errorf("lock %s: %w", s.root, err)
+		}
+		defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	case how == syscall.LOCK_SH && (errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS)):
+		// A layout we may only read (read-only file system, another
+		// user's directory): nobody here can change it, so read unlocked.
+	default:
 		return err
 	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), how); err != nil {
-		return fmt.Errorf("lock %s: %w", s.root, err)
-	}
-	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	st, err := oci.NewWithContext(ctx, s.root)
 	if err != nil {
 		return err

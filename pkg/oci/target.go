@@ -58,7 +58,7 @@ func Open(ctx context.Context, r Ref, opt Options) (Target, error) {
 				return nil, fmt.Errorf("%s: %w", r.Repo(), ErrNotFound)
 			}
 		}
-		s, err := openLayout(ctx, r.Layout)
+		s, err := openLayout(ctx, r.Layout, opt.CreateLayout)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", r.Repo(), err)
 		}
