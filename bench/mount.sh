@@ -38,18 +38,8 @@ command -v fusermount3 >/dev/null || [[ $(id -u) == 0 ]] || die "needs fusermoun
 command -v curl >/dev/null || die "needs curl"
 command -v python3 >/dev/null || die "needs python3"
 
-install_tool() { # NAME MODULE@VERSION WANT VERSION-ARG (as in bench.sh)
-	local name=$1 pkg=$2 want=$3 varg=$4
-	if [[ -x $BIN/$name ]] && "$BIN/$name" "$varg" 2>&1 | grep -qF -- "$want"; then
-		return
-	fi
-	if [[ -n ${BENCH_TOOLS:-} && -x $BENCH_TOOLS/$name ]] && "$BENCH_TOOLS/$name" "$varg" 2>&1 | grep -qF -- "$want"; then
-		cp "$BENCH_TOOLS/$name" "$BIN/$name"
-		return
-	fi
-	log "installing $pkg into $BIN"
-	(cd "$BIN" && GOBIN=$BIN GOFLAGS=-buildvcs=false go install "$pkg") || die "go install $pkg failed"
-}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 install_tool oras "oras.land/oras/cmd/oras@$ORAS_VERSION" "Version:    ${ORAS_VERSION#v}" version
 install_tool registry "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION" " $REGISTRY_VERSION" --version
 ORAS=$BIN/oras
@@ -78,47 +68,7 @@ trap cleanup EXIT
 export XDG_CACHE_HOME=$TMP/xdg XDG_RUNTIME_DIR=$TMP/run DOCKER_CONFIG=$TMP/docker
 mkdir -p "$XDG_CACHE_HOME" "$XDG_RUNTIME_DIR" "$DOCKER_CONFIG"
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-start_registry() {
-	local port
-	for _ in $(seq 1 20); do
-		port=$((20000 + RANDOM % 40000))
-		port_free "$port" || continue
-		cat >"$TMP/config.yml" <<-EOF
-			version: 0.1
-			log:
-			  level: error
-			  accesslog:
-			    disabled: true
-			storage:
-			  filesystem:
-			    rootdirectory: $TMP/registry
-			  maintenance:
-			    uploadpurging:
-			      enabled: false
-			http:
-			  addr: 127.0.0.1:$port
-			  secret: bdnvol-bench
-		EOF
-		OTEL_TRACES_EXPORTER=none OTEL_METRICS_EXPORTER=none OTEL_LOGS_EXPORTER=none OTEL_SDK_DISABLED=true \
-			"$REGISTRY" serve "$TMP/config.yml" >"$TMP/registry.log" 2>&1 &
-		REG_PID=$!
-		for _ in $(seq 1 100); do
-			kill -0 "$REG_PID" 2>/dev/null || break
-			if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-				HOST=127.0.0.1:$port
-				return
-			fi
-			sleep 0.1
-		done
-		kill "$REG_PID" 2>/dev/null || true
-		wait "$REG_PID" 2>/dev/null || true
-		REG_PID=
-	done
-	die "could not start the registry"
-}
 start_registry
-log "registry on $HOST"
 
 MODEL=$TMP/model
 log "generating $SIZE checkpoint in $SHARDS shards"
