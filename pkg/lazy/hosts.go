@@ -155,8 +155,9 @@ func ParseHostsConfig(b []byte) (*HostsConfig, error) {
 	return c, nil
 }
 
-// stripComment removes a # comment that is not inside a string.
-func stripComment(s string) string {
+// outsideStrings calls fn with each byte of s that is not inside a quoted
+// string, until fn returns false.
+func outsideStrings(s string, fn func(i int, ch byte) bool) {
 	var quote byte
 	for i := 0; i < len(s); i++ {
 		switch ch := s[i]; {
@@ -168,33 +169,39 @@ func stripComment(s string) string {
 			}
 		case ch == '"' || ch == '\'':
 			quote = ch
-		case ch == '#':
-			return s[:i]
+		default:
+			if !fn(i, ch) {
+				return
+			}
 		}
 	}
-	return s
+}
+
+// stripComment removes a # comment that is not inside a string.
+func stripComment(s string) string {
+	end := len(s)
+	outsideStrings(s, func(i int, ch byte) bool {
+		if ch == '#' {
+			end = i
+			return false
+		}
+		return true
+	})
+	return s[:end]
 }
 
 // balanced reports whether the brackets outside strings in s close.
 func balanced(s string) bool {
 	depth := 0
-	var quote byte
-	for i := 0; i < len(s); i++ {
-		switch ch := s[i]; {
-		case quote != 0:
-			if ch == '\\' && quote == '"' {
-				i++
-			} else if ch == quote {
-				quote = 0
-			}
-		case ch == '"' || ch == '\'':
-			quote = ch
-		case ch == '[':
+	outsideStrings(s, func(_ int, ch byte) bool {
+		switch ch {
+		case '[':
 			depth++
-		case ch == ']':
+		case ']':
 			depth--
 		}
-	}
+		return true
+	})
 	return depth <= 0
 }
 
