@@ -137,18 +137,7 @@ type authRegistry struct {
 func newAuthRegistry(t *testing.T, ip net.IP, mode, user, pass string) *authRegistry {
 	t.Helper()
 	ca := newTestCA(t, ip)
-	cfg := &configuration.Configuration{}
-	cfg.Version = "0.1"
-	cfg.Storage = configuration.Storage{
-		"filesystem": configuration.Parameters{"rootdirectory": t.TempDir()},
-		"delete":     configuration.Parameters{"enabled": true},
-		"maintenance": configuration.Parameters{
-			"uploadpurging": map[any]any{"enabled": false},
-		},
-	}
-	cfg.HTTP.Secret = "bdnvol-e2e-secret"
-	cfg.Log.AccessLog.Disabled = true
-	cfg.Log.Level = "panic"
+	cfg := distributionConfig(t.TempDir())
 	ar := &authRegistry{CA: ca}
 	switch mode {
 	case "htpasswd":

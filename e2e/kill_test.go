@@ -13,9 +13,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/distribution/distribution/v3/configuration"
-	"github.com/distribution/distribution/v3/registry/handlers"
 )
 
 // cliEnv is the environment run gives the CLI: the test's HOME, cache and
@@ -58,27 +55,6 @@ func runWith(t testing.TB, stdin string, extraEnv []string, args ...string) resu
 		res.code = ee.ExitCode()
 	}
 	return res
-}
-
-// newDistributionAt is newDistribution with its storage under root, so that
-// a test can see which blobs a repository holds.
-func newDistributionAt(t testing.TB, root string) *registry {
-	t.Helper()
-	cfg := &configuration.Configuration{}
-	cfg.Version = "0.1"
-	cfg.Storage = configuration.Storage{
-		"filesystem": configuration.Parameters{"rootdirectory": root},
-		"delete":     configuration.Parameters{"enabled": true},
-		"maintenance": configuration.Parameters{
-			"uploadpurging": map[any]any{"enabled": false},
-		},
-	}
-	cfg.HTTP.Secret = "bdnvol-e2e-secret"
-	cfg.Log.AccessLog.Disabled = true
-	cfg.Log.Level = "panic"
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	return serve(t, handlers.NewApp(ctx, cfg))
 }
 
 // linkedBlobs lists the blobs a repository of a filesystem-backed

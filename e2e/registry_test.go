@@ -79,13 +79,13 @@ type stats struct {
 
 func newStats() stats { return stats{Requests: map[string]int{}} }
 
-// newDistribution starts CNCF distribution v3 with filesystem storage.
-func newDistribution(t testing.TB) *registry {
-	t.Helper()
+// distributionConfig is the configuration of the test registries:
+// filesystem storage under root, deletes on, quiet.
+func distributionConfig(root string) *configuration.Configuration {
 	cfg := &configuration.Configuration{}
 	cfg.Version = "0.1"
 	cfg.Storage = configuration.Storage{
-		"filesystem": configuration.Parameters{"rootdirectory": t.TempDir()},
+		"filesystem": configuration.Parameters{"rootdirectory": root},
 		"delete":     configuration.Parameters{"enabled": true},
 		"maintenance": configuration.Parameters{
 			"uploadpurging": map[any]any{"enabled": false},
@@ -94,10 +94,21 @@ func newDistribution(t testing.TB) *registry {
 	cfg.HTTP.Secret = "bdnvol-e2e-secret"
 	cfg.Log.AccessLog.Disabled = true
 	cfg.Log.Level = "panic"
+	return cfg
+}
+
+// newDistribution starts CNCF distribution v3 with filesystem storage.
+func newDistribution(t testing.TB) *registry {
+	t.Helper()
+	return newDistributionAt(t, t.TempDir())
+}
+
+// newDistributionAt starts CNCF distribution v3 storing under root.
+func newDistributionAt(t testing.TB, root string) *registry {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	app := handlers.NewApp(ctx, cfg)
-	return serve(t, app)
+	return serve(t, handlers.NewApp(ctx, distributionConfig(root)))
 }
 
 // newGGCR starts go-containerregistry's in-memory registry.
