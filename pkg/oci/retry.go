@@ -91,6 +91,9 @@ func (t *retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
+			if req.Body != nil {
+				req.Body.Close()
+			}
 			return nil, ctx.Err()
 		case <-timer.C:
 		}
