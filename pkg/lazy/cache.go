@@ -39,6 +39,10 @@ type Chunk interface {
 	io.Closer
 }
 
+// backgroundStores bounds the verified blobs written to disk in the
+// background, after they were served from memory.
+const backgroundStores = 4
+
 // DefaultCacheSize bounds a cache opened with a size <= 0.
 const DefaultCacheSize = 10 << 30
 
@@ -73,6 +77,10 @@ type Cache struct {
 	size     int64
 	verified map[digest.Digest]bool // entries this process has hashed
 	flight   map[digest.Digest]*call
+	resident map[digest.Digest][]byte // verified blobs being written in the background
+
+	storing  sync.WaitGroup
+	storeSem chan struct{} // bounds the background writes, and the memory they hold
 
 	hits, fetches, fetchedBytes, corrupt, storeErrors, evictions atomic.Int64
 }
@@ -103,6 +111,8 @@ func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 		entries:  map[digest.Digest]*list.Element{},
 		verified: map[digest.Digest]bool{},
 		flight:   map[digest.Digest]*call{},
+		resident: map[digest.Digest][]byte{},
+		storeSem: make(chan struct{}, backgroundStores),
 	}
 	for _, d := range []string{c.blobDir(), c.tmpDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -193,6 +203,13 @@ func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) 
 		return nil, fmt.Errorf("chunk %s: cannot cache a blob of %d bytes", desc.Digest, desc.Size)
 	}
 	for {
+		c.mu.Lock()
+		b, ok := c.resident[desc.Digest]
+		c.mu.Unlock()
+		if ok {
+			c.hits.Add(1)
+			return memChunk{bytes.NewReader(b)}, nil
+		}
 		if ch := c.open(desc); ch != nil {
 			c.hits.Add(1)
 			return ch, nil
@@ -317,18 +334,18 @@ func (c *Cache) evictLocked(keep *list.Element) {
 	}
 }
 
-// fetch fetches desc from src into memory, verifies it and stores it. It
-// returns the chunk, and the bytes too when they could not be stored.
-func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor) (Chunk, []byte, error) {
+// fetch fetches desc from src into memory and verifies it. The verified
+// bytes are returned at once and written to disk in the background (or
+// right away when enough writes are pending); mem is the bytes too, for
+// the callers waiting on the same load.
+func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor) (ch Chunk, mem []byte, err error) {
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("chunk %s: %w", desc.Digest, err)
 	}
 	defer rc.Close()
 	buf := make([]byte, desc.Size)
-	// Hash as the bytes arrive, so hashing overlaps the transfer.
-	h := sha256.New()
-	n, err := io.ReadFull(io.TeeReader(rc, h), buf)
+	n, got, err := readHashed(rc, buf)
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			c.corrupt.Add(1)
@@ -341,12 +358,32 @@ func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor)
 		c.corrupt.Add(1)
 		return nil, nil, &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1}
 	}
-	if got := digest.NewDigest(digest.SHA256, h); got != desc.Digest {
+	if got != desc.Digest {
 		c.corrupt.Add(1)
 		return nil, nil, &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size}
 	}
 	c.fetches.Add(1)
 	c.fetchedBytes.Add(desc.Size)
+	select {
+	case c.storeSem <- struct{}{}:
+		// Serve from memory while the entry is written.
+		c.mu.Lock()
+		c.resident[desc.Digest] = buf
+		c.mu.Unlock()
+		c.storing.Add(1)
+		go func() {
+			defer c.storing.Done()
+			if err := c.store(desc, buf); err != nil {
+				c.storeErrors.Add(1)
+			}
+			c.mu.Lock()
+			delete(c.resident, desc.Digest)
+			c.mu.Unlock()
+			<-c.storeSem
+		}()
+		return memChunk{bytes.NewReader(buf)}, buf, nil
+	default:
+	}
 	if err := c.store(desc, buf); err != nil {
 		c.storeErrors.Add(1)
 		return memChunk{bytes.NewReader(buf)}, buf, nil
@@ -355,7 +392,51 @@ func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor)
 	if f, err := os.Open(c.path(desc.Digest)); err == nil {
 		return f, nil, nil
 	}
-	return memChunk{bytes.NewReader(buf)}, nil, nil
+	return memChunk{bytes.NewReader(buf)}, buf, nil
+}
+
+// Flush waits for the background writes of fetched blobs.
+func (c *Cache) Flush() { c.storing.Wait() }
+
+// readPiece is the most readHashed reads at once, so hashing starts early.
+const readPiece = 256 << 10
+
+// readHashed fills buf from r and returns the SHA-256 of what it read. The
+// reading goroutine and the hashing one overlap, so a blob is verified
+// about as soon as its last byte arrives.
+func readHashed(r io.Reader, buf []byte) (int, digest.Digest, error) {
+	progress := make(chan int, 64)
+	var (
+		n    int
+		rerr error
+	)
+	go func() {
+		defer close(progress)
+		for n < len(buf) {
+			k, err := r.Read(buf[n:min(len(buf), n+readPiece)])
+			n += k
+			if k > 0 {
+				progress <- n
+			}
+			if err != nil {
+				rerr = err
+				return
+			}
+		}
+	}()
+	h := sha256.New()
+	hashed := 0
+	for p := range progress {
+		h.Write(buf[hashed:p])
+		hashed = p
+	}
+	if n < len(buf) {
+		if rerr == nil || rerr == io.EOF {
+			rerr = io.ErrUnexpectedEOF
+		}
+		return n, "", rerr
+	}
+	return n, digest.NewDigest(digest.SHA256, h), nil
 }
 
 // store writes verified bytes to a temporary file and renames it into place.
