@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path"
 	"sort"
 	"strings"
@@ -118,10 +119,14 @@ func (v *Volume) Version() *layout.Version { return v.ver }
 // Root returns the descriptor of the version's root.
 func (v *Volume) Root() ocispec.Descriptor { return v.ver.Root }
 
-// Close cancels background fetches, waits for them and releases open chunks.
+// Close cancels background fetches, waits for them and for the cache
+// writes of what they fetched, and releases open chunks.
 func (v *Volume) Close() error {
 	v.cancel()
 	v.wg.Wait()
+	if v.opt.Cache != nil {
+		v.opt.Cache.Flush()
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for i, h := range v.handles {
@@ -487,10 +492,16 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	}
 	run, streaming := f.run, f.streaming
 	f.mu.Unlock()
-	if r, ok := regionAt(regions, off); ok && off == r.begin && r.begin > 0 && !streaming {
+	if r, ok := tensorStart(regions, off, end); ok && !streaming && (off == r.begin || !seq) {
 		// A read at the start of a tensor: loaders read tensors whole, so
 		// fetch all of its chunks now, in parallel, not one after another.
-		f.fetchRange(end, min(f.e.Size, end+min(f.v.opt.Readahead, r.end-end)))
+		// Through the page cache the last page of a tensor that ends inside
+		// a page is read whole, so the byte after the tensor is needed too.
+		to := end + min(f.v.opt.Readahead, r.end-end)
+		if to == r.end && r.end%pageSize != 0 {
+			to++
+		}
+		f.fetchRange(end, min(f.e.Size, to))
 		return
 	}
 	if !seq {
@@ -521,6 +532,19 @@ func (f *File) fetchRange(from, to int64) {
 	for ; k < len(f.starts) && f.starts[k] < to; k++ {
 		f.v.fetchAhead(f.e.Extents[k].Chunk)
 	}
+}
+
+// pageSize is the granularity of the kernel's reads through the page cache.
+var pageSize = int64(os.Getpagesize())
+
+// tensorStart returns the tensor that a read of [off, end) starts: one
+// beginning at off, or inside the page-aligned read's first page.
+func tensorStart(rs []region, off, end int64) (region, bool) {
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].begin >= off })
+	if i < len(rs) && rs[i].begin > 0 && rs[i].begin < min(end, off+pageSize) {
+		return rs[i], true
+	}
+	return region{}, false
 }
 
 // regionAt returns the region holding offset o.
