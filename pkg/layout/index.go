@@ -65,7 +65,22 @@ type Index struct {
 type Chunk struct {
 	Digest digest.Digest `json:"digest"`
 	Size   int64         `json:"size"`
+	// Head and Tail are the SHA-256 of the first and the last EdgeBytes of
+	// the chunk, given for chunks of at least EdgeMinChunk bytes: a reader
+	// that needs only an edge (a page shared with the neighbouring tensor)
+	// can fetch and verify just that range.
+	Head digest.Digest `json:"head,omitempty"`
+	Tail digest.Digest `json:"tail,omitempty"`
 }
+
+// EdgeBytes is the length of a chunk's head and tail edges.
+const EdgeBytes = 256 << 10
+
+// EdgeMinChunk is the size from which chunks carry edge digests.
+const EdgeMinChunk = 4 * EdgeBytes
+
+// HasEdges reports whether the chunk carries edge digests.
+func (c Chunk) HasEdges() bool { return c.Head != "" }
 
 // File is one entry of the index: a regular file, a directory or a symlink.
 type File struct {
@@ -176,6 +191,16 @@ func (x *Index) Validate() error {
 		}
 		if _, dup := seen[c.Digest]; dup {
 			return invalid("chunk %s listed twice", c.Digest)
+		}
+		if c.Head != "" || c.Tail != "" {
+			if c.Size < EdgeMinChunk {
+				return invalid("chunk %s: edge digests on a chunk of %d bytes", c.Digest, c.Size)
+			}
+			for _, d := range []digest.Digest{c.Head, c.Tail} {
+				if d.Validate() != nil || d.Algorithm() != digest.SHA256 {
+					return invalid("chunk %s: bad edge digest %q", c.Digest, d)
+				}
+			}
 		}
 		seen[c.Digest] = struct{}{}
 	}

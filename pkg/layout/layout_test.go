@@ -448,3 +448,102 @@ func TestSealTebibyteVolume(t *testing.T) {
 		t.Fatalf("opened %d chunks, %d bytes", len(v.Chunks), v.Index.Bytes())
 	}
 }
+
+// checkEdges asserts that every chunk of the version at root carries edge
+// digests exactly when it is large enough, and that they are right.
+func checkEdges(t *testing.T, store content.Fetcher, root ocispec.Descriptor) (withEdges int) {
+	t.Helper()
+	ctx := context.Background()
+	v, err := Open(ctx, store, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, c := range v.Index.Chunks {
+		if (c.Size >= EdgeMinChunk) != c.HasEdges() || (c.Head == "") != (c.Tail == "") {
+			t.Fatalf("chunk %d of %d bytes: head %q tail %q", k, c.Size, c.Head, c.Tail)
+		}
+		if !c.HasEdges() {
+			continue
+		}
+		withEdges++
+		b, err := content.FetchAll(ctx, store, v.Chunks[k])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if digest.FromBytes(b[:EdgeBytes]) != c.Head || digest.FromBytes(b[len(b)-EdgeBytes:]) != c.Tail {
+			t.Fatalf("chunk %d: wrong edge digests", k)
+		}
+	}
+	return withEdges
+}
+
+func TestChunkEdges(t *testing.T) {
+	ctx := context.Background()
+	p := Params{Min: 1 << 20, Avg: 2 << 20, Max: 4 << 20}
+	src := t.TempDir()
+	// A safetensors file (cuts at tensors, fixed pieces in big ones), a
+	// file cut by FastCDC, and small files packed past EdgeMinChunk.
+	hdr := []byte(`{"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,5000000]},"b":{"dtype":"BF16","shape":[1],"data_offsets":[5000000,9000123]}}`)
+	st := binary.LittleEndian.AppendUint64(nil, uint64(len(hdr)))
+	st = append(append(st, hdr...), randBytes(11, 9000123)...)
+	files := map[string][]byte{"m.safetensors": st, "cdc.bin": randBytes(12, 9<<20)}
+	for i := range 40 {
+		files[fmt.Sprintf("small/%02d", i)] = randBytes(uint64(200+i), 100<<10)
+	}
+	writeTree(t, src, files)
+	store := memory.New()
+	res, err := Push(ctx, store, DirSource(src), PushOptions{Params: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := checkEdges(t, store, res.Root); n < 6 {
+		t.Fatalf("only %d chunks carry edges", n)
+	}
+	// A remote source (chunks held in memory) and a push from the stat
+	// cache seal the same index.
+	remote := memory.New()
+	again, err := Push(ctx, remote, remoteDir{DirSource(src)}, PushOptions{Params: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := OpenStatCache(t.TempDir(), src, p)
+	first, err := Push(ctx, memory.New(), DirSource(src), PushOptions{Params: p, Cache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached, err := Push(ctx, memory.New(), DirSource(src), PushOptions{Params: p, Cache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, d := range map[string]digest.Digest{"remote": again.Root.Digest, "stat cache": cached.Root.Digest, "first": first.Root.Digest} {
+		if d != res.Root.Digest {
+			t.Errorf("%s push sealed %s, want %s", name, d, res.Root.Digest)
+		}
+	}
+}
+
+func TestValidateEdges(t *testing.T) {
+	big := func() *Index {
+		x := validIndex()
+		x.Chunks[0].Size = EdgeMinChunk
+		x.Files[1].Size = EdgeMinChunk
+		x.Files[1].Extents[0].Length = EdgeMinChunk
+		x.Chunks[0].Head, x.Chunks[0].Tail = digest.FromString("h"), digest.FromString("t")
+		return x
+	}
+	if err := big().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mutate := range map[string]func(x *Index){
+		"small chunk": func(x *Index) { x.Chunks[0].Size = EdgeMinChunk - 1; x.Files[1].Size--; x.Files[1].Extents[0].Length-- },
+		"head only":   func(x *Index) { x.Chunks[0].Tail = "" },
+		"bad digest":  func(x *Index) { x.Chunks[0].Tail = "sha256:1234" },
+		"other algo":  func(x *Index) { x.Chunks[0].Head = digest.Digest("sha512:" + strings.Repeat("ab", 64)) },
+	} {
+		x := big()
+		mutate(x)
+		if err := x.Validate(); !errors.Is(err, ErrInvalidIndex) {
+			t.Errorf("%s: got %v, want ErrInvalidIndex", name, err)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math/bits"
 	"runtime"
@@ -302,6 +303,7 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	}
 	fileHash := sha256.New()
 	chunkHash := sha256.New()
+	headHash := sha256.New()
 	cut := newCutter(b.opt.Params)
 	var (
 		pos, start int64
@@ -315,6 +317,18 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		}
 		ch := Chunk{Digest: digest.NewDigest(digest.SHA256, chunkHash), Size: n}
 		chunkHash.Reset()
+		if n >= EdgeMinChunk {
+			ch.Head = digest.NewDigest(digest.SHA256, headHash)
+			tail := held
+			if tail == nil {
+				tail = make([]byte, EdgeBytes)
+				if _, err := ra.ReadAt(tail, start+n-EdgeBytes); err != nil {
+					return fmt.Errorf("read %s: %w", path, err)
+				}
+			}
+			ch.Tail = digest.FromBytes(tail[len(tail)-EdgeBytes:])
+		}
+		headHash.Reset()
 		cut.reset()
 		res.extents = append(res.extents, extentRef{chunk: ch, length: n})
 		job := chunkJob{Chunk: ch, src: []section{{path, start, n}}}
@@ -351,6 +365,9 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 					k, end = cut.next(data[:lim])
 				}
 				chunkHash.Write(data[:k])
+				if in := pos - start; in < EdgeBytes {
+					headHash.Write(data[:min(int64(k), EdgeBytes-in)])
+				}
 				if b.buffer != nil {
 					held = append(held, data[:k]...)
 				}
@@ -387,6 +404,36 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	return nil
 }
 
+// edgeHasher hashes the head and tail edges of a chunk of known size as
+// its bytes go by.
+type edgeHasher struct {
+	size, pos  int64
+	head, tail hash.Hash
+}
+
+func newEdgeHasher(size int64) *edgeHasher {
+	return &edgeHasher{size: size, head: sha256.New(), tail: sha256.New()}
+}
+
+func (e *edgeHasher) Write(p []byte) {
+	end := e.pos + int64(len(p))
+	if e.pos < EdgeBytes {
+		e.head.Write(p[:min(int64(len(p)), EdgeBytes-e.pos)])
+	}
+	if from := e.size - EdgeBytes; end > from {
+		e.tail.Write(p[max(0, from-e.pos):])
+	}
+	e.pos = end
+}
+
+// set records the edges in ch when it is large enough to carry them.
+func (e *edgeHasher) set(ch *Chunk) {
+	if ch.Size >= EdgeMinChunk {
+		ch.Head = digest.NewDigest(digest.SHA256, e.head)
+		ch.Tail = digest.NewDigest(digest.SHA256, e.tail)
+	}
+}
+
 // packSmall packs the files smaller than the minimum chunk size, in path
 // order, into chunks whose ends are chosen by the files' own digests, so an
 // added or changed file changes only the pack around it.
@@ -418,6 +465,7 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		ch, ok := b.opt.Cache.pack(keyStr)
 		if !ok || ch.Size != size {
 			h := sha256.New()
+			edges := newEdgeHasher(size)
 			for _, m := range members {
 				data := m.data
 				if data == nil {
@@ -430,8 +478,10 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 					}
 				}
 				h.Write(data)
+				edges.Write(data)
 			}
 			ch = Chunk{Digest: digest.NewDigest(digest.SHA256, h), Size: size}
+			edges.set(&ch)
 			b.opt.Cache.storePack(keyStr, ch)
 		}
 		job := chunkJob{Chunk: ch, src: make([]section, len(members))}

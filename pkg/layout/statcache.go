@@ -47,7 +47,8 @@ func OpenStatCache(dir, key string, p Params) *StatCache {
 			key = abs
 		}
 	}
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d/%d/%d", key, p.Min, p.Avg, p.Max)))
+	// The version changes when what the cache holds does (v2: chunk edges).
+	h := sha256.Sum256([]byte(fmt.Sprintf("v2\x00%s\x00%d/%d/%d", key, p.Min, p.Avg, p.Max)))
 	c := &StatCache{
 		path:  filepath.Join(dir, "stat", hex.EncodeToString(h[:16])+".json"),
 		since: time.Now().Add(-2 * time.Second).UnixNano(),
