@@ -79,7 +79,8 @@ type Cache struct {
 	flight   map[digest.Digest]*call
 	resident map[digest.Digest][]byte // verified blobs being written in the background
 
-	storing  sync.WaitGroup
+	storing  int           // background writes under way, under mu
+	stored   *sync.Cond    // signalled, on mu, as they end
 	storeSem chan struct{} // bounds the background writes, and the memory they hold
 
 	hits, fetches, fetchedBytes, corrupt, storeErrors, evictions atomic.Int64
@@ -114,6 +115,7 @@ func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 		resident: map[digest.Digest][]byte{},
 		storeSem: make(chan struct{}, backgroundStores),
 	}
+	c.stored = sync.NewCond(&c.mu)
 	for _, d := range []string{c.blobDir(), c.tmpDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("chunk cache: %w", err)
@@ -251,6 +253,19 @@ func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) 
 	}
 }
 
+// Has reports whether d is stored, being written or being fetched.
+func (c *Cache) Has(d digest.Digest) bool {
+	c.mu.Lock()
+	_, res := c.resident[d]
+	_, fl := c.flight[d]
+	c.mu.Unlock()
+	if res || fl {
+		return true
+	}
+	_, err := os.Stat(c.path(d))
+	return err == nil
+}
+
 // open returns the disk entry of desc, or nil when there is none usable.
 func (c *Cache) open(desc ocispec.Descriptor) Chunk {
 	p := c.path(desc.Digest)
@@ -369,15 +384,16 @@ func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor)
 		// Serve from memory while the entry is written.
 		c.mu.Lock()
 		c.resident[desc.Digest] = buf
+		c.storing++
 		c.mu.Unlock()
-		c.storing.Add(1)
 		go func() {
-			defer c.storing.Done()
 			if err := c.store(desc, buf); err != nil {
 				c.storeErrors.Add(1)
 			}
 			c.mu.Lock()
 			delete(c.resident, desc.Digest)
+			c.storing--
+			c.stored.Broadcast()
 			c.mu.Unlock()
 			<-c.storeSem
 		}()
@@ -396,7 +412,13 @@ func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor)
 }
 
 // Flush waits for the background writes of fetched blobs.
-func (c *Cache) Flush() { c.storing.Wait() }
+func (c *Cache) Flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.storing > 0 {
+		c.stored.Wait()
+	}
+}
 
 // readPiece is the most readHashed reads at once, so hashing starts early.
 const readPiece = 256 << 10

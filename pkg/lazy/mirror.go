@@ -203,6 +203,16 @@ func (f *MirrorFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.
 	return f.src.Fetch(ctx, desc)
 }
 
+// FetchRange fetches part of a blob from the source (mirrors are asked for
+// whole blobs only).
+func (f *MirrorFetcher) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	rf, ok := f.src.(RangeFetcher)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return rf.FetchRange(ctx, desc, off, n)
+}
+
 func (m *mirror) skipped() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()

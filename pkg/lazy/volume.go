@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -66,6 +67,10 @@ type Volume struct {
 	files   map[int]*File
 	handles map[int]*handle // open chunks by chunk index
 	pending map[int]bool    // chunks being loaded in the background
+	edges   map[edgeKey]*edgeCall
+
+	edgeFailures atomic.Int32 // consecutive failed edge fetches; edges stop at maxEdgeFailures
+	edgeFetches  atomic.Int64
 }
 
 type handle struct {
@@ -105,6 +110,7 @@ func New(ver *layout.Version, src Fetcher, opt Options) (*Volume, error) {
 		files:   map[int]*File{},
 		handles: map[int]*handle{},
 		pending: map[int]bool{},
+		edges:   map[edgeKey]*edgeCall{},
 	}
 	v.bg, v.cancel = context.WithCancel(context.Background())
 	for i := range ver.Index.Files {
@@ -432,18 +438,28 @@ func (f *File) read(ctx context.Context, p []byte, off int64, ahead bool) (int, 
 	}
 	n := int(min(int64(len(p)), f.e.Size-off))
 	first := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > off }) - 1
-	// Chunks past the first are loaded in parallel with it.
-	for k := first + 1; k < len(f.starts) && f.starts[k] < off+int64(n); k++ {
-		f.v.fetchAhead(f.e.Extents[k].Chunk)
-	}
 	if ahead {
 		f.readahead(ctx, off, int64(n))
+	}
+	// Chunks past the first are loaded in parallel with it: whole, or just
+	// the edge the read needs when readahead is not loading them whole.
+	for k := first + 1; k < len(f.starts) && f.starts[k] < off+int64(n); k++ {
+		x := f.e.Extents[k]
+		if !f.v.edgeAhead(x.Chunk, x.Offset, x.Offset+min(x.Length, off+int64(n)-f.starts[k])) {
+			f.v.fetchAhead(x.Chunk)
+		}
 	}
 	done := 0
 	for k := first; done < n; k++ {
 		x := f.e.Extents[k]
 		within := off + int64(done) - f.starts[k]
 		m := int(min(x.Length-within, int64(n-done)))
+		lo := x.Offset + within
+		if b, base, ok := f.v.edge(ctx, x.Chunk, lo, lo+int64(m)); ok {
+			copy(p[done:done+m], b[lo-base:])
+			done += m
+			continue
+		}
 		h, err := f.v.chunk(ctx, x.Chunk)
 		if err != nil {
 			return done, fmt.Errorf("%s at %d: %w", f.e.Path, off+int64(done), err)
@@ -498,10 +514,10 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		// Through the page cache the last page of a tensor that ends inside
 		// a page is read whole, so the byte after the tensor is needed too.
 		to := end + min(f.v.opt.Readahead, r.end-end)
-		if to == r.end && r.end%pageSize != 0 {
-			to++
-		}
 		f.fetchRange(end, min(f.e.Size, to))
+		if to == r.end && r.end%pageSize != 0 {
+			f.fetchPageAfter(r.end)
+		}
 		return
 	}
 	if !seq {
@@ -510,17 +526,21 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	window := min(f.v.opt.Readahead, run)
 	// A reader streaming through tensors reads ahead across their
 	// boundaries; otherwise readahead stays near the current tensor.
+	after := int64(-1)
 	if r, ok := regionAt(regions, end-1); ok && !streaming {
 		into := min(run, end-r.begin)
 		window = min(f.v.opt.Readahead, max(0, into-leadIn))
 		if end+window >= r.end {
 			window = r.end - end
 			if into > leadIn {
-				window++ // and the first byte after the region
+				after = r.end // and the page after the region
 			}
 		}
 	}
 	f.fetchRange(end, min(f.e.Size, end+window))
+	if after >= 0 {
+		f.fetchPageAfter(after)
+	}
 }
 
 // fetchRange starts background fetches of the chunks holding [from, to).
@@ -540,11 +560,30 @@ var pageSize = int64(os.Getpagesize())
 // tensorStart returns the tensor that a read of [off, end) starts: one
 // beginning at off, or inside the page-aligned read's first page.
 func tensorStart(rs []region, off, end int64) (region, bool) {
+	if len(rs) > 0 && off < rs[0].end {
+		return region{}, false // a read of the header
+	}
 	i := sort.Search(len(rs), func(i int) bool { return rs[i].begin >= off })
 	if i < len(rs) && rs[i].begin > 0 && rs[i].begin < min(end, off+pageSize) {
 		return rs[i], true
 	}
 	return region{}, false
+}
+
+// fetchPageAfter starts fetching what holds the page-cache page at off: the
+// head edge of its chunk when off is there and the chunk has edges, else
+// the whole chunk.
+func (f *File) fetchPageAfter(off int64) {
+	if off >= f.e.Size {
+		return
+	}
+	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > off }) - 1
+	x := f.e.Extents[k]
+	lo := x.Offset + off - f.starts[k]
+	if f.v.edgeAhead(x.Chunk, lo, min(lo+pageSize, x.Offset+x.Length)) {
+		return
+	}
+	f.fetchRange(off, off+1)
 }
 
 // regionAt returns the region holding offset o.

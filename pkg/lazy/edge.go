@@ -1,0 +1,176 @@
+package lazy
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+// RangeFetcher is a Fetcher that can also fetch part of a blob, as the
+// registry and OCI-layout targets of package oci can.
+type RangeFetcher interface {
+	Fetcher
+	// FetchRange returns the n bytes at off of the blob desc, unverified.
+	FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error)
+}
+
+// Edges: the first and last layout.EdgeBytes of a large chunk have their
+// own digests in the index. The kernel reads whole pages, so a read of a
+// tensor also reads the page it shares with each neighbouring tensor; those
+// few bytes come from the neighbours' edges, fetched by range and verified,
+// instead of from their whole (up to 16 MiB) chunks.
+
+// maxEdges bounds the edges a Volume keeps in memory.
+const maxEdges = 64
+
+// maxEdgeFailures is how many edge fetches in a row may fail before a
+// Volume stops trying them (a registry that ignores Range, say).
+const maxEdgeFailures = 3
+
+type edgeKey struct {
+	chunk int
+	tail  bool
+}
+
+type edgeCall struct {
+	done chan struct{}
+	data []byte
+	err  error
+}
+
+// edge returns the verified edge of chunk k that holds the chunk bytes
+// [lo, hi), and the chunk offset of its first byte, when the range lies in
+// an edge and the chunk is neither loaded nor being loaded. Otherwise, or
+// when the edge cannot be fetched, ok is false and the caller loads the
+// whole chunk.
+func (v *Volume) edge(ctx context.Context, k int, lo, hi int64) (data []byte, base int64, ok bool) {
+	c := v.ver.Index.Chunks[k]
+	tail, ok := v.edgeFor(k, c, lo, hi)
+	if !ok {
+		return nil, 0, false
+	}
+	key := edgeKey{k, tail}
+	v.mu.Lock()
+	call, found := v.edges[key]
+	if !found {
+		if len(v.edges) >= maxEdges {
+			for k, c := range v.edges {
+				select {
+				case <-c.done:
+					delete(v.edges, k)
+				default:
+					continue
+				}
+				break
+			}
+		}
+		call = &edgeCall{done: make(chan struct{})}
+		v.edges[key] = call
+		v.mu.Unlock()
+		call.data, call.err = v.fetchEdge(ctx, k, c, tail)
+		if call.err != nil {
+			v.mu.Lock()
+			delete(v.edges, key)
+			v.mu.Unlock()
+		}
+		close(call.done)
+	} else {
+		v.mu.Unlock()
+		select {
+		case <-call.done:
+		case <-ctx.Done():
+			return nil, 0, false
+		}
+	}
+	if call.err != nil {
+		return nil, 0, false
+	}
+	if tail {
+		base = c.Size - layout.EdgeBytes
+	}
+	return call.data, base, true
+}
+
+// edgeFor reports which edge of chunk k holds [lo, hi), when an edge fetch
+// is the way to read it.
+func (v *Volume) edgeFor(k int, c layout.Chunk, lo, hi int64) (tail, ok bool) {
+	if !c.HasEdges() || v.edgeFailures.Load() >= maxEdgeFailures {
+		return false, false
+	}
+	if _, ok := v.src.(RangeFetcher); !ok {
+		return false, false
+	}
+	switch {
+	case hi <= layout.EdgeBytes:
+	case lo >= c.Size-layout.EdgeBytes:
+		tail = true
+	default:
+		return false, false
+	}
+	v.mu.Lock()
+	_, open := v.handles[k]
+	pending := v.pending[k]
+	v.mu.Unlock()
+	if open || pending || v.opt.Cache.Has(c.Digest) {
+		return false, false
+	}
+	return tail, true
+}
+
+// edgeAhead fetches in the background the edge of chunk k holding [lo, hi),
+// if edge() would read that range from an edge. It reports whether it did.
+func (v *Volume) edgeAhead(k int, lo, hi int64) bool {
+	if _, ok := v.edgeFor(k, v.ver.Index.Chunks[k], lo, hi); !ok {
+		return false
+	}
+	v.wg.Add(1)
+	go func() {
+		defer v.wg.Done()
+		v.edge(v.bg, k, lo, hi)
+	}()
+	return true
+}
+
+// fetchEdge fetches an edge of chunk k by range and verifies it.
+func (v *Volume) fetchEdge(ctx context.Context, k int, c layout.Chunk, tail bool) ([]byte, error) {
+	if v.opt.FetchTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, v.opt.FetchTimeout)
+		defer cancel()
+	}
+	off, want := int64(0), c.Head
+	if tail {
+		off, want = c.Size-layout.EdgeBytes, c.Tail
+	}
+	data, err := func() ([]byte, error) {
+		rc, err := v.src.(RangeFetcher).FetchRange(ctx, v.ver.Chunks[k], off, layout.EdgeBytes)
+		if err != nil {
+			return nil, err
+		}
+		defer rc.Close()
+		buf := make([]byte, layout.EdgeBytes)
+		if _, err := io.ReadFull(rc, buf); err != nil {
+			return nil, err
+		}
+		h := sha256.Sum256(buf)
+		if got := digest.NewDigestFromBytes(digest.SHA256, h[:]); got != want {
+			return nil, fmt.Errorf("edge of chunk %s at %d: got %s, want %s", c.Digest, off, got, want)
+		}
+		return buf, nil
+	}()
+	if err != nil {
+		if ctx.Err() == nil {
+			v.edgeFailures.Add(1)
+		}
+		return nil, err
+	}
+	v.edgeFailures.Store(0)
+	v.edgeFetches.Add(1)
+	return data, nil
+}

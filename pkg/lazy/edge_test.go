@@ -1,0 +1,155 @@
+package lazy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content/memory"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+// rangeFake is a fakeFetcher that also serves byte ranges, counting them;
+// it can corrupt them or refuse them.
+type rangeFake struct {
+	*fakeFetcher
+	mu         sync.Mutex
+	ranges     int
+	rangeBytes int64
+	spoil      bool // flip a byte of every range
+	refuse     bool // answer every range with an error
+}
+
+func (f *rangeFake) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	f.mu.Lock()
+	f.ranges++
+	f.rangeBytes += n
+	spoil, refuse := f.spoil, f.refuse
+	f.mu.Unlock()
+	if refuse {
+		return nil, errors.New("range not satisfiable")
+	}
+	rc, err := f.src.Fetch(ctx, desc)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return nil, err
+	}
+	b = bytes.Clone(b[off : off+n])
+	if spoil {
+		b[len(b)/2] ^= 0xff
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+func (f *rangeFake) rangeStats() (int, int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ranges, f.rangeBytes
+}
+
+// TestTensorReadUsesNeighbourEdges reads one tensor as the kernel does
+// (whole pages), so the first and last page are shared with the tensors
+// around it: those bytes must come from verified edges of the neighbouring
+// chunks, not from the whole chunks; and a spoiled or refused edge falls
+// back to the whole chunk, never to wrong bytes.
+func TestTensorReadUsesNeighbourEdges(t *testing.T) {
+	const mib = 1 << 20
+	p := layout.Params{Min: mib, Avg: 2 * mib, Max: 4 * mib}
+	file := safetensors(t, 9, 5*mib+1234, 6*mib+777, 5*mib+99)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "m.safetensors"), file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name          string
+		spoil, refuse bool
+	}{{"edges", false, false}, {"spoiled edges", true, false}, {"refused ranges", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := newFixtureStore(t, dir, p)
+			fx := &rangeFake{fakeFetcher: &fakeFetcher{src: store.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}},
+				spoil: tc.spoil, refuse: tc.refuse}
+			v, err := Open(ctx, fx, store.root, Options{Cache: mustCache(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			f, err := v.Open("m.safetensors")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs := f.regions(ctx) // the header, then the three tensors
+			if len(rs) != 4 {
+				t.Fatalf("regions %v", rs)
+			}
+			fx.reset()
+			mid := rs[2]
+			from := mid.begin / pageSize * pageSize
+			to := min((mid.end+pageSize-1)/pageSize*pageSize, f.Size())
+			got := make([]byte, to-from)
+			for off := from; off < to; off += 128 << 10 {
+				end := min(off+128<<10, to)
+				if _, err := f.ReadAt(got[off-from:end-from], off); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !bytes.Equal(got, file[from:to]) {
+				t.Fatal("the pages of the tensor differ from the file")
+			}
+			v.Close() // waits for background fetches
+			whole, wholeBytes := fx.total()
+			ranges, rangeBytes := fx.rangeStats()
+			t.Logf("%d whole chunks (%d bytes), %d ranges (%d bytes) for a tensor of %d bytes", whole, wholeBytes, ranges, rangeBytes, mid.end-mid.begin)
+			if tc.spoil || tc.refuse {
+				// Both neighbours came whole, after the edge failed.
+				if whole != 4 {
+					t.Fatalf("%d whole chunks fetched, want the tensor's 2 and both neighbours", whole)
+				}
+				return
+			}
+			if whole != 2 || wholeBytes != mid.end-mid.begin {
+				t.Fatalf("%d whole chunks (%d bytes) fetched, want just the tensor's 2 (%d bytes)", whole, wholeBytes, mid.end-mid.begin)
+			}
+			if ranges != 2 || rangeBytes != 2*layout.EdgeBytes {
+				t.Fatalf("%d ranges (%d bytes), want the two edges", ranges, rangeBytes)
+			}
+		})
+	}
+}
+
+type pushed struct {
+	store *memory.Store
+	root  ocispec.Descriptor
+}
+
+// newFixtureStore pushes dir into a memory store.
+func newFixtureStore(t *testing.T, dir string, p layout.Params) pushed {
+	t.Helper()
+	store := memory.New()
+	res, err := layout.Push(context.Background(), store, layout.DirSource(dir), layout.PushOptions{Params: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pushed{store, res.Root}
+}
+
+func mustCache(t *testing.T) *Cache {
+	t.Helper()
+	c, err := testCache(t, t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
