@@ -39,10 +39,6 @@ type Chunk interface {
 	io.Closer
 }
 
-// backgroundStores bounds the verified blobs written to disk in the
-// background, after they were served from memory.
-const backgroundStores = 4
-
 // DefaultCacheSize bounds a cache opened with a size <= 0.
 const DefaultCacheSize = 10 << 30
 
@@ -112,10 +108,7 @@ func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 		entries:  map[digest.Digest]*list.Element{},
 		verified: map[digest.Digest]bool{},
 		flight:   map[digest.Digest]*call{},
-		resident: map[digest.Digest][]byte{},
-		storeSem: make(chan struct{}, backgroundStores),
 	}
-	c.stored = sync.NewCond(&c.mu)
 	for _, d := range []string{c.blobDir(), c.tmpDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("chunk cache: %w", err)
@@ -205,13 +198,6 @@ func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) 
 		return nil, fmt.Errorf("chunk %s: cannot cache a blob of %d bytes", desc.Digest, desc.Size)
 	}
 	for {
-		c.mu.Lock()
-		b, ok := c.resident[desc.Digest]
-		c.mu.Unlock()
-		if ok {
-			c.hits.Add(1)
-			return memChunk{bytes.NewReader(b)}, nil
-		}
 		if ch := c.open(desc); ch != nil {
 			c.hits.Add(1)
 			return ch, nil
@@ -253,13 +239,12 @@ func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) 
 	}
 }
 
-// Has reports whether d is stored, being written or being fetched.
+// Has reports whether d is stored or being fetched.
 func (c *Cache) Has(d digest.Digest) bool {
 	c.mu.Lock()
-	_, res := c.resident[d]
 	_, fl := c.flight[d]
 	c.mu.Unlock()
-	if res || fl {
+	if fl {
 		return true
 	}
 	_, err := os.Stat(c.path(d))
@@ -349,110 +334,189 @@ func (c *Cache) evictLocked(keep *list.Element) {
 	}
 }
 
-// fetch fetches desc from src into memory and verifies it. The verified
-// bytes are returned at once and written to disk in the background (or
-// right away when enough writes are pending); mem is the bytes too, for
-// the callers waiting on the same load.
+// fetch fetches desc from src and verifies it, streaming it into a new
+// cache entry as it arrives; the entry gets its name only once verified.
+// When the entry cannot be written (disk full), the blob is fetched again
+// into memory and returned from there, with mem set to its bytes for the
+// callers waiting on the same load.
 func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor) (ch Chunk, mem []byte, err error) {
+	f, err := os.CreateTemp(c.tmpDir(), desc.Digest.Encoded()+"-*")
+	if err == nil {
+		if err = reserve(f, desc.Size); err == nil {
+			ch, err := c.fetchToFile(ctx, src, desc, f)
+			var se *storeError
+			if !errors.As(err, &se) {
+				return ch, nil, err
+			}
+		} else {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}
+	c.storeErrors.Add(1)
+	b, err := c.fetchToMemory(ctx, src, desc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return memChunk{bytes.NewReader(b)}, b, nil
+}
+
+// storeError is a failure to write a cache entry.
+type storeError struct{ err error }
+
+func (e *storeError) Error() string { return "cache write: " + e.err.Error() }
+
+// fetchToFile streams desc into the temporary file f, verifies it and
+// renames it into place. f is closed or returned as the chunk.
+func (c *Cache) fetchToFile(ctx context.Context, src Fetcher, desc ocispec.Descriptor, f *os.File) (Chunk, error) {
+	keep := false
+	defer func() {
+		if !keep {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("chunk %s: %w", desc.Digest, err)
+		return nil, fmt.Errorf("chunk %s: %w", desc.Digest, err)
+	}
+	defer rc.Close()
+	n, got, err := copyHashed(f, rc, desc.Size)
+	if err != nil {
+		return nil, c.readError(desc, n, err)
+	}
+	if err := c.checkFetched(desc, rc, got); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(f.Name(), c.path(desc.Digest)); err != nil {
+		return nil, &storeError{err}
+	}
+	sealEntry(c.path(desc.Digest))
+	c.added(desc)
+	keep = true
+	return f, nil
+}
+
+// fetchToMemory fetches desc into memory and verifies it.
+func (c *Cache) fetchToMemory(ctx context.Context, src Fetcher, desc ocispec.Descriptor) ([]byte, error) {
+	rc, err := src.Fetch(ctx, desc)
+	if err != nil {
+		return nil, fmt.Errorf("chunk %s: %w", desc.Digest, err)
 	}
 	defer rc.Close()
 	buf := make([]byte, desc.Size)
-	n, got, err := readHashed(rc, buf)
+	h := sha256.New()
+	n, err := io.ReadFull(io.TeeReader(rc, h), buf)
 	if err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			c.corrupt.Add(1)
-			return nil, nil, &ChunkInvalidError{Want: desc.Digest, Size: int64(n)}
-		}
-		return nil, nil, fmt.Errorf("chunk %s: read after %d of %d bytes: %w", desc.Digest, n, desc.Size, err)
+		return nil, c.readError(desc, int64(n), err)
 	}
+	if err := c.checkFetched(desc, rc, digest.NewDigest(digest.SHA256, h)); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// readError describes a fetch that stopped after n bytes.
+func (c *Cache) readError(desc ocispec.Descriptor, n int64, err error) error {
+	var se *storeError
+	if errors.As(err, &se) {
+		return err
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		c.corrupt.Add(1)
+		return &ChunkInvalidError{Want: desc.Digest, Size: n}
+	}
+	return fmt.Errorf("chunk %s: read after %d of %d bytes: %w", desc.Digest, n, desc.Size, err)
+}
+
+// checkFetched checks that rc has nothing past desc.Size and that got is
+// desc's digest.
+func (c *Cache) checkFetched(desc ocispec.Descriptor, rc io.Reader, got digest.Digest) error {
 	var one [1]byte
 	if m, _ := rc.Read(one[:]); m > 0 {
 		c.corrupt.Add(1)
-		return nil, nil, &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1}
+		return &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1}
 	}
 	if got != desc.Digest {
 		c.corrupt.Add(1)
-		return nil, nil, &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size}
+		return &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size}
 	}
 	c.fetches.Add(1)
 	c.fetchedBytes.Add(desc.Size)
-	select {
-	case c.storeSem <- struct{}{}:
-		// Serve from memory while the entry is written.
-		c.mu.Lock()
-		c.resident[desc.Digest] = buf
-		c.storing++
-		c.mu.Unlock()
-		go func() {
-			if err := c.store(desc, buf); err != nil {
-				c.storeErrors.Add(1)
-			}
-			c.mu.Lock()
-			delete(c.resident, desc.Digest)
-			c.storing--
-			c.stored.Broadcast()
-			c.mu.Unlock()
-			<-c.storeSem
-		}()
-		return memChunk{bytes.NewReader(buf)}, buf, nil
-	default:
-	}
-	if err := c.store(desc, buf); err != nil {
-		c.storeErrors.Add(1)
-		return memChunk{bytes.NewReader(buf)}, buf, nil
-	}
-	// Serve from the page cache rather than keep the buffer alive.
-	if f, err := os.Open(c.path(desc.Digest)); err == nil {
-		return f, nil, nil
-	}
-	return memChunk{bytes.NewReader(buf)}, buf, nil
+	return nil
 }
 
-// Flush waits for the background writes of fetched blobs.
-func (c *Cache) Flush() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for c.storing > 0 {
-		c.stored.Wait()
+// Flush waits for cache writes in progress. Entries are written as they
+// are fetched, so there are none once a load has returned.
+func (c *Cache) Flush() {}
+
+// piece is the unit copyHashed moves through its pipeline.
+const piece = 256 << 10
+
+var pieces = sync.Pool{New: func() any { return new([piece]byte) }}
+
+// copyHashed copies size bytes from r to w and returns the SHA-256 of what
+// it read. Reading, hashing and writing run as a pipeline, so a blob is
+// verified and stored about as soon as its last byte arrives. A write
+// failure is returned as a *storeError.
+func copyHashed(w io.Writer, r io.Reader, size int64) (int64, digest.Digest, error) {
+	type part struct {
+		buf *[piece]byte
+		n   int
 	}
-}
-
-// readPiece is the most readHashed reads at once, so hashing starts early.
-const readPiece = 256 << 10
-
-// readHashed fills buf from r and returns the SHA-256 of what it read. The
-// reading goroutine and the hashing one overlap, so a blob is verified
-// about as soon as its last byte arrives.
-func readHashed(r io.Reader, buf []byte) (int, digest.Digest, error) {
-	progress := make(chan int, 64)
+	const depth = 8
+	read, hashed := make(chan part, depth), make(chan part, depth)
 	var (
-		n    int
+		n    int64
 		rerr error
+		werr error
+		wg   sync.WaitGroup
 	)
-	go func() {
-		defer close(progress)
-		for n < len(buf) {
-			k, err := r.Read(buf[n:min(len(buf), n+readPiece)])
-			n += k
+	stop := make(chan struct{})
+	wg.Go(func() { // reader
+		defer close(read)
+		for n < size {
+			b := pieces.Get().(*[piece]byte)
+			k, err := io.ReadFull(r, b[:min(int64(piece), size-n)])
+			n += int64(k)
 			if k > 0 {
-				progress <- n
+				select {
+				case read <- part{b, k}:
+				case <-stop:
+					pieces.Put(b)
+					return
+				}
+			} else {
+				pieces.Put(b)
 			}
 			if err != nil {
 				rerr = err
 				return
 			}
 		}
-	}()
+	})
+	wg.Go(func() { // writer
+		for p := range hashed {
+			if werr == nil {
+				if _, err := w.Write(p.buf[:p.n]); err != nil {
+					werr = err
+					close(stop)
+				}
+			}
+			pieces.Put(p.buf)
+		}
+	})
 	h := sha256.New()
-	hashed := 0
-	for p := range progress {
-		h.Write(buf[hashed:p])
-		hashed = p
+	for p := range read {
+		h.Write(p.buf[:p.n])
+		hashed <- p
 	}
-	if n < len(buf) {
+	close(hashed)
+	wg.Wait()
+	switch {
+	case werr != nil:
+		return n, "", &storeError{werr}
+	case n < size:
 		if rerr == nil || rerr == io.EOF {
 			rerr = io.ErrUnexpectedEOF
 		}
@@ -461,39 +525,19 @@ func readHashed(r io.Reader, buf []byte) (int, digest.Digest, error) {
 	return n, digest.NewDigest(digest.SHA256, h), nil
 }
 
-// store writes verified bytes to a temporary file and renames it into place.
-func (c *Cache) store(desc ocispec.Descriptor, b []byte) error {
-	f, err := os.CreateTemp(c.tmpDir(), desc.Digest.Encoded()+"-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, c.path(desc.Digest)); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	sealEntry(c.path(desc.Digest))
+// added accounts for the new entry of desc, evicting as needed.
+func (c *Cache) added(desc ocispec.Descriptor) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.verified[desc.Digest] = true
 	if el, ok := c.entries[desc.Digest]; ok {
 		c.lru.MoveToFront(el)
-		return nil
+		return
 	}
 	el := c.lru.PushFront(&cacheEntry{d: desc.Digest, size: desc.Size})
 	c.entries[desc.Digest] = el
 	c.size += desc.Size
 	c.evictLocked(el)
-	return nil
 }
 
 // memChunk is a Chunk held in memory.

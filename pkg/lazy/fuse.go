@@ -2,9 +2,12 @@ package lazy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
+	"os"
 	"path"
+	"sync"
 	"syscall"
 	"time"
 
@@ -201,9 +204,81 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 
 // Read serves verified bytes or fails with EIO; never wrong bytes.
 func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	m, err := n.f.ReadAtContext(ctx, dest, off)
-	if err != nil && err != io.EOF {
+	r, err := n.f.readResult(ctx, dest, off)
+	if err != nil {
 		return nil, syscall.EIO
 	}
-	return fuse.ReadResultData(dest[:m]), fs.OK
+	return r, fs.OK
 }
+
+// readResult answers a FUSE read of len(dest) bytes at off. A read inside
+// one chunk stored in the cache is answered with the entry's descriptor,
+// which go-fuse splices to the kernel without copying the bytes through
+// this process; other reads are copied into dest.
+func (f *File) readResult(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, error) {
+	n, first, err := f.start(ctx, off, len(dest), true)
+	if err == io.EOF {
+		return fuse.ReadResultData(nil), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	x := f.e.Extents[first]
+	within := off - f.starts[first]
+	lo := x.Offset + within
+	if int64(n) <= x.Length-within {
+		if _, edge := f.v.edgeFor(x.Chunk, f.v.ver.Index.Chunks[x.Chunk], lo, lo+int64(n)); !edge {
+			h, err := f.v.chunk(ctx, x.Chunk)
+			if err != nil {
+				return nil, fmt.Errorf("%s at %d: %w", f.e.Path, off, err)
+			}
+			if file, ok := h.ch.(*os.File); ok {
+				return &chunkRead{fd: file.Fd(), off: lo, size: n, release: func() { f.v.release(h) }}, nil
+			}
+			f.v.release(h)
+		}
+	}
+	m, err := f.copyOut(ctx, dest[:n], off, first)
+	if err != nil {
+		return nil, err
+	}
+	return fuse.ReadResultData(dest[:m]), nil
+}
+
+// chunkRead is a FUSE read answered from a verified cache entry. It holds
+// the entry open until go-fuse has sent the bytes (Done).
+type chunkRead struct {
+	fd      uintptr
+	off     int64
+	size    int
+	once    sync.Once
+	release func()
+}
+
+// Seekable lets go-fuse splice the bytes from the entry's descriptor.
+func (r *chunkRead) Seekable() (uintptr, int64, int) { return r.fd, r.off, r.size }
+
+// Bytes reads the bytes, where splicing is not available.
+func (r *chunkRead) Bytes(buf []byte) ([]byte, fuse.Status) {
+	if cap(buf) < r.size {
+		buf = make([]byte, r.size)
+	}
+	buf = buf[:r.size]
+	for done := 0; done < r.size; {
+		k, err := syscall.Pread(int(r.fd), buf[done:], r.off+int64(done))
+		if err != nil {
+			return nil, fuse.ToStatus(err)
+		}
+		if k == 0 {
+			return nil, fuse.EIO
+		}
+		done += k
+	}
+	return buf, fuse.OK
+}
+
+// Size returns the length of the read.
+func (r *chunkRead) Size() int { return r.size }
+
+// Done releases the entry.
+func (r *chunkRead) Done() { r.once.Do(r.release) }

@@ -430,14 +430,32 @@ func (f *File) ReadAtContext(ctx context.Context, p []byte, off int64) (int, err
 }
 
 func (f *File) read(ctx context.Context, p []byte, off int64, ahead bool) (int, error) {
+	n, first, err := f.start(ctx, off, len(p), ahead)
+	if err != nil {
+		return 0, err
+	}
+	done, err := f.copyOut(ctx, p[:n], off, first)
+	if err != nil {
+		return done, err
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// start begins a read of size bytes at off: it returns how many bytes the
+// file has there and the extent holding off, reads ahead (when ahead is
+// set), and starts loading the chunks past the first that the read needs.
+func (f *File) start(ctx context.Context, off int64, size int, ahead bool) (n, first int, err error) {
 	if off < 0 {
-		return 0, fmt.Errorf("%s: negative offset", f.e.Path)
+		return 0, 0, fmt.Errorf("%s: negative offset", f.e.Path)
 	}
 	if off >= f.e.Size {
-		return 0, io.EOF
+		return 0, 0, io.EOF
 	}
-	n := int(min(int64(len(p)), f.e.Size-off))
-	first := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > off }) - 1
+	n = int(min(int64(size), f.e.Size-off))
+	first = sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > off }) - 1
 	if ahead {
 		f.readahead(ctx, off, int64(n))
 	}
@@ -449,7 +467,13 @@ func (f *File) read(ctx context.Context, p []byte, off int64, ahead bool) (int, 
 			f.v.fetchAhead(x.Chunk)
 		}
 	}
-	done := 0
+	return n, first, nil
+}
+
+// copyOut copies the len(p) bytes at off, which start in extent first,
+// into p.
+func (f *File) copyOut(ctx context.Context, p []byte, off int64, first int) (int, error) {
+	done, n := 0, len(p)
 	for k := first; done < n; k++ {
 		x := f.e.Extents[k]
 		within := off + int64(done) - f.starts[k]
@@ -464,17 +488,14 @@ func (f *File) read(ctx context.Context, p []byte, off int64, ahead bool) (int, 
 		if err != nil {
 			return done, fmt.Errorf("%s at %d: %w", f.e.Path, off+int64(done), err)
 		}
-		_, err = h.ch.ReadAt(p[done:done+m], x.Offset+within)
+		_, err = h.ch.ReadAt(p[done:done+m], lo)
 		f.v.release(h)
 		if err != nil {
 			return done, fmt.Errorf("%s at %d: chunk %s: %w", f.e.Path, off+int64(done), f.v.ver.Chunks[x.Chunk].Digest, err)
 		}
 		done += m
 	}
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
+	return done, nil
 }
 
 // readahead records the read [off, off+n) and, when reads are sequential,
