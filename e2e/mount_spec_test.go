@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -50,20 +51,35 @@ func TestMountSpec(t *testing.T) {
 			t.Errorf("bdnvol mounts: %s: %+v (found %v)", mp, m, ok)
 		}
 	}
-	// One process serves the spec: umount of one of its mounts stops it,
-	// and every mount of the spec goes away.
+	// One process serves the spec. umount of one of its mounts unmounts
+	// that one only; the process serves the other on.
+	pid := 0
+	if m, ok := findMount(t, mpB); ok {
+		pid = m.PID
+	}
 	mustRun(t, "umount", mpA)
+	if _, ok := findMount(t, mpA); ok {
+		t.Fatalf("after umount %s it is still listed", mpA)
+	}
+	if m, ok := findMount(t, mpB); !ok || m.PID != pid {
+		t.Fatalf("after umount %s, %s: %+v (listed %v), want it still served by pid %d", mpA, mpB, m, ok, pid)
+	}
+	compareTrees(t, srcB, mpB)
+	// umount of the spec's root unmounts what is left, and the process ends.
+	mustRun(t, "umount", root)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, a := findMount(t, mpA)
 		_, b := findMount(t, mpB)
-		if !a && !b {
+		if !b && syscall.Kill(pid, 0) != nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after umount %s: still mounted: %s %v, %s %v", mpA, mpA, a, mpB, b)
+			t.Fatalf("after umount %s: %s still mounted: %v, pid %d still alive", root, mpB, b, pid)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if res := run(t, "umount", root); res.code == 0 {
+		t.Fatalf("umount of a root with nothing mounted under it succeeded:\n%s", res)
 	}
 }
 

@@ -188,6 +188,55 @@ func detach(mp string) error {
 	return last
 }
 
+// unmountFUSE unmounts mp, failing when it is busy: with umount(2) when
+// allowed (root), else with fusermount3.
+func unmountFUSE(mp string) error {
+	err := syscall.Unmount(mp, 0)
+	if err == nil || !errors.Is(err, syscall.EPERM) {
+		return err
+	}
+	for _, tool := range []string{"fusermount3", "fusermount"} {
+		out, ferr := exec.Command(tool, "-u", mp).CombinedOutput()
+		if ferr == nil {
+			return nil
+		}
+		if len(out) > 0 {
+			err = errors.New(strings.TrimSpace(string(out)))
+		}
+	}
+	return err
+}
+
+// mountsUnder lists the bdnvol mounts strictly under dir.
+func mountsUnder(dir string) ([]fuseMount, error) {
+	ms, err := bdnvolMounts()
+	if err != nil {
+		return nil, err
+	}
+	var under []fuseMount
+	for _, m := range ms {
+		if strings.HasPrefix(m.Mountpoint, dir+string(filepath.Separator)) {
+			under = append(under, m)
+		}
+	}
+	return under, nil
+}
+
+// servedBy counts the live bdnvol mounts whose recorded process is pid.
+func (g *Globals) servedBy(pid int) int {
+	ms, err := bdnvolMounts()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, m := range ms {
+		if st, ok := g.readState(m.Mountpoint); ok && st.PID == pid {
+			n++
+		}
+	}
+	return n
+}
+
 // isNotConnected reports whether mp is a FUSE mount whose server is gone.
 // statfs always reaches the server (stat may be answered from the kernel's
 // attribute cache).

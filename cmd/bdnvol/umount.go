@@ -12,20 +12,42 @@ import (
 
 // UmountCmd unmounts a bdnvol mount.
 type UmountCmd struct {
-	Mountpoint string        `arg:"" type:"path" help:"Where the version is mounted."`
+	Mountpoint string        `arg:"" type:"path" help:"Where the version is mounted, or the root of a mount --spec (unmounts all of it)."`
 	Timeout    time.Duration `default:"30s" help:"How long to wait for the mount process to unmount."`
 }
 
-// Run asks the mount's process to unmount and waits until the mount is
-// gone; a mount whose process is gone is detached directly.
+// Run unmounts the mount at the mountpoint, or every mount under a
+// `mount --spec` root. A mount that shares its process with others (a spec)
+// is unmounted alone and the process serves on; otherwise the process is
+// asked to unmount and exit. A mount whose process is gone is detached.
 func (c *UmountCmd) Run(ctx context.Context, g *Globals) error {
 	mp, err := filepath.Abs(c.Mountpoint)
 	if err != nil {
 		return usageError{err}
 	}
+	if _, ok := mountedAt(mp); ok {
+		return c.umountOne(ctx, g, mp)
+	}
+	under, err := mountsUnder(mp)
+	if err != nil {
+		return err
+	}
+	if len(under) == 0 {
+		return fmt.Errorf("%s: not a bdnvol mount", mp)
+	}
+	for _, m := range under {
+		if err := c.umountOne(ctx, g, m.Mountpoint); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// umountOne unmounts the bdnvol mount at mp.
+func (c *UmountCmd) umountOne(ctx context.Context, g *Globals, mp string) error {
 	m, ok := mountedAt(mp)
 	if !ok {
-		return fmt.Errorf("%s: not a bdnvol mount", mp)
+		return nil // gone meanwhile
 	}
 	st, _ := g.readState(mp)
 	if !alive(st.PID) || isNotConnected(mp) {
@@ -36,10 +58,36 @@ func (c *UmountCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Fprintf(g.stderr, "bdnvol: removed the stale mount at %s (%s)\n", mp, m.Digest)
 		return nil
 	}
+	deadline := time.Now().Add(c.Timeout)
+	if g.servedBy(st.PID) > 1 {
+		// The process serves other mounts too: unmount this one only; the
+		// process sees it go and keeps serving the rest.
+		for {
+			err := unmountFUSE(mp)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("unmount %s: %w", mp, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+		for i := 0; i < 50; i++ {
+			if _, ok := g.readState(mp); !ok {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", mp)
+		return nil
+	}
 	if err := syscall.Kill(st.PID, syscall.SIGTERM); err != nil {
 		return fmt.Errorf("unmount %s: signal pid %d: %w", mp, st.PID, err)
 	}
-	deadline := time.Now().Add(c.Timeout)
 	for time.Now().Before(deadline) {
 		if _, still := mountedAt(mp); !still {
 			// Let the process finish its own clean-up (state file).
