@@ -3,6 +3,7 @@ package lazy
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 
@@ -29,9 +30,13 @@ type RangeFetcher interface {
 // maxEdges bounds the edges a Volume keeps in memory.
 const maxEdges = 64
 
-// maxEdgeFailures is how many edge fetches in a row may fail before a
-// Volume stops trying them (a registry that ignores Range, say).
+// maxEdgeFailures is how many edges in a row may fail verification before
+// a Volume stops fetching edges; a source that cannot serve ranges at all
+// stops them at once.
 const maxEdgeFailures = 3
+
+// errEdgeMismatch is an edge whose bytes do not match its digest.
+var errEdgeMismatch = errors.New("edge digest mismatch")
 
 type edgeKey struct {
 	chunk int
@@ -160,15 +165,19 @@ func (v *Volume) fetchEdge(ctx context.Context, k int, c layout.Chunk, tail bool
 		}
 		h := sha256.Sum256(buf)
 		if got := digest.NewDigestFromBytes(digest.SHA256, h[:]); got != want {
-			return nil, fmt.Errorf("edge of chunk %s at %d: got %s, want %s", c.Digest, off, got, want)
+			return nil, fmt.Errorf("%w: chunk %s at %d: got %s, want %s", errEdgeMismatch, c.Digest, off, got, want)
 		}
 		return buf, nil
 	}()
-	if err != nil {
-		if ctx.Err() == nil {
-			v.edgeFailures.Add(1)
-		}
+	switch {
+	case errors.Is(err, errors.ErrUnsupported):
+		v.edgeFailures.Store(maxEdgeFailures) // no ranges from this source
 		return nil, err
+	case errors.Is(err, errEdgeMismatch):
+		v.edgeFailures.Add(1)
+		return nil, err
+	case err != nil:
+		return nil, err // unreachable source: the whole chunk fails too
 	}
 	v.edgeFailures.Store(0)
 	v.edgeFetches.Add(1)

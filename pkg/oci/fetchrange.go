@@ -16,7 +16,7 @@ import (
 
 // ErrRangeUnsupported is returned by FetchRange when the registry answers
 // a Range request with the whole blob; callers fetch whole blobs instead.
-var ErrRangeUnsupported = errors.New("the registry does not serve byte ranges")
+var ErrRangeUnsupported = fmt.Errorf("the registry does not serve byte ranges: %w", errors.ErrUnsupported)
 
 // RangeFetcher fetches part of a blob.
 type RangeFetcher interface {
