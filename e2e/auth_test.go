@@ -136,6 +136,13 @@ type authRegistry struct {
 
 func newAuthRegistry(t *testing.T, ip net.IP, mode, user, pass string) *authRegistry {
 	t.Helper()
+	return newAuthRegistryWrapped(t, ip, mode, user, pass, nil)
+}
+
+// newAuthRegistryWrapped is newAuthRegistry with wrap (when not nil) put
+// in front of the registry, behind the counting middleware.
+func newAuthRegistryWrapped(t *testing.T, ip net.IP, mode, user, pass string, wrap func(http.Handler) http.Handler) *authRegistry {
+	t.Helper()
 	ca := newTestCA(t, ip)
 	cfg := distributionConfig(t.TempDir())
 	ar := &authRegistry{CA: ca}
@@ -161,7 +168,11 @@ func newAuthRegistry(t *testing.T, ip net.IP, mode, user, pass string) *authRegi
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ar.registry = serveTLS(t, ip, ca.Server, handlers.NewApp(ctx, cfg))
+	var h http.Handler = handlers.NewApp(ctx, cfg)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	ar.registry = serveTLS(t, ip, ca.Server, h)
 	return ar
 }
 
