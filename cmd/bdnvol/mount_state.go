@@ -171,7 +171,7 @@ func alive(pid int) bool {
 // detach unmounts mp lazily: it disappears now, and the kernel lets go of
 // it when the last open file is closed.
 func detach(mp string) error {
-	if err := syscall.Unmount(mp, syscall.MNT_DETACH); err == nil {
+	if err := syscall.Unmount(mp, mntDetach); err == nil {
 		return nil
 	}
 	var last error
