@@ -22,6 +22,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(mmapReaderEnv); spec != "" {
+		os.Exit(mmapReader(spec))
+	}
 	os.Exit(testMain(m))
 }
 
