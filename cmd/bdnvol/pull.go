@@ -91,7 +91,6 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		if cache, err = lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), max); err != nil {
 			return err
 		}
-		defer cache.Flush()
 		if c.Cache {
 			src = cache.Fetcher(src)
 		} else {

@@ -73,11 +73,6 @@ type Cache struct {
 	size     int64
 	verified map[digest.Digest]bool // entries this process has hashed
 	flight   map[digest.Digest]*call
-	resident map[digest.Digest][]byte // verified blobs being written in the background
-
-	storing  int           // background writes under way, under mu
-	stored   *sync.Cond    // signalled, on mu, as they end
-	storeSem chan struct{} // bounds the background writes, and the memory they hold
 
 	hits, fetches, fetchedBytes, corrupt, storeErrors, evictions atomic.Int64
 }
@@ -445,10 +440,6 @@ func (c *Cache) checkFetched(desc ocispec.Descriptor, rc io.Reader, got digest.D
 	c.fetchedBytes.Add(desc.Size)
 	return nil
 }
-
-// Flush waits for cache writes in progress. Entries are written as they
-// are fetched, so there are none once a load has returned.
-func (c *Cache) Flush() {}
 
 // piece is the unit copyHashed moves through its pipeline.
 const piece = 256 << 10

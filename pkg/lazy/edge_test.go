@@ -154,7 +154,7 @@ func newFixtureStore(t *testing.T, dir string, p layout.Params) pushed {
 
 func mustCache(t *testing.T) *Cache {
 	t.Helper()
-	c, err := testCache(t, t.TempDir(), 0)
+	c, err := OpenCache(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

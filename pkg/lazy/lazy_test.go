@@ -153,7 +153,7 @@ func newFixture(t *testing.T) *fixture {
 func (fx *fixture) open(t *testing.T, cacheDir string, opt Options) *Volume {
 	t.Helper()
 	if opt.Cache == nil {
-		c, err := testCache(t, cacheDir, 0)
+		c, err := OpenCache(cacheDir, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -165,16 +165,6 @@ func (fx *fixture) open(t *testing.T, cacheDir string, opt Options) *Volume {
 	}
 	t.Cleanup(func() { v.Close() })
 	return v
-}
-
-// testCache opens a cache whose background writes end before the test's
-// directories are removed.
-func testCache(t *testing.T, dir string, max int64) (*Cache, error) {
-	c, err := OpenCache(dir, max)
-	if err == nil {
-		t.Cleanup(c.Flush)
-	}
-	return c, err
 }
 
 func readAll(t *testing.T, f *File) []byte {
@@ -341,7 +331,7 @@ func TestSingleFlight(t *testing.T) {
 
 func TestEvictionKeepsBound(t *testing.T) {
 	fx := newFixture(t)
-	c, err := testCache(t, t.TempDir(), 200<<10)
+	c, err := OpenCache(t.TempDir(), 200<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +357,7 @@ func TestEvictionKeepsBound(t *testing.T) {
 		t.Fatalf("%d bytes on disk, bound is %d", disk, 200<<10)
 	}
 	// Reopening indexes what is there and keeps the bound.
-	c2, err := testCache(t, c.Dir(), 100<<10)
+	c2, err := OpenCache(c.Dir(), 100<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +369,7 @@ func TestEvictionKeepsBound(t *testing.T) {
 func TestStoreFailureStillServes(t *testing.T) {
 	fx := newFixture(t)
 	dir := t.TempDir()
-	c, err := testCache(t, dir, 0)
+	c, err := OpenCache(dir, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +383,6 @@ func TestStoreFailureStillServes(t *testing.T) {
 	if got := readAll(t, f); !bytes.Equal(got, fx.files["big.bin"]) {
 		t.Fatal("contents differ when the cache cannot store")
 	}
-	c.Flush()
 	if c.Stats().StoreErrors == 0 {
 		t.Fatal("no store errors counted")
 	}
@@ -492,7 +481,7 @@ func TestCacheSealedEntries(t *testing.T) {
 	if err := store.Push(context.Background(), desc, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
-	c1, err := testCache(t, dir, 1<<20)
+	c1, err := OpenCache(dir, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,7 +490,6 @@ func TestCacheSealedEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch.Close()
-	c1.Flush()
 	p := c1.path(desc.Digest)
 	f, _ := os.Open(p)
 	st, _ := f.Stat()
@@ -514,7 +502,7 @@ func TestCacheSealedEntries(t *testing.T) {
 	if err := os.WriteFile(p, bad, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c2, err := testCache(t, dir, 1<<20)
+	c2, err := OpenCache(dir, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,7 +134,7 @@ func TestMirrorFallsBack(t *testing.T) {
 			}
 			// Through the cache, as mounts use it: right bytes, and only
 			// verified ones are cached.
-			c, err := testCache(t, t.TempDir(), 0)
+			c, err := OpenCache(t.TempDir(), 0)
 			if err != nil {
 				t.Fatal(err)
 			}

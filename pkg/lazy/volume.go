@@ -125,14 +125,10 @@ func (v *Volume) Version() *layout.Version { return v.ver }
 // Root returns the descriptor of the version's root.
 func (v *Volume) Root() ocispec.Descriptor { return v.ver.Root }
 
-// Close cancels background fetches, waits for them and for the cache
-// writes of what they fetched, and releases open chunks.
+// Close cancels background fetches, waits for them and releases open chunks.
 func (v *Volume) Close() error {
 	v.cancel()
 	v.wg.Wait()
-	if v.opt.Cache != nil {
-		v.opt.Cache.Flush()
-	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for i, h := range v.handles {
