@@ -102,7 +102,7 @@ func TestTokenExpiry(t *testing.T) {
 		t.Fatalf("the push never met an expired token (it took too little time to test anything)")
 	}
 	dst := filepath.Join(t.TempDir(), "dst")
-	if res := runWith(t, "", nil, append(append([]string{"pull", "--jobs", "2"}, flags...), repo+":v1", dst)...); res.code != 0 {
+	if res := runWith(t, "", nil, append(append([]string{"pull", "--jobs", "1"}, flags...), repo+":v1", dst)...); res.code != 0 {
 		t.Fatalf("pull with expiring tokens:\n%s", res)
 	}
 	compareTrees(t, src, dst)
