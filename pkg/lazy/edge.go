@@ -65,15 +65,7 @@ func (v *Volume) edge(ctx context.Context, k int, lo, hi int64) (data []byte, ba
 	call, found := v.edges[key]
 	if !found {
 		if len(v.edges) >= maxEdges {
-			for k, c := range v.edges {
-				select {
-				case <-c.done:
-					delete(v.edges, k)
-				default:
-					continue
-				}
-				break
-			}
+			v.dropOneEdge()
 		}
 		call = &edgeCall{done: make(chan struct{})}
 		v.edges[key] = call
@@ -100,6 +92,19 @@ func (v *Volume) edge(ctx context.Context, k int, lo, hi int64) (data []byte, ba
 		base = c.Size - layout.EdgeBytes
 	}
 	return call.data, base, true
+}
+
+// dropOneEdge forgets one fetched edge, making room for another. Called
+// with v.mu held.
+func (v *Volume) dropOneEdge() {
+	for key, call := range v.edges {
+		select {
+		case <-call.done:
+			delete(v.edges, key)
+			return
+		default:
+		}
+	}
 }
 
 // edgeFor reports which edge of chunk k holds [lo, hi), when an edge fetch
