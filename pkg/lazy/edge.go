@@ -185,6 +185,5 @@ func (v *Volume) fetchEdge(ctx context.Context, k int, c layout.Chunk, tail bool
 		return nil, err // unreachable source: the whole chunk fails too
 	}
 	v.edgeFailures.Store(0)
-	v.edgeFetches.Add(1)
 	return data, nil
 }

@@ -70,7 +70,6 @@ type Volume struct {
 	edges   map[edgeKey]*edgeCall
 
 	edgeFailures atomic.Int32 // consecutive failed edge fetches; edges stop at maxEdgeFailures
-	edgeFetches  atomic.Int64
 }
 
 type handle struct {
@@ -529,7 +528,8 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		// A read at the start of a tensor: loaders read tensors whole, so
 		// fetch all of its chunks now, in parallel, not one after another.
 		// Through the page cache the last page of a tensor that ends inside
-		// a page is read whole, so the byte after the tensor is needed too.
+		// a page is read whole, so the page after the tensor is needed too
+		// (its chunk's head edge, when it has one).
 		to := end + min(f.v.opt.Readahead, r.end-end)
 		f.fetchRange(end, min(f.e.Size, to))
 		if to == r.end && r.end%pageSize != 0 {
