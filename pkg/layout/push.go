@@ -322,7 +322,9 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 			tail := held
 			if tail == nil {
 				tail = make([]byte, EdgeBytes)
-				if _, err := ra.ReadAt(tail, start+n-EdgeBytes); err != nil {
+				if _, err := ra.ReadAt(tail, start+n-EdgeBytes); err == io.EOF {
+					return fmt.Errorf("%s: %w", path, ErrFileChanged)
+				} else if err != nil {
 					return fmt.Errorf("read %s: %w", path, err)
 				}
 			}

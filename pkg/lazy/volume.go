@@ -69,7 +69,7 @@ type Volume struct {
 	pending map[int]bool    // chunks being loaded in the background
 	edges   map[edgeKey]*edgeCall
 
-	edgeFailures atomic.Int32 // consecutive failed edge fetches; edges stop at maxEdgeFailures
+	edgeFailures atomic.Int32 // edges that failed verification in a row; edges stop at maxEdgeFailures
 }
 
 type handle struct {
