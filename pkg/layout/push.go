@@ -322,9 +322,12 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 			tail := held
 			if tail == nil {
 				tail = make([]byte, EdgeBytes)
-				if _, err := ra.ReadAt(tail, start+n-EdgeBytes); err == io.EOF {
+				k, err := ra.ReadAt(tail, start+n-EdgeBytes)
+				switch {
+				case err == io.EOF && k == len(tail):
+				case err == io.EOF:
 					return fmt.Errorf("%s: %w", path, ErrFileChanged)
-				} else if err != nil {
+				case err != nil:
 					return fmt.Errorf("read %s: %w", path, err)
 				}
 			}
