@@ -8,10 +8,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/internal/byterange"
 )
 
 // ErrRangeUnsupported is returned by FetchRange when the registry answers
@@ -41,7 +41,7 @@ func (r *repository) FetchRange(ctx context.Context, desc ocispec.Descriptor, of
 	if err != nil {
 		return nil, err
 	}
-	want := "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+n-1, 10)
+	want := byterange.Header(off, n)
 	req.Header.Set("Range", want)
 	resp, err := r.client.Do(req)
 	if err != nil {
@@ -49,7 +49,7 @@ func (r *repository) FetchRange(ctx context.Context, desc ocispec.Descriptor, of
 	}
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
-		if start, ok := rangeStart(resp.Header.Get("Content-Range")); !ok || start != off {
+		if start, ok := byterange.Start(resp.Header.Get("Content-Range")); !ok || start != off {
 			drain(resp)
 			return nil, fmt.Errorf("fetch %s of %s from %s: answered Content-Range %q", want, desc.Digest, r.Reference, resp.Header.Get("Content-Range"))
 		}
@@ -64,20 +64,6 @@ func (r *repository) FetchRange(ctx context.Context, desc ocispec.Descriptor, of
 		defer drain(resp)
 		return nil, fmt.Errorf("fetch %s of %s from %s: %w", want, desc.Digest, r.Reference, answerError("range GET", resp))
 	}
-}
-
-// rangeStart parses the first byte position of "bytes a-b/size".
-func rangeStart(cr string) (int64, bool) {
-	rest, ok := strings.CutPrefix(cr, "bytes ")
-	if !ok {
-		return 0, false
-	}
-	a, _, ok := strings.Cut(rest, "-")
-	if !ok {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(a, 10, 64)
-	return v, err == nil
 }
 
 // FetchRange reads the range from the blob's file in the layout.

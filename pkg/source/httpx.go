@@ -6,8 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
+
+	"github.com/bdnvol/bdnvol/internal/byterange"
 )
 
 // HTTPError is an unexpected HTTP answer from a source.
@@ -87,14 +88,10 @@ func do(hc *http.Client, req *http.Request, ok ...int) (*http.Response, error) {
 	return nil, herr
 }
 
-func rangeHeader(off, n int64) string {
-	return "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+n-1, 10)
-}
-
 // getRange GETs n bytes at off of u with a Range request. A server that
 // ignores Range (200) is read from the start and skipped to off.
 func getRange(hc *http.Client, req *http.Request, off, n int64) ([]byte, *http.Response, error) {
-	req.Header.Set("Range", rangeHeader(off, n))
+	req.Header.Set("Range", byterange.Header(off, n))
 	resp, err := do(hc, req, http.StatusOK, http.StatusPartialContent)
 	if err != nil {
 		return nil, nil, err
@@ -102,9 +99,9 @@ func getRange(hc *http.Client, req *http.Request, off, n int64) ([]byte, *http.R
 	defer resp.Body.Close()
 	name := req.Method + " " + redactURL(resp.Request.URL)
 	if resp.StatusCode == http.StatusPartialContent {
-		start, ok := contentRangeStart(resp.Header.Get("Content-Range"))
+		start, ok := byterange.Start(resp.Header.Get("Content-Range"))
 		if !ok || start != off {
-			return nil, resp, permanentError{fmt.Errorf("%s: asked for %s, got Content-Range %q", name, rangeHeader(off, n), resp.Header.Get("Content-Range"))}
+			return nil, resp, permanentError{fmt.Errorf("%s: asked for %s, got Content-Range %q", name, byterange.Header(off, n), resp.Header.Get("Content-Range"))}
 		}
 	} else if off > 0 {
 		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
@@ -113,21 +110,7 @@ func getRange(hc *http.Client, req *http.Request, off, n int64) ([]byte, *http.R
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(resp.Body, buf); err != nil {
-		return nil, resp, fmt.Errorf("%s: range %s: %w", name, rangeHeader(off, n), err)
+		return nil, resp, fmt.Errorf("%s: range %s: %w", name, byterange.Header(off, n), err)
 	}
 	return buf, resp, nil
-}
-
-// contentRangeStart parses the first byte position of "bytes a-b/size".
-func contentRangeStart(s string) (int64, bool) {
-	s, ok := strings.CutPrefix(s, "bytes ")
-	if !ok {
-		return 0, false
-	}
-	a, _, ok := strings.Cut(s, "-")
-	if !ok {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(a, 10, 64)
-	return v, err == nil
 }

@@ -13,6 +13,8 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/bdnvol/bdnvol/internal/byterange"
 )
 
 // s3Store is the objects under a prefix of an S3 bucket, or of any
@@ -99,7 +101,7 @@ func (s *s3Store) get(ctx context.Context, o *object, off, n int64) ([]byte, err
 	resp, err := s.client.GetObject(ctx, &s3.GetObjectInput{
 		Bucket: aws.String(s.bucket),
 		Key:    aws.String(o.key),
-		Range:  aws.String(rangeHeader(off, n)),
+		Range:  aws.String(byterange.Header(off, n)),
 	})
 	if err != nil {
 		err = fmt.Errorf("%s: get %s: %w", s, o.key, err)
@@ -117,15 +119,15 @@ func (s *s3Store) get(ctx context.Context, o *object, off, n int64) ([]byte, err
 	}
 	defer resp.Body.Close()
 	if cr := aws.ToString(resp.ContentRange); cr != "" {
-		if start, ok := contentRangeStart(cr); !ok || start != off {
-			return nil, permanentError{fmt.Errorf("%s: get %s: asked for %s, got Content-Range %q", s, o.key, rangeHeader(off, n), cr)}
+		if start, ok := byterange.Start(cr); !ok || start != off {
+			return nil, permanentError{fmt.Errorf("%s: get %s: asked for %s, got Content-Range %q", s, o.key, byterange.Header(off, n), cr)}
 		}
 	} else if off > 0 {
-		return nil, permanentError{fmt.Errorf("%s: get %s: the store ignored the range %s", s, o.key, rangeHeader(off, n))}
+		return nil, permanentError{fmt.Errorf("%s: get %s: the store ignored the range %s", s, o.key, byterange.Header(off, n))}
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(resp.Body, buf); err != nil {
-		return nil, fmt.Errorf("%s: get %s range %s: %w", s, o.key, rangeHeader(off, n), err)
+		return nil, fmt.Errorf("%s: get %s range %s: %w", s, o.key, byterange.Header(off, n), err)
 	}
 	return buf, nil
 }
