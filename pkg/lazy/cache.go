@@ -193,7 +193,11 @@ func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) 
 		return nil, fmt.Errorf("chunk %s: cannot cache a blob of %d bytes", desc.Digest, desc.Size)
 	}
 	for {
-		if ch := c.open(desc); ch != nil {
+		ch, err := c.open(desc)
+		if err != nil {
+			return nil, err
+		}
+		if ch != nil {
 			c.hits.Add(1)
 			return ch, nil
 		}
@@ -247,18 +251,32 @@ func (c *Cache) Has(d digest.Digest) bool {
 }
 
 // open returns the disk entry of desc, or nil when there is none usable.
-func (c *Cache) open(desc ocispec.Descriptor) Chunk {
+// An entry whose bytes match desc.Digest but not desc.Size shows that desc
+// is wrong, not the entry: the entry is kept and the error wraps
+// ErrWrongSize.
+func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 	p := c.path(desc.Digest)
 	f, err := os.Open(p)
 	if err != nil {
 		c.forget(desc.Digest)
-		return nil
+		return nil, nil
 	}
 	st, err := f.Stat()
-	if err != nil || st.Size() != desc.Size {
+	if err == nil && st.Size() != desc.Size {
+		good := c.intact(f, st, desc.Digest)
+		f.Close()
+		if good {
+			return nil, fmt.Errorf("chunk %s: the volume says %d bytes, the verified cache entry has %d: %w",
+				desc.Digest, desc.Size, st.Size(), ErrWrongSize)
+		}
+		c.corrupt.Add(1)
+		c.drop(desc.Digest)
+		return nil, nil
+	}
+	if err != nil {
 		f.Close()
 		c.drop(desc.Digest)
-		return nil
+		return nil, nil
 	}
 	c.mu.Lock()
 	checked := c.verified[desc.Digest]
@@ -272,7 +290,7 @@ func (c *Cache) open(desc ocispec.Descriptor) Chunk {
 			f.Close()
 			c.corrupt.Add(1)
 			c.drop(desc.Digest)
-			return nil
+			return nil, nil
 		}
 		now := time.Now()
 		os.Chtimes(p, now, now) // the on-disk LRU order other processes start from
@@ -288,7 +306,27 @@ func (c *Cache) open(desc ocispec.Descriptor) Chunk {
 		c.evictLocked(c.entries[desc.Digest])
 	}
 	c.mu.Unlock()
-	return f
+	return f, nil
+}
+
+// intact reports whether the entry f (with stat st) holds the bytes of d:
+// this process hashed it, or it carries a valid seal, or hashing it now
+// matches. Entries larger than any chunk are not hashed.
+func (c *Cache) intact(f *os.File, st os.FileInfo, d digest.Digest) bool {
+	c.mu.Lock()
+	checked := c.verified[d]
+	c.mu.Unlock()
+	if checked || sealedEntry(f, st) {
+		return true
+	}
+	if !st.Mode().IsRegular() || st.Size() > layout.MaxChunkBytes {
+		return false
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, st.Size())); err != nil {
+		return false
+	}
+	return digest.NewDigest(digest.SHA256, h) == d
 }
 
 // forget removes d from the accounting (its file is gone).

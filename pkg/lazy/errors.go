@@ -12,6 +12,10 @@ import (
 // ErrNoCache is returned by Open when Options.Cache is nil.
 var ErrNoCache = errors.New("lazy: no chunk cache")
 
+// ErrWrongSize is wrapped when a descriptor names a cached, verified blob
+// with another size: the descriptor is wrong, and the entry is kept.
+var ErrWrongSize = errors.New("descriptor size differs from the verified blob")
+
 // ChunkInvalidError reports a chunk whose bytes do not match its digest or
 // size. It wraps layout.ErrDigestMismatch.
 type ChunkInvalidError struct {
