@@ -3,8 +3,10 @@ package layout
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -23,20 +25,57 @@ type Tensor struct {
 // size and returns the header length (including the 8-byte prefix) and its
 // tensors sorted by offset. It rejects overlapping or out-of-range tensors.
 func ReadSafetensorsHeader(r io.ReaderAt, size int64) (int64, []Tensor, error) {
+	return ReadSafetensorsHeaderMax(r, size, maxSafetensorsHeader)
+}
+
+// SafetensorsHeaderLen returns the length of the JSON header a safetensors
+// file of the given size declares in its 8-byte prefix, checked against the
+// file's size and the format's limit.
+func SafetensorsHeaderLen(r io.ReaderAt, size int64) (int64, error) {
 	var pre [8]byte
 	if size < 8 {
-		return 0, nil, fmt.Errorf("safetensors: file of %d bytes is too short", size)
+		return 0, fmt.Errorf("safetensors: file of %d bytes is too short", size)
 	}
 	if _, err := r.ReadAt(pre[:], 0); err != nil {
-		return 0, nil, fmt.Errorf("safetensors: %w", err)
+		return 0, fmt.Errorf("safetensors: %w", err)
 	}
 	n := binary.LittleEndian.Uint64(pre[:])
 	if n > maxSafetensorsHeader || int64(n) > size-8 {
-		return 0, nil, fmt.Errorf("safetensors: header of %d bytes does not fit a %d byte file", n, size)
+		return 0, fmt.Errorf("safetensors: header of %d bytes does not fit a %d byte file", n, size)
 	}
-	buf := make([]byte, n)
-	if _, err := r.ReadAt(buf, 8); err != nil {
-		return 0, nil, fmt.Errorf("safetensors: %w", err)
+	return int64(n), nil
+}
+
+// ErrHeaderTooLarge is wrapped when a safetensors header is longer than the
+// reader accepts.
+var ErrHeaderTooLarge = errors.New("safetensors: header too large")
+
+// headerPiece is how much of a header is read at a time: memory grows with
+// the bytes that arrived, not with the length the prefix declares.
+const headerPiece = 1 << 20
+
+// ReadSafetensorsHeaderMax is ReadSafetensorsHeader for headers of at most
+// max bytes; a longer one is an error wrapping ErrHeaderTooLarge.
+func ReadSafetensorsHeaderMax(r io.ReaderAt, size, max int64) (int64, []Tensor, error) {
+	n, err := SafetensorsHeaderLen(r, size)
+	if err != nil {
+		return 0, nil, err
+	}
+	if n > max {
+		return 0, nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrHeaderTooLarge, n, max)
+	}
+	var buf []byte
+	for int64(len(buf)) < n {
+		k := int(min(headerPiece, n-int64(len(buf))))
+		buf = slices.Grow(buf, k)
+		m, err := r.ReadAt(buf[len(buf):len(buf)+k], 8+int64(len(buf)))
+		buf = buf[:len(buf)+m]
+		if m < k {
+			if err == nil || err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, fmt.Errorf("safetensors: header: %w", err)
+		}
 	}
 	return ParseSafetensorsHeader(buf, size)
 }

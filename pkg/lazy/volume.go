@@ -16,6 +16,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
@@ -49,6 +50,18 @@ const seqSlack = 2 << 20
 // maxHandles bounds the open chunks a Volume keeps.
 const maxHandles = 64
 
+// maxHeaderBytes bounds the safetensors header a Volume reads to learn where
+// the tensors are. The format allows 100 MB, but a header costs about 100
+// bytes per tensor, so real checkpoints stay far below: shards of the
+// largest public models list a few thousand tensors (well under 1 MiB of
+// header). 16 MiB leaves room for some 150,000 tensors in one file. A
+// longer header is not parsed; the file is still read byte by byte.
+const maxHeaderBytes = 16 << 20
+
+// headerBudget bounds the header bytes a Volume reads and parses at once,
+// whatever the number of files and background jobs.
+const headerBudget = 2 * maxHeaderBytes
+
 // Volume is a sealed version opened for lazy reading. It is safe for
 // concurrent use. Close stops its background fetches.
 type Volume struct {
@@ -62,6 +75,8 @@ type Volume struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	sem    chan struct{}
+	// headers bounds the safetensors header bytes in flight (headerBudget).
+	headers *semaphore.Weighted
 
 	mu      sync.Mutex
 	files   map[int]*File
@@ -106,6 +121,7 @@ func New(ver *layout.Version, src Fetcher, opt Options) (*Volume, error) {
 		ver: ver, src: src, opt: opt,
 		byPath:  make(map[string]int, len(ver.Index.Files)),
 		sem:     make(chan struct{}, opt.Jobs),
+		headers: semaphore.NewWeighted(headerBudget),
 		files:   map[int]*File{},
 		handles: map[int]*handle{},
 		pending: map[int]bool{},
@@ -623,14 +639,14 @@ func (f *File) regions(ctx context.Context) []region {
 	}
 	f.mu.Unlock()
 	r := &rawReader{ctx: ctx, f: f}
-	hdr, ts, err := layout.ReadSafetensorsHeader(r, f.e.Size)
+	hdr, ts, err := f.readHeader(ctx, r)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.parsed {
 		return f.tensors
 	}
 	if err != nil {
-		if r.failed {
+		if r.failed || ctx.Err() != nil {
 			return nil // a fetch failure: try again on a later read
 		}
 		f.parsed = true
@@ -644,6 +660,26 @@ func (f *File) regions(ctx context.Context) []region {
 	}
 	f.tensors, f.parsed = rs, true
 	return rs
+}
+
+// readHeader reads and parses the safetensors header of f through r. It
+// refuses headers longer than maxHeaderBytes after reading their length,
+// and waits until the header's length fits the volume's header budget
+// before reading the rest, so headers never claim more memory than
+// headerBudget together.
+func (f *File) readHeader(ctx context.Context, r io.ReaderAt) (int64, []layout.Tensor, error) {
+	n, err := layout.SafetensorsHeaderLen(r, f.e.Size)
+	if err != nil {
+		return 0, nil, err
+	}
+	if n > maxHeaderBytes {
+		return 0, nil, fmt.Errorf("%s: %w: %d bytes, the limit is %d", f.e.Path, layout.ErrHeaderTooLarge, n, maxHeaderBytes)
+	}
+	if err := f.v.headers.Acquire(ctx, n); err != nil {
+		return 0, nil, err
+	}
+	defer f.v.headers.Release(n)
+	return layout.ReadSafetensorsHeaderMax(r, f.e.Size, maxHeaderBytes)
 }
 
 // rawReader reads a File without readahead, noting read failures.
