@@ -118,32 +118,77 @@ func Resolve(ctx context.Context, t oci.Target, ref oci.Ref) (*Root, error) {
 	return r, nil
 }
 
+// ErrUnreadableVersion is wrapped when a protective tag names a manifest
+// that cannot be read: too large, broken, or not fetched.
+var ErrUnreadableVersion = errors.New("unreadable version")
+
+// Unreadable is a protective tag whose manifest List could not read.
+type Unreadable struct {
+	Tag string
+	Err error
+}
+
+// Listing is what ListAll found: the versions it could read and the
+// protective tags it could not.
+type Listing struct {
+	Versions   []Version
+	Unreadable []Unreadable // by tag
+}
+
 // List returns every sealed version of the repository, found through the
 // protective tags, newest first (versions sealed in the same second are in
 // descending protective tag order). Each carries the human tags that point
 // at it now. Protective tags that point at something other than a volume are
-// ignored.
+// ignored; one whose manifest cannot be read fails the listing with an error
+// naming it (ListAll lists the rest).
 func List(ctx context.Context, t oci.Target) ([]Version, error) {
+	l, err := ListAll(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	if len(l.Unreadable) > 0 {
+		return nil, l.Unreadable[0].Err
+	}
+	return l.Versions, nil
+}
+
+// ListAll is List that goes on past protective tags whose manifest cannot
+// be read (larger than layout.MaxManifestBytes, not JSON, or failing to
+// fetch) and reports them in Listing.Unreadable. Errors listing or
+// resolving the human tags, and a cancelled ctx, still fail it.
+func ListAll(ctx context.Context, t oci.Target) (*Listing, error) {
 	tags, err := oci.ListTags(ctx, t)
 	if err != nil {
 		return nil, fmt.Errorf("list tags: %w", err)
 	}
 	var mu sync.Mutex
 	byDigest := map[digest.Digest]*Version{}
+	var bad []Unreadable
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(jobs)
+	opts := oras.DefaultFetchBytesOptions
+	opts.MaxBytes = layout.MaxManifestBytes
 	for _, tag := range tags {
 		sealed, _, ok := oci.ParseProtectiveTag(tag)
 		if !ok {
 			continue
 		}
 		g.Go(func() error {
-			desc, b, err := oras.FetchBytes(gctx, t, tag, oras.DefaultFetchBytesOptions)
+			desc, b, err := oras.FetchBytes(gctx, t, tag, opts)
 			if errors.Is(err, errdef.ErrNotFound) {
 				return nil // deleted since the listing
 			}
+			if err == nil && !json.Valid(b) {
+				err = fmt.Errorf("manifest %s is not JSON", desc.Digest)
+			}
 			if err != nil {
-				return fmt.Errorf("%s: %w", tag, err)
+				if gctx.Err() != nil {
+					return gctx.Err()
+				}
+				mu.Lock()
+				bad = append(bad, Unreadable{Tag: tag, Err: fmt.Errorf("%s: %w: %w", tag, ErrUnreadableVersion, err)})
+				mu.Unlock()
+				return nil
 			}
 			r, err := parseRoot(desc, b)
 			if err != nil {
@@ -184,7 +229,8 @@ func List(ctx context.Context, t oci.Target) ([]Version, error) {
 		}
 		return strings.Compare(b.SealedTag, a.SealedTag)
 	})
-	return out, nil
+	slices.SortFunc(bad, func(a, b Unreadable) int { return strings.Compare(a.Tag, b.Tag) })
+	return &Listing{Versions: out, Unreadable: bad}, nil
 }
 
 // TagsOf maps each digest to the human tags that point at it now, sorted.
