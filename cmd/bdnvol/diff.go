@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -38,13 +39,13 @@ func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	w := g.stdout
 	for _, f := range d.Added {
-		fmt.Fprintf(w, "+ %s (%s)\n", f.Path, humanBytes(f.Size))
+		fmt.Fprintf(w, "+ %s (%s)\n", termsafe.Name(f.Path), humanBytes(f.Size))
 	}
 	for _, f := range d.Removed {
-		fmt.Fprintf(w, "- %s (%s)\n", f.Path, humanBytes(f.Size))
+		fmt.Fprintf(w, "- %s (%s)\n", termsafe.Name(f.Path), humanBytes(f.Size))
 	}
 	for _, f := range d.Changed {
-		fmt.Fprintf(w, "~ %s (%s -> %s)\n", f.Path, humanBytes(f.OldSize), humanBytes(f.Size))
+		fmt.Fprintf(w, "~ %s (%s -> %s)\n", termsafe.Name(f.Path), humanBytes(f.OldSize), humanBytes(f.Size))
 	}
 	fmt.Fprintf(w, "files: %d added, %d removed, %d changed, %d unchanged\n", len(d.Added), len(d.Removed), len(d.Changed), d.Unchanged)
 	fmt.Fprintf(w, "chunks: %d of %d shared (%s), %d new (%s); a push of B on top of A uploads %s\n",

@@ -13,6 +13,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -100,7 +101,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 		printPlan(g.stdout, plan)
 	}
 	for _, w := range plan.Warnings {
-		fmt.Fprintln(g.stderr, "bdnvol: warning:", w)
+		fmt.Fprintln(g.stderr, "bdnvol: warning:", termsafe.Text(w.String()))
 	}
 	if !c.Apply {
 		if c.JSON {
@@ -117,7 +118,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 			case r.Done:
 				fmt.Fprintf(g.stderr, "bdnvol: purged %s\n", r.Digest)
 			case r.Skipped != "":
-				fmt.Fprintf(g.stderr, "bdnvol: kept %s after all: %s\n", r.Digest, r.Skipped)
+				fmt.Fprintf(g.stderr, "bdnvol: kept %s after all: %s\n", r.Digest, termsafe.Text(r.Skipped))
 			}
 		},
 	})
@@ -149,11 +150,11 @@ func printPlan(w io.Writer, p *retention.Plan) {
 	fmt.Fprintln(tw, "ACTION\tDIGEST\tSEALED\tTAGS\tWHY")
 	for _, d := range p.Versions {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.ToUpper(string(d.Action)), d.Digest,
-			d.Sealed.UTC().Format(time.RFC3339), dash(strings.Join(d.Tags, ",")), d.Why())
+			d.Sealed.UTC().Format(time.RFC3339), dash(strings.Join(termsafe.Names(d.Tags), ",")), termsafe.Text(d.Why()))
 	}
 	for _, d := range p.Deleted {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.ToUpper(string(d.Action)), d.Digest,
-			d.Sealed.UTC().Format(time.RFC3339), "(deleted "+d.Deleted.UTC().Format(time.RFC3339)+")", d.Why())
+			d.Sealed.UTC().Format(time.RFC3339), "(deleted "+d.Deleted.UTC().Format(time.RFC3339)+")", termsafe.Text(d.Why()))
 	}
 	tw.Flush()
 }

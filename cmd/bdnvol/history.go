@@ -10,6 +10,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
@@ -63,9 +64,9 @@ func (c *HistoryCmd) Run(ctx context.Context, g *Globals) error {
 	for _, m := range h.Moves {
 		prev := "-"
 		if m.Previous != "" {
-			prev = m.Previous.String()
+			prev = termsafe.Name(m.Previous.String())
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Time.UTC().Format(time.RFC3339), m.Op, m.Digest, prev)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Time.UTC().Format(time.RFC3339), termsafe.Name(m.Op), termsafe.Name(m.Digest.String()), prev)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -76,9 +77,9 @@ func (c *HistoryCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	switch {
 	case out.Current == "":
-		fmt.Fprintf(g.stderr, "%s no longer exists\n", ref.Tag)
+		fmt.Fprintf(g.stderr, "%s no longer exists\n", termsafe.Name(ref.Tag))
 	case out.Current != last:
-		fmt.Fprintf(g.stderr, "%s points at %s now: it was moved without bdnvol, so that move is not recorded\n", ref.Tag, out.Current)
+		fmt.Fprintf(g.stderr, "%s points at %s now: it was moved without bdnvol, so that move is not recorded\n", termsafe.Name(ref.Tag), termsafe.Name(out.Current.String()))
 	}
 	return nil
 }

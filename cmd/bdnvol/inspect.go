@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
@@ -44,18 +45,18 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(w, "digest:    %s\n", d.Digest)
 	fmt.Fprintf(w, "format:    %d\n", d.FormatVersion)
 	if d.Sealed != nil {
-		fmt.Fprintf(w, "sealed:    %s (%s)\n", d.Sealed.Format(time.RFC3339), d.SealedTag)
+		fmt.Fprintf(w, "sealed:    %s (%s)\n", d.Sealed.Format(time.RFC3339), termsafe.Name(d.SealedTag))
 	}
-	fmt.Fprintf(w, "tags:      %s\n", strings.Join(d.Tags, " "))
+	fmt.Fprintf(w, "tags:      %s\n", strings.Join(termsafe.Names(d.Tags), " "))
 	fmt.Fprintf(w, "files:     %d, %s\n", len(d.Files), humanBytes(d.Bytes))
 	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, humanBytes(d.UniqueBytes))
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tSIZE\tSHA256\tPATH")
 	for _, f := range d.Files {
-		path := f.Path
+		path := termsafe.Name(f.Path)
 		if f.Type == layout.TypeSymlink {
-			path += " -> " + f.Target
+			path += " -> " + termsafe.Name(f.Target)
 		}
 		sum := f.SHA256
 		if sum == "" {

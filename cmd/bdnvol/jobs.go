@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 )
 
@@ -89,9 +90,9 @@ func (c *JobsListCmd) Run(g *Globals) error {
 	for _, j := range js {
 		state := string(j.State)
 		if j.Reason != "" && j.State != jobs.Succeeded {
-			state += " (" + short(j.Reason, 60) + ")"
+			state += " (" + short(termsafe.Text(j.Reason), 60) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, j.Spec.Source, j.Spec.Destination, state, progressText(j))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.Name(j.Spec.Source), termsafe.Name(j.Spec.Destination), state, progressText(j))
 	}
 	return tw.Flush()
 }

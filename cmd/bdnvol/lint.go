@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
 )
 
@@ -45,7 +46,7 @@ func (c *LintCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	} else {
 		for _, f := range all {
-			fmt.Fprintf(g.stdout, "%s:%d: %s: %s\n", f.File, f.Line, f.Ref, f.Reason)
+			fmt.Fprintf(g.stdout, "%s:%d: %s: %s\n", termsafe.Name(f.File), f.Line, termsafe.Name(f.Ref), termsafe.Text(f.Reason))
 		}
 	}
 	if len(all) > 0 {

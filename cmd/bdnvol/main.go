@@ -16,6 +16,7 @@ import (
 	"github.com/alecthomas/kong"
 	"golang.org/x/term"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -154,7 +155,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(); err != nil {
-		fmt.Fprintln(stderr, "bdnvol:", err)
+		fmt.Fprintln(stderr, "bdnvol:", termsafe.Text(err.Error()))
 		var ue usageError
 		if errors.As(err, &ue) {
 			return exitUsage

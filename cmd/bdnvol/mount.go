@@ -17,6 +17,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -190,7 +191,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 			wg.Go(func() {
 				start := time.Now()
 				if err := prefetch(pctx, s.vol); err != nil && pctx.Err() == nil {
-					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s: %v\n", s.job.mp, err)
+					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s: %s\n", s.job.mp, termsafe.Text(err.Error()))
 				} else if err == nil && c.Prefetch != "headers" {
 					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s of %s done in %.1fs\n", c.Prefetch, s.job.mp, time.Since(start).Seconds())
 				}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -39,11 +40,11 @@ func (c *PinCmd) Run(ctx context.Context, g *Globals) error {
 			}
 		}
 		for _, e := range refErrs {
-			fmt.Fprintf(g.stderr, "%s:%d: %s: %v\n", file, e.Line, e.Ref, e.Err)
+			fmt.Fprintf(g.stderr, "%s:%d: %s: %s\n", termsafe.Name(file), e.Line, termsafe.Name(e.Ref), termsafe.Text(fmt.Sprint(e.Err)))
 			failed++
 		}
 		for _, ch := range changes {
-			fmt.Fprintf(g.stdout, "%s:%d: %s -> %s\n", file, ch.Line, ch.Old, ch.New)
+			fmt.Fprintf(g.stdout, "%s:%d: %s -> %s\n", termsafe.Name(file), ch.Line, termsafe.Name(ch.Old), termsafe.Name(ch.New))
 		}
 		if c.Check || len(changes) == 0 {
 			continue

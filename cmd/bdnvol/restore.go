@@ -8,6 +8,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 )
@@ -51,7 +52,7 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if warn != nil {
-		fmt.Fprintln(g.stderr, "bdnvol: warning:", warn)
+		fmt.Fprintln(g.stderr, "bdnvol: warning:", termsafe.Text(fmt.Sprint(warn)))
 	}
 	fmt.Fprintf(g.stderr, "bdnvol: restored %s as %s, without its former tags\n", ref.Digest, tag)
 	fmt.Fprintln(g.stdout, ref.Pinned(ref.Digest))

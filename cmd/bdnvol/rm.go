@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
@@ -68,7 +69,7 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if len(rec.Tags) > 0 {
-		fmt.Fprintf(g.stderr, "bdnvol: removed tags %s\n", strings.Join(rec.Tags, ", "))
+		fmt.Fprintf(g.stderr, "bdnvol: removed tags %s\n", strings.Join(termsafe.Names(rec.Tags), ", "))
 	}
 	fmt.Fprintf(g.stderr, "bdnvol: deleted %s (tombstone %s); bdnvol restore %s brings it back until a gc --purge after the restore window\n",
 		d, rec.Tag, ref.Pinned(d))

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -155,7 +156,7 @@ func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreg
 		}
 	}
 	logf := func(format string, args ...any) {
-		fmt.Fprintf(logw, "%s %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+		fmt.Fprintf(logw, "%s %s\n", time.Now().UTC().Format(time.RFC3339), termsafe.Text(fmt.Sprintf(format, args...)))
 	}
 	logf("job %s attempt %d: sync %s to %s", id, j.Attempts, j.Spec.Source, j.Spec.Destination)
 

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 )
 
 // UmountCmd unmounts a bdnvol mount.
@@ -151,7 +153,7 @@ func (c *MountsCmd) Run(g *Globals) error {
 		if ref == "" {
 			ref = "-"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", o.Mountpoint, o.Digest, ref, pid)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", termsafe.Name(o.Mountpoint), termsafe.Name(o.Digest), termsafe.Name(ref), pid)
 	}
 	return w.Flush()
 }

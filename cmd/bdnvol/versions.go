@@ -10,6 +10,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -38,10 +39,14 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	if c.Deleted {
 		return listDeleted(ctx, g, t, c.JSON)
 	}
-	vs, err := versions.List(ctx, t)
+	l, err := versions.ListAll(ctx, t)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref.Repo(), err)
 	}
+	for _, u := range l.Unreadable {
+		fmt.Fprintf(g.stderr, "bdnvol: warning: %s: skipped %s\n", ref.Repo(), termsafe.Text(u.Err.Error()))
+	}
+	vs := l.Versions
 	if c.JSON {
 		if vs == nil {
 			vs = []versions.Version{}
@@ -51,7 +56,7 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS")
 	for _, v := range vs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), humanBytes(v.Bytes), v.Files, strings.Join(v.Tags, ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), humanBytes(v.Bytes), v.Files, strings.Join(termsafe.Names(v.Tags), ","))
 	}
 	return tw.Flush()
 }
@@ -77,7 +82,7 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 	fmt.Fprintln(tw, "DIGEST\tDELETED\tSEALED\tBYTES\tFILES\tFORMER TAGS")
 	for _, d := range ds {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", d.Digest, d.Deleted.UTC().Format(time.RFC3339), d.Sealed.UTC().Format(time.RFC3339),
-			humanBytes(d.Bytes), d.Files, strings.Join(d.Tags, ","))
+			humanBytes(d.Bytes), d.Files, strings.Join(termsafe.Names(d.Tags), ","))
 	}
 	return tw.Flush()
 }

@@ -5,6 +5,9 @@
 package termsafe
 
 import (
+	"fmt"
+	"io"
+	"reflect"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -95,4 +98,31 @@ func Text(s string) string {
 		i += n
 	}
 	return b.String()
+}
+
+// Long is a string that prints shortened: under %q as Short does, under
+// other verbs as itself.
+type Long string
+
+// Format implements fmt.Formatter.
+func (s Long) Format(f fmt.State, verb rune) {
+	if verb == 'q' {
+		io.WriteString(f, Short(string(s)))
+		return
+	}
+	fmt.Fprintf(f, fmt.FormatString(f, verb), string(s))
+}
+
+// ShortArgs returns args with every argument of a string kind (string,
+// digest.Digest and the like) made a Long, so that an error message built
+// with %q from untrusted strings stays short.
+func ShortArgs(args ...any) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		if v := reflect.ValueOf(a); v.IsValid() && v.Kind() == reflect.String {
+			a = Long(v.String())
+		}
+		out[i] = a
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package termsafe
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -86,5 +87,19 @@ func TestText(t *testing.T) {
 	}
 	if got := Text("plain\nerror"); got != "plain\nerror" {
 		t.Fatalf("Text changed a safe message: %q", got)
+	}
+}
+
+type tagName string
+
+func TestShortArgs(t *testing.T) {
+	long := strings.Repeat("a", 5000)
+	got := fmt.Sprintf("symlink %q: bad target %q (%d), %s", ShortArgs("l", tagName(long), 7, "plain")...)
+	want := `symlink "l": bad target "` + strings.Repeat("a", ShortBytes) + `"…(5000 bytes) (7), plain`
+	if got != want {
+		t.Fatalf("got %s\nwant %s", got, want)
+	}
+	if got := fmt.Sprintf("%q", ShortArgs("a\x1bb")...); got != `"a\x1bb"` {
+		t.Fatalf("short %%q = %s", got)
 	}
 }

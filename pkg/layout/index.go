@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 )
 
 // Media types and annotations of the format.
@@ -164,8 +166,15 @@ func DecodeIndex(b []byte) (*Index, error) {
 	return &x, nil
 }
 
+// invalid wraps ErrInvalidIndex; string arguments print shortened under %q.
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalidIndex, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", ErrInvalidIndex, fmt.Sprintf(format, termsafe.ShortArgs(args...)...))
+}
+
+// refuse is fmt.Errorf with string arguments shortened under %q: a refused
+// path or symlink target may be kilobytes long.
+func refuse(format string, args ...any) error {
+	return fmt.Errorf(format, termsafe.ShortArgs(args...)...)
 }
 
 // Validate checks that the index is safe to materialise: paths are
@@ -286,10 +295,10 @@ func checkPath(p string) error {
 		return fmt.Errorf("path of %d bytes is too long", len(p))
 	}
 	if strings.IndexByte(p, 0) >= 0 {
-		return fmt.Errorf("path %q contains NUL", p)
+		return refuse("path %q contains NUL", p)
 	}
 	if p == "." || !fs.ValidPath(p) {
-		return fmt.Errorf("unsafe path %q", p)
+		return refuse("unsafe path %q", p)
 	}
 	return nil
 }
@@ -298,10 +307,10 @@ func checkPath(p string) error {
 // target would resolve outside the volume root.
 func CheckSymlink(p, target string) error {
 	if target == "" || len(target) > maxTargetBytes || strings.IndexByte(target, 0) >= 0 {
-		return fmt.Errorf("symlink %q: bad target %q", p, target)
+		return refuse("symlink %q: bad target %q", p, target)
 	}
 	if strings.HasPrefix(target, "/") {
-		return fmt.Errorf("symlink %q: absolute target %q leaves the volume", p, target)
+		return refuse("symlink %q: absolute target %q leaves the volume", p, target)
 	}
 	// The target may climb with leading ".." elements (through real
 	// directories only: every parent is a directory of the volume) and then
@@ -314,11 +323,11 @@ func CheckSymlink(p, target string) error {
 		case "", ".":
 		case "..":
 			if descended {
-				return fmt.Errorf("symlink %q: target %q has \"..\" after a name", p, target)
+				return refuse("symlink %q: target %q has \"..\" after a name", p, target)
 			}
 			depth--
 			if depth < 0 {
-				return fmt.Errorf("symlink %q: target %q leaves the volume", p, target)
+				return refuse("symlink %q: target %q leaves the volume", p, target)
 			}
 		default:
 			descended = true

@@ -17,6 +17,7 @@ import (
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -91,10 +92,10 @@ func ReadHistory(ctx context.Context, t oci.Target, tag string) (*History, error
 		return nil, fmt.Errorf("history of %s: %w: %v", tag, ErrInvalidHistory, err)
 	}
 	if m.ArtifactType != ArtifactTypeHistory {
-		return nil, fmt.Errorf("history of %s: %w: artifactType %q", tag, ErrInvalidHistory, m.ArtifactType)
+		return nil, fmt.Errorf("history of %s: %w: artifactType %s", tag, ErrInvalidHistory, termsafe.Short(m.ArtifactType))
 	}
 	if got := m.Annotations[AnnotationTag]; got != tag {
-		return nil, fmt.Errorf("history of %s: %w: records tag %q", tag, ErrInvalidHistory, got)
+		return nil, fmt.Errorf("history of %s: %w: records tag %s", tag, ErrInvalidHistory, termsafe.Short(got))
 	}
 	if err := json.Unmarshal([]byte(m.Annotations[AnnotationMoves]), &h.Moves); err != nil {
 		return nil, fmt.Errorf("history of %s: %w: moves: %v", tag, ErrInvalidHistory, err)

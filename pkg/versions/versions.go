@@ -18,6 +18,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -91,10 +92,10 @@ func parseRoot(desc ocispec.Descriptor, b []byte) (*Root, error) {
 		m.MediaType = desc.MediaType
 	}
 	if m.MediaType != ocispec.MediaTypeImageManifest && m.MediaType != ocispec.MediaTypeImageIndex {
-		return nil, fmt.Errorf("%s: media type %q: %w", desc.Digest, m.MediaType, layout.ErrNotVolume)
+		return nil, fmt.Errorf("%s: media type %s: %w", desc.Digest, termsafe.Short(m.MediaType), layout.ErrNotVolume)
 	}
 	if m.ArtifactType != layout.ArtifactTypeVolume {
-		return nil, fmt.Errorf("%s: artifactType %q: %w", desc.Digest, m.ArtifactType, layout.ErrNotVolume)
+		return nil, fmt.Errorf("%s: artifactType %s: %w", desc.Digest, termsafe.Short(m.ArtifactType), layout.ErrNotVolume)
 	}
 	r := &Root{Desc: desc, Manifest: b}
 	r.Desc.MediaType = m.MediaType

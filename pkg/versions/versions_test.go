@@ -126,7 +126,8 @@ func checkList(t *testing.T, got []Version, vs [3]*layout.PushResult) {
 // (ignoring n and last, as distribution 2.8 does).
 type fakeRegistry struct {
 	src      oci.Target
-	paginate int // page size; 0 ignores n and last
+	paginate int               // page size; 0 ignores n and last
+	extra    map[string][]byte // manifests served by tag, beside src's
 
 	mu        sync.Mutex
 	tagsCalls int
@@ -147,6 +148,9 @@ func (f *fakeRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, err.Error(), 500)
 			return
 		}
+		for tag := range f.extra {
+			tags = append(tags, tag)
+		}
 		sort.Strings(tags)
 		if f.paginate > 0 {
 			last := r.URL.Query().Get("last")
@@ -166,6 +170,15 @@ func (f *fakeRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"name":"vol","tags":["%s"]}`, strings.Join(tags, `","`))
 	case strings.HasPrefix(p, "manifests/"), strings.HasPrefix(p, "blobs/"):
 		ref := p[strings.IndexByte(p, '/')+1:]
+		if b, ok := f.extra[ref]; ok && strings.HasPrefix(p, "manifests/") {
+			w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
+			w.Header().Set("Docker-Content-Digest", digest.FromBytes(b).String())
+			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+			if r.Method != http.MethodHead {
+				_, _ = w.Write(b)
+			}
+			return
+		}
 		desc, err := f.src.Resolve(ctx, ref)
 		if err != nil {
 			http.Error(w, `{"errors":[{"code":"MANIFEST_UNKNOWN"}]}`, http.StatusNotFound)
@@ -401,5 +414,53 @@ func TestRecordKeepsNewestMoves(t *testing.T) {
 	}
 	if len(h.Moves) != MaxMoves || h.Dropped != 11 || h.Moves[len(h.Moves)-1].Digest != moves[len(moves)-1].Digest {
 		t.Fatalf("%d moves kept, %d dropped", len(h.Moves), h.Dropped)
+	}
+}
+
+// TestListAllReportsUnreadable checks that protective tags naming an
+// oversized or broken manifest are reported while the other versions are
+// listed, and that List refuses with an error naming the tag.
+func TestListAllReportsUnreadable(t *testing.T) {
+	ctx := context.Background()
+	src := openLayout(t)
+	vs := threeVersions(t, src)
+	big := append([]byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"`+layout.ArtifactTypeVolume+`","annotations":{"pad":"`),
+		bytes.Repeat([]byte("x"), layout.MaxManifestBytes)...)
+	big = append(big, `"}}`...)
+	broken := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"`)
+	extra := map[string][]byte{}
+	var tags []string
+	for i, b := range [][]byte{big, broken} {
+		tag := oci.ProtectiveTag(digest.FromBytes(b), t0.Add(time.Duration(10+i)*time.Minute))
+		extra[tag] = b
+		tags = append(tags, tag)
+	}
+	slices.Sort(tags)
+	srv := httptest.NewServer(&fakeRegistry{src: src, extra: extra})
+	defer srv.Close()
+	ref, err := oci.ParseRef(strings.TrimPrefix(srv.URL, "http://") + "/vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := oci.Open(ctx, ref, oci.Options{Credentials: noCreds{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ListAll(ctx, tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkList(t, l.Versions, vs)
+	if len(l.Unreadable) != 2 {
+		t.Fatalf("unreadable %v, want the 2 bad protective tags", l.Unreadable)
+	}
+	for i, u := range l.Unreadable {
+		if u.Tag != tags[i] || !errors.Is(u.Err, ErrUnreadableVersion) || !strings.Contains(u.Err.Error(), tags[i]) {
+			t.Errorf("unreadable %d: %s: %v, want %s", i, u.Tag, u.Err, tags[i])
+		}
+		t.Logf("%v", u.Err)
+	}
+	if _, err := List(ctx, tg); !errors.Is(err, ErrUnreadableVersion) {
+		t.Fatalf("List: %v, want ErrUnreadableVersion", err)
 	}
 }
