@@ -186,3 +186,49 @@ func TestRefusalShortensLongTarget(t *testing.T) {
 		t.Errorf("refusal of %d bytes, want a short one naming the link and the target's length: %s", len(line), line)
 	}
 }
+
+// TestPullWrongChunkSizeKeepsCacheEntry pulls a version that names a cached
+// chunk's digest with another size: the pull fails naming the chunk, and
+// the verified cache entry stays.
+func TestPullWrongChunkSizeKeepsCacheEntry(t *testing.T) {
+	root := t.TempDir()
+	chunk := bytes.Repeat([]byte("a verified chunk\n"), 64)
+	good := craftWith(t, fileIndex{Files: []indexEntry{fileEntry("a", 0o644, chunk, 0)}}, [][]byte{chunk}, nil)
+	writeLayout(t, filepath.Join(root, "good"), "v1", good)
+	mustRun(t, "pull", "--cache", "oci:"+root+"/good:v1", filepath.Join(root, "out1"))
+	d := digestOf(chunk)
+	entry := filepath.Join(home(t), "bdnvol", "chunks", "sha256", strings.TrimPrefix(d, "sha256:"))
+	if !bytes.Equal(fileContents(t, entry), chunk) {
+		t.Fatal("pull --cache did not store the chunk")
+	}
+
+	// The same chunk digest, declared 5 bytes longer, in the index and the
+	// manifest alike.
+	idx := fileIndex{Version: 1, Chunking: chunking{Min: 1 << 20, Avg: 4 << 20, Max: 8 << 20},
+		Chunks: []chunkRef{{Digest: d, Size: int64(len(chunk)) + 5}},
+		Files:  []indexEntry{fileEntry("a", 0o644, chunk, 0)}}
+	ib, err := json.Marshal(idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := ociManifest{SchemaVersion: 2, MediaType: mtManifest, ArtifactType: mtVolume,
+		Config: &descriptor{MediaType: mtEmpty, Digest: emptyDigest, Size: 2},
+		Layers: []descriptor{{MediaType: mtFileIndex, Digest: digestOf(ib), Size: int64(len(ib))},
+			{MediaType: mtChunk, Digest: d, Size: int64(len(chunk)) + 5}}}
+	mb, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := version{blobs: map[string][]byte{emptyDigest: []byte("{}"), digestOf(ib): ib, d: chunk},
+		manifest: mb, digest: digestOf(mb), index: idx}
+	writeLayout(t, filepath.Join(root, "bad"), "v1", bad)
+	res := run(t, "pull", "oci:"+root+"/bad:v1", filepath.Join(root, "out2"))
+	if res.code != 1 || !strings.Contains(res.stderr, d) {
+		t.Errorf("pull of a wrong chunk size: want exit 1 naming %s:\n%s", d, res)
+	}
+	if !bytes.Equal(fileContents(t, entry), chunk) {
+		t.Fatal("the verified cache entry was deleted or changed")
+	}
+	// And the good version still pulls from the cache.
+	mustRun(t, "pull", "oci:"+root+"/good:v1", filepath.Join(root, "out3"))
+}
