@@ -223,6 +223,7 @@ func TestPullWrongChunkSizeKeepsCacheEntry(t *testing.T) {
 		manifest: mb, digest: digestOf(mb), index: idx}
 	writeLayout(t, filepath.Join(root, "bad"), "v1", bad)
 	res := run(t, "pull", "oci:"+root+"/bad:v1", filepath.Join(root, "out2"))
+	t.Logf("stderr: %s", res.stderr)
 	if res.code != 1 || !strings.Contains(res.stderr, d) {
 		t.Errorf("pull of a wrong chunk size: want exit 1 naming %s:\n%s", d, res)
 	}
