@@ -186,35 +186,28 @@ func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, se
 	if err != nil {
 		return nil, err
 	}
-	params := previousParams(ctx, t, ref)
 	// The walk fills in the revision; Push seals after walking.
 	ann := map[string]string{annotationSource: src.String()}
 	walked := &walkLogger{Source: src, logf: logf, setPhase: setPhase, annotations: ann}
-	res, err := layout.Push(ctx, t, walked, layout.PushOptions{Params: params, Jobs: spec.Jobs, Counters: counters, Annotations: ann})
+	res, err := versions.Publish(ctx, t, walked, versions.PublishOptions{
+		Tag:   ref.Tag,
+		Extra: spec.Tags,
+		Push:  layout.PushOptions{Jobs: spec.Jobs, Counters: counters, Annotations: ann},
+		Check: func(x *layout.Index) error {
+			if err := source.Verify(src, x); err != nil {
+				return err
+			}
+			setPhase("tagging", 0)
+			return nil
+		},
+	})
 	if err != nil {
 		return nil, fmt.Errorf("sync %s to %s: %w", src, ref, err)
-	}
-	if err := source.Verify(src, res.Index); err != nil {
-		return nil, fmt.Errorf("sync %s to %s: not tagged: %w", src, ref, err)
-	}
-	setPhase("tagging", 0)
-	tags := spec.Tags
-	if ref.Tag != "" {
-		tags = append([]string{ref.Tag}, tags...)
-	}
-	prev := previousTargets(ctx, t, tags)
-	now := time.Now()
-	prot, err := oci.TagVersion(ctx, t, res.Root, res.RootBytes, tags, now)
-	if err != nil {
-		return nil, fmt.Errorf("sync %s to %s: %w", src, ref, err)
-	}
-	if err := versions.RecordPush(ctx, t, res.Root.Digest, tags, prev, now); err != nil {
-		return nil, fmt.Errorf("sync %s to %s: tagged, but recording the tag history failed: %w", src, ref, err)
 	}
 	return &syncOutput{
 		Source:     spec.Source,
 		Commit:     src.Revision(),
-		pushOutput: newPushOutput(ref, res, append([]string{prot}, tags...)),
+		pushOutput: newPushOutput(ref, res.PushResult, res.Tags),
 	}, nil
 }
 
