@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -120,29 +120,18 @@ func (c *JobsWaitCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 func waitJob(ctx context.Context, g *Globals, store *jobs.Store, id string, timeout time.Duration) error {
-	j, err := store.Get(id)
-	if err != nil {
+	j, err := store.Wait(ctx, id, timeout)
+	switch {
+	case j == nil:
 		return usageError{err}
-	}
-	var deadline <-chan time.Time
-	if timeout > 0 {
-		deadline = time.After(timeout)
-	}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for !j.Done() {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stopped waiting; job %s is still %s (%s)\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
-				j.ID, j.State, progressText(j), j.ID, j.ID)
-		case <-deadline:
-			return fmt.Errorf("job %s is still %s (%s) after %v\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
-				j.ID, j.State, progressText(j), timeout, j.ID, j.ID)
-		case <-tick.C:
-		}
-		if j, err = store.Get(j.ID); err != nil {
-			return err
-		}
+	case errors.Is(err, jobs.ErrWaitTimeout):
+		return fmt.Errorf("job %s is still %s (%s) after %v\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
+			j.ID, j.State, progressText(j), timeout, j.ID, j.ID)
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("stopped waiting; job %s is still %s (%s)\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
+			j.ID, j.State, progressText(j), j.ID, j.ID)
+	case err != nil:
+		return err
 	}
 	switch j.State {
 	case jobs.Succeeded:
@@ -166,40 +155,12 @@ func (c *JobsCancelCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	j, err := store.Update(c.ID, func(j *jobs.Job) error {
-		if j.Done() && j.State != jobs.Failed {
-			return fmt.Errorf("job %s already %s", j.ID, j.State)
-		}
-		if j.State == jobs.Failed || !jobs.Alive(j.PID, j.PIDStart) {
-			// Nothing runs it: cancel it here.
-			j.State, j.Reason, j.Finished, j.PID, j.PIDStart = jobs.Canceled, "canceled by bdnvol jobs cancel", time.Now().UTC(), 0, ""
-			return nil
-		}
-		j.CancelRequested = true
-		return nil
-	})
-	if err != nil {
-		if j == nil {
-			return usageError{err}
-		}
-		return err
+	j, err := store.Cancel(ctx, c.ID)
+	if j == nil {
+		return usageError{err}
 	}
-	if j.State == jobs.Running && j.PID != 0 {
-		syscall.Kill(j.PID, syscall.SIGTERM)
-		deadline := time.Now().Add(15 * time.Second)
-		for !j.Done() && time.Now().Before(deadline) {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(100 * time.Millisecond):
-			}
-			if j, err = store.Get(j.ID); err != nil {
-				return err
-			}
-		}
-		if !j.Done() {
-			return fmt.Errorf("job %s: asked process %d to stop; it has not yet", j.ID, j.PID)
-		}
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(g.stderr, "bdnvol: job %s: %s\n", j.ID, j.State)
 	return nil
@@ -264,16 +225,7 @@ func (c *JobsResumeCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	j, err := store.Update(c.ID, func(j *jobs.Job) error {
-		switch j.State {
-		case jobs.Succeeded:
-			return fmt.Errorf("job %s already succeeded: %s", j.ID, j.Reference)
-		case jobs.Running, jobs.Queued:
-			return fmt.Errorf("job %s is %s (pid %d)", j.ID, j.State, j.PID)
-		}
-		j.State, j.Reason, j.PID, j.PIDStart, j.CancelRequested = jobs.Queued, "", 0, "", false
-		return nil
-	})
+	j, err := store.Requeue(c.ID)
 	if err != nil {
 		if j == nil {
 			return usageError{err}

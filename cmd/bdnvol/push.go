@@ -3,11 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-
 	"fmt"
 	"time"
-
-	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -75,7 +72,7 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	params := layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)}
 	if params == (layout.Params{}) {
-		params = previousParams(ctx, t, ref)
+		params = versions.PreviousParams(ctx, t, ref.Tag)
 	} else {
 		d := layout.DefaultParams
 		if params.Min == 0 {
@@ -93,31 +90,22 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "push", counters)
-	res, err := layout.Push(ctx, t, layout.DirSource(c.Dir), layout.PushOptions{
-		Params:    params,
-		MaxLayers: c.MaxLayers,
-		Jobs:      c.Jobs,
-		Cache:     layout.OpenStatCache(g.cacheDir(), c.Dir, params),
-		Counters:  counters,
+	res, err := versions.Publish(ctx, t, layout.DirSource(c.Dir), versions.PublishOptions{
+		Tag:   ref.Tag,
+		Extra: c.Tag,
+		Push: layout.PushOptions{
+			Params:    params,
+			MaxLayers: c.MaxLayers,
+			Jobs:      c.Jobs,
+			Cache:     layout.OpenStatCache(g.cacheDir(), c.Dir, params),
+			Counters:  counters,
+		},
 	})
 	stop()
 	if err != nil {
 		return fmt.Errorf("push %s: %w", ref, err)
 	}
-	tags := c.Tag
-	if ref.Tag != "" {
-		tags = append([]string{ref.Tag}, tags...)
-	}
-	prev := previousTargets(ctx, t, tags)
-	now := time.Now()
-	prot, err := oci.TagVersion(ctx, t, res.Root, res.RootBytes, tags, now)
-	if err != nil {
-		return fmt.Errorf("push %s: %w", ref, err)
-	}
-	if err := versions.RecordPush(ctx, t, res.Root.Digest, tags, prev, now); err != nil {
-		return fmt.Errorf("push %s: tagged, but recording the tag history failed: %w", ref, err)
-	}
-	out := newPushOutput(ref, res, append([]string{prot}, tags...))
+	out := newPushOutput(ref, res.PushResult, res.Tags)
 	out.Seconds = time.Since(start).Seconds()
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)
@@ -126,39 +114,4 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 		out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds)
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
-}
-
-// previousParams returns the chunking parameters of the version the tag
-// points at now, else of the newest sealed version of the repository, so
-// the new version dedups against it; else the defaults.
-func previousParams(ctx context.Context, t oci.Target, ref oci.Ref) layout.Params {
-	candidates := []string{}
-	if ref.Tag != "" {
-		candidates = append(candidates, ref.Tag)
-	}
-	if newest := oci.NewestSealedTag(ctx, t); newest != "" {
-		candidates = append(candidates, newest)
-	}
-	for _, tag := range candidates {
-		desc, err := t.Resolve(ctx, tag)
-		if err != nil {
-			continue
-		}
-		if v, err := layout.Open(ctx, t, desc); err == nil && v.Index.Chunking.Validate() == nil {
-			return v.Index.Chunking
-		}
-	}
-	return layout.DefaultParams
-}
-
-// previousTargets returns what each of tags points at before a push moves
-// it (absent when the tag is new), for the tag history.
-func previousTargets(ctx context.Context, t oci.Target, tags []string) map[string]digest.Digest {
-	prev := map[string]digest.Digest{}
-	for _, tag := range tags {
-		if d, err := t.Resolve(ctx, tag); err == nil {
-			prev[tag] = d.Digest
-		}
-	}
-	return prev
 }

@@ -8,8 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
@@ -95,154 +93,71 @@ func sourceOptions(spec jobs.Spec) source.Options {
 		UserAgent: "bdnvol/" + version}
 }
 
-// startDetached runs `bdnvol jobs run ID` in a new session with its output
-// appended to the job's log, and records its PID.
+// startDetached runs `bdnvol jobs run ID` in a new session, its output
+// going to the job's log.
 func startDetached(store *jobs.Store, id string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(store.LogPath(id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(exe, "jobs", "run", id)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		store.Update(id, func(j *jobs.Job) error {
-			j.State, j.Reason, j.Finished = jobs.Failed, "could not start: "+err.Error(), time.Now().UTC()
-			return nil
-		})
-		return fmt.Errorf("start job %s: %w", id, err)
-	}
-	pid := cmd.Process.Pid
-	_, err = store.Update(id, func(j *jobs.Job) error {
-		if j.State == jobs.Queued {
-			j.State, j.PID, j.PIDStart = jobs.Running, pid, jobs.ProcessStart(pid)
-		}
-		return nil
-	})
-	cmd.Process.Release()
-	return err
+	return store.Spawn(id, exec.Command(exe, "jobs", "run", id))
 }
-
-// errCanceled marks a job stopped by a cancel request or a signal.
-var errCanceled = errors.New("canceled")
 
 // runJob runs job id in this process and records how it ends. In the
 // foreground, log lines also go to stderr and the reference (or JSON) to
 // stdout.
 func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreground, asJSON bool) error {
-	j, err := store.Update(id, func(j *jobs.Job) error {
-		if j.Done() || (j.State == jobs.Running && j.PID != os.Getpid()) {
-			return fmt.Errorf("job %s is %s", j.ID, j.State)
-		}
-		j.State, j.PID, j.PIDStart = jobs.Running, os.Getpid(), jobs.ProcessStart(os.Getpid())
-		j.Attempts++
-		j.Reason, j.CancelRequested, j.Progress = "", false, jobs.Progress{Phase: "listing"}
-		j.Started, j.Finished = time.Now().UTC(), time.Time{}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
 	logw := g.stderr
-	if foreground {
-		if f, err := os.OpenFile(store.LogPath(id), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
-			defer f.Close()
-			logw = io.MultiWriter(g.stderr, f)
-		}
-	}
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(logw, "%s %s\n", time.Now().UTC().Format(time.RFC3339), termsafe.Text(fmt.Sprintf(format, args...)))
 	}
-	logf("job %s attempt %d: sync %s to %s", id, j.Attempts, j.Spec.Source, j.Spec.Destination)
-
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var (
-		mu       sync.Mutex
-		counters = &layout.Counters{}
-		progress = jobs.Progress{Phase: "listing"}
-	)
-	setPhase := func(p string, files int) {
-		mu.Lock()
-		progress.Phase = p
-		if files > 0 {
-			progress.Files = files
+	var logFile *os.File
+	defer func() {
+		if logFile != nil {
+			logFile.Close()
 		}
-		mu.Unlock()
-	}
-	report := func() {
-		mu.Lock()
-		p := progress
-		mu.Unlock()
-		p.Total, p.Processed, p.Sent = counters.Total.Load(), counters.Processed.Load(), counters.Sent.Load()
-		store.Update(id, func(j *jobs.Job) error {
-			j.Progress = p
-			if j.CancelRequested {
-				cancel(errCanceled)
-			}
-			return nil
-		})
-	}
-	stopReport := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(500 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopReport:
-				return
-			case <-t.C:
-				report()
-			}
-		}
-	})
-
+	}()
 	start := time.Now()
-	stopBar := func() {}
-	if foreground {
-		stopBar = startProgress(g.stderr, "sync", counters)
-	}
-	out, err := syncVersion(ctx, j, counters, setPhase, logf)
-	stopBar()
-	close(stopReport)
-	wg.Wait()
-	report()
-
-	_, uerr := store.Update(id, func(jj *jobs.Job) error {
-		jj.Finished = time.Now().UTC()
-		jj.PID, jj.PIDStart = 0, ""
-		switch {
-		case err == nil:
-			jj.State, jj.Reference, jj.Digest, jj.BytesUploaded = jobs.Succeeded, out.Reference, out.Digest, out.BytesUploaded
-			jj.Commit = out.Commit
-		case errors.Is(context.Cause(ctx), errCanceled) || jj.CancelRequested:
-			jj.State, jj.Reason = jobs.Canceled, "canceled by bdnvol jobs cancel"
-		case ctx.Err() != nil:
-			jj.State, jj.Reason = jobs.Canceled, "interrupted by a signal"
-		default:
-			jj.State, jj.Reason = jobs.Failed, err.Error()
+	var out *syncOutput
+	var workErr error
+	j, err := store.Run(ctx, id, func(ctx context.Context, j *jobs.Job, r *jobs.Reporter) (jobs.Result, error) {
+		if foreground {
+			if f, err := os.OpenFile(store.LogPath(j.ID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+				logFile, logw = f, io.MultiWriter(g.stderr, f)
+			}
 		}
-		return nil
+		logf("job %s attempt %d: sync %s to %s", j.ID, j.Attempts, j.Spec.Source, j.Spec.Destination)
+		counters := &layout.Counters{}
+		r.Sample(func(p *jobs.Progress) {
+			p.Total, p.Processed, p.Sent = counters.Total.Load(), counters.Processed.Load(), counters.Sent.Load()
+		})
+		stopBar := func() {}
+		if foreground {
+			stopBar = startProgress(g.stderr, "sync", counters)
+		}
+		out, workErr = syncVersion(ctx, j, counters, r.SetPhase, logf)
+		stopBar()
+		if workErr != nil {
+			return jobs.Result{}, workErr
+		}
+		return jobs.Result{Reference: out.Reference, Digest: out.Digest, Commit: out.Commit, BytesUploaded: out.BytesUploaded}, nil
 	})
-	if err != nil {
+	if j == nil {
+		return err
+	}
+	if workErr != nil {
 		logf("job %s: %v", id, err)
-		if ctx.Err() != nil {
+		if errors.Is(err, jobs.ErrStopped) {
 			return fmt.Errorf("job %s stopped: %w; resume it with: bdnvol jobs resume %s", id, err, id)
 		}
 		return fmt.Errorf("job %s failed: %w; after fixing the cause, resume it with: bdnvol jobs resume %s", id, err, id)
 	}
-	if uerr != nil {
-		return fmt.Errorf("job %s: synced %s, but recording it failed: %w", id, out.Reference, uerr)
+	if err != nil {
+		return err
 	}
-	out.Job, out.Seconds = id, time.Since(start).Seconds()
+	out.Job, out.Seconds = j.ID, time.Since(start).Seconds()
 	logf("job %s: sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs; %s",
-		id, out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds, out.Reference)
+		j.ID, out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds, out.Reference)
 	if !foreground {
 		return nil
 	}
@@ -272,35 +187,28 @@ func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, se
 	if err != nil {
 		return nil, err
 	}
-	params := previousParams(ctx, t, ref)
 	// The walk fills in the revision; Push seals after walking.
 	ann := map[string]string{annotationSource: src.String()}
 	walked := &walkLogger{Source: src, logf: logf, setPhase: setPhase, annotations: ann}
-	res, err := layout.Push(ctx, t, walked, layout.PushOptions{Params: params, Jobs: spec.Jobs, Counters: counters, Annotations: ann})
+	res, err := versions.Publish(ctx, t, walked, versions.PublishOptions{
+		Tag:   ref.Tag,
+		Extra: spec.Tags,
+		Push:  layout.PushOptions{Jobs: spec.Jobs, Counters: counters, Annotations: ann},
+		Check: func(x *layout.Index) error {
+			if err := source.Verify(src, x); err != nil {
+				return err
+			}
+			setPhase("tagging", 0)
+			return nil
+		},
+	})
 	if err != nil {
 		return nil, fmt.Errorf("sync %s to %s: %w", src, ref, err)
-	}
-	if err := source.Verify(src, res.Index); err != nil {
-		return nil, fmt.Errorf("sync %s to %s: not tagged: %w", src, ref, err)
-	}
-	setPhase("tagging", 0)
-	tags := spec.Tags
-	if ref.Tag != "" {
-		tags = append([]string{ref.Tag}, tags...)
-	}
-	prev := previousTargets(ctx, t, tags)
-	now := time.Now()
-	prot, err := oci.TagVersion(ctx, t, res.Root, res.RootBytes, tags, now)
-	if err != nil {
-		return nil, fmt.Errorf("sync %s to %s: %w", src, ref, err)
-	}
-	if err := versions.RecordPush(ctx, t, res.Root.Digest, tags, prev, now); err != nil {
-		return nil, fmt.Errorf("sync %s to %s: tagged, but recording the tag history failed: %w", src, ref, err)
 	}
 	return &syncOutput{
 		Source:     spec.Source,
 		Commit:     src.Revision(),
-		pushOutput: newPushOutput(ref, res, append([]string{prot}, tags...)),
+		pushOutput: newPushOutput(ref, res.PushResult, res.Tags),
 	}, nil
 }
 

@@ -10,6 +10,14 @@
 // is observed as FAILED ("interrupted"); FAILED and CANCELED jobs can be
 // run again.
 //
+// # Running
+//
+// Store.Run runs a job's work in this process and keeps the record true
+// while it does: progress every ReportInterval, a cancel request cancels
+// the work's context, and the end state is recorded however the work
+// ends. Spawn starts the process that runs a detached job; Wait, Cancel
+// and Requeue are what the CLI's jobs commands do.
+//
 // # Credentials
 //
 // A job records what to sync, never how to authenticate: tokens come from

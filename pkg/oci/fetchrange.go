@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -60,6 +61,9 @@ func (r *repository) FetchRange(ctx context.Context, desc ocispec.Descriptor, of
 	case http.StatusOK:
 		resp.Body.Close()
 		return nil, fmt.Errorf("fetch %s of %s from %s: %w", want, desc.Digest, r.Reference, ErrRangeUnsupported)
+	case http.StatusNotFound:
+		defer drain(resp)
+		return nil, fmt.Errorf("fetch %s of %s from %s: %w: %w", want, desc.Digest, r.Reference, ErrNotFound, answerError("range GET", resp))
 	default:
 		defer drain(resp)
 		return nil, fmt.Errorf("fetch %s of %s from %s: %w", want, desc.Digest, r.Reference, answerError("range GET", resp))
@@ -75,6 +79,9 @@ func (s *layoutStore) FetchRange(ctx context.Context, desc ocispec.Descriptor, o
 		return nil, fmt.Errorf("blob %s: range %d+%d outside its %d bytes", desc.Digest, off, n, desc.Size)
 	}
 	f, err := os.Open(filepath.Join(s.root, ocispec.ImageBlobsDir, desc.Digest.Algorithm().String(), desc.Digest.Encoded()))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: blob %s: %w: %w", s.root, desc.Digest, ErrNotFound, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: blob %s: %w", s.root, desc.Digest, err)
 	}

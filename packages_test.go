@@ -1,0 +1,87 @@
+package bdnvol_test
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/bdnvol/bdnvol/"
+
+// packageRule is one row of docs/packages.md.
+type packageRule struct {
+	may    []string // allowed bdnvol imports; a trailing "…" allows a prefix
+	coming bool     // the package is being added and may be absent
+}
+
+func (r packageRule) allows(imp string) bool {
+	for _, m := range r.may {
+		if p, ok := strings.CutSuffix(m, "…"); ok && strings.HasPrefix(imp, p) || imp == m {
+			return true
+		}
+	}
+	return false
+}
+
+// readPackageMap parses the table of docs/packages.md.
+func readPackageMap(t *testing.T) map[string]packageRule {
+	t.Helper()
+	b, err := os.ReadFile("docs/packages.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := map[string]packageRule{}
+	for _, line := range strings.Split(string(b), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) != 5 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		name := strings.Trim(strings.TrimSpace(cells[1]), "`")
+		r := packageRule{coming: strings.Contains(cells[2], "being added")}
+		for _, f := range strings.Split(cells[3], "`") {
+			if f = strings.TrimSpace(f); f != "" && (strings.HasPrefix(f, "pkg/") || strings.HasPrefix(f, "internal/")) {
+				r.may = append(r.may, f)
+			}
+		}
+		rules[name] = r
+	}
+	if len(rules) == 0 {
+		t.Fatal("docs/packages.md has no package rows")
+	}
+	return rules
+}
+
+// TestPackageMap keeps docs/packages.md true: every package has a row, and
+// imports only what its row allows.
+func TestPackageMap(t *testing.T) {
+	rules := readPackageMap(t)
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg, ok := strings.CutPrefix(fields[0], module)
+		if !ok {
+			continue // the module root
+		}
+		seen[pkg] = true
+		r, ok := rules[pkg]
+		if !ok {
+			t.Errorf("%s has no row in docs/packages.md", pkg)
+			continue
+		}
+		for _, imp := range fields[1:] {
+			if imp, ok := strings.CutPrefix(imp, module); ok && !r.allows(imp) {
+				t.Errorf("%s imports %s, which docs/packages.md does not allow", pkg, imp)
+			}
+		}
+	}
+	for pkg, r := range rules {
+		if !seen[pkg] && !r.coming {
+			t.Errorf("docs/packages.md has a row for %s, which is not in the tree", pkg)
+		}
+	}
+}

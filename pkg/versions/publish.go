@@ -1,0 +1,110 @@
+package versions
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// PublishOptions configure Publish.
+type PublishOptions struct {
+	// Tag is the tag the destination reference names ("" when none); its
+	// version's chunking is the first guess for the new one.
+	Tag string
+	// Extra are more tags to point at the version.
+	Extra []string
+	// Push configures sealing and uploading. Zero Params mean: the
+	// chunking of the version Tag points at, else of the newest sealed
+	// version of the repository (so the new one dedups against it), else
+	// layout.DefaultParams.
+	Push layout.PushOptions
+	// Check, when set, runs after sealing and before any tag moves; its
+	// error leaves the version untagged.
+	Check func(*layout.Index) error
+	// Now is the time of the protective tag and the tag moves; zero means
+	// time.Now().
+	Now time.Time
+}
+
+// Published is what Publish sealed and tagged.
+type Published struct {
+	*layout.PushResult
+	// Tags are the protective tag first, then Tag and Extra.
+	Tags []string
+}
+
+// Publish seals src into t, gives the version its protective tag, points
+// Tag and Extra at it, and records those moves in the tag history. Errors
+// of Check read "not tagged: …"; an error recording the history, after
+// the tags moved, reads "tagged, but recording the tag history failed: …".
+func Publish(ctx context.Context, t oci.Target, src layout.Source, opt PublishOptions) (*Published, error) {
+	if opt.Push.Params == (layout.Params{}) {
+		opt.Push.Params = PreviousParams(ctx, t, opt.Tag)
+	}
+	res, err := layout.Push(ctx, t, src, opt.Push)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Check != nil {
+		if err := opt.Check(res.Index); err != nil {
+			return nil, fmt.Errorf("not tagged: %w", err)
+		}
+	}
+	tags := opt.Extra
+	if opt.Tag != "" {
+		tags = append([]string{opt.Tag}, tags...)
+	}
+	prev := previousTargets(ctx, t, tags)
+	now := opt.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	prot, err := oci.TagVersion(ctx, t, res.Root, res.RootBytes, tags, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := RecordPush(ctx, t, res.Root.Digest, tags, prev, now); err != nil {
+		return nil, fmt.Errorf("tagged, but recording the tag history failed: %w", err)
+	}
+	return &Published{PushResult: res, Tags: append([]string{prot}, tags...)}, nil
+}
+
+// PreviousParams returns the chunking parameters of the version tag points
+// at now, else of the newest sealed version of the repository, else
+// layout.DefaultParams.
+func PreviousParams(ctx context.Context, t oci.Target, tag string) layout.Params {
+	candidates := []string{}
+	if tag != "" {
+		candidates = append(candidates, tag)
+	}
+	if newest := oci.NewestSealedTag(ctx, t); newest != "" {
+		candidates = append(candidates, newest)
+	}
+	for _, c := range candidates {
+		desc, err := t.Resolve(ctx, c)
+		if err != nil {
+			continue
+		}
+		if v, err := layout.Open(ctx, t, desc); err == nil && v.Index.Chunking.Validate() == nil {
+			return v.Index.Chunking
+		}
+	}
+	return layout.DefaultParams
+}
+
+// previousTargets returns what each of tags points at before a publish
+// moves it (absent when the tag is new), for the tag history.
+func previousTargets(ctx context.Context, t oci.Target, tags []string) map[string]digest.Digest {
+	prev := map[string]digest.Digest{}
+	for _, tag := range tags {
+		if d, err := t.Resolve(ctx, tag); err == nil {
+			prev[tag] = d.Digest
+		}
+	}
+	return prev
+}
