@@ -59,8 +59,13 @@ func RewriteImages(b []byte, repo, digest string) ([]byte, int) {
 
 // RewriteManifests applies RewriteImages to every *.yaml file in dir,
 // writing only the files that change, and returns how many references it
-// found. A directory without any reference to bdnvol's image is an error.
+// found. A directory without any reference to bdnvol's image is an error,
+// and so is a repo whose last element is not ImageName (a later rewrite
+// would not find it).
 func RewriteManifests(dir, repo, digest string) (int, error) {
+	if repo != "" && !strings.HasSuffix("/"+repo, "/"+ImageName) {
+		return 0, fmt.Errorf("image repository %s: its last element must be %s", repo, ImageName)
+	}
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
 		return 0, err

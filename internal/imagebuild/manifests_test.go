@@ -71,6 +71,9 @@ func TestRewriteAndCheckManifests(t *testing.T) {
 	if st, err := os.Stat(other); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("an untouched file changed: %v %v", st.Mode(), err)
 	}
+	if _, err := RewriteManifests(dir, "registry.example.com/ops/bdnvol-csi", dNew); err == nil || !strings.Contains(err.Error(), "bdnvol-csi") {
+		t.Fatalf("a repository not named bdnvol: %v", err)
+	}
 	if _, err := RewriteManifests(t.TempDir(), "", dNew); err == nil {
 		t.Fatal("a directory without bdnvol images rewrote fine")
 	}
