@@ -231,19 +231,22 @@ func flag(c *corev1.Container, name string) string {
 	return ""
 }
 
+// TestKubernetesNodePlugin checks the DaemonSets against what the plugin
+// needs: the registrar, the plugin's socket and the driver name agree; the
+// bdnvol containers are privileged, have /dev/fuse and the kubelet
+// directory with Bidirectional propagation, and agree on their directories;
+// the mounter runs in a DaemonSet of its own that an upgrade of the node
+// plugin does not touch; every image is pinned by digest.
 func TestKubernetesNodePlugin(t *testing.T) {
 	objs := loadManifests(t)
-	var ds *appsv1.DaemonSet
-	var sa *corev1.ServiceAccount
+	var dss []*appsv1.DaemonSet
+	sas := map[string]bool{}
 	for _, o := range objs {
 		switch x := o.obj.(type) {
 		case *appsv1.DaemonSet:
-			if ds != nil {
-				t.Fatalf("two DaemonSets: %s and %s", ds.Name, x.Name)
-			}
-			ds = x
+			dss = append(dss, x)
 		case *corev1.ServiceAccount:
-			sa = x
+			sas[x.Namespace+"/"+x.Name] = true
 		}
 		// Images of the plugin itself are pinned; examples are the user's.
 		if filepath.Dir(o.file) != manifestsDir {
@@ -257,27 +260,28 @@ func TestKubernetesNodePlugin(t *testing.T) {
 			}
 		}
 	}
-	if ds == nil || sa == nil {
-		t.Fatalf("DaemonSet %v, ServiceAccount %v", ds != nil, sa != nil)
-	}
-	spec := &ds.Spec.Template.Spec
-	if spec.ServiceAccountName != sa.Name || ds.Namespace != sa.Namespace {
-		t.Errorf("DaemonSet %s/%s runs as %s, the ServiceAccount is %s/%s", ds.Namespace, ds.Name, spec.ServiceAccountName, sa.Namespace, sa.Name)
-	}
-	if sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector); err != nil || !sel.Matches(labelSet(ds.Spec.Template.Labels)) {
-		t.Errorf("the DaemonSet's selector does not match its pod template: %v", err)
-	}
-	v := podView{spec}
 	var registrar, mounter, node *corev1.Container
-	for i := range spec.Containers {
-		c := &spec.Containers[i]
-		switch {
-		case strings.Contains(c.Image, "/csi-node-driver-registrar"):
-			registrar = c
-		case len(c.Args) >= 2 && c.Args[0] == "csi" && c.Args[1] == "mounter":
-			mounter = c
-		case len(c.Args) >= 2 && c.Args[0] == "csi" && c.Args[1] == "node":
-			node = c
+	views := map[*corev1.Container]podView{}
+	owner := map[*corev1.Container]*appsv1.DaemonSet{}
+	for _, ds := range dss {
+		spec := &ds.Spec.Template.Spec
+		if !sas[ds.Namespace+"/"+spec.ServiceAccountName] {
+			t.Errorf("DaemonSet %s/%s runs as %s, which no manifest creates", ds.Namespace, ds.Name, spec.ServiceAccountName)
+		}
+		if sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector); err != nil || !sel.Matches(labelSet(ds.Spec.Template.Labels)) {
+			t.Errorf("DaemonSet %s: the selector does not match its pod template: %v", ds.Name, err)
+		}
+		for i := range spec.Containers {
+			c := &spec.Containers[i]
+			views[c], owner[c] = podView{spec}, ds
+			switch {
+			case strings.Contains(c.Image, "/csi-node-driver-registrar"):
+				registrar = c
+			case len(c.Args) >= 2 && c.Args[0] == "csi" && c.Args[1] == "mounter":
+				mounter = c
+			case len(c.Args) >= 2 && c.Args[0] == "csi" && c.Args[1] == "node":
+				node = c
+			}
 		}
 	}
 	if registrar == nil || mounter == nil || node == nil {
@@ -286,6 +290,15 @@ func TestKubernetesNodePlugin(t *testing.T) {
 	if mounter.Image != node.Image {
 		t.Errorf("mounter runs %s, node runs %s", mounter.Image, node.Image)
 	}
+	if owner[registrar] != owner[node] {
+		t.Errorf("the registrar runs in %s, the node plugin in %s: they share the socket directory", owner[registrar].Name, owner[node].Name)
+	}
+	// Upgrading the node plugin recreates its pods: the mounter, whose
+	// restart cuts readers off, must not be among them.
+	if m := owner[mounter]; m == owner[node] || m.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		t.Errorf("the mounter runs in DaemonSet %s (update strategy %q): want a DaemonSet of its own, updated OnDelete", m.Name, m.Spec.UpdateStrategy.Type)
+	}
+	vw := func(c *corev1.Container) podView { return views[c] }
 
 	// kubelet finds the plugin's socket where the registrar says it is.
 	regPath := flag(registrar, "kubelet-registration-path")
@@ -296,16 +309,16 @@ func TestKubernetesNodePlugin(t *testing.T) {
 	if !ok {
 		t.Fatalf("node --endpoint %q is not a unix:// socket", flag(node, "endpoint"))
 	}
-	if got := v.hostPath(node, endpoint); got != regPath {
+	if got := vw(node).hostPath(node, endpoint); got != regPath {
 		t.Errorf("the plugin listens on %s (host %s), the registrar registers %s", endpoint, got, regPath)
 	}
-	if got := v.hostPath(registrar, flag(registrar, "csi-address")); got != regPath {
+	if got := vw(registrar).hostPath(registrar, flag(registrar, "csi-address")); got != regPath {
 		t.Errorf("the registrar dials %s (host %s), it registers %s", flag(registrar, "csi-address"), got, regPath)
 	}
-	if _, hp := v.mountFor(registrar, "/registration/x"); hp == nil || hp.Path != "/var/lib/kubelet/plugins_registry" {
+	if _, hp := vw(registrar).mountFor(registrar, "/registration/x"); hp == nil || hp.Path != "/var/lib/kubelet/plugins_registry" {
 		t.Errorf("the registrar's /registration is not the host's /var/lib/kubelet/plugins_registry: %+v", hp)
 	}
-	if _, hp := v.mountFor(node, endpoint); hp == nil || hp.Path != pluginHostDir {
+	if _, hp := vw(node).mountFor(node, endpoint); hp == nil || hp.Path != pluginHostDir {
 		t.Errorf("the socket dir is not the hostPath %s: %+v", pluginHostDir, hp)
 	}
 
@@ -314,12 +327,12 @@ func TestKubernetesNodePlugin(t *testing.T) {
 		if sc == nil || sc.Privileged == nil || !*sc.Privileged {
 			t.Errorf("%s is not privileged", c.Name)
 		}
-		m, hp := v.mountFor(c, "/var/lib/kubelet")
+		m, hp := vw(c).mountFor(c, "/var/lib/kubelet")
 		if hp == nil || hp.Path != "/var/lib/kubelet" || m.MountPath != "/var/lib/kubelet" ||
 			m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
 			t.Errorf("%s: /var/lib/kubelet is not the host's with Bidirectional propagation: %+v %+v", c.Name, m, hp)
 		}
-		if m, hp := v.mountFor(c, "/dev/fuse"); hp == nil || hp.Path != "/dev/fuse" || m.MountPath != "/dev/fuse" ||
+		if m, hp := vw(c).mountFor(c, "/dev/fuse"); hp == nil || hp.Path != "/dev/fuse" || m.MountPath != "/dev/fuse" ||
 			hp.Type == nil || *hp.Type != corev1.HostPathCharDev {
 			t.Errorf("%s: no /dev/fuse character device: %+v", c.Name, hp)
 		}
@@ -328,21 +341,21 @@ func TestKubernetesNodePlugin(t *testing.T) {
 			if val == "" || flag(mounter, f) != flag(node, f) {
 				t.Errorf("--%s: mounter %q, node %q", f, flag(mounter, f), flag(node, f))
 			}
-			if v.hostPath(c, val) == "" {
+			if vw(c).hostPath(c, val) == "" {
 				t.Errorf("%s: --%s=%s is not on a hostPath: it would not survive a restart", c.Name, f, val)
 			}
 		}
 		// The per-digest mounts and the mounter's socket lie under the
 		// plugin's directory, reached through the Bidirectional mount.
 		for _, f := range []string{"mounts-dir", "mounter-socket"} {
-			m, _ := v.mountFor(c, flag(c, f))
-			if hp := v.hostPath(c, flag(c, f)); !strings.HasPrefix(hp, pluginHostDir+"/") || m == nil || m.MountPropagation == nil ||
+			m, _ := vw(c).mountFor(c, flag(c, f))
+			if hp := vw(c).hostPath(c, flag(c, f)); !strings.HasPrefix(hp, pluginHostDir+"/") || m == nil || m.MountPropagation == nil ||
 				*m.MountPropagation != corev1.MountPropagationBidirectional {
 				t.Errorf("%s: --%s=%s lies at %s on the host, not under %s through a Bidirectional mount", c.Name, f, flag(c, f), hp, pluginHostDir)
 			}
 		}
 	}
-	if hp := v.hostPath(mounter, flag(mounter, "cache-dir")); !strings.HasPrefix(hp, "/var/lib/bdnvol/") {
+	if hp := vw(mounter).hostPath(mounter, flag(mounter, "cache-dir")); !strings.HasPrefix(hp, "/var/lib/bdnvol/") {
 		t.Errorf("the chunk cache %q is at %q on the host, want under /var/lib/bdnvol", flag(mounter, "cache-dir"), hp)
 	}
 	if nid := flag(node, "node-id"); nid != "" && nid != "$(NODE_NAME)" {
