@@ -3,7 +3,7 @@ GO ?= go
 BIN ?= bin/bdnvol
 DEMO ?= $(CURDIR)/.demo
 
-.PHONY: build test vet unit e2e fuzz bench demo clean
+.PHONY: build test vet unit e2e fuzz bench demo clean image image-push deploy-manifests check-manifests
 
 build:
 	$(GO) build -o $(BIN) ./cmd/bdnvol
@@ -42,5 +42,29 @@ demo: build
 	$(BIN) pull oci:$(DEMO)/volumes:v2 $(DEMO)/pulled
 	diff -r $(DEMO)/model-ft $(DEMO)/pulled && echo "demo: pulled version is bit-identical"
 
+# The container image, built without a container runtime: static binaries
+# for $(PLATFORMS) on an empty base, an OCI layout in dist/image, the index
+# digest on stdout. Same source and Go version, same digest.
+VERSION ?= dev
+PLATFORMS ?= linux/amd64,linux/arm64
+MKIMAGE = $(GO) run ./internal/tools/mkimage -version $(VERSION) -platforms $(PLATFORMS)
+
+image:
+	$(MKIMAGE) -out dist/image
+
+# make image-push IMAGE=host/repo:tag
+image-push:
+	@test -n "$(IMAGE)" || (echo "usage: make image-push IMAGE=host/repo:tag"; exit 1)
+	$(MKIMAGE) -out dist/image -push $(IMAGE)
+
+# Pin the bdnvol image in deploy/kubernetes/*.yaml to the digest make image
+# gives; IMAGE_REPO=host/repo also replaces the repository.
+deploy-manifests:
+	$(MKIMAGE) -out dist/image -manifests deploy/kubernetes $(if $(IMAGE_REPO),-image-repo $(IMAGE_REPO))
+
+# Fail unless deploy/kubernetes pins the image this source builds.
+check-manifests:
+	$(MKIMAGE) -out dist/image -check deploy/kubernetes
+
 clean:
-	rm -rf bin $(DEMO)
+	rm -rf bin dist $(DEMO)

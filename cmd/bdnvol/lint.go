@@ -14,7 +14,7 @@ import (
 // whose tag has moved since they were pinned.
 type LintCmd struct {
 	Files []string `arg:"" type:"path" help:"YAML or JSON files: bdnvol.yaml, Kubernetes manifests, Helm values."`
-	All   bool     `help:"Check every string that names a bdnvol volume, not only source: values."`
+	All   bool     `help:"Check every string that names a bdnvol volume, not only source: values and bdnvol CSI volume refs."`
 	JSON  bool     `name:"json" help:"Print the findings as a JSON array."`
 }
 

@@ -18,7 +18,7 @@ import (
 // PinCmd rewrites tag references into digest-pinned ones in place.
 type PinCmd struct {
 	Files  []string `arg:"" type:"path" help:"YAML or JSON files: bdnvol.yaml, Kubernetes manifests, Helm values."`
-	All    bool     `help:"Pin every string that resolves to a bdnvol volume, not only source: values."`
+	All    bool     `help:"Pin every string that resolves to a bdnvol volume, not only source: values and bdnvol CSI volume refs."`
 	Check  bool     `help:"Print the changes without writing."`
 	Update bool     `help:"Also re-pin references whose tag has moved since they were pinned."`
 }

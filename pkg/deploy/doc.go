@@ -11,9 +11,12 @@
 //
 // # Volume reference
 //
-// A string that names a volume version: the value of any `source:` key, and
-// with the All option any string that parses as a reference with a tag or a
-// digest and resolves to a bdnvol volume.
+// A string that names a volume version: the value of any `source:` key; in a
+// Kubernetes `csi:` volume source whose `driver` is csi.bdnvol.dev (a pod's
+// inline volume or a PersistentVolume's spec.csi), `volumeAttributes.ref`, or
+// `volumeHandle` when there is no `ref`; and with the All option any string
+// that parses as a reference with a tag or a digest and resolves to a bdnvol
+// volume.
 //
 // # Pinned reference
 //

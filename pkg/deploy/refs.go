@@ -19,18 +19,25 @@ import (
 // SourceKey is the mapping key whose string values are volume references.
 const SourceKey = "source"
 
+// CSIDriver is the name of bdnvol's CSI driver: in a Kubernetes csi: volume
+// source of this driver, volumeAttributes.ref (or, without it, volumeHandle)
+// is a volume reference.
+const CSIDriver = "csi.bdnvol.dev"
+
 // Candidate is a string scalar of a document that may be a volume reference.
 type Candidate struct {
 	Value  string
 	Line   int  // 1-based line of the value
 	Column int  // 1-based column (in characters) of the node
 	Offset int  // byte offset of Value in the file; -1 if it cannot be located
-	Source bool // the value of a source: key, so a volume reference by definition
+	Source bool // a volume reference by definition: a source: value or a bdnvol CSI volume's reference
 }
 
 // Find returns the candidates of every document of a YAML or JSON file, in
-// file order: the string values of source: keys, and with all every other
-// string scalar that parses as a reference with a tag or a digest.
+// file order: the string values of source: keys, the references of
+// Kubernetes csi: volumes of the bdnvol driver (volumeAttributes.ref, else
+// volumeHandle), and with all every other string scalar that parses as a
+// reference with a tag or a digest.
 func Find(b []byte, all bool) ([]Candidate, error) {
 	lines := lineStarts(b)
 	var out []Candidate
@@ -44,39 +51,85 @@ func Find(b []byte, all bool) ([]Candidate, error) {
 		if err != nil {
 			return nil, err
 		}
-		walk(&doc, false, all, func(n *yaml.Node, source bool) {
+		w := walker{all: all, refs: map[*yaml.Node]bool{}, f: func(n *yaml.Node, source bool) {
 			out = append(out, Candidate{
 				Value: n.Value, Line: n.Line, Column: n.Column, Source: source,
 				Offset: locate(b, lines, n),
 			})
-		})
+		}}
+		w.walk(&doc, false, "")
 	}
 	return out, nil
 }
 
-func walk(n *yaml.Node, source, all bool, f func(*yaml.Node, bool)) {
+// walker visits the scalars of one document in order.
+type walker struct {
+	all  bool
+	refs map[*yaml.Node]bool // value nodes that are references by their place in a CSI volume
+	f    func(n *yaml.Node, source bool)
+}
+
+// walk visits n, the value of the mapping key key ("" inside sequences and
+// at the top), which is a source: value when source is set.
+func (w *walker) walk(n *yaml.Node, source bool, key string) {
 	switch n.Kind {
 	case yaml.DocumentNode, yaml.SequenceNode:
 		for _, c := range n.Content {
-			walk(c, false, all, f)
+			w.walk(c, false, "")
 		}
 	case yaml.MappingNode:
+		if key == "csi" {
+			if ref := csiRef(n); ref != nil {
+				w.refs[ref] = true
+			}
+		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
-			walk(v, k.Kind == yaml.ScalarNode && k.Value == SourceKey, all, f)
+			if k.Kind != yaml.ScalarNode {
+				w.walk(v, false, "")
+				continue
+			}
+			w.walk(v, k.Value == SourceKey || w.refs[v], k.Value)
 		}
 	case yaml.ScalarNode:
 		if n.ShortTag() != "!!str" {
 			return
 		}
 		if source {
-			f(n, true)
-		} else if all {
+			w.f(n, true)
+		} else if w.all {
 			if r, err := oci.ParseRef(n.Value); err == nil && r.Reference() != "" {
-				f(n, false)
+				w.f(n, false)
 			}
 		}
 	}
+}
+
+// csiRef returns the node of the volume reference of m, a Kubernetes CSI
+// volume source (a pod's inline csi: volume or a PersistentVolume's
+// spec.csi), or nil unless its driver is CSIDriver: volumeAttributes.ref
+// when the attribute is there, else volumeHandle.
+func csiRef(m *yaml.Node) *yaml.Node {
+	driver := lookup(m, "driver")
+	if driver == nil || driver.Kind != yaml.ScalarNode || driver.Value != CSIDriver {
+		return nil
+	}
+	if attrs := lookup(m, "volumeAttributes"); attrs != nil && attrs.Kind == yaml.MappingNode {
+		if ref := lookup(attrs, "ref"); ref != nil {
+			return ref
+		}
+	}
+	return lookup(m, "volumeHandle")
+}
+
+// lookup returns the value of key in the mapping m, or nil.
+func lookup(m *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if k := m.Content[i]; k.Kind == yaml.ScalarNode && k.Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
 }
 
 func lineStarts(b []byte) []int {
