@@ -130,7 +130,8 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 
 // previousParams returns the chunking parameters of the version the tag
 // points at now, else of the newest sealed version of the repository, so
-// the new version dedups against it; else the defaults.
+// the new version dedups against it (raised to a floor, so a version cut
+// into tiny chunks does not pass them on); else the defaults.
 func previousParams(ctx context.Context, t oci.Target, ref oci.Ref) layout.Params {
 	candidates := []string{}
 	if ref.Tag != "" {
@@ -145,7 +146,7 @@ func previousParams(ctx context.Context, t oci.Target, ref oci.Ref) layout.Param
 			continue
 		}
 		if v, err := layout.Open(ctx, t, desc); err == nil && v.Index.Chunking.Validate() == nil {
-			return v.Index.Chunking
+			return v.Index.Chunking.Inherited()
 		}
 	}
 	return layout.DefaultParams

@@ -489,3 +489,19 @@ func TestPullProgressCountsOnce(t *testing.T) {
 	}
 }
 
+// TestParamsInherited: parameters below the floor are raised, ordered;
+// sane ones are kept as they are (so later pushes dedup).
+func TestParamsInherited(t *testing.T) {
+	for in, want := range map[Params]Params{
+		{64, 64, 64}:                    {4 << 10, 8 << 10, 16 << 10},
+		{64, 1 << 20, 2 << 20}:          {4 << 10, 1 << 20, 2 << 20},
+		{16 << 10, 64 << 10, 256 << 10}: {16 << 10, 64 << 10, 256 << 10},
+		DefaultParams:                   DefaultParams,
+		{32 << 10, 32 << 10, 32 << 10}:  {32 << 10, 32 << 10, 32 << 10},
+	} {
+		got := in.Inherited()
+		if got != want || got.Validate() != nil {
+			t.Errorf("%+v: got %+v, want %+v", in, got, want)
+		}
+	}
+}
