@@ -108,65 +108,64 @@ func FuzzPullPlanted(f *testing.F) {
 	f.Fuzz(runPullPlanted)
 }
 
+// runPullPlanted is one run of FuzzPullPlanted.
 func runPullPlanted(t *testing.T, prog, plants []byte) {
-	{
-		ctx := context.Background()
-		base := t.TempDir()
-		src, dst, out := filepath.Join(base, "src"), filepath.Join(base, "dst"), filepath.Join(base, "out")
-		for _, d := range []string{src, dst, filepath.Join(out, "dir")} {
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.WriteFile(filepath.Join(out, "victim"), []byte("victim"), 0o644); err != nil {
+	ctx := context.Background()
+	base := t.TempDir()
+	src, dst, out := filepath.Join(base, "src"), filepath.Join(base, "dst"), filepath.Join(base, "out")
+	for _, d := range []string{src, dst, filepath.Join(out, "dir")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		paths := fuzzTree(t, src, prog)
-		store := memory.New()
-		res, err := Push(ctx, store, DirSource(src), PushOptions{Params: Params{Min: 64, Avg: 256, Max: 1024}})
-		if err != nil {
-			t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "victim"), []byte("victim"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	paths := fuzzTree(t, src, prog)
+	store := memory.New()
+	res, err := Push(ctx, store, DirSource(src), PushOptions{Params: Params{Min: 64, Avg: 256, Max: 1024}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := Open(ctx, store, res.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fuzzPlant(t, dst, out, paths, plants)
+	before := states(t, out)
+	_, err = Pull(ctx, store, v, dst, PullOptions{Jobs: 2})
+	after := states(t, out)
+	for p, s := range before {
+		if after[p] != s {
+			t.Errorf("outside changed: %s was %+v, is %+v", p, s, after[p])
 		}
-		v, err := Open(ctx, store, res.Root)
-		if err != nil {
-			t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Errorf("outside has %d entries, had %d", len(after), len(before))
+	}
+	if err != nil {
+		t.Logf("pull refused: %v", err)
+		return
+	}
+	for _, p := range paths {
+		want, _ := os.Lstat(filepath.Join(src, p))
+		got, err := os.Lstat(filepath.Join(dst, p))
+		if err != nil || got.Mode() != want.Mode() {
+			t.Errorf("%s: %v, want %v (%v)", p, got, want.Mode(), err)
+			continue
 		}
-		fuzzPlant(t, dst, out, paths, plants)
-		before := states(t, out)
-		_, err = Pull(ctx, store, v, dst, PullOptions{Jobs: 2})
-		after := states(t, out)
-		for p, s := range before {
-			if after[p] != s {
-				t.Errorf("outside changed: %s was %+v, is %+v", p, s, after[p])
+		switch {
+		case want.Mode().IsRegular():
+			a, _ := os.ReadFile(filepath.Join(src, p))
+			b, _ := os.ReadFile(filepath.Join(dst, p))
+			if !bytes.Equal(a, b) || nlink(got) != 1 {
+				t.Errorf("%s: wrong contents or %d links", p, nlink(got))
 			}
-		}
-		if len(after) != len(before) {
-			t.Errorf("outside has %d entries, had %d", len(after), len(before))
-		}
-		if err != nil {
-			t.Logf("pull refused: %v", err)
-			return
-		}
-		for _, p := range paths {
-			want, _ := os.Lstat(filepath.Join(src, p))
-			got, err := os.Lstat(filepath.Join(dst, p))
-			if err != nil || got.Mode() != want.Mode() {
-				t.Errorf("%s: %v, want %v (%v)", p, got, want.Mode(), err)
-				continue
-			}
-			switch {
-			case want.Mode().IsRegular():
-				a, _ := os.ReadFile(filepath.Join(src, p))
-				b, _ := os.ReadFile(filepath.Join(dst, p))
-				if !bytes.Equal(a, b) || nlink(got) != 1 {
-					t.Errorf("%s: wrong contents or %d links", p, nlink(got))
-				}
-			case want.Mode()&fs.ModeSymlink != 0:
-				a, _ := os.Readlink(filepath.Join(src, p))
-				b, _ := os.Readlink(filepath.Join(dst, p))
-				if a != b {
-					t.Errorf("%s: -> %q, want %q", p, b, a)
-				}
+		case want.Mode()&fs.ModeSymlink != 0:
+			a, _ := os.Readlink(filepath.Join(src, p))
+			b, _ := os.Readlink(filepath.Join(dst, p))
+			if a != b {
+				t.Errorf("%s: -> %q, want %q", p, b, a)
 			}
 		}
 	}
