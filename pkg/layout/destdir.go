@@ -284,7 +284,7 @@ func (d *destDir) tmpFor(pfd int, parent string) (*tmpDir, error) {
 	}
 	dev := uint64(st.Dev)
 	if dev == d.rootDev {
-		parent = ""
+		pfd, parent = d.root, ""
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -220,6 +220,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		if f.Type != TypeFile {
 			continue
 		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		pf, done, err := d.prepareFile(f, x, opt.Cache, buf)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)

@@ -363,14 +363,14 @@ func (f failing) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser
 func TestPullResumes(t *testing.T) {
 	ctx := context.Background()
 	data := randBytes(21, 300<<10)
-	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"f.bin": data, "small": []byte("s")})
+	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"d/f.bin": data, "small": []byte("s")})
 	if len(v.Chunks) < 4 {
 		t.Fatalf("premise: several chunks, got %d", len(v.Chunks))
 	}
 	dst := t.TempDir()
 	var big File
 	for _, f := range v.Index.Files {
-		if f.Path == "f.bin" {
+		if f.Path == "d/f.bin" {
 			big = f
 		}
 	}
@@ -378,7 +378,7 @@ func TestPullResumes(t *testing.T) {
 	if _, err := Pull(ctx, failing{store, last}, v, dst, PullOptions{Jobs: 1}); err == nil {
 		t.Fatal("pull with a missing chunk succeeded")
 	}
-	if _, err := os.Stat(filepath.Join(dst, pullDirName, tmpName("f.bin"))); err != nil {
+	if _, err := os.Stat(filepath.Join(dst, pullDirName, tmpName("d/f.bin"))); err != nil {
 		t.Fatalf("no temporary file left to resume from: %v", err)
 	}
 	res, err := Pull(ctx, store, v, dst, PullOptions{Jobs: 1})
@@ -388,7 +388,7 @@ func TestPullResumes(t *testing.T) {
 	if res.ChunksFetched != 1 {
 		t.Errorf("resumed pull fetched %d chunks, want the 1 missing", res.ChunksFetched)
 	}
-	checkPulled(t, dst, map[string][]byte{"f.bin": data, "small": []byte("s")}, nil)
+	checkPulled(t, dst, map[string][]byte{"d/f.bin": data, "small": []byte("s")}, nil)
 }
 
 // TestLeftoverExtentsSkipsHoles: checking a temporary file left by an
