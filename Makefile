@@ -17,10 +17,12 @@ vet:
 unit:
 	$(GO) test -count=1 ./...
 
-# Short fuzz runs of the parsers that read untrusted input.
+# Short fuzz runs of the parsers that read untrusted input, and of pull into a
+# directory with planted links.
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeIndex -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=5s ./pkg/layout
+	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=5s ./pkg/oci
 
 e2e:

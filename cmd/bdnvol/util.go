@@ -69,20 +69,31 @@ func startProgress(w io.Writer, verb string, c *layout.Counters) func() {
 				return
 			case <-tick.C:
 				total, proc, sent := c.Total.Load(), c.Processed.Load(), c.Sent.Load()
-				pct := 0.0
-				if total > 0 {
-					pct = 100 * float64(proc) / float64(total)
-				}
-				rate := float64(sent) / time.Since(start).Seconds()
-				bar := strings.Repeat("█", int(pct/5)) + strings.Repeat("░", 20-int(pct/5))
-				net := "uploaded"
-				if verb == "pull" {
-					net = "fetched"
-				}
-				fmt.Fprintf(w, "\r\033[K%s %s %5.1f%% %s / %s, %s %s (%s/s)", verb, bar, pct,
-					humanBytes(proc), humanBytes(total), net, humanBytes(sent), humanBytes(int64(rate)))
+				fmt.Fprint(w, "\r\033[K"+progressLine(verb, total, proc, sent, time.Since(start)))
 			}
 		}
 	}()
 	return func() { close(done); wg.Wait() }
+}
+
+// progressLine is one frame of the progress line. Processed bytes beyond
+// the total (a count that went wrong) show as 100%, never a broken bar.
+func progressLine(verb string, total, proc, sent int64, elapsed time.Duration) string {
+	pct := 0.0
+	if total > 0 {
+		pct = 100 * float64(proc) / float64(total)
+	}
+	pct = min(max(pct, 0), 100)
+	rate := 0.0
+	if secs := elapsed.Seconds(); secs > 0 {
+		rate = float64(sent) / secs
+	}
+	full := int(pct / 5)
+	bar := strings.Repeat("█", full) + strings.Repeat("░", 20-full)
+	net := "uploaded"
+	if verb == "pull" {
+		net = "fetched"
+	}
+	return fmt.Sprintf("%s %s %5.1f%% %s / %s, %s %s (%s/s)", verb, bar, pct,
+		humanBytes(proc), humanBytes(total), net, humanBytes(sent), humanBytes(int64(rate)))
 }

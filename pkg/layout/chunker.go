@@ -19,6 +19,21 @@ type Params struct {
 // CPU per blob request, so fewer, larger chunks move data faster.
 var DefaultParams = Params{Min: 1 << 20, Avg: 8 << 20, Max: 16 << 20}
 
+// MinInheritedParams are the floor of the chunking parameters a push takes
+// over from an earlier version: a version cut into 64-byte chunks must not
+// make every later push upload one blob per 64 bytes.
+var MinInheritedParams = Params{Min: 4 << 10, Avg: 8 << 10, Max: 16 << 10}
+
+// Inherited returns p raised to MinInheritedParams (keeping min <= avg <=
+// max), for a push that takes over an earlier version's parameters.
+func (p Params) Inherited() Params {
+	f := MinInheritedParams
+	p.Min = max(p.Min, f.Min)
+	p.Avg = max(p.Avg, f.Avg, p.Min)
+	p.Max = max(p.Max, f.Max, p.Avg)
+	return p
+}
+
 // Validate reports whether the parameters are usable.
 func (p Params) Validate() error {
 	if p.Min < 64 || p.Avg < p.Min || p.Max < p.Avg || p.Max > MaxChunkBytes {

@@ -1,6 +1,9 @@
 package layout
 
-import "testing"
+import (
+	"bytes"
+	"testing"
+)
 
 func FuzzDecodeIndex(f *testing.F) {
 	b, _ := validIndex().Encode()
@@ -13,6 +16,9 @@ func FuzzDecodeIndex(f *testing.F) {
 		}
 		if err := x.Validate(); err != nil {
 			t.Fatalf("decoded index fails validation: %v", err)
+		}
+		if b, err := x.Encode(); err != nil || !bytes.Equal(b, data) {
+			t.Fatalf("decoded index is not in its canonical encoding (%v)", err)
 		}
 	})
 }

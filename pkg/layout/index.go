@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/opencontainers/go-digest"
 
@@ -137,6 +138,10 @@ func (x *Index) Encode() ([]byte, error) {
 	if err := x.Validate(); err != nil {
 		return nil, err
 	}
+	return x.encode()
+}
+
+func (x *Index) encode() ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -162,6 +167,20 @@ func DecodeIndex(b []byte) (*Index, error) {
 	}
 	if err := x.Validate(); err != nil {
 		return nil, err
+	}
+	// One index has one encoding: keys in another case, a key given twice,
+	// whitespace, escapes or number forms another reader could read
+	// differently are refused.
+	canon, err := x.encode()
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(canon, b) {
+		at := 0
+		for at < len(b) && at < len(canon) && b[at] == canon[at] {
+			at++
+		}
+		return nil, fmt.Errorf("%w: not in the canonical encoding (differs at byte %d)", ErrInvalidIndex, at)
 	}
 	return &x, nil
 }
@@ -300,13 +319,34 @@ func checkPath(p string) error {
 	if p == "." || !fs.ValidPath(p) {
 		return refuse("unsafe path %q", p)
 	}
+	if !utf8.ValidString(p) {
+		return refuse("path %q is not UTF-8", p)
+	}
+	if Reserved(p) {
+		return refuse("path %q: names starting with %q are bdnvol's own", p, ReservedPrefix)
+	}
 	return nil
+}
+
+// Reserved reports whether an element of the slash path p starts with
+// ReservedPrefix: a name bdnvol keeps for its own files.
+func Reserved(p string) bool {
+	for {
+		if strings.HasPrefix(p, ReservedPrefix) {
+			return true
+		}
+		i := strings.IndexByte(p, '/')
+		if i < 0 {
+			return false
+		}
+		p = p[i+1:]
+	}
 }
 
 // CheckSymlink returns an error when a symlink at path p with the given
 // target would resolve outside the volume root.
 func CheckSymlink(p, target string) error {
-	if target == "" || len(target) > maxTargetBytes || strings.IndexByte(target, 0) >= 0 {
+	if target == "" || len(target) > maxTargetBytes || strings.IndexByte(target, 0) >= 0 || !utf8.ValidString(target) {
 		return refuse("symlink %q: bad target %q", p, target)
 	}
 	if strings.HasPrefix(target, "/") {

@@ -8,18 +8,19 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"oras.land/oras-go/v2/errdef"
 	"os"
-	"path/filepath"
-	"time"
-
+	"path"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
 )
 
 // ErrDigestMismatch is wrapped when fetched or written bytes do not match
@@ -50,9 +51,13 @@ type target struct {
 }
 
 type pullFile struct {
-	final, tmp string
-	remaining  atomic.Int64 // bytes not yet written and verified
-	tainted    atomic.Bool  // a chunk was re-fetched: hash the file again at the end
+	path      string       // the entry's path, for messages
+	tmp       *tmpDir      // where the temporary file is
+	name      string       // the temporary file's name in tmp
+	tmpPath   string       // its path, for messages
+	dev, ino  uint64       // its identity: a file put in its place is refused
+	remaining atomic.Int64 // bytes not yet written and verified
+	tainted   atomic.Bool  // a chunk was re-fetched: hash the file again at the end
 
 	// The file's SHA-256 is computed in file order while chunks arrive in
 	// any order: bytes at the hashed offset are hashed as they are written;
@@ -67,10 +72,36 @@ type pullFile struct {
 	err     error
 }
 
-func newPullFile(final, tmp string) *pullFile {
-	pf := &pullFile{final: final, tmp: tmp, h: sha256.New(), ahead: map[int64]int64{}}
+func newPullFile(p string) *pullFile {
+	pf := &pullFile{path: p, h: sha256.New(), ahead: map[int64]int64{}}
 	pf.cond = sync.NewCond(&pf.mu)
 	return pf
+}
+
+// tmpName is the name of the temporary file of the entry p in a pull's
+// private directory: the same on every run, so a re-run finds it.
+func tmpName(p string) string {
+	h := sha256.Sum256([]byte(p))
+	return hex.EncodeToString(h[:16]) + ".part"
+}
+
+// open opens the temporary file again, by name in the private directory,
+// and checks it is still the file this pull created.
+func (pf *pullFile) open(flags int) (*os.File, error) {
+	fd, err := unix.Openat(pf.tmp.fd, pf.name, flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: pf.tmpPath, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "stat", Path: pf.tmpPath, Err: err}
+	}
+	if uint64(st.Dev) != pf.dev || uint64(st.Ino) != pf.ino {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath, ErrUnsafeDestination)
+	}
+	return os.NewFile(uintptr(fd), pf.tmpPath), nil
 }
 
 // wrote records that data now sits at off in the temporary file.
@@ -105,7 +136,7 @@ func (pf *pullFile) catchUp() {
 		delete(pf.ahead, pf.hashed)
 		start := pf.hashed
 		pf.mu.Unlock()
-		err := hashRange(pf.h, pf.tmp, start, end)
+		err := pf.hashRange(pf.h, start, end)
 		pf.mu.Lock()
 		pf.hashed, pf.err = end, err
 	}
@@ -133,24 +164,35 @@ func (pf *pullFile) sum(size int64) (digest.Digest, error) {
 	return digest.NewDigest(digest.SHA256, pf.h), nil
 }
 
-func hashRange(h hash.Hash, path string, start, end int64) error {
-	f, err := os.Open(path)
+func (pf *pullFile) hashRange(h hash.Hash, start, end int64) error {
+	f, err := pf.open(unix.O_RDONLY)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	n, err := io.Copy(h, io.NewSectionReader(f, start, end-start))
 	if err == nil && n != end-start {
-		err = fmt.Errorf("%s: short read at %d", path, start+n)
+		err = fmt.Errorf("%s: short read at %d", pf.tmpPath, start+n)
 	}
 	return err
 }
 
 // Pull materialises the version v under dir. Files are written under a
-// temporary name, verified against their SHA-256 and renamed into place;
-// nothing is written outside dir. A re-run after an interruption fetches
-// only the chunks that are missing.
+// temporary name in a private directory inside dir, verified against their
+// SHA-256 and renamed into place; every path under dir is resolved without
+// following symlinks, so nothing is written outside dir. A re-run after an
+// interruption fetches only the chunks that are missing.
 func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt PullOptions) (*PullResult, error) {
+	d, err := openDest(dir)
+	if err != nil {
+		return nil, err
+	}
+	res, err := pull(ctx, src, v, d, opt)
+	d.close(err == nil)
+	return res, err
+}
+
+func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt PullOptions) (*PullResult, error) {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 8
 	}
@@ -160,15 +202,11 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 	x := v.Index
 	res := &PullResult{Files: len(x.Files), Bytes: x.Bytes()}
 	opt.Counters.Total.Store(res.Bytes)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	join := func(p string) string { return filepath.Join(dir, filepath.FromSlash(p)) }
 
 	// Directories first (parents sort before children), writable while we fill them.
 	for _, f := range x.Files {
 		if f.Type == TypeDir {
-			if err := ensureDir(join(f.Path)); err != nil {
+			if err := d.ensureDir(f.Path); err != nil {
 				return nil, err
 			}
 		}
@@ -176,29 +214,25 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 	files := make([]*pullFile, len(x.Files))
 	byChunk := make([][]target, len(x.Chunks))
 	var ready []int
+	buf := make([]byte, 1<<20)
 	for i := range x.Files {
 		f := &x.Files[i]
 		if f.Type != TypeFile {
 			continue
 		}
-		final := join(f.Path)
-		if st, err := os.Lstat(final); err == nil && st.Mode().IsRegular() && st.Size() == f.Size {
-			if ok, err := verifyExisting(final, f, st, opt.Cache); err == nil && ok {
-				if err := os.Chmod(final, os.FileMode(f.Mode)); err != nil {
-					return nil, err
-				}
-				res.FilesReused++
-				opt.Counters.Processed.Add(f.Size)
-				continue
-			}
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
-		h := sha256.Sum256([]byte(f.Path))
-		pf := newPullFile(final, filepath.Join(filepath.Dir(final), ".bdnvol-"+hex.EncodeToString(h[:8])+".part"))
-		files[i] = pf
-		done, err := prepareTmp(pf.tmp, f, x, v.Chunks)
+		pf, done, err := d.prepareFile(f, x, opt.Cache, buf)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
+		if pf == nil {
+			res.FilesReused++
+			opt.Counters.Processed.Add(f.Size)
+			continue
+		}
+		files[i] = pf
 		var off, remaining int64
 		for k, e := range f.Extents {
 			if !done[k] {
@@ -216,7 +250,7 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 		}
 	}
 	for _, i := range ready {
-		if err := finishFile(&x.Files[i], files[i], opt.Cache); err != nil {
+		if err := d.finishFile(&x.Files[i], files[i], opt.Cache); err != nil {
 			return nil, err
 		}
 	}
@@ -234,8 +268,9 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 			buf := bufs.Get().(*[]byte)
 			defer bufs.Put(buf)
 			var err error
+			var credited int64 // chunk bytes whose file bytes count as written
 			for attempt := 1; ; attempt++ {
-				err = streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters)
+				err = streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters, &credited)
 				if err == nil || attempt >= fetchAttempts || !refetchable(gctx, err) {
 					break
 				}
@@ -256,7 +291,7 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 			fetchedBytes.Add(desc.Size)
 			for _, t := range ts {
 				if files[t.file].remaining.Add(-t.n) == 0 {
-					if err := finishFile(&x.Files[t.file], files[t.file], opt.Cache); err != nil {
+					if err := d.finishFile(&x.Files[t.file], files[t.file], opt.Cache); err != nil {
 						return err
 					}
 				}
@@ -274,14 +309,14 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 
 	for _, f := range x.Files {
 		if f.Type == TypeSymlink {
-			if err := ensureSymlink(join(f.Path), filepath.FromSlash(f.Target)); err != nil {
+			if err := d.ensureSymlink(f.Path, f.Target); err != nil {
 				return nil, err
 			}
 		}
 	}
 	for i := len(x.Files) - 1; i >= 0; i-- {
 		if f := x.Files[i]; f.Type == TypeDir {
-			if err := os.Chmod(join(f.Path), os.FileMode(f.Mode)); err != nil {
+			if err := d.chmodDir(f.Path, f.Mode); err != nil {
 				return nil, err
 			}
 		}
@@ -308,22 +343,64 @@ func refetchable(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && !errors.As(err, &we) && !errors.Is(err, errdef.ErrNotFound)
 }
 
+// openFiles keeps a few temporary files open while a chunk is written to
+// them, so that open descriptors stay bounded whatever the file count.
+type openFiles struct {
+	files []*pullFile
+	open  []openFile
+}
+
+type openFile struct {
+	i  int
+	fh *os.File
+}
+
+const maxOpenPerChunk = 4
+
+func (o *openFiles) get(i int) (*os.File, error) {
+	for _, of := range o.open {
+		if of.i == i {
+			return of.fh, nil
+		}
+	}
+	if len(o.open) == maxOpenPerChunk {
+		if err := o.open[0].fh.Close(); err != nil {
+			return nil, err
+		}
+		o.open = append(o.open[:0], o.open[1:]...)
+	}
+	fh, err := o.files[i].open(unix.O_WRONLY)
+	if err != nil {
+		return nil, err
+	}
+	o.open = append(o.open, openFile{i, fh})
+	return fh, nil
+}
+
+func (o *openFiles) close() error {
+	var first error
+	for _, of := range o.open {
+		if err := of.fh.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	o.open = nil
+	return first
+}
+
 // streamChunk fetches one chunk and writes it to its targets as it
 // arrives, verifying its size and digest. The targets' files are not
 // renamed into place unless this returns nil, so unverified bytes are never
-// visible under a final name.
-func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files []*pullFile, buf []byte, c *Counters) error {
+// visible under a final name. File bytes written count as processed once:
+// credited is how far into the chunk earlier attempts counted.
+func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files []*pullFile, buf []byte, c *Counters, credited *int64) error {
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
-	open := make(map[int]*os.File, len(ts))
-	defer func() {
-		for _, f := range open {
-			f.Close()
-		}
-	}()
+	open := &openFiles{files: files}
+	defer open.close()
 	h := sha256.New()
 	var off int64
 	for off < desc.Size {
@@ -331,26 +408,28 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 		if n > 0 {
 			block := buf[:n]
 			h.Write(block)
+			var written int64
 			for _, t := range ts {
 				lo, hi := max(off, t.chunkOff), min(off+int64(n), t.chunkOff+t.n)
 				if lo >= hi {
 					continue
 				}
-				f := open[t.file]
-				if f == nil {
-					if f, err = os.OpenFile(files[t.file].tmp, os.O_WRONLY, 0); err != nil {
-						return writeError{err}
-					}
-					open[t.file] = f
+				f, err := open.get(t.file)
+				if err != nil {
+					return writeError{err}
 				}
 				if _, err := f.WriteAt(block[lo-off:hi-off], t.fileOff+lo-t.chunkOff); err != nil {
 					return writeError{err}
 				}
 				files[t.file].wrote(t.fileOff+lo-t.chunkOff, block[lo-off:hi-off])
+				if hi > *credited {
+					written += hi - max(lo, *credited)
+				}
 			}
 			off += int64(n)
+			*credited = max(*credited, off)
 			c.Sent.Add(int64(n))
-			c.Processed.Add(int64(n))
+			c.Processed.Add(written)
 		}
 		if rerr != nil {
 			if off < desc.Size {
@@ -366,148 +445,286 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 	if got := digest.NewDigest(digest.SHA256, h); got != desc.Digest {
 		return fmt.Errorf("%w: got %s", ErrDigestMismatch, got)
 	}
-	for _, f := range open {
-		if err := f.Close(); err != nil {
-			return writeError{err}
-		}
+	if err := open.close(); err != nil {
+		return writeError{err}
 	}
-	clear(open)
 	return nil
 }
 
-// ensureDir makes p a real, writable directory, replacing any file or
-// symlink in its place.
-func ensureDir(p string) error {
-	st, err := os.Lstat(p)
-	switch {
-	case err == nil && st.IsDir():
-		if st.Mode().Perm()&0o700 != 0o700 {
-			return os.Chmod(p, st.Mode().Perm()|0o700)
-		}
-		return nil
-	case err == nil:
-		if err := os.Remove(p); err != nil {
-			return err
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return err
+// prepareFile looks at what is at the final name of the regular file f. If
+// it already holds f's bytes, has no other link, its mode is set (through a
+// descriptor) and prepareFile returns a nil pullFile. Otherwise it creates
+// the temporary file, or reuses one left by an interrupted pull, and
+// reports which extents it already holds. Bytes at the final name that
+// match but have other links are copied, not modified in place.
+func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte) (*pullFile, []bool, error) {
+	parent := parentOf(f.Path)
+	pfd, err := d.openDir(parent)
+	if err != nil {
+		return nil, nil, err
 	}
-	return os.Mkdir(p, 0o755)
-}
-
-func ensureSymlink(p, target string) error {
-	if st, err := os.Lstat(p); err == nil {
-		if st.Mode()&os.ModeSymlink != 0 {
-			if cur, err := os.Readlink(p); err == nil && cur == target {
-				return nil
+	defer unix.Close(pfd)
+	existing, err := d.matchingFile(pfd, f, cache)
+	if err != nil {
+		return nil, nil, err
+	}
+	if existing != nil {
+		defer existing.Close()
+		info, err := existing.Stat()
+		if err != nil {
+			return nil, nil, err
+		}
+		if nlink(info) == 1 {
+			if uint32(info.Mode().Perm()) != f.Mode {
+				if err := existing.Chmod(os.FileMode(f.Mode)); err != nil {
+					return nil, nil, err
+				}
 			}
-		}
-		if st.IsDir() {
-			return fmt.Errorf("%s: a directory is in the place of a symlink", p)
-		}
-		if err := os.Remove(p); err != nil {
-			return err
+			return nil, nil, nil
 		}
 	}
-	return os.Symlink(target, p)
-}
-
-// verifyExisting reports whether the file at p already holds f's content.
-func verifyExisting(p string, f *File, st os.FileInfo, cache *StatCache) (bool, error) {
-	key := statKey(st)
-	if c, ok := cache.lookup(f.Path, key); ok {
-		return c.Digest == f.Digest, nil
-	}
-	d, err := fileDigest(p)
+	tmp, err := d.tmpFor(pfd, parent)
 	if err != nil {
-		return false, err
+		return nil, nil, err
 	}
-	if d == f.Digest {
-		cache.store(f.Path, cachedFile{Stat: key, Digest: d})
-	}
-	return d == f.Digest, nil
-}
-
-func fileDigest(p string) (digest.Digest, error) {
-	fh, err := os.Open(p)
+	pf := newPullFile(f.Path)
+	pf.tmp, pf.name = tmp, tmpName(f.Path)
+	pf.tmpPath = d.full(path.Join(tmp.rel(), pf.name))
+	fh, leftover, err := pf.create()
 	if err != nil {
-		return "", err
+		return nil, nil, err
 	}
 	defer fh.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, fh); err != nil {
-		return "", err
-	}
-	return digest.NewDigest(digest.SHA256, h), nil
-}
-
-// prepareTmp creates the temporary file of f, or reuses one left by an
-// interrupted pull: extents that cover a whole chunk and already hold its
-// bytes are reported done.
-func prepareTmp(tmp string, f *File, x *Index, chunks []ocispec.Descriptor) ([]bool, error) {
 	done := make([]bool, len(f.Extents))
-	fh, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer fh.Close()
-	st, err := fh.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Size() == f.Size && f.Size > 0 {
-		var off int64
-		var buf []byte
-		for k, e := range f.Extents {
-			c := x.Chunks[e.Chunk]
-			if e.Offset == 0 && e.Length == c.Size {
-				if int64(cap(buf)) < e.Length {
-					buf = make([]byte, e.Length)
-				}
-				b := buf[:e.Length]
-				if _, err := fh.ReadAt(b, off); err == nil && digest.FromBytes(b) == c.Digest {
-					done[k] = true
-				}
-			}
-			off += e.Length
+	switch {
+	case existing != nil:
+		// Hard-linked elsewhere: copy the verified bytes into a new file.
+		if err := fh.Truncate(0); err != nil {
+			return nil, nil, err
 		}
-		return done, nil
+		if _, err := io.CopyBuffer(fh, io.NewSectionReader(existing, 0, f.Size), buf); err != nil {
+			return nil, nil, err
+		}
+		for k := range done {
+			done[k] = true
+		}
+		pf.tainted.Store(true)
+	case leftover:
+		info, err := fh.Stat()
+		if err != nil {
+			return nil, nil, err
+		}
+		if info.Size() == f.Size && f.Size > 0 {
+			done, _ = leftoverExtents(fh, f, x, buf)
+			return pf, done, nil
+		}
+		fallthrough
+	default:
+		if err := fh.Truncate(f.Size); err != nil {
+			return nil, nil, err
+		}
 	}
-	return done, fh.Truncate(f.Size)
+	return pf, done, nil
+}
+
+// matchingFile returns the file at f's final name, open, if it is a
+// regular file that holds f's bytes; else nil. It never follows a symlink.
+func (d *destDir) matchingFile(pfd int, f *File, cache *StatCache) (*os.File, error) {
+	base := path.Base(f.Path)
+	st, ok, err := lstatAt(pfd, base)
+	if err != nil {
+		return nil, &os.PathError{Op: "lstat", Path: d.full(f.Path), Err: err}
+	}
+	if !ok || !isRegular(&st) || st.Size != f.Size {
+		return nil, nil
+	}
+	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil // replaced, or not readable: write it anew
+	}
+	fh := os.NewFile(uintptr(fd), d.full(f.Path))
+	info, err := fh.Stat()
+	if err != nil || !info.Mode().IsRegular() || info.Size() != f.Size {
+		fh.Close()
+		return nil, nil
+	}
+	key := statKey(info)
+	if c, ok := cache.lookup(f.Path, key); ok {
+		if c.Digest == f.Digest {
+			return fh, nil
+		}
+		fh.Close()
+		return nil, nil
+	}
+	got, err := readerDigest(io.NewSectionReader(fh, 0, f.Size))
+	if err != nil || got != f.Digest {
+		fh.Close()
+		return nil, nil
+	}
+	cache.store(f.Path, cachedFile{Stat: key, Digest: got})
+	return fh, nil
+}
+
+func nlink(info os.FileInfo) uint64 {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Nlink)
+	}
+	return 0
+}
+
+// create creates the temporary file exclusively. One left by an
+// interrupted pull is reused (leftover is true) only if it is a regular
+// file with one link, owned by this user; anything else at its name is
+// removed first (never followed).
+func (pf *pullFile) create() (fh *os.File, leftover bool, err error) {
+	const create = unix.O_RDWR | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat(pf.tmp.fd, pf.name, create, 0o600)
+	if errors.Is(err, unix.EEXIST) {
+		fd, err = unix.Openat(pf.tmp.fd, pf.name, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err == nil {
+			var st unix.Stat_t
+			if unix.Fstat(fd, &st) == nil && isRegular(&st) && st.Nlink == 1 && int(st.Uid) == os.Geteuid() {
+				leftover = true
+			} else {
+				unix.Close(fd)
+			}
+		}
+		if !leftover {
+			if err := unix.Unlinkat(pf.tmp.fd, pf.name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+				return nil, false, &os.PathError{Op: "remove", Path: pf.tmpPath, Err: err}
+			}
+			fd, err = unix.Openat(pf.tmp.fd, pf.name, create, 0o600)
+		}
+	}
+	if err != nil {
+		return nil, false, &os.PathError{Op: "create", Path: pf.tmpPath, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, false, &os.PathError{Op: "stat", Path: pf.tmpPath, Err: err}
+	}
+	pf.dev, pf.ino = uint64(st.Dev), uint64(st.Ino)
+	return os.NewFile(uintptr(fd), pf.tmpPath), leftover, nil
+}
+
+// leftoverExtents reports which extents of f the temporary file fh, of
+// f.Size bytes and left by an interrupted pull, already holds: extents that
+// cover a whole chunk and hold its bytes. Holes are never read (a hole was
+// never written); data is hashed as a stream through buf. read is the
+// number of bytes read.
+func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, read int64) {
+	done = make([]bool, len(f.Extents))
+	sc, err := fh.SyscallConn()
+	if err != nil {
+		return done, 0
+	}
+	// holeAt returns where the next hole at or after off starts (the end of
+	// the file if there is none, or if the file system cannot tell).
+	holeAt := func(off int64) int64 {
+		end := f.Size
+		_ = sc.Control(func(fd uintptr) {
+			if n, err := unix.Seek(int(fd), off, unix.SEEK_HOLE); err == nil {
+				end = n
+			}
+		})
+		return end
+	}
+	dataAt := func(off int64) int64 {
+		next := off
+		_ = sc.Control(func(fd uintptr) {
+			if n, err := unix.Seek(int(fd), off, unix.SEEK_DATA); err == nil {
+				next = n
+			} else if errors.Is(err, unix.ENXIO) {
+				next = f.Size // only a hole from off to the end
+			}
+		})
+		return next
+	}
+	var off, hole, data int64 // [data, hole) is the data run around off, once known
+	hole = -1
+	for k, e := range f.Extents {
+		c := x.Chunks[e.Chunk]
+		start, end := off, off+e.Length
+		off = end
+		if e.Offset != 0 || e.Length != c.Size {
+			continue
+		}
+		if start >= hole {
+			data = dataAt(start)
+			hole = f.Size
+			if data < f.Size {
+				hole = holeAt(data)
+			}
+		}
+		if start < data || end > hole {
+			continue // partly a hole: never written whole
+		}
+		h := sha256.New()
+		n, err := io.CopyBuffer(h, io.NewSectionReader(fh, start, e.Length), buf)
+		read += n
+		if err == nil && n == e.Length && digest.NewDigest(digest.SHA256, h) == c.Digest {
+			done[k] = true
+		}
+	}
+	return done, read
 }
 
 // finishFile checks the file's SHA-256 (hashed while it was written), sets
-// its mode and renames it into place. A file that does not match is removed.
-func finishFile(f *File, pf *pullFile, cache *StatCache) error {
-	var d digest.Digest
-	var err error
+// its mode and renames it into place, checking right before that the name
+// is still the file it wrote. A file that does not match is removed.
+func (d *destDir) finishFile(f *File, pf *pullFile, cache *StatCache) error {
+	fh, err := pf.open(unix.O_RDONLY)
+	if err != nil {
+		return fmt.Errorf("%s: %w", f.Path, err)
+	}
+	defer fh.Close()
+	var got digest.Digest
 	if pf.tainted.Load() {
-		d, err = fileDigest(pf.tmp)
+		got, err = readerDigest(io.NewSectionReader(fh, 0, f.Size))
 	} else {
-		d, err = pf.sum(f.Size)
+		got, err = pf.sum(f.Size)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", f.Path, err)
 	}
-	if d != f.Digest {
-		os.Remove(pf.tmp)
-		return fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, d, f.Digest)
+	if got != f.Digest {
+		_ = unix.Unlinkat(pf.tmp.fd, pf.name, 0)
+		return fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, got, f.Digest)
 	}
-	if err := os.Chmod(pf.tmp, os.FileMode(f.Mode)); err != nil {
+	if err := fh.Chmod(os.FileMode(f.Mode)); err != nil {
 		return err
 	}
-	if st, err := os.Lstat(pf.final); err == nil && st.IsDir() {
+	pfd, err := d.openDir(parentOf(f.Path))
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	base := path.Base(f.Path)
+	if st, ok, _ := lstatAt(pfd, base); ok && isDir(&st) {
 		// An empty directory goes; one with contents is the user's data.
-		if err := os.Remove(pf.final); err != nil {
-			os.Remove(pf.tmp)
-			return fmt.Errorf("%s: a non-empty directory is in the place of a file", pf.final)
+		if err := unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR); err != nil {
+			_ = unix.Unlinkat(pf.tmp.fd, pf.name, 0)
+			return fmt.Errorf("%s: a non-empty directory is in the place of a file", d.full(f.Path))
 		}
 	}
-	if err := os.Rename(pf.tmp, pf.final); err != nil {
-		return err
+	var st unix.Stat_t
+	if err := unix.Fstatat(pf.tmp.fd, pf.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || uint64(st.Dev) != pf.dev || uint64(st.Ino) != pf.ino {
+		return fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath, ErrUnsafeDestination)
 	}
-	if st, err := os.Lstat(pf.final); err == nil {
-		cache.store(f.Path, cachedFile{Stat: statKey(st), Digest: d})
+	if err := unix.Renameat(pf.tmp.fd, pf.name, pfd, base); err != nil {
+		return &os.LinkError{Op: "rename", Old: pf.tmpPath, New: d.full(f.Path), Err: err}
+	}
+	if info, err := fh.Stat(); err == nil {
+		cache.store(f.Path, cachedFile{Stat: statKey(info), Digest: got})
 	}
 	return nil
+}
+
+func readerDigest(r io.Reader) (digest.Digest, error) {
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return "", err
+	}
+	return digest.NewDigest(digest.SHA256, h), nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -32,8 +33,10 @@ type StatKey struct {
 	Ino   uint64 `json:"i"`
 }
 
-// Walk lists the tree under root, sorted by path. Symlinks are not
-// followed; other special files are refused with an error naming them.
+// Walk lists the tree under root, sorted by path. Symlinks under root are
+// not followed (root itself may be one, to a directory); other special
+// files are refused with an error naming them. Names bdnvol keeps for its
+// own files (ReservedPrefix: a pull's temporary files) are skipped.
 func Walk(root string) ([]Entry, error) {
 	st, err := os.Stat(root)
 	if err != nil {
@@ -42,12 +45,24 @@ func Walk(root string) ([]Entry, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("%s: not a directory", root)
 	}
+	if lst, err := os.Lstat(root); err == nil && lst.Mode()&fs.ModeSymlink != 0 {
+		// filepath.WalkDir would list the link alone.
+		if root, err = filepath.EvalSymlinks(root); err != nil {
+			return nil, err
+		}
+	}
 	var out []Entry
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if p == root {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ReservedPrefix) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
 			return nil
 		}
 		rel, err := filepath.Rel(root, p)

@@ -75,7 +75,8 @@ func Publish(ctx context.Context, t oci.Target, src layout.Source, opt PublishOp
 }
 
 // PreviousParams returns the chunking parameters of the version tag points
-// at now, else of the newest sealed version of the repository, else
+// at now, else of the newest sealed version of the repository (raised to
+// a floor, so a version cut into tiny chunks does not pass them on), else
 // layout.DefaultParams.
 func PreviousParams(ctx context.Context, t oci.Target, tag string) layout.Params {
 	candidates := []string{}
@@ -91,7 +92,7 @@ func PreviousParams(ctx context.Context, t oci.Target, tag string) layout.Params
 			continue
 		}
 		if v, err := layout.Open(ctx, t, desc); err == nil && v.Index.Chunking.Validate() == nil {
-			return v.Index.Chunking
+			return v.Index.Chunking.Inherited()
 		}
 	}
 	return layout.DefaultParams

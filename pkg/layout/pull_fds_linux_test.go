@@ -1,0 +1,37 @@
+package layout
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+)
+
+// TestPullBoundedDescriptors pulls thousands of small files packed into a
+// few chunks: descriptors open at once stay about jobs times a few, not
+// one per file of a chunk.
+func TestPullBoundedDescriptors(t *testing.T) {
+	files := map[string][]byte{}
+	for i := range 3000 {
+		files[fmt.Sprintf("d%02d/f%04d", i%30, i)] = randBytes(uint64(i), 512)
+	}
+	store, v := pushed(t, Params{Min: 512 << 10, Avg: 1 << 20, Max: 2 << 20}, files)
+	if len(v.Chunks) > 4 {
+		t.Fatalf("premise: small files packed into few chunks, got %d", len(v.Chunks))
+	}
+	des, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := int64(len(des))
+	c := &countingFetcher{Fetcher: store}
+	dst := t.TempDir()
+	if _, err := Pull(context.Background(), c, v, dst, PullOptions{Jobs: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.maxFDs.Load() - base; got > 2*maxOpenPerChunk+8 {
+		t.Errorf("%d descriptors open at once during the pull (jobs 2)", got)
+	}
+	t.Logf("at most %d descriptors beyond the %d before", c.maxFDs.Load()-base, base)
+	checkPulled(t, dst, files, nil)
+}
