@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -35,6 +36,8 @@ func kindOf(err error) string {
 		return me.Kind
 	case errors.As(err, &ke):
 		return ke.kind
+	case errors.Is(err, auth.ErrBasicCredentialNotFound):
+		return kindPermission
 	case errors.Is(err, layout.ErrNotVolume):
 		return kindInvalid
 	case errors.Is(err, errdef.ErrNotFound), errors.Is(err, oci.ErrNotFound):

@@ -108,9 +108,12 @@ func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error
 		vol.Close()
 		return MountInfo{}, fmt.Errorf("mount %s: %w", pinned, err)
 	}
-	if err := (mounts.Store{}).Clear(mp, nil); err != nil {
-		vol.Close()
-		return MountInfo{}, err
+	if _, mounted := mounts.At(mp); mounted || mounts.NotConnected(mp) {
+		// Left by an earlier mounter of this digest: its server is gone.
+		if err := mounts.Detach(mp); err != nil {
+			vol.Close()
+			return MountInfo{}, err
+		}
 	}
 	s, err := mounts.Serve(mp, vol, pinned, mounts.ServeOptions{AllowOther: true})
 	if err != nil {
