@@ -209,7 +209,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	created := false
 	if _, err := os.Stat(tp); os.IsNotExist(err) {
 		if err := os.MkdirAll(tp, 0o750); err != nil {
-			n.releaseLocked(info.Digest)
+			n.abandonLocked(info)
 			return nil, status.Errorf(codes.Internal, "volume %s: target %s: %v", req.GetVolumeId(), tp, err)
 		}
 		created = true
@@ -218,7 +218,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		if created {
 			os.Remove(tp)
 		}
-		n.releaseLocked(info.Digest)
+		n.abandonLocked(info)
 		return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
 	}
 	t := target{VolumeID: req.GetVolumeId(), Path: tp, Ref: s, Pinned: pinned, Digest: info.Digest, Bytes: info.Bytes, Files: info.Files}
@@ -230,7 +230,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		if created {
 			os.Remove(tp)
 		}
-		n.releaseLocked(info.Digest)
+		n.abandonLocked(info)
 		return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
 	}
 	n.log.Info("published", "volume_id", t.VolumeID, "ref", s, "digest", info.Digest, "target", tp, "pod", t.Pod,
@@ -242,6 +242,19 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 func (n *Node) releaseLocked(d string) {
 	if n.refcount(d) == 0 {
 		n.lingerLocked(d)
+	}
+}
+
+// abandonLocked undoes a failed publish's mount: a digest this publish
+// mounted and no target uses is unmounted now, so nothing is left behind.
+func (n *Node) abandonLocked(info MountInfo) {
+	if !info.New || n.refcount(info.Digest) > 0 {
+		n.releaseLocked(info.Digest)
+		return
+	}
+	if err := n.opt.Mounter.Unmount(context.Background(), info.Digest); err != nil {
+		n.log.Warn("unmount after a failed publish", "digest", info.Digest, "error", err.Error())
+		n.lingerLocked(info.Digest)
 	}
 }
 
