@@ -39,8 +39,9 @@ type Mounter struct {
 	opt MounterOptions
 	log *slog.Logger
 
-	mu     sync.Mutex // serialises mounts and unmounts
-	served map[digest.Digest]*mounted
+	mu       sync.Mutex // guards the maps
+	served   map[digest.Digest]*mounted
+	inflight map[digest.Digest]chan struct{} // digests being mounted; closed when done
 }
 
 // mounted is one digest served by the mounter.
@@ -59,7 +60,7 @@ func NewMounter(opt MounterOptions) (*Mounter, error) {
 	if err := os.MkdirAll(opt.MountsDir, 0o755); err != nil {
 		return nil, fmt.Errorf("mounts dir: %w", err)
 	}
-	m := &Mounter{opt: opt, log: opt.Logger, served: map[digest.Digest]*mounted{}}
+	m := &Mounter{opt: opt, log: opt.Logger, served: map[digest.Digest]*mounted{}, inflight: map[digest.Digest]chan struct{}{}}
 	left, _ := mounts.Under(filepath.Clean(opt.MountsDir))
 	for _, l := range left {
 		if err := mounts.Detach(l.Mountpoint); err != nil {
@@ -78,16 +79,41 @@ func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error
 	if err != nil || ref.Digest == "" || ref.Layout != "" {
 		return MountInfo{}, &kindError{kindInvalid, fmt.Errorf("%s: not a registry reference pinned by digest", req.Ref)}
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if s, ok := m.served[ref.Digest]; ok {
-		select {
-		case <-s.served.Done():
-			delete(m.served, ref.Digest) // unmounted behind our back
-		default:
-			return s.info, nil
+	for {
+		m.mu.Lock()
+		if s, ok := m.served[ref.Digest]; ok {
+			select {
+			case <-s.served.Done():
+				delete(m.served, ref.Digest) // unmounted behind our back
+			default:
+				m.mu.Unlock()
+				return s.info, nil
+			}
 		}
+		if wait, ok := m.inflight[ref.Digest]; ok {
+			// Another request is mounting this digest: wait for it.
+			m.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return MountInfo{}, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		m.inflight[ref.Digest] = done
+		m.mu.Unlock()
+		info, err := m.mountNew(ctx, ref, req)
+		m.mu.Lock()
+		delete(m.inflight, ref.Digest)
+		close(done)
+		m.mu.Unlock()
+		return info, err
 	}
+}
+
+// mountNew opens and mounts the version ref pins, which no mount serves.
+func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (MountInfo, error) {
 	prefetch, err := mounts.Prefetcher(req.Prefetch)
 	if err != nil {
 		return MountInfo{}, &kindError{kindInvalid, fmt.Errorf("prefetch %q: %w", req.Prefetch, err)}
@@ -123,7 +149,9 @@ func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error
 	idx := vol.Version().Index
 	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Path: mp, Bytes: idx.Bytes(), Files: int64(len(idx.Files))}
 	pctx, stop := context.WithCancel(context.Background())
+	m.mu.Lock()
 	m.served[ref.Digest] = &mounted{info: info, served: s, stop: stop}
+	m.mu.Unlock()
 	if prefetch != nil {
 		go func() {
 			if err := prefetch(pctx, vol); err != nil && pctx.Err() == nil {
@@ -139,8 +167,9 @@ func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error
 // Unmount unmounts the digest d, if served.
 func (m *Mounter) Unmount(ctx context.Context, d digest.Digest) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	s, ok := m.served[d]
+	delete(m.served, d)
+	m.mu.Unlock()
 	if !ok {
 		return nil
 	}
@@ -149,7 +178,6 @@ func (m *Mounter) Unmount(ctx context.Context, d digest.Digest) error {
 		return err
 	}
 	s.served.Volume.Close()
-	delete(m.served, d)
 	os.Remove(s.info.Path)
 	m.log.Info("unmounted", "digest", d.String(), "path", s.info.Path)
 	return nil

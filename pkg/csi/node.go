@@ -48,8 +48,10 @@ type Node struct {
 	log *slog.Logger
 	ts  targets
 
-	mu      sync.Mutex // serialises publish and unpublish
-	lingers map[string]*time.Timer
+	mu      sync.Mutex             // guards the maps and the records' refcounts
+	lingers map[string]*time.Timer // digests waiting to be unmounted
+	pending map[string]int         // publishes in progress, by digest
+	busy    map[string]bool        // target paths being worked on
 }
 
 // NewNode returns the node plugin, re-attached to what an earlier one left:
@@ -62,7 +64,8 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	if opt.NodeID == "" {
 		return nil, errors.New("csi node: no node id")
 	}
-	n := &Node{opt: opt, log: opt.Logger, ts: targets{filepath.Join(opt.StateDir, "targets")}, lingers: map[string]*time.Timer{}}
+	n := &Node{opt: opt, log: opt.Logger, ts: targets{filepath.Join(opt.StateDir, "targets")}, lingers: map[string]*time.Timer{},
+		pending: map[string]int{}, busy: map[string]bool{}}
 	refs := map[string]int{}
 	for _, t := range n.ts.all() {
 		if m, ok := mounts.At(t.Path); !ok || m.Digest != t.Digest {
@@ -94,9 +97,10 @@ func (n *Node) Serve(ctx context.Context, l net.Listener) error {
 	return s.Serve(l)
 }
 
-// refcount is how many targets use digest d.
+// refcount is how many targets use digest d, or are being published with
+// it. Call with n.mu held.
 func (n *Node) refcount(d string) int {
-	c := 0
+	c := n.pending[d]
 	for _, t := range n.ts.all() {
 		if t.Digest == d {
 			c++
@@ -167,9 +171,11 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: prefetch %q: %v", req.GetVolumeId(), prefetch, err)
 	}
 	start := time.Now()
-
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	done, err := n.claim(tp)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if t, ok := n.ts.read(tp); ok {
 		if m, mounted := mounts.At(tp); mounted && m.Digest == t.Digest {
 			if t.VolumeID != req.GetVolumeId() {
@@ -177,10 +183,14 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 			}
 			return &csi.NodePublishVolumeResponse{}, nil
 		}
+		n.mu.Lock()
 		n.ts.remove(tp)
+		n.releaseLocked(t.Digest)
+		n.mu.Unlock()
 	}
 
-	// The pod's credentials, kept in memory for this call only.
+	// Resolve the reference and check access with the pod's own
+	// credentials, every time, also when the digest is mounted already.
 	creds, cred, err := n.podCredentials(ctx, ref, req.GetSecrets())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), SecretDockerJSON, err)
@@ -199,18 +209,46 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: %v", req.GetVolumeId(), err)
 	}
 	pinned := ref.Pinned(desc.Digest)
+	d := desc.Digest.String()
 
-	n.keepLocked(desc.Digest.String())
+	// From here the digest is held: no linger unmounts it under us.
+	n.mu.Lock()
+	n.keepLocked(d)
+	n.pending[d]++
+	n.mu.Unlock()
+	t, info, err := n.bind(ctx, req, s, pinned, prefetch, cred)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.pending[d]--
+	if n.pending[d] == 0 {
+		delete(n.pending, d)
+	}
+	if err != nil {
+		if info.Digest != "" {
+			n.abandonLocked(info)
+		} else {
+			n.releaseLocked(d)
+		}
+		return nil, err
+	}
+	n.log.Info("published", "volume_id", t.VolumeID, "ref", s, "digest", info.Digest, "target", tp, "pod", t.Pod,
+		"new_mount", info.New, "ms", time.Since(start).Milliseconds())
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// bind asks the mounter for pinned's mount, binds it read-only at the
+// target path and records the target. On failure it leaves no bind and no
+// record; info names the mounter's mount when there is one.
+func (n *Node) bind(ctx context.Context, req *csi.NodePublishVolumeRequest, ref, pinned, prefetch string, cred *credential) (target, MountInfo, error) {
+	tp := req.GetTargetPath()
 	info, err := n.opt.Mounter.Mount(ctx, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred})
 	if err != nil {
-		n.releaseLocked(desc.Digest.String())
-		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), s, err)
+		return target{}, MountInfo{}, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), ref, err)
 	}
 	created := false
 	if _, err := os.Stat(tp); os.IsNotExist(err) {
 		if err := os.MkdirAll(tp, 0o750); err != nil {
-			n.abandonLocked(info)
-			return nil, status.Errorf(codes.Internal, "volume %s: target %s: %v", req.GetVolumeId(), tp, err)
+			return target{}, info, status.Errorf(codes.Internal, "volume %s: target %s: %v", req.GetVolumeId(), tp, err)
 		}
 		created = true
 	}
@@ -218,10 +256,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		if created {
 			os.Remove(tp)
 		}
-		n.abandonLocked(info)
-		return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
+		return target{}, info, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
 	}
-	t := target{VolumeID: req.GetVolumeId(), Path: tp, Ref: s, Pinned: pinned, Digest: info.Digest, Bytes: info.Bytes, Files: info.Files}
+	t := target{VolumeID: req.GetVolumeId(), Path: tp, Ref: ref, Pinned: pinned, Digest: info.Digest, Bytes: info.Bytes, Files: info.Files}
 	if ns, name := req.GetVolumeContext()[attrPodNamespace], req.GetVolumeContext()[attrPodName]; name != "" {
 		t.Pod = ns + "/" + name
 	}
@@ -230,12 +267,25 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		if created {
 			os.Remove(tp)
 		}
-		n.abandonLocked(info)
-		return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
+		return target{}, info, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
 	}
-	n.log.Info("published", "volume_id", t.VolumeID, "ref", s, "digest", info.Digest, "target", tp, "pod", t.Pod,
-		"new_mount", info.New, "ms", time.Since(start).Milliseconds())
-	return &csi.NodePublishVolumeResponse{}, nil
+	return t, info, nil
+}
+
+// claim marks target path tp as being worked on until done is called; a
+// second call for tp meanwhile fails with Aborted, as CSI asks.
+func (n *Node) claim(tp string) (done func(), err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.busy[tp] {
+		return nil, status.Errorf(codes.Aborted, "%s: an operation is in progress", tp)
+	}
+	n.busy[tp] = true
+	return func() {
+		n.mu.Lock()
+		delete(n.busy, tp)
+		n.mu.Unlock()
+	}, nil
 }
 
 // releaseLocked starts the linger of digest d when no target uses it.
@@ -287,8 +337,11 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	if tp == "" {
 		return nil, status.Error(codes.InvalidArgument, "target path missing")
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	done, err := n.claim(tp)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	t, known := n.ts.read(tp)
 	if _, mounted := mounts.At(tp); mounted || known {
 		if err := unbind(tp); err != nil {
@@ -299,6 +352,8 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 		return nil, status.Errorf(codes.Internal, "volume %s: remove target %s: %v", req.GetVolumeId(), tp, err)
 	}
 	if known {
+		n.mu.Lock()
+		defer n.mu.Unlock()
 		n.ts.remove(tp)
 		n.releaseLocked(t.Digest)
 		n.log.Info("unpublished", "volume_id", req.GetVolumeId(), "digest", t.Digest, "target", tp, "refs_left", n.refcount(t.Digest))
