@@ -457,3 +457,53 @@ func readAcrossKill(t *testing.T, path string, want []byte, kill func()) (after,
 	}
 	return after, before
 }
+
+// TestCSIConcurrentPublish: pods started together on a cold node share one
+// mount, and reading together fetch every chunk once.
+func TestCSIConcurrentPublish(t *testing.T) {
+	reg := newDistribution(t)
+	proxy := newFaultProxy(t, reg)
+	repo := proxy.Host + "/vols/together"
+	src := filepath.Join(t.TempDir(), "src")
+	buildTree(t, src, richTree(), time.Time{})
+	push(t, repo, repo+":v1", src, smallChunks...)
+	n := startCSI(t, time.Minute)
+	proxy.Set(faultConfig{})
+
+	pods := []pod{n.newPod("p1"), n.newPod("p2"), n.newPod("p3"), n.newPod("p4")}
+	errs := make(chan error, len(pods))
+	for _, p := range pods {
+		go func() { errs <- n.publish(p, repo+":v1", "") }()
+	}
+	for range pods {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent NodePublishVolume: %v", err)
+		}
+	}
+	if ms := n.fuseMounts(); len(ms) != 1 {
+		t.Fatalf("four pods published together: FUSE mounts %v, want one", ms)
+	}
+	done := make(chan []byte, len(pods))
+	for _, p := range pods {
+		go func() {
+			b, _ := os.ReadFile(filepath.Join(p.target, "big.bin"))
+			done <- b
+		}()
+	}
+	want := fileContents(t, filepath.Join(src, "big.bin"))
+	for range pods {
+		if string(<-done) != string(want) {
+			t.Error("a pod read wrong bytes")
+		}
+	}
+	for d, c := range proxy.blobGets() {
+		if c != 1 {
+			t.Errorf("blob %s fetched %d times by four pods reading together, want once", d, c)
+		}
+	}
+	for _, p := range pods {
+		if err := n.unpublish(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
