@@ -3,9 +3,11 @@ package mounts
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -140,15 +142,20 @@ func TestUnmountStaleDetaches(t *testing.T) {
 	if err := store.Write(State{Mountpoint: mp, Digest: v.Root().Digest.String(), PID: dead.Process.Pid}); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Clear(mp, nil); err == nil {
-		// Clear may remove it (its recorded process is gone): then it must be gone.
-		if _, ok := At(mp); ok {
-			t.Fatal("Clear succeeded but the stale mount is still there")
-		}
-		<-s.Done()
-		return
+	var logged []string
+	if err := store.Clear(mp, func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) }); err != nil {
+		t.Fatalf("Clear refused a mount whose process is gone: %v", err)
 	}
-	t.Fatal("Clear refused a mount whose process is gone")
+	if _, ok := At(mp); ok {
+		t.Fatal("Clear succeeded but the stale mount is still there")
+	}
+	if _, ok := store.Read(mp); ok {
+		t.Fatal("Clear kept the stale mount's state")
+	}
+	if len(logged) != 1 || !strings.Contains(logged[0], "removed a stale bdnvol mount") {
+		t.Errorf("Clear reported %q", logged)
+	}
+	<-s.Done()
 }
 
 func TestUnmountDeadProcess(t *testing.T) {
