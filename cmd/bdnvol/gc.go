@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -227,14 +228,15 @@ func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, er
 // alive, as references to the digest each serves (whatever repository it
 // came from: a digest names the same content everywhere).
 func (g *Globals) runningMounts() []retention.Reference {
-	ms, err := bdnvolMounts()
+	ms, err := mounts.List()
 	if err != nil {
 		return nil
 	}
+	store := g.mountStore()
 	var out []retention.Reference
 	for _, m := range ms {
-		st, ok := g.readState(m.Mountpoint)
-		if isNotConnected(m.Mountpoint) || ok && st.Digest == m.Digest && st.PID != 0 && !alive(st.PID) {
+		st, ok := store.Read(m.Mountpoint)
+		if mounts.NotConnected(m.Mountpoint) || ok && st.Digest == m.Digest && st.PID != 0 && !mounts.Alive(st.PID) {
 			continue // stale: nothing is served from it
 		}
 		r := retention.Reference{Source: m.Mountpoint, Ref: m.Digest, Mount: true}

@@ -1,31 +1,23 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
-
-// readyFDEnv names the file descriptor on which a daemonised mount reports
-// that it is ready.
-const readyFDEnv = "BDNVOL_MOUNT_READY_FD"
 
 // MountCmd mounts a version read-only with FUSE.
 type MountCmd struct {
@@ -46,15 +38,6 @@ type MountCmd struct {
 type mountJob struct {
 	ref oci.Ref
 	mp  string
-}
-
-// served is one mounted version.
-type served struct {
-	job    mountJob
-	vol    *lazy.Volume
-	server *fuse.Server
-	pinned string
-	done   chan struct{}
 }
 
 // jobs turns the arguments into what to mount, and the directory the
@@ -127,31 +110,27 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	prefetch, err := prefetchMatcher(c.Prefetch)
+	prefetch, err := mounts.Prefetcher(c.Prefetch)
 	if err != nil {
 		return usageError{err}
 	}
 	if err := c.MirrorFlags.check(); err != nil {
 		return err
 	}
-	if c.Daemon && os.Getenv(readyFDEnv) == "" {
-		return c.daemonize(ctx, g, key)
+	store := g.mountStore()
+	if c.Daemon && !mounts.IsDaemon() {
+		return c.daemonize(ctx, g, store, key)
 	}
-	ready := func(string) {}
-	if fd, err := strconv.Atoi(os.Getenv(readyFDEnv)); err == nil {
-		pipe := os.NewFile(uintptr(fd), "ready")
-		os.Unsetenv(readyFDEnv)
-		ready = func(msg string) { fmt.Fprintln(pipe, msg); pipe.Close() }
-		defer pipe.Close()
-	}
+	ready, closeReady := mounts.Notifier()
+	defer closeReady()
 
 	for _, j := range jobs {
 		if c.Spec != "" {
-			if err := os.MkdirAll(j.mp, 0o755); err != nil && !isNotConnected(j.mp) {
+			if err := os.MkdirAll(j.mp, 0o755); err != nil && !mounts.NotConnected(j.mp) {
 				return fmt.Errorf("mountpoint: %w", err)
 			}
 		}
-		if err := c.clearMountpoint(g, j.mp); err != nil {
+		if err := store.Clear(j.mp, g.logf); err != nil {
 			return err
 		}
 	}
@@ -159,17 +138,17 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	var all []*served
+	var all []*mounts.Served
 	defer func() {
 		for _, s := range all {
-			s.vol.Close()
+			s.Volume.Close()
 		}
 	}()
 	for _, j := range jobs {
-		s, err := c.mountOne(ctx, g, j, cache)
+		s, err := c.mountOne(ctx, g, store, j, cache)
 		if err != nil {
 			for _, s := range all {
-				c.unmount(g, s)
+				s.Unmount()
 			}
 			return err
 		}
@@ -177,11 +156,11 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	var pinned []string
 	for _, s := range all {
-		fmt.Fprintf(g.stderr, "bdnvol: serving %s at %s\n", s.pinned, s.job.mp)
-		fmt.Fprintln(g.stdout, s.pinned)
-		pinned = append(pinned, s.pinned)
+		fmt.Fprintf(g.stderr, "bdnvol: serving %s at %s\n", s.Pinned, s.Mountpoint)
+		fmt.Fprintln(g.stdout, s.Pinned)
+		pinned = append(pinned, s.Pinned)
 	}
-	ready("ready " + strings.Join(pinned, " "))
+	ready(pinned)
 
 	var wg sync.WaitGroup
 	pctx, stopPrefetch := context.WithCancel(ctx)
@@ -190,27 +169,26 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 		for _, s := range all {
 			wg.Go(func() {
 				start := time.Now()
-				if err := prefetch(pctx, s.vol); err != nil && pctx.Err() == nil {
-					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s: %s\n", s.job.mp, termsafe.Text(err.Error()))
+				if err := prefetch(pctx, s.Volume); err != nil && pctx.Err() == nil {
+					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s: %s\n", termsafe.Text(s.Mountpoint), termsafe.Text(err.Error()))
 				} else if err == nil && c.Prefetch != "headers" {
-					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s of %s done in %.1fs\n", c.Prefetch, s.job.mp, time.Since(start).Seconds())
+					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s of %s done in %.1fs\n", c.Prefetch, s.Mountpoint, time.Since(start).Seconds())
 				}
 			})
 		}
 	}
 
 	// Serve until every mount is gone or a signal asks to stop.
-	gone := make(chan *served, len(all))
+	gone := make(chan *mounts.Served, len(all))
 	for _, s := range all {
-		go func() { <-s.done; gone <- s }()
+		go func() { <-s.Done(); gone <- s }()
 	}
 	left := len(all)
 	for left > 0 {
 		select {
 		case s := <-gone:
 			left--
-			g.removeState(s.job.mp, os.Getpid())
-			fmt.Fprintf(g.stderr, "bdnvol: %s was unmounted\n", s.job.mp)
+			fmt.Fprintf(g.stderr, "bdnvol: %s was unmounted\n", s.Mountpoint)
 			continue
 		case <-ctx.Done():
 		}
@@ -222,75 +200,42 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	stopPrefetch()
 	for _, s := range all {
 		select {
-		case <-s.done:
+		case <-s.Done():
 		default:
-			if err := c.unmount(g, s); err != nil {
+			if err := s.Unmount(); err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", s.job.mp)
+			fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", s.Mountpoint)
 		}
 	}
 	return nil
 }
 
 // mountOne resolves j's reference, opens the version and mounts it.
-func (c *MountCmd) mountOne(ctx context.Context, g *Globals, j mountJob, cache *lazy.Cache) (*served, error) {
-	t, err := oci.Open(ctx, j.ref, g.options())
+func (c *MountCmd) mountOne(ctx context.Context, g *Globals, store mounts.Store, j mountJob, cache *lazy.Cache) (*mounts.Served, error) {
+	if j.ref.Layout != "" && len(c.Mirror) > 0 {
+		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", j.ref.Repo())
+	}
+	vol, pinned, err := mounts.Open(ctx, j.ref, mounts.OpenOptions{
+		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
+	})
 	if err != nil {
 		return nil, err
 	}
-	desc, err := oci.Resolve(ctx, t, j.ref)
-	if err != nil {
-		return nil, err
-	}
-	src, _, err := c.MirrorFlags.fetcher(g, j.ref, t)
-	if err != nil {
-		return nil, err
-	}
-	vol, err := lazy.Open(ctx, src, desc, lazy.Options{Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout})
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", j.ref, err)
-	}
-	pinned := j.ref.Pinned(desc.Digest)
-	server, err := lazy.Mount(j.mp, vol, lazy.MountOptions{
+	s, err := mounts.Serve(j.mp, vol, pinned, mounts.ServeOptions{
 		AllowOther: c.AllowOther,
 		UID:        uint32(os.Getuid()),
 		GID:        uint32(os.Getgid()),
 		Debug:      c.Debug,
+		Store:      &store,
+		CacheDir:   cache.Dir(),
+		Logf:       g.logf,
 	})
 	if err != nil {
 		vol.Close()
-		return nil, fmt.Errorf("mount %s on %s: %w", pinned, j.mp, err)
+		return nil, err
 	}
-	if err := g.writeState(mountState{Mountpoint: j.mp, Reference: pinned, Digest: desc.Digest.String(),
-		PID: os.Getpid(), CacheDir: cache.Dir(), Started: time.Now().UTC()}); err != nil {
-		fmt.Fprintf(g.stderr, "bdnvol: warning: cannot record the mount for `bdnvol mounts`: %v\n", err)
-	}
-	s := &served{job: j, vol: vol, server: server, pinned: pinned, done: make(chan struct{})}
-	go func() { server.Wait(); close(s.done) }()
 	return s, nil
-}
-
-// unmount unmounts s, detaching it lazily when it stays busy, waits until
-// it is gone and removes its state.
-func (c *MountCmd) unmount(g *Globals, s *served) error {
-	defer g.removeState(s.job.mp, os.Getpid())
-	for i := 0; ; i++ {
-		err := s.server.Unmount()
-		if err == nil {
-			break
-		}
-		if i == 20 {
-			fmt.Fprintf(g.stderr, "bdnvol: %s is busy (%v); detaching it, it goes away when its last file is closed\n", s.job.mp, err)
-			if err := detach(s.job.mp); err != nil {
-				return fmt.Errorf("unmount %s: %w", s.job.mp, err)
-			}
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	<-s.done
-	return nil
 }
 
 // MirrorFlags choose registry mirrors for content fetched by digest.
@@ -299,195 +244,54 @@ type MirrorFlags struct {
 	HostsDir string   `name:"hosts-dir" placeholder:"DIR" help:"containerd-style hosts directory: DIR/<registry host>/hosts.toml adds its pull hosts as mirrors (default /etc/containerd/certs.d when it exists; none to disable)."`
 }
 
-func (m MirrorFlags) check() error {
-	for _, u := range m.Mirror {
-		if _, err := lazy.ParseMirrorURL(u); err != nil {
-			return usageError{err}
-		}
-	}
-	return nil
-}
-
-// mirrorTimeout bounds how long a mirror may take to answer before the
-// next one, or the registry, is tried.
-const mirrorTimeout = 5 * time.Second
-
-// fetcher returns src wrapped with the mirrors configured for ref's
-// registry, and the mirror fetcher (nil when there are none).
-func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *lazy.MirrorFetcher, error) {
-	if ref.Layout != "" {
-		if len(m.Mirror) > 0 {
-			fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", ref.Repo())
-		}
-		return src, nil, nil
-	}
-	var hosts []lazy.HostEntry
-	for _, u := range m.Mirror {
-		h := lazy.HostEntry{URL: u, SkipVerify: g.InsecureSkipVerify}
-		if g.CAFile != "" {
-			h.CA = []string{g.CAFile}
-		}
-		hosts = append(hosts, h)
-	}
-	dir := m.HostsDir
-	if dir == "" {
-		if _, err := os.Stat(lazy.DefaultHostsDir); err == nil {
-			dir = lazy.DefaultHostsDir
-		}
-	}
-	if dir != "" && dir != "none" {
-		cfg, err := lazy.LoadHostsConfig(dir, ref.Registry)
-		if err != nil {
-			return nil, nil, err
-		}
-		hosts = append(hosts, cfg.Mirrors(ref.Registry)...)
-	}
-	if len(hosts) == 0 {
-		return src, nil, nil
-	}
-	mirrors := make([]lazy.Mirror, 0, len(hosts))
-	for _, h := range hosts {
-		mr, err := h.Mirror(mirrorTimeout)
-		if err != nil {
-			return nil, nil, err
-		}
-		mirrors = append(mirrors, mr)
-	}
+// config turns the flags into the mirrors to use; each failing mirror is
+// reported once.
+func (m MirrorFlags) config(g *Globals) mounts.MirrorConfig {
 	var reported sync.Map
-	mf, err := lazy.NewMirrorFetcher(src, mirrors, lazy.MirrorOptions{
-		Registry:   ref.Registry,
-		Repository: ref.Repository,
-		Timeout:    mirrorTimeout,
+	return mounts.MirrorConfig{
+		URLs: m.Mirror, HostsDir: m.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify,
 		OnError: func(mirror string, desc ocispec.Descriptor, err error) {
 			if _, seen := reported.LoadOrStore(mirror, true); !seen {
 				fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %v\n", mirror, err)
 			}
 		},
-	})
-	if err != nil {
-		return nil, nil, usageError{err}
 	}
-	return mf, mf, nil
-}
-
-// prefetchMatcher turns --prefetch into the background work to start.
-func prefetchMatcher(s string) (func(context.Context, *lazy.Volume) error, error) {
-	switch s {
-	case "none", "":
-		return nil, nil
-	case "headers":
-		return func(ctx context.Context, v *lazy.Volume) error { return v.PrefetchHeaders(ctx) }, nil
-	case "all":
-		return func(ctx context.Context, v *lazy.Volume) error {
-			if err := v.PrefetchHeaders(ctx); err != nil {
-				return err
-			}
-			return v.Prefetch(ctx, nil)
-		}, nil
-	}
-	m, err := lazy.MatchGlobs(s)
-	if err != nil {
-		return nil, err
-	}
-	return func(ctx context.Context, v *lazy.Volume) error {
-		if err := v.PrefetchHeaders(ctx); err != nil {
-			return err
-		}
-		return v.Prefetch(ctx, m)
-	}, nil
-}
-
-// clearMountpoint checks that mp is a directory to mount on, cleaning a
-// stale bdnvol mount left by a killed process.
-func (c *MountCmd) clearMountpoint(g *Globals, mp string) error {
-	m, mounted := mountedAt(mp)
-	st, _ := g.readState(mp)
-	switch {
-	case mounted && st.PID != 0 && st.PID != os.Getpid() && alive(st.PID) && !isNotConnected(mp):
-		return fmt.Errorf("%s: already mounted by bdnvol (pid %d, serving %s); run `bdnvol umount %s` first", mp, st.PID, m.Digest, mp)
-	case mounted || isNotConnected(mp):
-		who := "its process is gone"
-		if st.PID != 0 {
-			who = fmt.Sprintf("its process %d is gone", st.PID)
-		}
-		if err := detach(mp); err != nil {
-			return fmt.Errorf("%s: stale mount (%s) could not be removed: %w", mp, who, err)
-		}
-		g.removeState(mp, 0)
-		fmt.Fprintf(g.stderr, "bdnvol: %s: removed a stale bdnvol mount of %s (%s)\n", mp, m.Digest, who)
-	}
-	fi, err := os.Stat(mp)
-	if err != nil {
-		return fmt.Errorf("mountpoint: %w", err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("mountpoint %s: not a directory", mp)
-	}
-	return nil
 }
 
 // daemonize starts this command again, detached, and waits until it reports
 // that the mount is ready or fails.
-func (c *MountCmd) daemonize(ctx context.Context, g *Globals, mp string) error {
+func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store, mp string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(g.stateDir(), 0o755); err != nil {
-		return err
-	}
-	logPath := filepath.Join(g.stateDir(), stateKey(mp)+".log")
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	d, err := mounts.Daemonize(ctx, exe, os.Args[1:], store.LogPath(mp))
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return err
+	if c.Spec == "" {
+		fmt.Fprintf(g.stderr, "bdnvol: serving %s at %s (pid %d, log %s)\n", strings.Join(d.Pinned, " "), mp, d.PID, d.Log)
+	} else {
+		fmt.Fprintf(g.stderr, "bdnvol: serving %d versions under %s (pid %d, log %s)\n", len(d.Pinned), mp, d.PID, d.Log)
 	}
-	defer pr.Close()
-	cmd := exec.Command(exe, os.Args[1:]...)
-	cmd.Env = append(os.Environ(), readyFDEnv+"=3")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{pw}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		pw.Close()
-		return fmt.Errorf("start the mount daemon: %w", err)
+	for _, p := range d.Pinned {
+		fmt.Fprintln(g.stdout, p)
 	}
-	pw.Close()
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(pr).ReadString('\n')
-		line <- strings.TrimSpace(s)
-	}()
-	select {
-	case s := <-line:
-		if rest, ok := strings.CutPrefix(s, "ready "); ok {
-			pinned := strings.Fields(rest)
-			if c.Spec == "" {
-				fmt.Fprintf(g.stderr, "bdnvol: serving %s at %s (pid %d, log %s)\n", rest, mp, cmd.Process.Pid, logPath)
-			} else {
-				fmt.Fprintf(g.stderr, "bdnvol: serving %d versions under %s (pid %d, log %s)\n", len(pinned), mp, cmd.Process.Pid, logPath)
-			}
-			for _, p := range pinned {
-				fmt.Fprintln(g.stdout, p)
-			}
-			return nil
-		}
-	case <-ctx.Done():
-		cmd.Process.Signal(syscall.SIGTERM)
-		return ctx.Err()
+	return nil
+}
+
+func (m MirrorFlags) check() error {
+	if err := (mounts.MirrorConfig{URLs: m.Mirror}).Check(); err != nil {
+		return usageError{err}
 	}
-	<-exited
-	b, _ := os.ReadFile(logPath)
-	msg := strings.TrimSpace(string(b))
-	msg = strings.TrimPrefix(msg[strings.LastIndex(msg, "\n")+1:], "bdnvol: ")
-	if msg == "" {
-		msg = "exited before the mount was ready"
+	return nil
+}
+
+// fetcher returns src wrapped with the mirrors configured for ref's
+// registry, and the mirror fetcher (nil when there are none).
+func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *lazy.MirrorFetcher, error) {
+	if ref.Layout != "" && len(m.Mirror) > 0 {
+		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", ref.Repo())
 	}
-	return errors.New(msg)
+	return m.config(g).Fetcher(ref, src)
 }

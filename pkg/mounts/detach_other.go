@@ -1,6 +1,6 @@
 //go:build !linux
 
-package main
+package mounts
 
 import "golang.org/x/sys/unix"
 

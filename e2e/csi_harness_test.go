@@ -1,0 +1,287 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// csiNode is the node plugin of one test node: the real `bdnvol csi
+// mounter` and `bdnvol csi node` processes, and a gRPC connection playing
+// kubelet.
+type csiNode struct {
+	t         *testing.T
+	root      string // everything of this node lives under it
+	mountsDir string
+	stateDir  string
+	cacheDir  string
+	mounterS  string // the mounter's socket
+	endpoint  string // the CSI socket
+	globals   []string
+	linger    time.Duration
+
+	mounter, node *exec.Cmd
+	mounterLog    *syncBuffer
+	nodeLog       *syncBuffer
+	conn          *grpc.ClientConn
+	Node          csi.NodeClient
+	Identity      csi.IdentityClient
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's output and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startCSI starts a node plugin with the given global flags (--ca-file ...).
+// Everything it mounts is removed in t.Cleanup.
+func startCSI(t *testing.T, linger time.Duration, globals ...string) *csiNode {
+	t.Helper()
+	requireFUSE(t)
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the CSI node plugin needs root (bind mounts); CI=true must run as root")
+		}
+		t.Skip("the CSI node plugin needs root (bind mounts)")
+	}
+	// Short paths: unix socket names are limited to 108 bytes.
+	root, err := os.MkdirTemp("", "bdnvol-csi-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &csiNode{t: t, root: root, globals: globals, linger: linger,
+		mountsDir: filepath.Join(root, "plugin", "mounts"),
+		stateDir:  filepath.Join(root, "state"),
+		cacheDir:  filepath.Join(root, "cache"),
+		mounterS:  filepath.Join(root, "plugin", "mounter.sock"),
+		endpoint:  filepath.Join(root, "plugin", "csi.sock"),
+	}
+	t.Cleanup(func() {
+		n.stopNode()
+		if n.mounter != nil && n.mounter.Process != nil {
+			n.mounter.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { n.mounter.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(15 * time.Second):
+				n.mounter.Process.Kill()
+				<-done
+			}
+		}
+		// Whatever is still mounted under root (a failed test): detach it.
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && strings.HasPrefix(f[4], root) {
+				syscall.Unmount(f[4], syscall.MNT_DETACH)
+			}
+		}
+		if t.Failed() {
+			t.Logf("mounter log:\n%s", n.mounterLog)
+			t.Logf("node log:\n%s", n.nodeLog)
+		}
+		os.RemoveAll(root)
+	})
+	n.startMounter()
+	n.startNode()
+	return n
+}
+
+func (n *csiNode) cmd(log *syncBuffer, args ...string) *exec.Cmd {
+	cmd := exec.Command(bin(n.t), append(append([]string{"csi"}, args...), n.globals...)...)
+	cmd.Env = cliEnv(n.t)
+	cmd.Stdout, cmd.Stderr = log, log
+	return cmd
+}
+
+func (n *csiNode) startMounter() {
+	n.t.Helper()
+	n.mounterLog = &syncBuffer{}
+	n.mounter = n.cmd(n.mounterLog, "mounter", "--mounts-dir", n.mountsDir, "--mounter-socket", n.mounterS,
+		"--state-dir", n.stateDir, "--cache-dir", n.cacheDir, "--cache-size", "1GiB", "--hosts-dir", "none")
+	if err := n.mounter.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	waitSocket(n.t, n.mounterS, n.mounterLog)
+}
+
+// startNode starts (or restarts) the node plugin and connects to it.
+func (n *csiNode) startNode() {
+	n.t.Helper()
+	n.nodeLog = &syncBuffer{}
+	os.Remove(n.endpoint)
+	n.node = n.cmd(n.nodeLog, "node", "--endpoint", "unix://"+n.endpoint, "--node-id", "e2e-node",
+		"--mounts-dir", n.mountsDir, "--mounter-socket", n.mounterS, "--state-dir", n.stateDir, "--linger", n.linger.String())
+	if err := n.node.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	waitSocket(n.t, n.endpoint, n.nodeLog)
+	conn, err := grpc.NewClient("unix://"+n.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.conn = conn
+	n.Node = csi.NewNodeClient(conn)
+	n.Identity = csi.NewIdentityClient(conn)
+}
+
+// kill9Node kills the node plugin with SIGKILL.
+func (n *csiNode) kill9Node() {
+	n.t.Helper()
+	if err := n.node.Process.Signal(syscall.SIGKILL); err != nil {
+		n.t.Fatal(err)
+	}
+	n.node.Wait()
+	n.conn.Close()
+	n.node = nil
+}
+
+func (n *csiNode) stopNode() {
+	if n.conn != nil {
+		n.conn.Close()
+	}
+	if n.node != nil && n.node.Process != nil {
+		n.node.Process.Signal(syscall.SIGTERM)
+		n.node.Wait()
+		n.node = nil
+	}
+}
+
+func waitSocket(t *testing.T, path string, log *syncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no socket at %s after 30s:\n%s", path, log)
+}
+
+// pod is one pod's volume: where kubelet asks the plugin to publish it.
+type pod struct {
+	name     string
+	volumeID string
+	target   string
+}
+
+// newPod returns a pod whose target path's parent exists, as kubelet makes it.
+func (n *csiNode) newPod(name string) pod {
+	n.t.Helper()
+	dir := filepath.Join(n.root, "pods", name, "volumes", "kubernetes.io~csi", "vol")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		n.t.Fatal(err)
+	}
+	return pod{name: name, volumeID: "csi-" + name, target: filepath.Join(dir, "mount")}
+}
+
+// publish is NodePublishVolume of ref for p, as kubelet sends it for an
+// inline volume; secret is a docker config JSON ("" for none).
+func (n *csiNode) publish(p pod, ref, secret string) error {
+	n.t.Helper()
+	req := &csi.NodePublishVolumeRequest{
+		VolumeId:   p.volumeID,
+		TargetPath: p.target,
+		Readonly:   true,
+		VolumeCapability: &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		},
+		VolumeContext: map[string]string{
+			"ref": ref, "prefetch": "none",
+			"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
+			"csi.storage.k8s.io/ephemeral": "true",
+		},
+	}
+	if secret != "" {
+		req.Secrets = map[string]string{".dockerconfigjson": secret}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := n.Node.NodePublishVolume(ctx, req)
+	return err
+}
+
+func (n *csiNode) mustPublish(p pod, ref, secret string) {
+	n.t.Helper()
+	if err := n.publish(p, ref, secret); err != nil {
+		n.t.Fatalf("NodePublishVolume %s for %s: %v", ref, p.name, err)
+	}
+}
+
+func (n *csiNode) unpublish(p pod) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := n.Node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: p.volumeID, TargetPath: p.target})
+	return err
+}
+
+// fuseMounts lists the digests the mounter serves: the FUSE mounts under
+// its mounts directory (bind mounts at pods' targets are not counted).
+func (n *csiNode) fuseMounts() map[string]string {
+	n.t.Helper()
+	out := map[string]string{}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 || !strings.HasPrefix(f[4], n.mountsDir+"/") {
+			continue
+		}
+		for i := 6; i+2 < len(f); i++ {
+			if f[i] == "-" && f[i+1] == "fuse.bdnvol" {
+				out[f[4]] = strings.TrimPrefix(f[i+2], "bdnvol@")
+			}
+		}
+	}
+	return out
+}
+
+// dockerConfig is a docker config JSON with one credential for host.
+func dockerConfig(host, user, pass string) string {
+	b, _ := json.Marshal(map[string]any{"auths": map[string]any{
+		host: map[string]string{"auth": base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))},
+	}})
+	return string(b)
+}
+
+// blobGets returns the blob GETs the proxy saw, by digest, since its last Set.
+func (p *faultProxy) blobGets() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range p.gets {
+		out[k] = v
+	}
+	return out
+}

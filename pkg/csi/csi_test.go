@@ -1,0 +1,125 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/errcode"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+func TestKindOf(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{fmt.Errorf("r/x:v1: %w", errdef.ErrNotFound), codes.NotFound},
+		{fmt.Errorf("sha256:ab: %w", layout.ErrNotVolume), codes.InvalidArgument},
+		{&errcode.ErrorResponse{StatusCode: 401}, codes.PermissionDenied},
+		{&errcode.ErrorResponse{StatusCode: 403}, codes.PermissionDenied},
+		{&errcode.ErrorResponse{StatusCode: 404}, codes.NotFound},
+		{&errcode.ErrorResponse{StatusCode: 503}, codes.Unavailable},
+		{fmt.Errorf("HEAD: %w", auth.ErrBasicCredentialNotFound), codes.PermissionDenied},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, codes.Unavailable},
+		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.Unavailable},
+		{&mounterError{apiError{Kind: kindNotFound, Message: "m"}}, codes.NotFound},
+		{&kindError{kindInvalid, errors.New("bad")}, codes.InvalidArgument},
+		{errors.New("something else"), codes.Internal},
+	} {
+		if got := codeOf(kindOf(c.err)); got != c.want {
+			t.Errorf("%v: code %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+func TestTargetsRoundTrip(t *testing.T) {
+	ts := targets{filepath.Join(t.TempDir(), "targets")}
+	a := target{VolumeID: "v1", Path: "/pods/a/mount", Ref: "r/x:v1", Pinned: "r/x@sha256:aa", Digest: "sha256:aa", Bytes: 10, Files: 2}
+	b := a
+	b.Path, b.VolumeID = "/pods/b/mount", "v2"
+	for _, x := range []target{a, b} {
+		if err := ts.write(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, ok := ts.read(a.Path); !ok || got != a {
+		t.Fatalf("read = %+v, %v", got, ok)
+	}
+	if n := len(ts.all()); n != 2 {
+		t.Fatalf("all: %d records, want 2", n)
+	}
+	ts.remove(a.Path)
+	if _, ok := ts.read(a.Path); ok {
+		t.Fatal("removed record still read")
+	}
+	if all := ts.all(); len(all) != 1 || all[0] != b {
+		t.Fatalf("all after remove = %+v", all)
+	}
+}
+
+// newTestNode is a node plugin whose mounter is not running.
+func newTestNode(t *testing.T) *Node {
+	t.Helper()
+	n, err := NewNode(context.Background(), NodeOptions{NodeID: "n1", Version: "v0", StateDir: t.TempDir(),
+		Mounter: NewMounterClient(filepath.Join(t.TempDir(), "none.sock")), Linger: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestNodeRejectsBadRequests(t *testing.T) {
+	n := newTestNode(t)
+	ctx := context.Background()
+	mount := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}}
+	tp := filepath.Join(t.TempDir(), "target")
+	for name, req := range map[string]*csi.NodePublishVolumeRequest{
+		"no volume id":  {TargetPath: tp, VolumeCapability: mount},
+		"no target":     {VolumeId: "v", VolumeCapability: mount},
+		"no capability": {VolumeId: "v", TargetPath: tp},
+		"block":         {VolumeId: "v", TargetPath: tp, VolumeCapability: &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}},
+		"malformed ref": {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "Not A Ref"}},
+		"layout ref":    {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "oci:/etc:v1"}},
+		"no tag":        {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "r.example/x"}},
+		"bad prefetch":  {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "r.example/x:v1", AttrPrefetch: "[["}},
+		"bad secret":    {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "r.example/x:v1"}, Secrets: map[string]string{SecretDockerJSON: "{not json"}},
+	} {
+		_, err := n.NodePublishVolume(ctx, req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if _, err := n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{TargetPath: tp}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("unpublish without volume id: %v", err)
+	}
+	if _, err := n.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: tp}); status.Code(err) != codes.NotFound {
+		t.Errorf("stats of an unpublished path: %v, want NotFound", err)
+	}
+	info, err := n.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+	if err != nil || info.NodeId != "n1" {
+		t.Errorf("NodeGetInfo = %v, %v", info, err)
+	}
+	pi, err := (&identity{version: "v0"}).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+	if err != nil || pi.Name != DriverName || pi.VendorVersion != "v0" {
+		t.Errorf("GetPluginInfo = %v, %v", pi, err)
+	}
+}
+
+func TestNodeMounterDownIsUnavailable(t *testing.T) {
+	n := newTestNode(t)
+	_, err := n.opt.Mounter.Mount(context.Background(), mountRequest{Ref: "r.example/x@sha256:" + fmt.Sprintf("%064d", 0)})
+	if codeOf(kindOf(err)) != codes.Unavailable {
+		t.Fatalf("mounter not running: %v, want Unavailable", err)
+	}
+}

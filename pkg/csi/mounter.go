@@ -1,0 +1,279 @@
+package csi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/credentials"
+
+	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// MounterOptions configure a Mounter.
+type MounterOptions struct {
+	MountsDir    string      // where the per-digest FUSE mounts live
+	Cache        *lazy.Cache // the node's shared chunk cache
+	OCI          oci.Options // how registries are reached (Credentials is set per mount)
+	Mirrors      mounts.MirrorConfig
+	Jobs         int           // concurrent background fetches per mount
+	FetchTimeout time.Duration // a read fails when a chunk takes longer
+	Logger       *slog.Logger
+}
+
+// Mounter holds one FUSE mount per digest, all reading through one cache.
+type Mounter struct {
+	opt MounterOptions
+	log *slog.Logger
+
+	mu       sync.Mutex // guards the maps
+	served   map[digest.Digest]*mounted
+	inflight map[digest.Digest]chan struct{} // digests being mounted; closed when done
+}
+
+// mounted is one digest served by the mounter.
+type mounted struct {
+	info   MountInfo
+	served *mounts.Served
+	stop   context.CancelFunc // stops its prefetch
+}
+
+// NewMounter returns a mounter; it removes the mounts a previous mounter
+// left under opt.MountsDir (their server is gone).
+func NewMounter(opt MounterOptions) (*Mounter, error) {
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(opt.MountsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("mounts dir: %w", err)
+	}
+	m := &Mounter{opt: opt, log: opt.Logger, served: map[digest.Digest]*mounted{}, inflight: map[digest.Digest]chan struct{}{}}
+	left, _ := mounts.Under(filepath.Clean(opt.MountsDir))
+	for _, l := range left {
+		if err := mounts.Detach(l.Mountpoint); err != nil {
+			m.log.Warn("stale mount not removed", "path", l.Mountpoint, "error", err.Error())
+			continue
+		}
+		m.log.Info("removed a stale mount", "path", l.Mountpoint, "digest", l.Digest)
+	}
+	return m, nil
+}
+
+// Mount returns the mount of the version ref pins, mounting it first when
+// this mounter does not serve it yet.
+func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error) {
+	ref, err := oci.ParseRef(req.Ref)
+	if err != nil || ref.Digest == "" || ref.Layout != "" {
+		return MountInfo{}, &kindError{kindInvalid, fmt.Errorf("%s: not a registry reference pinned by digest", req.Ref)}
+	}
+	for {
+		m.mu.Lock()
+		if s, ok := m.served[ref.Digest]; ok {
+			select {
+			case <-s.served.Done():
+				delete(m.served, ref.Digest) // unmounted behind our back
+			default:
+				m.mu.Unlock()
+				return s.info, nil
+			}
+		}
+		if wait, ok := m.inflight[ref.Digest]; ok {
+			// Another request is mounting this digest: wait for it.
+			m.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return MountInfo{}, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		m.inflight[ref.Digest] = done
+		m.mu.Unlock()
+		info, err := m.mountNew(ctx, ref, req)
+		m.mu.Lock()
+		delete(m.inflight, ref.Digest)
+		close(done)
+		m.mu.Unlock()
+		return info, err
+	}
+}
+
+// mountNew opens and mounts the version ref pins, which no mount serves.
+func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (MountInfo, error) {
+	prefetch, err := mounts.Prefetcher(req.Prefetch)
+	if err != nil {
+		return MountInfo{}, &kindError{kindInvalid, fmt.Errorf("prefetch %q: %w", req.Prefetch, err)}
+	}
+	opt := m.opt.OCI
+	if req.Auth != nil {
+		store := credentials.NewMemoryStore()
+		store.Put(ctx, ref.Registry, auth.Credential{Username: req.Auth.Username, Password: req.Auth.Password,
+			RefreshToken: req.Auth.RefreshToken, AccessToken: req.Auth.AccessToken})
+		opt.Credentials = store
+	}
+	vol, pinned, err := mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout})
+	if err != nil {
+		return MountInfo{}, err
+	}
+	mp := filepath.Join(m.opt.MountsDir, ref.Digest.Encoded())
+	if err := os.MkdirAll(mp, 0o755); err != nil && !mounts.NotConnected(mp) {
+		vol.Close()
+		return MountInfo{}, fmt.Errorf("mount %s: %w", pinned, err)
+	}
+	if _, mounted := mounts.At(mp); mounted || mounts.NotConnected(mp) {
+		// Left by an earlier mounter of this digest: its server is gone.
+		if err := mounts.Detach(mp); err != nil {
+			vol.Close()
+			return MountInfo{}, err
+		}
+	}
+	s, err := mounts.Serve(mp, vol, pinned, mounts.ServeOptions{AllowOther: true})
+	if err != nil {
+		vol.Close()
+		return MountInfo{}, err
+	}
+	idx := vol.Version().Index
+	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Path: mp, Bytes: idx.Bytes(), Files: int64(len(idx.Files))}
+	pctx, stop := context.WithCancel(context.Background())
+	m.mu.Lock()
+	m.served[ref.Digest] = &mounted{info: info, served: s, stop: stop}
+	m.mu.Unlock()
+	if prefetch != nil {
+		go func() {
+			if err := prefetch(pctx, vol); err != nil && pctx.Err() == nil {
+				m.log.Warn("prefetch failed", "digest", info.Digest, "error", err.Error())
+			}
+		}()
+	}
+	m.log.Info("mounted", "ref", pinned, "digest", info.Digest, "path", mp)
+	info.New = true
+	return info, nil
+}
+
+// Unmount unmounts the digest d, if served.
+func (m *Mounter) Unmount(ctx context.Context, d digest.Digest) error {
+	m.mu.Lock()
+	s, ok := m.served[d]
+	delete(m.served, d)
+	m.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	s.stop()
+	if err := s.served.Unmount(); err != nil {
+		return err
+	}
+	s.served.Volume.Close()
+	os.Remove(s.info.Path)
+	m.log.Info("unmounted", "digest", d.String(), "path", s.info.Path)
+	return nil
+}
+
+// List returns the mounts served now.
+func (m *Mounter) List() []MountInfo {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]MountInfo, 0, len(m.served))
+	for _, s := range m.served {
+		out = append(out, s.info)
+	}
+	return out
+}
+
+// Close unmounts everything.
+func (m *Mounter) Close() error {
+	var errs []error
+	for _, i := range m.List() {
+		errs = append(errs, m.Unmount(context.Background(), digest.Digest(i.Digest)))
+	}
+	return errors.Join(errs...)
+}
+
+// kindError is an error with the kind the node plugin maps to a CSI code.
+type kindError struct {
+	kind string
+	err  error
+}
+
+func (e *kindError) Error() string { return e.err.Error() }
+func (e *kindError) Unwrap() error { return e.err }
+
+// Handler is the mounter's HTTP API.
+func (m *Mounter) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/mount", func(w http.ResponseWriter, r *http.Request) {
+		var req mountRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			writeError(w, &kindError{kindInvalid, fmt.Errorf("mount request: %w", err)})
+			return
+		}
+		info, err := m.Mount(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		json.NewEncoder(w).Encode(info)
+	})
+	mux.HandleFunc("POST /v1/unmount", func(w http.ResponseWriter, r *http.Request) {
+		var req unmountRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			writeError(w, &kindError{kindInvalid, fmt.Errorf("unmount request: %w", err)})
+			return
+		}
+		d, err := digest.Parse(req.Digest)
+		if err != nil {
+			writeError(w, &kindError{kindInvalid, fmt.Errorf("unmount %q: %w", req.Digest, err)})
+			return
+		}
+		if err := m.Unmount(r.Context(), d); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /v1/mounts", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(m.List())
+	})
+	return mux
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	kind := kindOf(err)
+	var ke *kindError
+	if errors.As(err, &ke) {
+		kind = ke.kind
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnprocessableEntity)
+	json.NewEncoder(w).Encode(apiError{Kind: kind, Message: err.Error()})
+}
+
+// Listen listens on the unix socket at path, replacing a stale one.
+func Listen(path string) (net.Listener, error) {
+	path = strings.TrimPrefix(path, "unix://")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	return l, nil
+}

@@ -1,0 +1,397 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"oras.land/oras-go/v2/registry/remote/credentials"
+
+	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// Volume attributes and secrets the plugin reads.
+const (
+	AttrRef          = "ref"
+	AttrPrefetch     = "prefetch"
+	SecretDockerJSON = ".dockerconfigjson"
+	attrPodNamespace = "csi.storage.k8s.io/pod.namespace"
+	attrPodName      = "csi.storage.k8s.io/pod.name"
+)
+
+// NodeOptions configure a Node.
+type NodeOptions struct {
+	NodeID   string
+	Version  string         // reported by GetPluginInfo
+	StateDir string         // target records (refcounts)
+	Mounter  *MounterClient // the mounter holding the FUSE mounts
+	OCI      oci.Options    // for resolving references and the access check
+	Linger   time.Duration  // how long an unused digest stays mounted
+	Logger   *slog.Logger
+}
+
+// Node is the CSI node plugin: the Identity and Node services.
+type Node struct {
+	csi.UnimplementedNodeServer
+	opt NodeOptions
+	log *slog.Logger
+	ts  targets
+
+	mu      sync.Mutex             // guards the maps and the records' refcounts
+	lingers map[string]*time.Timer // digests waiting to be unmounted
+	pending map[string]int         // publishes in progress, by digest
+	busy    map[string]bool        // target paths being worked on
+}
+
+// NewNode returns the node plugin, re-attached to what an earlier one left:
+// records whose target is no longer mounted are dropped, and digests the
+// mounter serves for no target start their linger.
+func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opt.NodeID == "" {
+		return nil, errors.New("csi node: no node id")
+	}
+	n := &Node{opt: opt, log: opt.Logger, ts: targets{filepath.Join(opt.StateDir, "targets")}, lingers: map[string]*time.Timer{},
+		pending: map[string]int{}, busy: map[string]bool{}}
+	refs := map[string]int{}
+	for _, t := range n.ts.all() {
+		if m, ok := mounts.At(t.Path); !ok || m.Digest != t.Digest {
+			n.ts.remove(t.Path)
+			n.log.Info("dropped a target no longer mounted", "target", t.Path, "digest", t.Digest)
+			continue
+		}
+		refs[t.Digest]++
+	}
+	served, err := opt.Mounter.List(ctx)
+	if err != nil {
+		n.log.Warn("mounter not reachable at start", "error", err.Error())
+	}
+	for _, m := range served {
+		if refs[m.Digest] == 0 {
+			n.lingerLocked(m.Digest)
+		}
+	}
+	n.log.Info("re-attached", "targets", len(n.ts.all()), "digests", len(refs), "mounter_mounts", len(served))
+	return n, nil
+}
+
+// Serve serves the Identity and Node services on l until ctx ends.
+func (n *Node) Serve(ctx context.Context, l net.Listener) error {
+	s := grpc.NewServer()
+	csi.RegisterIdentityServer(s, &identity{version: n.opt.Version})
+	csi.RegisterNodeServer(s, n)
+	go func() { <-ctx.Done(); s.GracefulStop() }()
+	return s.Serve(l)
+}
+
+// refcount is how many targets use digest d, or are being published with
+// it. Call with n.mu held.
+func (n *Node) refcount(d string) int {
+	c := n.pending[d]
+	for _, t := range n.ts.all() {
+		if t.Digest == d {
+			c++
+		}
+	}
+	return c
+}
+
+// lingerLocked unmounts digest d after the linger unless a publish takes it
+// again. Call with n.mu held.
+func (n *Node) lingerLocked(d string) {
+	if t, ok := n.lingers[d]; ok {
+		t.Stop()
+	}
+	n.lingers[d] = time.AfterFunc(n.opt.Linger, func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		delete(n.lingers, d)
+		if n.refcount(d) > 0 {
+			return
+		}
+		if err := n.opt.Mounter.Unmount(context.Background(), d); err != nil {
+			n.log.Warn("unmount after linger failed", "digest", d, "error", err.Error())
+			return
+		}
+		n.log.Info("unmounted after linger", "digest", d)
+	})
+}
+
+func (n *Node) keepLocked(d string) {
+	if t, ok := n.lingers[d]; ok {
+		t.Stop()
+		delete(n.lingers, d)
+	}
+}
+
+// NodePublishVolume resolves the reference with the pod's credentials,
+// checks they can read it, and binds the digest's mount read-only at the
+// target path.
+func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id missing")
+	}
+	tp := req.GetTargetPath()
+	if tp == "" {
+		return nil, status.Error(codes.InvalidArgument, "target path missing")
+	}
+	vc := req.GetVolumeCapability()
+	if vc == nil {
+		return nil, status.Error(codes.InvalidArgument, "volume capability missing")
+	}
+	if vc.GetBlock() != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: block access is not supported; bdnvol volumes are file systems", req.GetVolumeId())
+	}
+	s := req.GetVolumeContext()[AttrRef]
+	if s == "" {
+		s = req.GetVolumeId() // a pre-provisioned volume: the handle is the reference
+	}
+	ref, err := oci.ParseRef(s)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: ref %q: %v", req.GetVolumeId(), s, err)
+	}
+	if ref.Layout != "" || ref.Reference() == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: ref %q: name a registry repository with a tag or a digest", req.GetVolumeId(), s)
+	}
+	prefetch := req.GetVolumeContext()[AttrPrefetch]
+	if _, err := mounts.Prefetcher(prefetch); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: prefetch %q: %v", req.GetVolumeId(), prefetch, err)
+	}
+	start := time.Now()
+	done, err := n.claim(tp)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if t, ok := n.ts.read(tp); ok {
+		if m, mounted := mounts.At(tp); mounted && m.Digest == t.Digest {
+			if t.VolumeID != req.GetVolumeId() {
+				return nil, status.Errorf(codes.AlreadyExists, "%s: already publishes volume %s", tp, t.VolumeID)
+			}
+			return &csi.NodePublishVolumeResponse{}, nil
+		}
+		n.mu.Lock()
+		n.ts.remove(tp)
+		n.releaseLocked(t.Digest)
+		n.mu.Unlock()
+	}
+
+	// Resolve the reference and check access with the pod's own
+	// credentials, every time, also when the digest is mounted already.
+	creds, cred, err := n.podCredentials(ctx, ref, req.GetSecrets())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), SecretDockerJSON, err)
+	}
+	opt := n.opt.OCI
+	opt.Credentials = creds
+	opt.Retry = oci.RetryPolicy{MaxAttempts: 3, Base: 100 * time.Millisecond, MaxWait: time.Second}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	repo, err := oci.Open(rctx, ref, opt)
+	if err != nil {
+		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), ref, err)
+	}
+	desc, err := oci.Resolve(rctx, repo, ref)
+	if err != nil {
+		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: %v", req.GetVolumeId(), err)
+	}
+	pinned := ref.Pinned(desc.Digest)
+	d := desc.Digest.String()
+
+	// From here the digest is held: no linger unmounts it under us.
+	n.mu.Lock()
+	n.keepLocked(d)
+	n.pending[d]++
+	n.mu.Unlock()
+	t, info, err := n.bind(ctx, req, s, pinned, prefetch, cred)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.pending[d]--
+	if n.pending[d] == 0 {
+		delete(n.pending, d)
+	}
+	if err != nil {
+		if info.Digest != "" {
+			n.abandonLocked(info)
+		} else {
+			n.releaseLocked(d)
+		}
+		return nil, err
+	}
+	n.log.Info("published", "volume_id", t.VolumeID, "ref", s, "digest", info.Digest, "target", tp, "pod", t.Pod,
+		"new_mount", info.New, "ms", time.Since(start).Milliseconds())
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// bind asks the mounter for pinned's mount, binds it read-only at the
+// target path and records the target. On failure it leaves no bind and no
+// record; info names the mounter's mount when there is one.
+func (n *Node) bind(ctx context.Context, req *csi.NodePublishVolumeRequest, ref, pinned, prefetch string, cred *credential) (target, MountInfo, error) {
+	tp := req.GetTargetPath()
+	info, err := n.opt.Mounter.Mount(ctx, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred})
+	if err != nil {
+		return target{}, MountInfo{}, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), ref, err)
+	}
+	created := false
+	if _, err := os.Stat(tp); os.IsNotExist(err) {
+		if err := os.MkdirAll(tp, 0o750); err != nil {
+			return target{}, info, status.Errorf(codes.Internal, "volume %s: target %s: %v", req.GetVolumeId(), tp, err)
+		}
+		created = true
+	}
+	if err := bindReadOnly(info.Path, tp); err != nil {
+		if created {
+			os.Remove(tp)
+		}
+		return target{}, info, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
+	}
+	t := target{VolumeID: req.GetVolumeId(), Path: tp, Ref: ref, Pinned: pinned, Digest: info.Digest, Bytes: info.Bytes, Files: info.Files}
+	if ns, name := req.GetVolumeContext()[attrPodNamespace], req.GetVolumeContext()[attrPodName]; name != "" {
+		t.Pod = ns + "/" + name
+	}
+	if err := n.ts.write(t); err != nil {
+		unbind(tp)
+		if created {
+			os.Remove(tp)
+		}
+		return target{}, info, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
+	}
+	return t, info, nil
+}
+
+// claim marks target path tp as being worked on until done is called; a
+// second call for tp meanwhile fails with Aborted, as CSI asks.
+func (n *Node) claim(tp string) (done func(), err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.busy[tp] {
+		return nil, status.Errorf(codes.Aborted, "%s: an operation is in progress", tp)
+	}
+	n.busy[tp] = true
+	return func() {
+		n.mu.Lock()
+		delete(n.busy, tp)
+		n.mu.Unlock()
+	}, nil
+}
+
+// releaseLocked starts the linger of digest d when no target uses it.
+func (n *Node) releaseLocked(d string) {
+	if n.refcount(d) == 0 {
+		n.lingerLocked(d)
+	}
+}
+
+// abandonLocked undoes a failed publish's mount: a digest this publish
+// mounted and no target uses is unmounted now, so nothing is left behind.
+func (n *Node) abandonLocked(info MountInfo) {
+	if !info.New || n.refcount(info.Digest) > 0 {
+		n.releaseLocked(info.Digest)
+		return
+	}
+	if err := n.opt.Mounter.Unmount(context.Background(), info.Digest); err != nil {
+		n.log.Warn("unmount after a failed publish", "digest", info.Digest, "error", err.Error())
+		n.lingerLocked(info.Digest)
+	}
+}
+
+// podCredentials returns the credential store for the access check and the
+// credential for ref's registry to hand to the mounter: from the pod's
+// docker config secret, else nil for both (the node's docker config).
+func (n *Node) podCredentials(ctx context.Context, ref oci.Ref, secrets map[string]string) (credentials.Store, *credential, error) {
+	cfg, ok := secrets[SecretDockerJSON]
+	if !ok {
+		return nil, nil, nil
+	}
+	store, err := credentials.NewMemoryStoreFromDockerConfig([]byte(cfg))
+	if err != nil {
+		return nil, nil, errors.New("not a docker config") // never echo the secret
+	}
+	c, err := store.Get(ctx, ref.Registry)
+	if err != nil {
+		return nil, nil, errors.New("unreadable credential")
+	}
+	return store, &credential{Username: c.Username, Password: c.Password, RefreshToken: c.RefreshToken, AccessToken: c.AccessToken}, nil
+}
+
+// NodeUnpublishVolume unbinds the target path and drops its reference; the
+// last reference of a digest unmounts it after the linger.
+func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id missing")
+	}
+	tp := req.GetTargetPath()
+	if tp == "" {
+		return nil, status.Error(codes.InvalidArgument, "target path missing")
+	}
+	done, err := n.claim(tp)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	t, known := n.ts.read(tp)
+	if _, mounted := mounts.At(tp); mounted || known {
+		if err := unbind(tp); err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
+		}
+	}
+	if err := os.Remove(tp); err != nil && !os.IsNotExist(err) {
+		return nil, status.Errorf(codes.Internal, "volume %s: remove target %s: %v", req.GetVolumeId(), tp, err)
+	}
+	if known {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.ts.remove(tp)
+		n.releaseLocked(t.Digest)
+		n.log.Info("unpublished", "volume_id", req.GetVolumeId(), "digest", t.Digest, "target", tp, "refs_left", n.refcount(t.Digest))
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// NodeGetVolumeStats reports the volume's size: its bytes and its entries.
+func (n *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id missing")
+	}
+	p := req.GetVolumePath()
+	if p == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume path missing")
+	}
+	t, ok := n.ts.read(p)
+	if !ok || t.VolumeID != req.GetVolumeId() {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not published at %s", req.GetVolumeId(), p)
+	}
+	if m, mounted := mounts.At(p); !mounted || m.Digest != t.Digest {
+		return nil, status.Errorf(codes.NotFound, "volume %s: %s is no longer mounted", req.GetVolumeId(), p)
+	}
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: t.Bytes, Used: t.Bytes},
+		{Unit: csi.VolumeUsage_INODES, Total: t.Files, Used: t.Files},
+	}}, nil
+}
+
+func (n *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: []*csi.NodeServiceCapability{{
+		Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: csi.NodeServiceCapability_RPC_GET_VOLUME_STATS}},
+	}}}, nil
+}
+
+func (n *Node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: n.opt.NodeID}, nil
+}
+
+// String names the node for logs.
+func (n *Node) String() string { return fmt.Sprintf("bdnvol csi node %s", n.opt.NodeID) }

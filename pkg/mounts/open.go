@@ -1,0 +1,151 @@
+package mounts
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// MirrorConfig chooses registry mirrors for content fetched by digest.
+type MirrorConfig struct {
+	URLs       []string // mirrors to try first, in order
+	HostsDir   string   // containerd-style hosts directory; "" uses lazy.DefaultHostsDir when it exists, "none" disables
+	CAFile     string   // extra roots for the mirrors given by URL
+	SkipVerify bool     // accept any certificate from the mirrors given by URL
+	// OnError is told about each failed mirror request; nil ignores them.
+	OnError func(mirror string, desc ocispec.Descriptor, err error)
+}
+
+// Check reports a malformed mirror URL.
+func (m MirrorConfig) Check() error {
+	for _, u := range m.URLs {
+		if _, err := lazy.ParseMirrorURL(u); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mirrorTimeout bounds how long a mirror may take to answer before the
+// next one, or the registry, is tried.
+const mirrorTimeout = 5 * time.Second
+
+// Fetcher returns src wrapped with the mirrors configured for ref's
+// registry, and the mirror fetcher (nil when there are none). A local
+// layout has no mirrors.
+func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *lazy.MirrorFetcher, error) {
+	if ref.Layout != "" {
+		return src, nil, nil
+	}
+	var hosts []lazy.HostEntry
+	for _, u := range m.URLs {
+		h := lazy.HostEntry{URL: u, SkipVerify: m.SkipVerify}
+		if m.CAFile != "" {
+			h.CA = []string{m.CAFile}
+		}
+		hosts = append(hosts, h)
+	}
+	dir := m.HostsDir
+	if dir == "" {
+		if _, err := os.Stat(lazy.DefaultHostsDir); err == nil {
+			dir = lazy.DefaultHostsDir
+		}
+	}
+	if dir != "" && dir != "none" {
+		cfg, err := lazy.LoadHostsConfig(dir, ref.Registry)
+		if err != nil {
+			return nil, nil, err
+		}
+		hosts = append(hosts, cfg.Mirrors(ref.Registry)...)
+	}
+	if len(hosts) == 0 {
+		return src, nil, nil
+	}
+	mirrors := make([]lazy.Mirror, 0, len(hosts))
+	for _, h := range hosts {
+		mr, err := h.Mirror(mirrorTimeout)
+		if err != nil {
+			return nil, nil, err
+		}
+		mirrors = append(mirrors, mr)
+	}
+	onError := m.OnError
+	if onError == nil {
+		onError = func(string, ocispec.Descriptor, error) {}
+	}
+	mf, err := lazy.NewMirrorFetcher(src, mirrors, lazy.MirrorOptions{
+		Registry:   ref.Registry,
+		Repository: ref.Repository,
+		Timeout:    mirrorTimeout,
+		OnError:    onError,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return mf, mf, nil
+}
+
+// OpenOptions configure Open.
+type OpenOptions struct {
+	OCI          oci.Options
+	Mirrors      MirrorConfig
+	Cache        *lazy.Cache
+	Jobs         int
+	FetchTimeout time.Duration
+}
+
+// Open resolves ref (a tag becomes a digest now) and opens the version it
+// names for lazy reading. It returns the volume and its pinned reference.
+func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, string, error) {
+	t, err := oci.Open(ctx, ref, opt.OCI)
+	if err != nil {
+		return nil, "", err
+	}
+	desc, err := oci.Resolve(ctx, t, ref)
+	if err != nil {
+		return nil, "", err
+	}
+	src, _, err := opt.Mirrors.Fetcher(ref, t)
+	if err != nil {
+		return nil, "", err
+	}
+	vol, err := lazy.Open(ctx, src, desc, lazy.Options{Cache: opt.Cache, Jobs: opt.Jobs, FetchTimeout: opt.FetchTimeout})
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", ref, err)
+	}
+	return vol, ref.Pinned(desc.Digest), nil
+}
+
+// Prefetcher turns a --prefetch value (none, headers, all, or
+// comma-separated globs) into the background work to start; nil for none.
+func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
+	switch s {
+	case "none", "":
+		return nil, nil
+	case "headers":
+		return func(ctx context.Context, v *lazy.Volume) error { return v.PrefetchHeaders(ctx) }, nil
+	case "all":
+		return func(ctx context.Context, v *lazy.Volume) error {
+			if err := v.PrefetchHeaders(ctx); err != nil {
+				return err
+			}
+			return v.Prefetch(ctx, nil)
+		}, nil
+	}
+	m, err := lazy.MatchGlobs(s)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, v *lazy.Volume) error {
+		if err := v.PrefetchHeaders(ctx); err != nil {
+			return err
+		}
+		return v.Prefetch(ctx, m)
+	}, nil
+}

@@ -1,0 +1,54 @@
+package mounts
+
+import (
+	"context"
+	"testing"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+func TestPrefetcher(t *testing.T) {
+	for _, s := range []string{"", "none"} {
+		if f, err := Prefetcher(s); err != nil || f != nil {
+			t.Errorf("Prefetcher(%q) = %v, %v; want nothing to do", s, f != nil, err)
+		}
+	}
+	for _, s := range []string{"headers", "all", "*.safetensors,config.json"} {
+		if f, err := Prefetcher(s); err != nil || f == nil {
+			t.Errorf("Prefetcher(%q) = %v, %v; want work", s, f != nil, err)
+		}
+	}
+	if _, err := Prefetcher("[["); err == nil {
+		t.Error("Prefetcher accepted a malformed glob")
+	}
+	// The work runs against a volume: headers of a volume without
+	// safetensors files is nothing to do.
+	v, _ := testVolume(t)
+	f, _ := Prefetcher("all")
+	if err := f(context.Background(), v); err != nil {
+		t.Errorf("prefetch all: %v", err)
+	}
+}
+
+func TestMirrorConfig(t *testing.T) {
+	if err := (MirrorConfig{URLs: []string{"not a url"}}).Check(); err == nil {
+		t.Error("Check accepted a malformed mirror URL")
+	}
+	if err := (MirrorConfig{URLs: []string{"https://mirror.example"}}).Check(); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	ref, err := oci.ParseRef("oci:/tmp/layout:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A local layout has no mirrors: the source comes back as it is.
+	f, mf, err := (MirrorConfig{URLs: []string{"https://mirror.example"}}).Fetcher(ref, nil)
+	if err != nil || f != nil || mf != nil {
+		t.Errorf("Fetcher for a layout = %v, %v, %v; want the source unchanged", f, mf, err)
+	}
+	reg, _ := oci.ParseRef("r.example/x:v1")
+	_, mf, err = (MirrorConfig{URLs: []string{"https://mirror.example"}, HostsDir: "none"}).Fetcher(reg, nil)
+	if err != nil || mf == nil {
+		t.Errorf("Fetcher with a mirror = %v, %v; want a mirror fetcher", mf, err)
+	}
+}

@@ -1,0 +1,79 @@
+package mounts
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// Alive reports whether process pid exists and is not a zombie.
+func Alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	// A killed process nobody has reaped yet is a zombie: gone for us.
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
+}
+
+// NotConnected reports whether mp is a FUSE mount whose server is gone.
+// statfs always reaches the server (stat may be answered from the kernel's
+// attribute cache).
+func NotConnected(mp string) bool {
+	var st syscall.Statfs_t
+	err := syscall.Statfs(mp, &st)
+	return errors.Is(err, syscall.ENOTCONN)
+}
+
+// Detach unmounts mp lazily: it disappears now, and the kernel lets go of
+// it when the last open file is closed.
+func Detach(mp string) error {
+	if err := syscall.Unmount(mp, mntDetach); err == nil {
+		return nil
+	}
+	var last error
+	for _, tool := range []string{"fusermount3", "fusermount"} {
+		out, err := exec.Command(tool, "-u", "-z", mp).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		last = errors.New(strings.TrimSpace(string(out)))
+		if len(out) == 0 {
+			last = err
+		}
+	}
+	return fmt.Errorf("detach %s: %w", mp, last)
+}
+
+// UnmountFUSE unmounts mp, failing when it is busy: with umount(2) when
+// allowed (root), else with fusermount3.
+func UnmountFUSE(mp string) error {
+	err := syscall.Unmount(mp, 0)
+	if err == nil || !errors.Is(err, syscall.EPERM) {
+		return err
+	}
+	for _, tool := range []string{"fusermount3", "fusermount"} {
+		out, ferr := exec.Command(tool, "-u", mp).CombinedOutput()
+		if ferr == nil {
+			return nil
+		}
+		if len(out) > 0 {
+			err = errors.New(strings.TrimSpace(string(out)))
+		}
+	}
+	return err
+}

@@ -1,0 +1,127 @@
+package mounts
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/bdnvol/bdnvol/pkg/lazy"
+)
+
+// ServeOptions configure Serve. Zero values select defaults.
+type ServeOptions struct {
+	AllowOther bool   // let other users read the mount
+	UID, GID   uint32 // owner of every entry; 0 means root
+	Debug      bool   // log every FUSE request
+	// Store records the mount's State when not nil.
+	Store *Store
+	// CacheDir is the chunk cache recorded in the State.
+	CacheDir string
+	// Logf reports what the caller may want to show (warnings, detaching a
+	// busy mount); nil discards it.
+	Logf func(format string, args ...any)
+}
+
+func (o ServeOptions) logf(format string, args ...any) {
+	if o.Logf != nil {
+		o.Logf(format, args...)
+	}
+}
+
+// Served is one version served at one mountpoint by this process.
+type Served struct {
+	Mountpoint string
+	Pinned     string // the digest-pinned reference served
+	Volume     *lazy.Volume
+	opt        ServeOptions
+	server     *fuse.Server
+	done       chan struct{}
+}
+
+// Serve mounts vol read-only at mp and serves it until it is unmounted.
+// pinned is the reference recorded for it. It returns once the mount is
+// ready.
+func Serve(mp string, vol *lazy.Volume, pinned string, opt ServeOptions) (*Served, error) {
+	server, err := lazy.Mount(mp, vol, lazy.MountOptions{AllowOther: opt.AllowOther, UID: opt.UID, GID: opt.GID, Debug: opt.Debug})
+	if err != nil {
+		return nil, fmt.Errorf("mount %s on %s: %w", pinned, mp, err)
+	}
+	if opt.Store != nil {
+		st := State{Mountpoint: mp, Reference: pinned, Digest: vol.Root().Digest.String(), PID: os.Getpid(),
+			CacheDir: opt.CacheDir, Started: time.Now().UTC()}
+		if err := opt.Store.Write(st); err != nil {
+			opt.logf("warning: cannot record the mount for `bdnvol mounts`: %v", err)
+		}
+	}
+	s := &Served{Mountpoint: mp, Pinned: pinned, Volume: vol, opt: opt, server: server, done: make(chan struct{})}
+	go func() {
+		server.Wait()
+		if opt.Store != nil {
+			opt.Store.Remove(mp, os.Getpid())
+		}
+		close(s.done)
+	}()
+	return s, nil
+}
+
+// Done is closed once the mount is gone, however it went.
+func (s *Served) Done() <-chan struct{} { return s.done }
+
+// busyTries is how often Unmount tries a clean unmount of a busy mount,
+// 250ms apart, before it detaches it.
+const busyTries = 20
+
+// Unmount unmounts s, detaching it lazily when it stays busy, and waits
+// until it is gone and its state removed. The volume stays open.
+func (s *Served) Unmount() error {
+	for i := 0; ; i++ {
+		err := s.server.Unmount()
+		if err == nil {
+			break
+		}
+		if i == busyTries {
+			s.opt.logf("%s is busy (%v); detaching it, it goes away when its last file is closed", s.Mountpoint, err)
+			if err := Detach(s.Mountpoint); err != nil {
+				return fmt.Errorf("unmount %s: %w", s.Mountpoint, err)
+			}
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	<-s.done
+	return nil
+}
+
+// Clear checks that mp is a directory to mount on, removing a stale bdnvol
+// mount there whose process is gone. It fails when a live process serves
+// mp. Removals are reported to logf (nil: not reported).
+func (s Store) Clear(mp string, logf func(format string, args ...any)) error {
+	m, mounted := At(mp)
+	st, _ := s.Read(mp)
+	switch {
+	case mounted && st.PID != 0 && st.PID != os.Getpid() && Alive(st.PID) && !NotConnected(mp):
+		return fmt.Errorf("%s: already mounted by bdnvol (pid %d, serving %s); run `bdnvol umount %s` first", mp, st.PID, m.Digest, mp)
+	case mounted || NotConnected(mp):
+		who := "its process is gone"
+		if st.PID != 0 {
+			who = fmt.Sprintf("its process %d is gone", st.PID)
+		}
+		if err := Detach(mp); err != nil {
+			return fmt.Errorf("%s: stale mount (%s) could not be removed: %w", mp, who, err)
+		}
+		s.Remove(mp, 0)
+		if logf != nil {
+			logf("%s: removed a stale bdnvol mount of %s (%s)", mp, m.Digest, who)
+		}
+	}
+	fi, err := os.Stat(mp)
+	if err != nil {
+		return fmt.Errorf("mountpoint: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("mountpoint %s: not a directory", mp)
+	}
+	return nil
+}
