@@ -157,9 +157,24 @@ func openRegular(p string, nofollow bool) (*os.File, os.FileInfo, error) {
 	}
 	if !fi.Mode().IsRegular() {
 		f.Close()
-		return nil, nil, fmt.Errorf("%s: %w: not a regular file (%s)", p, ErrInvalidLayout, fi.Mode().Type())
+		return nil, nil, fmt.Errorf("%s: %w: %s, not a regular file", p, ErrInvalidLayout, fileKind(fi.Mode()))
 	}
 	return f, fi, nil
+}
+
+// fileKind names the type of a file that is not a regular one.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "type " + m.Type().String()
 }
 
 // readSmall reads the layout file name, which must be a regular file (not
@@ -215,23 +230,35 @@ func (s *layoutStore) read(ctx context.Context) (*layoutIndex, error) {
 	return s.load()
 }
 
-// load reads and parses index.json and caches the result.
+// load reads and parses index.json and caches the result, which no one
+// may change.
 func (s *layoutStore) load() (*layoutIndex, error) {
-	b, fi, err := s.readSmall(ocispec.ImageIndexFile, MaxLayoutIndexBytes)
-	if errors.Is(err, fs.ErrNotExist) {
-		return parseIndex(s.root, nil)
-	}
-	if err != nil {
-		return nil, err
-	}
-	x, err := parseIndex(s.root, b)
-	if err != nil {
-		return nil, err
+	x, fi, err := s.loadFresh()
+	if err != nil || fi == nil {
+		return x, err
 	}
 	s.mu.Lock()
 	s.cached, s.stamp = x, stampOf(fi)
 	s.mu.Unlock()
 	return x, nil
+}
+
+// loadFresh reads and parses index.json into an index of the caller's own;
+// the file's information is nil when there is no index.json.
+func (s *layoutStore) loadFresh() (*layoutIndex, os.FileInfo, error) {
+	b, fi, err := s.readSmall(ocispec.ImageIndexFile, MaxLayoutIndexBytes)
+	if errors.Is(err, fs.ErrNotExist) {
+		x, err := parseIndex(s.root, nil)
+		return x, nil, err
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	x, err := parseIndex(s.root, b)
+	if err != nil {
+		return nil, nil, err
+	}
+	return x, fi, nil
 }
 
 // lock takes the index lock, exclusive for writers. A reader does not
@@ -285,7 +312,7 @@ func (s *layoutStore) write(ctx context.Context, fn func(*layoutIndex) (bool, er
 		return err
 	}
 	defer unlock()
-	x, err := s.load()
+	x, _, err := s.loadFresh()
 	if err != nil {
 		return err
 	}

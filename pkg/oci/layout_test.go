@@ -438,3 +438,43 @@ func TestLayoutFetchReadsDeclaredSize(t *testing.T) {
 		t.Errorf("read %d bytes (%v), want %d", len(b), err, ld.Size)
 	}
 }
+
+// TestLayoutConcurrentTags: tags pushed at once through two stores of one
+// layout (as by two processes) are all kept.
+func TestLayoutConcurrentTags(t *testing.T) {
+	ctx := context.Background()
+	dir, _, _ := newLayout(t)
+	var stores [2]*layoutStore
+	for i := range stores {
+		s, err := openLayout(ctx, dir, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = s
+	}
+	errs := make(chan error, 16)
+	for i := range 16 {
+		go func() {
+			s := stores[i%2]
+			md, _ := testManifest(t, s, []byte(strings.Repeat("x", i+1)))
+			if err := s.Tag(ctx, md, "t"+strings.Repeat("i", i+1)); err != nil {
+				errs <- err
+				return
+			}
+			_, err := ListTags(ctx, s)
+			errs <- err
+		}()
+	}
+	for range 16 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	tags, err := ListTags(ctx, stores[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tags) != 17 {
+		t.Errorf("%d tags, want 17: %v", len(tags), tags)
+	}
+}
