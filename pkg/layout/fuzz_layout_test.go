@@ -96,7 +96,9 @@ func TestFuzzSeedsOpen(t *testing.T) {
 
 // FuzzOpenLayout builds an OCI layout from the fuzzer's bytes (index.json,
 // a manifest, a blob) and opens, resolves, reads and walks it: it must
-// return errors, never panic or allocate without bound.
+// return errors, never panic or allocate without bound. Its inputs are
+// large, so `make fuzz` bounds the minimizing of new ones
+// (-fuzzminimizetime), which would otherwise take the whole run.
 func FuzzOpenLayout(f *testing.F) {
 	for _, s := range fuzzSeeds(f) {
 		f.Add(s[0], s[1], s[2])
