@@ -24,6 +24,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=5s ./pkg/oci
+	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=5s -fuzzminimizetime=50x ./pkg/layout
 
 e2e:
 	cd e2e && CI=$${CI:-true} $(GO) test -count=1 -timeout 15m ./...

@@ -268,9 +268,11 @@ func lockLayout(ref oci.Ref, write bool) (func(), error) {
 	if ref.Layout == "" || !write {
 		return func() {}, nil
 	}
-	f, err := os.Open(ref.Layout)
+	// O_DIRECTORY: the layout must be a directory; a FIFO there would
+	// block open(2).
+	f, err := os.OpenFile(ref.Layout, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", ref.Repo(), oci.ErrNotFound)
+		return nil, fmt.Errorf("%s: %w: %v", ref.Repo(), oci.ErrNotFound, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		f.Close()

@@ -24,7 +24,7 @@ func TestPullBoundedDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := int64(len(des))
-	c := &countingFetcher{Fetcher: store}
+	c := &fdSamplingFetcher{Fetcher: store}
 	dst := t.TempDir()
 	if _, err := Pull(context.Background(), c, v, dst, PullOptions{Jobs: 2}); err != nil {
 		t.Fatal(err)

@@ -437,13 +437,13 @@ func TestLeftoverExtentsSkipsHoles(t *testing.T) {
 	t.Logf("read %d bytes of %d declared", read, f.Size)
 }
 
-// countingFetcher counts bytes delivered and samples open descriptors.
-type countingFetcher struct {
+// fdSamplingFetcher counts bytes delivered and samples open descriptors.
+type fdSamplingFetcher struct {
 	content.Fetcher
 	maxFDs atomic.Int64
 }
 
-func (c *countingFetcher) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+func (c *fdSamplingFetcher) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
 	rc, err := c.Fetcher.Fetch(ctx, d)
 	if err != nil {
 		return nil, err
@@ -453,7 +453,7 @@ func (c *countingFetcher) Fetch(ctx context.Context, d ocispec.Descriptor) (io.R
 
 type sampler struct {
 	io.ReadCloser
-	c *countingFetcher
+	c *fdSamplingFetcher
 }
 
 func (s *sampler) Read(p []byte) (int, error) {

@@ -1,12 +1,14 @@
 package layout
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 )
@@ -18,57 +20,71 @@ var ErrNotVolume = errors.New("not a bdnvol volume")
 // DefaultMaxLayers chunks: far beyond a petabyte).
 const maxParts = 20000
 
+// maxManifestLayers bounds the layers of one manifest: a 4 MiB manifest of
+// chunk descriptors holds about 35,000.
+const maxManifestLayers = 1 << 16
+
 // Version is a sealed version opened for reading: its root, its validated
 // index, and its chunk descriptors in index order.
 type Version struct {
 	Root   ocispec.Descriptor
 	Index  *Index
 	Chunks []ocispec.Descriptor
+	// Meta are its manifests and metadata blobs: the root, the part
+	// manifests, their configs and the file index.
+	Meta []ocispec.Descriptor
 }
 
 // Open fetches and validates the manifests and file index of the version
 // whose root is desc. Every byte fetched is verified against its digest.
+// Manifests are read one at a time and checked against the file index as
+// they come, so memory stays bounded by the index, whatever they list.
 func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*Version, error) {
-	root, err := fetchManifest(ctx, src, desc)
+	root, err := fetchManifest(ctx, src, desc, maxParts)
 	if err != nil {
 		return nil, err
 	}
-	var layers []ocispec.Descriptor
+	if root.ArtifactType != ArtifactTypeVolume && (root.MediaType == ocispec.MediaTypeImageManifest || root.MediaType == ocispec.MediaTypeImageIndex) {
+		return nil, fmt.Errorf("%s: artifactType %q: %w", desc.Digest, root.ArtifactType, ErrNotVolume)
+	}
+	v := &Version{Root: desc, Meta: []ocispec.Descriptor{desc}}
+	var parts []ocispec.Descriptor
+	first := root
 	switch root.MediaType {
 	case ocispec.MediaTypeImageManifest:
-		if root.ArtifactType != ArtifactTypeVolume {
-			return nil, fmt.Errorf("%s: artifactType %q: %w", desc.Digest, root.ArtifactType, ErrNotVolume)
+		if len(root.Manifests) > 0 {
+			return nil, fmt.Errorf("%s: %w: a manifest that lists manifests", desc.Digest, ErrInvalidIndex)
 		}
-		layers = root.Layers
 	case ocispec.MediaTypeImageIndex:
-		if root.ArtifactType != ArtifactTypeVolume {
-			return nil, fmt.Errorf("%s: artifactType %q: %w", desc.Digest, root.ArtifactType, ErrNotVolume)
-		}
-		if len(root.Manifests) == 0 || len(root.Manifests) > maxParts {
+		if len(root.Layers) > 0 || len(root.Manifests) == 0 {
 			return nil, fmt.Errorf("%s: %w: %d part manifests", desc.Digest, ErrInvalidIndex, len(root.Manifests))
 		}
-		for _, pd := range root.Manifests {
-			part, err := fetchManifest(ctx, src, pd)
-			if err != nil {
-				return nil, err
+		parts = root.Manifests
+		seen := make(map[digest.Digest]bool, len(parts))
+		for _, pd := range parts {
+			if seen[pd.Digest] {
+				return nil, fmt.Errorf("part %s of %s: %w: listed twice", pd.Digest, desc.Digest, ErrInvalidIndex)
 			}
-			if part.MediaType != ocispec.MediaTypeImageManifest || part.ArtifactType != ArtifactTypePart {
-				return nil, fmt.Errorf("part %s of %s: %w: not a part manifest", pd.Digest, desc.Digest, ErrInvalidIndex)
-			}
-			if len(layers)+len(part.Layers) > MaxChunks+1 {
-				return nil, fmt.Errorf("%s: %w: too many layers", desc.Digest, ErrInvalidIndex)
-			}
-			layers = append(layers, part.Layers...)
+			seen[pd.Digest] = true
 		}
+		if first, err = fetchPart(ctx, src, desc, parts[0]); err != nil {
+			return nil, err
+		}
+		v.Meta = append(v.Meta, parts[0])
 	default:
 		return nil, fmt.Errorf("%s: media type %q: %w", desc.Digest, root.MediaType, ErrNotVolume)
 	}
+	if first.Config.Digest != "" {
+		v.Meta = append(v.Meta, first.Config)
+	}
+	layers := first.Layers
 	if len(layers) == 0 || layers[0].MediaType != MediaTypeIndex {
 		return nil, fmt.Errorf("%s: %w: first layer is not a file index", desc.Digest, ErrNotVolume)
 	}
 	if layers[0].Size <= 0 || layers[0].Size > MaxIndexBytes {
 		return nil, fmt.Errorf("%s: %w: file index of %d bytes", desc.Digest, ErrInvalidIndex, layers[0].Size)
 	}
+	v.Meta = append(v.Meta, layers[0])
 	b, err := fetchAll(ctx, src, layers[0])
 	if err != nil {
 		return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
@@ -77,27 +93,74 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 	if err != nil {
 		return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
 	}
-	chunks := layers[1:]
-	if len(chunks) != len(x.Chunks) {
-		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, len(chunks), len(x.Chunks))
+	b = nil
+	v.Index = x
+	// next is the index of the chunk the next chunk layer must be.
+	next := 0
+	match := func(ls []ocispec.Descriptor) error {
+		for _, l := range ls {
+			if next >= len(x.Chunks) {
+				return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, len(x.Chunks))
+			}
+			c := x.Chunks[next]
+			if l.Digest != c.Digest || l.Size != c.Size || l.MediaType != MediaTypeChunk {
+				return fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, next+1, l.Digest, c.Digest)
+			}
+			next++
+		}
+		return nil
 	}
-	for i, c := range x.Chunks {
-		if chunks[i].Digest != c.Digest || chunks[i].Size != c.Size || chunks[i].MediaType != MediaTypeChunk {
-			return nil, fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, i+1, chunks[i].Digest, c.Digest)
+	if err := match(layers[1:]); err != nil {
+		return nil, err
+	}
+	for _, pd := range parts[min(1, len(parts)):] {
+		part, err := fetchPart(ctx, src, desc, pd)
+		if err != nil {
+			return nil, err
+		}
+		v.Meta = append(v.Meta, pd)
+		if part.Config.Digest != "" {
+			v.Meta = append(v.Meta, part.Config)
+		}
+		if err := match(part.Layers); err != nil {
+			return nil, err
 		}
 	}
-	return &Version{Root: desc, Index: x, Chunks: chunks}, nil
+	if next != len(x.Chunks) {
+		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, len(x.Chunks))
+	}
+	v.Chunks = make([]ocispec.Descriptor, len(x.Chunks))
+	for i, c := range x.Chunks {
+		v.Chunks[i] = chunkDescriptor(c)
+	}
+	return v, nil
+}
+
+// fetchPart fetches the part manifest pd of the root index root.
+func fetchPart(ctx context.Context, src content.Fetcher, root, pd ocispec.Descriptor) (*manifestOrIndex, error) {
+	part, err := fetchManifest(ctx, src, pd, 0)
+	if err != nil {
+		return nil, fmt.Errorf("part %s of %s: %w", pd.Digest, root.Digest, err)
+	}
+	if part.MediaType != ocispec.MediaTypeImageManifest || part.ArtifactType != ArtifactTypePart {
+		return nil, fmt.Errorf("part %s of %s: %w: not a part manifest", pd.Digest, root.Digest, ErrInvalidIndex)
+	}
+	return part, nil
 }
 
 // manifestOrIndex holds the fields of a manifest or an index that Open reads.
 type manifestOrIndex struct {
-	MediaType    string               `json:"mediaType"`
-	ArtifactType string               `json:"artifactType"`
-	Layers       []ocispec.Descriptor `json:"layers"`
-	Manifests    []ocispec.Descriptor `json:"manifests"`
+	MediaType    string
+	ArtifactType string
+	Config       ocispec.Descriptor
+	Layers       []ocispec.Descriptor
+	Manifests    []ocispec.Descriptor
 }
 
-func fetchManifest(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*manifestOrIndex, error) {
+// fetchManifest fetches the manifest desc (at most MaxManifestBytes) and
+// decodes it, refusing more than maxManifestLayers layers or maxManifests
+// manifests before decoding them.
+func fetchManifest(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, maxManifests int) (*manifestOrIndex, error) {
 	if desc.Size <= 0 || desc.Size > MaxManifestBytes {
 		return nil, fmt.Errorf("manifest %s: %w: size %d", desc.Digest, ErrInvalidIndex, desc.Size)
 	}
@@ -105,25 +168,107 @@ func fetchManifest(ctx context.Context, src content.Fetcher, desc ocispec.Descri
 	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
-	var m manifestOrIndex
-	if err := json.Unmarshal(b, &m); err != nil {
+	m, err := decodeManifest(b, maxManifests)
+	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w: %v", desc.Digest, ErrNotVolume, err)
 	}
 	if m.MediaType == "" {
 		m.MediaType = desc.MediaType
 	}
-	return &m, nil
+	return m, nil
 }
 
+// decodeManifest decodes the fields Open reads from a manifest or index,
+// one descriptor at a time so that a list longer than its bound is refused
+// before it is held. Keys match exactly; a key given twice is refused.
+func decodeManifest(b []byte, maxManifests int) (*manifestOrIndex, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, fmt.Errorf("not a JSON object")
+	}
+	m := &manifestOrIndex{}
+	seen := map[string]bool{}
+	list := func(name string, max int) ([]ocispec.Descriptor, error) {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		if t == nil {
+			return nil, nil
+		}
+		if t != json.Delim('[') {
+			return nil, fmt.Errorf("%s: not an array", name)
+		}
+		var out []ocispec.Descriptor
+		for dec.More() {
+			if len(out) >= max {
+				return nil, fmt.Errorf("more than %d %s", max, name)
+			}
+			var d ocispec.Descriptor
+			if err := dec.Decode(&d); err != nil {
+				return nil, fmt.Errorf("%s: %v", name, err)
+			}
+			out = append(out, d)
+		}
+		_, err = dec.Token()
+		return out, err
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := t.(string)
+		if seen[key] {
+			return nil, fmt.Errorf("key %q twice", key)
+		}
+		seen[key] = true
+		switch key {
+		case "mediaType":
+			err = dec.Decode(&m.MediaType)
+		case "artifactType":
+			err = dec.Decode(&m.ArtifactType)
+		case "config":
+			err = dec.Decode(&m.Config)
+		case "layers":
+			m.Layers, err = list(key, maxManifestLayers)
+		case "manifests":
+			m.Manifests, err = list(key, maxManifests)
+		default:
+			var skip json.RawMessage
+			err = dec.Decode(&skip)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("data after the object")
+	}
+	return m, nil
+}
+
+// localSource is implemented by sources that read local files: reading a
+// file again does not cure what was wrong with it.
+type localSource interface{ Local() bool }
+
 // fetchAll fetches and verifies a whole blob, fetching it again when the
-// body is cut short or its bytes do not match (bounded, like chunks).
+// body is cut short or its bytes do not match (bounded, like chunks), unless
+// src reads local files. It never reads more than desc.Size bytes.
 func fetchAll(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) ([]byte, error) {
+	attempts := fetchAttempts
+	if l, ok := src.(localSource); ok && l.Local() {
+		attempts = 1
+	}
 	for attempt := 1; ; attempt++ {
 		b, err := content.FetchAll(ctx, src, desc)
 		if err == nil {
 			return b, nil
 		}
-		if attempt >= fetchAttempts || !refetchable(ctx, err) {
+		if attempt >= attempts || !refetchable(ctx, err) {
 			if errors.Is(err, content.ErrMismatchedDigest) {
 				err = fmt.Errorf("%w: %v", ErrDigestMismatch, err)
 			}

@@ -2,9 +2,12 @@ package layout
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // ReadAtCloser is a file opened for reading at any offset.
@@ -38,8 +41,28 @@ type dirSource string
 
 func (d dirSource) Walk(context.Context) ([]Entry, error) { return Walk(string(d)) }
 
+// Open opens the file at p without following a symlink or blocking on a
+// FIFO (either may have replaced the file since the walk) and refuses
+// anything but a regular file.
 func (d dirSource) Open(_ context.Context, p string) (ReadAtCloser, error) {
-	return os.Open(filepath.Join(string(d), filepath.FromSlash(p)))
+	full := filepath.Join(string(d), filepath.FromSlash(p))
+	f, err := os.OpenFile(full, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("%s: %w: became a symlink", full, ErrUnsupportedFile)
+		}
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w: %s", full, ErrUnsupportedFile, fi.Mode().Type())
+	}
+	return f, nil
 }
 
 func (d dirSource) String() string { return string(d) }

@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
-	"os"
-	"path/filepath"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
@@ -70,20 +67,15 @@ func (r *repository) FetchRange(ctx context.Context, desc ocispec.Descriptor, of
 	}
 }
 
-// FetchRange reads the range from the blob's file in the layout.
+// FetchRange reads the range from the blob's file in the layout, once it is
+// known to be a regular file of the blob's size.
 func (s *layoutStore) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
-	if err := desc.Digest.Validate(); err != nil {
-		return nil, fmt.Errorf("blob %s: %w", desc.Digest, err)
-	}
 	if off < 0 || n <= 0 || off+n > desc.Size {
 		return nil, fmt.Errorf("blob %s: range %d+%d outside its %d bytes", desc.Digest, off, n, desc.Size)
 	}
-	f, err := os.Open(filepath.Join(s.root, ocispec.ImageBlobsDir, desc.Digest.Algorithm().String(), desc.Digest.Encoded()))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%s: blob %s: %w: %w", s.root, desc.Digest, ErrNotFound, err)
-	}
+	f, err := s.openBlob(desc)
 	if err != nil {
-		return nil, fmt.Errorf("%s: blob %s: %w", s.root, desc.Digest, err)
+		return nil, err
 	}
 	return struct {
 		io.Reader

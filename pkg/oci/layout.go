@@ -1,164 +1,877 @@
 package oci
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
+	"time"
 
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content/oci"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+)
+
+// ErrInvalidLayout is wrapped when a file of an OCI layout (index.json,
+// oci-layout, a blob) is not what the layout format allows: a symlink, a
+// FIFO or device, a file of the wrong size, malformed JSON.
+var ErrInvalidLayout = errors.New("invalid OCI layout")
+
+// Limits on what is read from a layout before anything is checked.
+const (
+	// MaxLayoutIndexBytes bounds index.json.
+	MaxLayoutIndexBytes = 16 << 20
+	// MaxManifestBytes bounds a manifest, as registries do.
+	MaxManifestBytes = 4 << 20
+	// maxLayoutFileBytes bounds the oci-layout file.
+	maxLayoutFileBytes = 4 << 10
 )
 
 // indexLockName is the lock file that serialises changes to a layout's
 // index.json between processes.
 const indexLockName = ".bdnvol-index.lock"
 
+// ingestDir holds blobs being written, before they are renamed into place.
+const ingestDir = "ingest"
+
 // layoutStore is an OCI image layout that concurrent bdnvol processes can
-// share. Blobs go straight to oras-go's Storage (temporary file, then
-// rename). Every change to index.json (pushing a manifest, tagging,
-// deleting) happens under an exclusive file lock on a freshly loaded
-// index, so two pushes never lose each other's tags; reads load the index
-// under a shared lock and reuse it until index.json changes.
+// share and that may have been written by anyone. Nothing is read before it
+// is checked: index.json is read whole only when small, descriptors are
+// checked before use, blobs are opened without blocking and refused unless
+// they are regular files of the size their descriptor says. Readers never
+// create anything; every change to index.json happens under an exclusive
+// lock on a freshly loaded index and replaces the file by a rename, so a
+// reader always sees a whole index.json.
 type layoutStore struct {
 	root string
-	*oci.Storage
 
 	mu     sync.Mutex
-	cached *oci.Store
-	stamp  [2]int64 // index.json mtime and size when cached was loaded
+	cached *layoutIndex
+	stamp  fileStamp // of index.json when cached was loaded
 }
 
 var _ Target = (*layoutStore)(nil)
 
+// layoutIndex is a parsed index.json.
+type layoutIndex struct {
+	doc     ocispec.Index                        // as read; written back as is, apart from changes
+	tags    map[string]ocispec.Descriptor        // usable tags
+	bad     map[string]error                     // tags whose descriptor is unusable, and why
+	digests map[digest.Digest]ocispec.Descriptor // usable manifests by digest
+}
+
+// fileStamp identifies one version of a file.
+type fileStamp struct {
+	dev, ino    uint64
+	size, mtime int64
+}
+
 func openLayout(ctx context.Context, root string, create bool) (*layoutStore, error) {
 	s := &layoutStore{root: root}
-	how := syscall.LOCK_SH
 	if create {
-		how = syscall.LOCK_EX // loading writes oci-layout and index.json when missing
-	}
-	if err := s.locked(ctx, how, func(*oci.Store) error { return nil }); err != nil {
+		if err := s.ensure(ctx); err != nil {
+			return nil, err
+		}
+	} else if err := s.checkLayoutFile(); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
-	st, err := oci.NewStorage(root)
-	if err != nil {
+	if _, err := s.read(ctx); err != nil {
 		return nil, err
 	}
-	s.Storage = st
 	return s, nil
 }
 
-// locked runs fn on a freshly loaded store while holding the index lock
-// (exclusive or shared).
-func (s *layoutStore) locked(ctx context.Context, how int, fn func(*oci.Store) error) error {
-	if how == syscall.LOCK_EX {
-		if err := os.MkdirAll(s.root, 0o755); err != nil {
-			return err
-		}
-	}
-	f, err := os.OpenFile(filepath.Join(s.root, indexLockName), os.O_CREATE|os.O_RDWR, 0o644)
-	switch {
-	case err == nil:
-		defer f.Close()
-		if err := syscall.Flock(int(f.Fd()), how); err != nil {
-			return fmt.Errorf("lock %s: %w", s.root, err)
-		}
-		defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	case how == syscall.LOCK_SH && (errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS)):
-		// A layout we may only read (read-only file system, another
-		// user's directory): nobody here can change it, so read unlocked.
-	default:
+// Local reports that the store reads local files: an error reading one is
+// not cured by reading it again.
+func (s *layoutStore) Local() bool { return true }
+
+func (s *layoutStore) path(elem ...string) string {
+	return filepath.Join(append([]string{s.root}, elem...)...)
+}
+
+// ensure creates what a layout needs to be written: the directory, the
+// oci-layout file, blobs/sha256 and index.json.
+func (s *layoutStore) ensure(ctx context.Context) error {
+	if err := os.MkdirAll(s.path(ocispec.ImageBlobsDir, digest.SHA256.String()), 0o755); err != nil {
 		return err
 	}
-	st, err := oci.NewWithContext(ctx, s.root)
+	return s.write(ctx, func(x *layoutIndex) (bool, error) {
+		err := s.checkLayoutFile()
+		if errors.Is(err, fs.ErrNotExist) {
+			b, _ := json.Marshal(ocispec.ImageLayout{Version: ocispec.ImageLayoutVersion})
+			err = s.replace(ocispec.ImageLayoutFile, b)
+		}
+		if err != nil {
+			return false, err
+		}
+		_, err = os.Lstat(s.path(ocispec.ImageIndexFile))
+		return errors.Is(err, fs.ErrNotExist), nil
+	})
+}
+
+// checkLayoutFile checks the oci-layout file names a version it knows.
+func (s *layoutStore) checkLayoutFile() error {
+	b, _, err := s.readSmall(ocispec.ImageLayoutFile, maxLayoutFileBytes)
 	if err != nil {
 		return err
 	}
-	st.AutoGC = false
-	if err := fn(st); err != nil {
-		return err
+	var l ocispec.ImageLayout
+	if err := json.Unmarshal(b, &l); err != nil {
+		return fmt.Errorf("%s: %s: %w: %v", s.root, ocispec.ImageLayoutFile, ErrInvalidLayout, err)
 	}
-	s.mu.Lock()
-	s.cached, s.stamp = st, s.indexStamp()
-	s.mu.Unlock()
+	if l.Version != ocispec.ImageLayoutVersion {
+		return fmt.Errorf("%s: %s: %w: imageLayoutVersion %q", s.root, ocispec.ImageLayoutFile, ErrInvalidLayout, l.Version)
+	}
 	return nil
 }
 
-func (s *layoutStore) indexStamp() [2]int64 {
-	fi, err := os.Stat(filepath.Join(s.root, ocispec.ImageIndexFile))
+// openRegular opens the file p for reading without blocking (a FIFO would
+// block open(2) until a writer came) and refuses anything but a regular
+// file; with nofollow, a symlink is refused too.
+func openRegular(p string, nofollow bool) (*os.File, os.FileInfo, error) {
+	flags := os.O_RDONLY | syscall.O_NONBLOCK | syscall.O_CLOEXEC
+	if nofollow {
+		flags |= syscall.O_NOFOLLOW
+	}
+	f, err := os.OpenFile(p, flags, 0)
 	if err != nil {
-		return [2]int64{}
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, nil, fmt.Errorf("%s: %w: a symlink", p, ErrInvalidLayout)
+		}
+		return nil, nil, err
 	}
-	return [2]int64{fi.ModTime().UnixNano(), fi.Size()}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: %w: %s, not a regular file", p, ErrInvalidLayout, fileKind(fi.Mode()))
+	}
+	return f, fi, nil
 }
 
-// read returns a store whose index is current.
-func (s *layoutStore) read(ctx context.Context) (*oci.Store, error) {
+// fileKind names the type of a file that is not a regular one.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "type " + m.Type().String()
+}
+
+// readSmall reads the layout file name, which must be a regular file (not
+// a symlink) of at most max bytes.
+func (s *layoutStore) readSmall(name string, max int64) ([]byte, os.FileInfo, error) {
+	f, fi, err := openRegular(s.path(name), true)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	if fi.Size() > max {
+		return nil, nil, fmt.Errorf("%s: %w: %d bytes, more than %d", f.Name(), ErrInvalidLayout, fi.Size(), max)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, nil, fmt.Errorf("%s: %w: more than %d bytes", f.Name(), ErrInvalidLayout, max)
+	}
+	return b, fi, nil
+}
+
+func stampOf(fi os.FileInfo) fileStamp {
+	st := fileStamp{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+		st.dev, st.ino = uint64(sys.Dev), sys.Ino
+	}
+	return st
+}
+
+// read returns the current index: the cached one while index.json has not
+// changed. It creates nothing; a layout without index.json has no tags.
+func (s *layoutStore) read(ctx context.Context) (*layoutIndex, error) {
+	fi, err := os.Lstat(s.path(ocispec.ImageIndexFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return parseIndex(s.root, nil)
+	}
+	if err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
-	st, stamp := s.cached, s.stamp
+	x, stamp := s.cached, s.stamp
 	s.mu.Unlock()
-	if st != nil && stamp == s.indexStamp() && stamp != [2]int64{} {
-		return st, nil
+	if x != nil && stamp == stampOf(fi) {
+		return x, nil
 	}
-	err := s.locked(ctx, syscall.LOCK_SH, func(fresh *oci.Store) error { st = fresh; return nil })
-	return st, err
+	unlock, err := s.lock(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return s.load()
 }
 
-func (s *layoutStore) write(ctx context.Context, fn func(*oci.Store) error) error {
-	return s.locked(ctx, syscall.LOCK_EX, fn)
+// load reads and parses index.json and caches the result, which no one
+// may change.
+func (s *layoutStore) load() (*layoutIndex, error) {
+	x, fi, err := s.loadFresh()
+	if err != nil || fi == nil {
+		return x, err
+	}
+	s.mu.Lock()
+	s.cached, s.stamp = x, stampOf(fi)
+	s.mu.Unlock()
+	return x, nil
 }
 
-// Push stores a blob, or a manifest and records it in index.json.
+// loadFresh reads and parses index.json into an index of the caller's own;
+// the file's information is nil when there is no index.json.
+func (s *layoutStore) loadFresh() (*layoutIndex, os.FileInfo, error) {
+	b, fi, err := s.readSmall(ocispec.ImageIndexFile, MaxLayoutIndexBytes)
+	if errors.Is(err, fs.ErrNotExist) {
+		x, err := parseIndex(s.root, nil)
+		return x, nil, err
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	x, err := parseIndex(s.root, b)
+	if err != nil {
+		return nil, nil, err
+	}
+	return x, fi, nil
+}
+
+// lock takes the index lock, exclusive for writers. A reader does not
+// create the lock file: without one, or without the right to open it, it
+// reads unlocked (index.json is only ever replaced whole). Waiting ends with
+// ctx.
+func (s *layoutStore) lock(ctx context.Context, exclusive bool) (func(), error) {
+	p := s.path(indexLockName)
+	flags, how := os.O_RDONLY, syscall.LOCK_SH
+	if exclusive {
+		flags, how = os.O_RDWR|os.O_CREATE, syscall.LOCK_EX
+	}
+	f, err := os.OpenFile(p, flags|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		switch {
+		case errors.Is(err, syscall.ELOOP):
+			return nil, fmt.Errorf("%s: %w: a symlink", p, ErrInvalidLayout)
+		case !exclusive && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)):
+			return func() {}, nil
+		}
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w: not a regular file", p, ErrInvalidLayout)
+	}
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", s.root, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", s.root, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+	return func() { f.Close() }, nil // closing releases the lock
+}
+
+// write changes index.json: fn gets a freshly loaded index under the
+// exclusive lock and reports whether it changed it.
+func (s *layoutStore) write(ctx context.Context, fn func(*layoutIndex) (bool, error)) error {
+	unlock, err := s.lock(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	x, _, err := s.loadFresh()
+	if err != nil {
+		return err
+	}
+	changed, err := fn(x)
+	if err != nil || !changed {
+		return err
+	}
+	if x.doc.SchemaVersion == 0 {
+		x.doc.SchemaVersion = 2
+	}
+	if x.doc.MediaType == "" {
+		x.doc.MediaType = ocispec.MediaTypeImageIndex
+	}
+	if x.doc.Manifests == nil {
+		x.doc.Manifests = []ocispec.Descriptor{}
+	}
+	b, err := json.Marshal(x.doc)
+	if err != nil {
+		return err
+	}
+	if err := s.replace(ocispec.ImageIndexFile, b); err != nil {
+		return err
+	}
+	_, err = s.load()
+	return err
+}
+
+// replace writes b to the layout file name through a temporary file and a
+// rename, so that readers see the old file or the new one, never a part.
+func (s *layoutStore) replace(name string, b []byte) error {
+	f, err := os.CreateTemp(s.root, "."+name+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, s.path(name))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("%s: write %s: %w", s.root, name, err)
+	}
+	return nil
+}
+
+// parseIndex decodes index.json (nil: none) and sorts its descriptors into
+// usable ones and the others, which are kept but never resolved.
+func parseIndex(root string, b []byte) (*layoutIndex, error) {
+	x := &layoutIndex{
+		doc:     ocispec.Index{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex},
+		tags:    map[string]ocispec.Descriptor{},
+		bad:     map[string]error{},
+		digests: map[digest.Digest]ocispec.Descriptor{},
+	}
+	if b != nil {
+		x.doc = ocispec.Index{}
+		if err := json.Unmarshal(b, &x.doc); err != nil {
+			return nil, fmt.Errorf("%s: %s: %w: %v", root, ocispec.ImageIndexFile, ErrInvalidLayout, err)
+		}
+	}
+	x.index()
+	return x, nil
+}
+
+// index rebuilds the lookup maps from doc. When two descriptors carry one
+// tag, the later wins, as in other OCI tools.
+func (x *layoutIndex) index() {
+	clear(x.tags)
+	clear(x.bad)
+	clear(x.digests)
+	for _, d := range x.doc.Manifests {
+		tag := d.Annotations[ocispec.AnnotationRefName]
+		if err := checkManifestDesc(d); err != nil {
+			if tag != "" {
+				x.bad[tag] = err
+				delete(x.tags, tag)
+			}
+			continue
+		}
+		if _, ok := x.digests[d.Digest]; !ok {
+			x.digests[d.Digest] = plain(d)
+		}
+		if tag != "" {
+			x.tags[tag] = d
+			delete(x.bad, tag)
+		}
+	}
+}
+
+// checkManifestDesc checks a descriptor of index.json names a manifest
+// that may be read: a valid digest, a known media type, a size a manifest
+// may have.
+func checkManifestDesc(d ocispec.Descriptor) error {
+	if err := d.Digest.Validate(); err != nil {
+		return fmt.Errorf("descriptor %q: %w: %v", d.Digest, ErrInvalidLayout, err)
+	}
+	if !isManifest(d.MediaType) {
+		return fmt.Errorf("descriptor %s: %w: media type %q is not a manifest's", d.Digest, ErrInvalidLayout, d.MediaType)
+	}
+	if d.Size <= 0 || d.Size > MaxManifestBytes {
+		return fmt.Errorf("descriptor %s: %w: manifest of %d bytes (at most %d)", d.Digest, ErrInvalidLayout, d.Size, MaxManifestBytes)
+	}
+	return nil
+}
+
+// plain returns d without annotations and other optional fields.
+func plain(d ocispec.Descriptor) ocispec.Descriptor {
+	return ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size}
+}
+
+// blobPath returns the file of the blob d.
+func (s *layoutStore) blobPath(d digest.Digest) (string, error) {
+	if err := d.Validate(); err != nil {
+		return "", fmt.Errorf("%s: blob %q: %w: %v", s.root, d, errdef.ErrInvalidDigest, err)
+	}
+	return s.path(ocispec.ImageBlobsDir, d.Algorithm().String(), d.Encoded()), nil
+}
+
+// openBlob opens the blob desc, checking it is a regular file of the size
+// desc says before anything reads it.
+func (s *layoutStore) openBlob(desc ocispec.Descriptor) (*os.File, error) {
+	p, err := s.blobPath(desc.Digest)
+	if err != nil {
+		return nil, err
+	}
+	if desc.Size < 0 {
+		return nil, fmt.Errorf("%s: blob %s: %w: size %d", s.root, desc.Digest, ErrInvalidLayout, desc.Size)
+	}
+	f, fi, err := openRegular(p, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: blob %s: %w", s.root, desc.Digest, errdef.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: blob %s: %w", s.root, desc.Digest, err)
+	}
+	if fi.Size() != desc.Size {
+		f.Close()
+		return nil, fmt.Errorf("%s: blob %s: %w: %d bytes, its descriptor says %d", s.root, desc.Digest, ErrInvalidLayout, fi.Size(), desc.Size)
+	}
+	return f, nil
+}
+
+// Fetch opens the blob desc; it reads at most desc.Size bytes.
+func (s *layoutStore) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	f, err := s.openBlob(desc)
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(f, desc.Size), f}, nil
+}
+
+// Exists reports whether the blob desc is stored: a regular file of its size.
+func (s *layoutStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
+	p, err := s.blobPath(desc.Digest)
+	if err != nil {
+		return false, err
+	}
+	fi, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return fi.Mode().IsRegular() && fi.Size() == desc.Size, nil
+}
+
+// Push stores a blob, verifying its size and digest, and records a manifest
+// in index.json.
 func (s *layoutStore) Push(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
-	if !isManifest(desc.MediaType) {
-		return s.Storage.Push(ctx, desc, r)
+	manifest := isManifest(desc.MediaType)
+	if desc.Size < 0 || manifest && desc.Size > MaxManifestBytes {
+		return fmt.Errorf("%s: push %s: size %d: %w", s.root, desc.Digest, desc.Size, errdef.ErrSizeExceedsLimit)
 	}
-	return s.write(ctx, func(st *oci.Store) error { return st.Push(ctx, desc, r) })
+	ok, err := s.Exists(ctx, desc)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if err := s.ingest(desc, r); err != nil {
+			return err
+		}
+	}
+	if !manifest {
+		return nil
+	}
+	return s.write(ctx, func(x *layoutIndex) (bool, error) {
+		if _, ok := x.digests[desc.Digest]; ok {
+			return false, nil
+		}
+		d := desc
+		d.Annotations = withoutRefName(d.Annotations)
+		x.doc.Manifests = append(x.doc.Manifests, d)
+		x.index()
+		return true, nil
+	})
+}
+
+// ingest writes the blob desc to a temporary file, verifies it and renames
+// it into place.
+func (s *layoutStore) ingest(desc ocispec.Descriptor, r io.Reader) error {
+	target, err := s.blobPath(desc.Digest)
+	if err != nil {
+		return err
+	}
+	dir := s.path(ingestDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, desc.Digest.Encoded()+"_*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	vr := content.NewVerifyReader(r, desc)
+	_, err = io.Copy(f, vr)
+	if err == nil {
+		err = vr.Verify()
+	}
+	if err == nil {
+		err = f.Chmod(0o444)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, target)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("%s: push %s: %w", s.root, desc.Digest, err)
+	}
+	return nil
+}
+
+func withoutRefName(ann map[string]string) map[string]string {
+	if _, ok := ann[ocispec.AnnotationRefName]; !ok {
+		return ann
+	}
+	out := make(map[string]string, len(ann))
+	for k, v := range ann {
+		if k != ocispec.AnnotationRefName {
+			out[k] = v
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // Resolve returns the descriptor a tag or digest names.
 func (s *layoutStore) Resolve(ctx context.Context, ref string) (ocispec.Descriptor, error) {
-	st, err := s.read(ctx)
+	if ref == "" {
+		return ocispec.Descriptor{}, errdef.ErrMissingReference
+	}
+	x, err := s.read(ctx)
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	return st.Resolve(ctx, ref)
-}
-
-// Tag points ref at desc.
-func (s *layoutStore) Tag(ctx context.Context, desc ocispec.Descriptor, ref string) error {
-	return s.write(ctx, func(st *oci.Store) error { return st.Tag(ctx, desc, ref) })
-}
-
-// Untag removes the tag ref.
-func (s *layoutStore) Untag(ctx context.Context, ref string) error {
-	return s.write(ctx, func(st *oci.Store) error { return st.Untag(ctx, ref) })
-}
-
-// Delete removes a blob or a manifest (and its tags).
-func (s *layoutStore) Delete(ctx context.Context, desc ocispec.Descriptor) error {
-	return s.write(ctx, func(st *oci.Store) error { return st.Delete(ctx, desc) })
-}
-
-// Tags lists the tags in order.
-func (s *layoutStore) Tags(ctx context.Context, last string, fn func([]string) error) error {
-	st, err := s.read(ctx)
-	if err != nil {
-		return err
+	if d, ok := x.tags[ref]; ok {
+		return d, nil
 	}
-	return st.Tags(ctx, last, fn)
+	if err := x.bad[ref]; err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("%s: tag %s: %w", s.root, ref, err)
+	}
+	d, err := digest.Parse(ref)
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("%s: %s: %w", s.root, ref, errdef.ErrNotFound)
+	}
+	if desc, ok := x.digests[d]; ok {
+		return desc, nil
+	}
+	return s.resolveBlob(d)
 }
 
-// Predecessors returns the manifests that reference node.
-func (s *layoutStore) Predecessors(ctx context.Context, node ocispec.Descriptor) ([]ocispec.Descriptor, error) {
-	st, err := s.read(ctx)
+// resolveBlob describes a blob that index.json does not list: a manifest
+// (found by its media type) or an opaque blob.
+func (s *layoutStore) resolveBlob(d digest.Digest) (ocispec.Descriptor, error) {
+	p, err := s.blobPath(d)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	fi, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return ocispec.Descriptor{}, fmt.Errorf("%s: %s: %w", s.root, d, errdef.ErrNotFound)
+	}
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	desc := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: d, Size: fi.Size()}
+	if !fi.Mode().IsRegular() {
+		return ocispec.Descriptor{}, fmt.Errorf("%s: blob %s: %w: not a regular file", s.root, d, ErrInvalidLayout)
+	}
+	if fi.Size() > 0 && fi.Size() <= MaxManifestBytes {
+		if b, err := s.fetchManifest(desc); err == nil {
+			var m struct {
+				MediaType string `json:"mediaType"`
+			}
+			if json.Unmarshal(b, &m) == nil && isManifest(m.MediaType) {
+				desc.MediaType = m.MediaType
+			}
+		}
+	}
+	return desc, nil
+}
+
+// fetchManifest reads and verifies the manifest desc (at most MaxManifestBytes).
+func (s *layoutStore) fetchManifest(desc ocispec.Descriptor) ([]byte, error) {
+	if desc.Size <= 0 || desc.Size > MaxManifestBytes {
+		return nil, fmt.Errorf("%s: manifest %s: %w: %d bytes", s.root, desc.Digest, ErrInvalidLayout, desc.Size)
+	}
+	f, err := s.openBlob(desc)
 	if err != nil {
 		return nil, err
 	}
-	return st.Predecessors(ctx, node)
+	defer f.Close()
+	b := make([]byte, desc.Size)
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, fmt.Errorf("%s: manifest %s: %w", s.root, desc.Digest, err)
+	}
+	if digest.FromBytes(b) != desc.Digest {
+		return nil, fmt.Errorf("%s: manifest %s: %w", s.root, desc.Digest, content.ErrMismatchedDigest)
+	}
+	return b, nil
+}
+
+// Tag points ref at desc, which must be stored.
+func (s *layoutStore) Tag(ctx context.Context, desc ocispec.Descriptor, ref string) error {
+	if ref == "" {
+		return errdef.ErrMissingReference
+	}
+	if err := checkManifestDesc(desc); err != nil {
+		return fmt.Errorf("%s: tag %s: %w", s.root, ref, err)
+	}
+	ok, err := s.Exists(ctx, desc)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%s: %s: %w", s.root, desc.Digest, errdef.ErrNotFound)
+	}
+	return s.write(ctx, func(x *layoutIndex) (bool, error) {
+		ms := slices.DeleteFunc(x.doc.Manifests, func(d ocispec.Descriptor) bool {
+			return d.Annotations[ocispec.AnnotationRefName] == ref
+		})
+		d := desc
+		if ref != desc.Digest.String() {
+			d.Annotations = withoutRefName(d.Annotations)
+			ann := make(map[string]string, len(d.Annotations)+1)
+			for k, v := range d.Annotations {
+				ann[k] = v
+			}
+			ann[ocispec.AnnotationRefName] = ref
+			d.Annotations = ann
+		}
+		// A manifest listed untagged is listed once, tagged.
+		i := slices.IndexFunc(ms, func(e ocispec.Descriptor) bool {
+			return e.Digest == desc.Digest && e.Annotations[ocispec.AnnotationRefName] == ""
+		})
+		switch {
+		case i >= 0 && ref == desc.Digest.String():
+		case i >= 0:
+			ms[i] = d
+		default:
+			ms = append(ms, d)
+		}
+		x.doc.Manifests = ms
+		x.index()
+		return true, nil
+	})
+}
+
+// Untag removes the tag ref; the manifest stays listed, untagged.
+func (s *layoutStore) Untag(ctx context.Context, ref string) error {
+	if ref == "" {
+		return errdef.ErrMissingReference
+	}
+	if _, err := digest.Parse(ref); err == nil {
+		return fmt.Errorf("reference %q is a digest and not a tag: %w", ref, errdef.ErrInvalidReference)
+	}
+	return s.write(ctx, func(x *layoutIndex) (bool, error) {
+		i := slices.IndexFunc(x.doc.Manifests, func(d ocispec.Descriptor) bool {
+			return d.Annotations[ocispec.AnnotationRefName] == ref
+		})
+		if i < 0 {
+			return false, fmt.Errorf("%s: tag %s: %w", s.root, ref, errdef.ErrNotFound)
+		}
+		d := x.doc.Manifests[i]
+		ms := slices.DeleteFunc(x.doc.Manifests, func(e ocispec.Descriptor) bool {
+			return e.Annotations[ocispec.AnnotationRefName] == ref
+		})
+		if !slices.ContainsFunc(ms, func(e ocispec.Descriptor) bool { return e.Digest == d.Digest }) {
+			d.Annotations = withoutRefName(d.Annotations)
+			ms = slices.Insert(ms, min(i, len(ms)), d)
+		}
+		x.doc.Manifests = ms
+		x.index()
+		return true, nil
+	})
+}
+
+// Delete removes a blob or a manifest and its tags.
+func (s *layoutStore) Delete(ctx context.Context, desc ocispec.Descriptor) error {
+	p, err := s.blobPath(desc.Digest)
+	if err != nil {
+		return err
+	}
+	err = s.write(ctx, func(x *layoutIndex) (bool, error) {
+		n := len(x.doc.Manifests)
+		x.doc.Manifests = slices.DeleteFunc(x.doc.Manifests, func(d ocispec.Descriptor) bool { return d.Digest == desc.Digest })
+		x.index()
+		return len(x.doc.Manifests) != n, nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%s: %s: %w", s.root, desc.Digest, errdef.ErrNotFound)
+		}
+		return err
+	}
+	return nil
+}
+
+// Tags lists the usable tags in order.
+func (s *layoutStore) Tags(ctx context.Context, last string, fn func([]string) error) error {
+	x, err := s.read(ctx)
+	if err != nil {
+		return err
+	}
+	var tags []string
+	for t := range x.tags {
+		if last == "" || t > last {
+			tags = append(tags, t)
+		}
+	}
+	slices.Sort(tags)
+	return fn(tags)
+}
+
+// successors are the descriptors a manifest or index points at.
+type successors struct {
+	MediaType string               `json:"mediaType"`
+	Config    *ocispec.Descriptor  `json:"config"`
+	Layers    []ocispec.Descriptor `json:"layers"`
+	Manifests []ocispec.Descriptor `json:"manifests"`
+	Subject   *ocispec.Descriptor  `json:"subject"`
+}
+
+func (m *successors) all() []ocispec.Descriptor {
+	out := append(append([]ocispec.Descriptor(nil), m.Layers...), m.Manifests...)
+	if m.Config != nil {
+		out = append(out, *m.Config)
+	}
+	if m.Subject != nil {
+		out = append(out, *m.Subject)
+	}
+	return out
+}
+
+// Predecessors returns the manifests listed in index.json that reference
+// node. It reads those manifests one at a time, each at most
+// MaxManifestBytes: no graph is kept.
+func (s *layoutStore) Predecessors(ctx context.Context, node ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	x, err := s.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []ocispec.Descriptor
+	for _, d := range x.digests {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		b, err := s.fetchManifest(d)
+		if errors.Is(err, errdef.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var m successors
+		if json.Unmarshal(b, &m) != nil {
+			continue
+		}
+		if slices.ContainsFunc(m.all(), func(e ocispec.Descriptor) bool { return e.Digest == node.Digest }) {
+			out = append(out, d)
+		}
+	}
+	slices.SortFunc(out, func(a, b ocispec.Descriptor) int { return cmp.Compare(a.Digest, b.Digest) })
+	return out, nil
+}
+
+// LayoutReachable returns the digests of the blobs that the manifests
+// listed in index.json of the OCI layout at dir reach through descriptors
+// (config, layers, manifests, subject), those manifests included. Each
+// manifest is read once, at most MaxManifestBytes; a manifest that is
+// listed but missing is skipped. A manifest that cannot be read is an
+// error: what it reaches is unknown.
+func LayoutReachable(ctx context.Context, dir string) (map[digest.Digest]bool, error) {
+	s := &layoutStore{root: dir}
+	b, _, err := s.readSmall(ocispec.ImageIndexFile, MaxLayoutIndexBytes)
+	if err != nil {
+		return nil, err
+	}
+	x, err := parseIndex(dir, b)
+	if err != nil {
+		return nil, err
+	}
+	reach := map[digest.Digest]bool{}
+	var stack []ocispec.Descriptor
+	for _, d := range x.doc.Manifests {
+		if err := d.Digest.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: %s: %w: descriptor %q", dir, ocispec.ImageIndexFile, ErrInvalidLayout, d.Digest)
+		}
+		stack = append(stack, d)
+	}
+	for len(stack) > 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		d := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if reach[d.Digest] || d.Digest.Validate() != nil {
+			continue
+		}
+		reach[d.Digest] = true
+		if !isManifest(d.MediaType) {
+			continue
+		}
+		b, err := s.fetchManifest(d)
+		if errors.Is(err, errdef.ErrNotFound) {
+			continue // a dangling reference: nothing to follow
+		}
+		if err != nil {
+			return nil, err
+		}
+		var m successors
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, fmt.Errorf("%s: manifest %s: %w: %v", dir, d.Digest, ErrInvalidLayout, err)
+		}
+		stack = append(stack, m.all()...)
+	}
+	return reach, nil
 }

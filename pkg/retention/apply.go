@@ -11,8 +11,6 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
-	ocistore "oras.land/oras-go/v2/content/oci"
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -264,35 +262,9 @@ type Swept struct {
 // layout's only writer, may do this; registries collect their own garbage.
 func SweepLayout(ctx context.Context, dir string, minAge time.Duration) (Swept, error) {
 	var sw Swept
-	b, err := os.ReadFile(filepath.Join(dir, ocispec.ImageIndexFile))
+	reach, err := oci.LayoutReachable(ctx, dir)
 	if err != nil {
-		return sw, err
-	}
-	var idx ocispec.Index
-	if err := json.Unmarshal(b, &idx); err != nil {
-		return sw, fmt.Errorf("%s: %w", ocispec.ImageIndexFile, err)
-	}
-	storage, err := ocistore.NewStorage(dir)
-	if err != nil {
-		return sw, err
-	}
-	reach := map[digest.Digest]bool{}
-	stack := append([]ocispec.Descriptor(nil), idx.Manifests...)
-	for len(stack) > 0 {
-		desc := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		if reach[desc.Digest] {
-			continue
-		}
-		reach[desc.Digest] = true
-		succ, err := content.Successors(ctx, storage, desc)
-		if errors.Is(err, errdef.ErrNotFound) {
-			continue // a dangling reference: nothing to follow
-		}
-		if err != nil {
-			return sw, fmt.Errorf("%s: %w", desc.Digest, err)
-		}
-		stack = append(stack, succ...)
+		return sw, fmt.Errorf("nothing swept: %w", err)
 	}
 	root := filepath.Join(dir, ocispec.ImageBlobsDir)
 	algs, err := os.ReadDir(root)

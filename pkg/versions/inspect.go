@@ -2,7 +2,6 @@ package versions
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -142,14 +141,6 @@ func Compare(ctx context.Context, a, b Side) (*Diff, error) {
 	if err != nil {
 		return nil, err
 	}
-	ma, err := metadata(ctx, a.Src, a.Desc)
-	if err != nil {
-		return nil, err
-	}
-	mb, err := metadata(ctx, b.Src, b.Desc)
-	if err != nil {
-		return nil, err
-	}
 	d := &Diff{A: a.Desc.Digest, B: b.Desc.Digest, Added: []FileInfo{}, Removed: []FileInfo{}, Changed: []FileChange{}}
 	fa, fb := files(va.Index), files(vb.Index)
 	inA := make(map[string]FileInfo, len(fa))
@@ -195,48 +186,19 @@ func Compare(ctx context.Context, a, b Side) (*Diff, error) {
 	}
 	d.ChunksB = len(seen)
 	d.UploadBytes = d.NewBytes
-	for dg, size := range mb {
-		if _, ok := ma[dg]; !ok && !chunksA[dg] {
-			d.UploadBytes += size
+	// The metadata comes from what layout.Open read and checked: nothing
+	// here follows the manifests again.
+	metaA := map[digest.Digest]bool{}
+	for _, m := range va.Meta {
+		metaA[m.Digest] = true
+	}
+	counted := map[digest.Digest]bool{}
+	for _, m := range vb.Meta {
+		if !metaA[m.Digest] && !chunksA[m.Digest] && !counted[m.Digest] {
+			counted[m.Digest] = true
+			d.UploadBytes += m.Size
 		}
 	}
 	slices.SortFunc(d.Changed, func(x, y FileChange) int { return strings.Compare(x.Path, y.Path) })
 	return d, nil
-}
-
-// metadata returns the sizes of the manifests and non-chunk blobs of the
-// version root: the root, its parts, their configs and the file index.
-func metadata(ctx context.Context, src content.Fetcher, root ocispec.Descriptor) (map[digest.Digest]int64, error) {
-	out := map[digest.Digest]int64{root.Digest: root.Size}
-	b, err := content.FetchAll(ctx, src, root)
-	if err != nil {
-		return nil, fmt.Errorf("manifest %s: %w", root.Digest, err)
-	}
-	var m struct {
-		MediaType string               `json:"mediaType"`
-		Config    ocispec.Descriptor   `json:"config"`
-		Layers    []ocispec.Descriptor `json:"layers"`
-		Manifests []ocispec.Descriptor `json:"manifests"`
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("manifest %s: %w: %v", root.Digest, layout.ErrNotVolume, err)
-	}
-	for _, p := range m.Manifests {
-		sub, err := metadata(ctx, src, p)
-		if err != nil {
-			return nil, err
-		}
-		for k, v := range sub {
-			out[k] = v
-		}
-	}
-	if m.Config.Digest != "" {
-		out[m.Config.Digest] = m.Config.Size
-	}
-	for _, l := range m.Layers {
-		if l.MediaType != layout.MediaTypeChunk {
-			out[l.Digest] = l.Size
-		}
-	}
-	return out, nil
 }

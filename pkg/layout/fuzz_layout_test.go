@@ -1,0 +1,144 @@
+package layout
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// Placeholders a fuzzed layout uses to name its own blobs, which the
+// fuzzer could not guess the digests of.
+const (
+	phBlobDigest     = "@BD@"
+	phBlobSize       = "@BS@"
+	phManifestDigest = "@MD@"
+	phManifestSize   = "@MS@"
+)
+
+// buildFuzzLayout writes an OCI layout to dir: blob as is, manifest with
+// the blob's placeholders filled in, index.json with both's.
+func buildFuzzLayout(t *testing.T, dir string, index, manifest, blob []byte) {
+	t.Helper()
+	bd := digest.FromBytes(blob)
+	manifest = bytes.ReplaceAll(manifest, []byte(phBlobDigest), []byte(bd))
+	manifest = bytes.ReplaceAll(manifest, []byte(phBlobSize), []byte(strconv.Itoa(len(blob))))
+	md := digest.FromBytes(manifest)
+	for _, r := range [][2]string{{phBlobDigest, string(bd)}, {phBlobSize, strconv.Itoa(len(blob))}, {phManifestDigest, string(md)}, {phManifestSize, strconv.Itoa(len(manifest))}} {
+		index = bytes.ReplaceAll(index, []byte(r[0]), []byte(r[1]))
+	}
+	blobs := filepath.Join(dir, "blobs", "sha256")
+	if err := os.MkdirAll(blobs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{
+		filepath.Join(dir, ocispec.ImageLayoutFile):                        []byte(`{"imageLayoutVersion":"1.0.0"}`),
+		filepath.Join(dir, ocispec.ImageIndexFile):                         index,
+		filepath.Join(blobs, bd.Encoded()):                                 blob,
+		filepath.Join(blobs, md.Encoded()):                                 manifest,
+		filepath.Join(blobs, ocispec.DescriptorEmptyJSON.Digest.Encoded()): []byte("{}"),
+	}
+	for p, b := range files {
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fuzzSeeds returns a valid one-manifest version in placeholder form, and
+// variants with hostile sizes and shapes.
+func fuzzSeeds(t testing.TB) [][3][]byte {
+	x := validIndex()
+	s, err := Seal(x, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := s.Blobs[0]
+	man := bytes.ReplaceAll(s.Root.Data, []byte(idx.Desc.Digest), []byte(phBlobDigest))
+	index := []byte(`{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phManifestDigest + `","size":` + phManifestSize + `,"annotations":{"org.opencontainers.image.ref.name":"v1"}}]}`)
+	huge := bytes.ReplaceAll(index, []byte(phManifestSize), []byte("1099511627776"))
+	parts := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","artifactType":"` + ArtifactTypeVolume + `","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phBlobDigest + `","size":` + phBlobSize + `},{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phBlobDigest + `","size":` + phBlobSize + `}]}`)
+	nested := []byte(`{"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"` + ArtifactTypeVolume + `","manifests":[{"digest":"` + phBlobDigest + `","size":4611686018427387904}],"layers":[{"mediaType":"` + MediaTypeIndex + `","digest":"` + phBlobDigest + `","size":` + phBlobSize + `}]}`)
+	return [][3][]byte{
+		{index, man, idx.Data},
+		{huge, man, idx.Data},
+		{index, parts, s.Root.Data},
+		{index, nested, idx.Data},
+		{[]byte(`{"manifests":[{"digest":"sha256:x","size":-1}]}`), nil, nil},
+	}
+}
+
+func TestFuzzSeedsOpen(t *testing.T) {
+	seeds := fuzzSeeds(t)
+	dir := t.TempDir()
+	buildFuzzLayout(t, dir, seeds[0][0], seeds[0][1], seeds[0][2])
+	ctx := context.Background()
+	tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := tg.Resolve(ctx, "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(ctx, tg, d); err != nil {
+		t.Fatalf("the valid seed does not open: %v", err)
+	}
+}
+
+// FuzzOpenLayout builds an OCI layout from the fuzzer's bytes (index.json,
+// a manifest, a blob) and opens, resolves, reads and walks it: it must
+// return errors, never panic or allocate without bound. Its inputs are
+// large, so `make fuzz` bounds the minimizing of new ones
+// (-fuzzminimizetime), which would otherwise take the whole run.
+func FuzzOpenLayout(f *testing.F) {
+	for _, s := range fuzzSeeds(f) {
+		f.Add(s[0], s[1], s[2])
+	}
+	f.Fuzz(func(t *testing.T, index, manifest, blob []byte) {
+		dir := t.TempDir()
+		buildFuzzLayout(t, dir, index, manifest, blob)
+		ctx := context.Background()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		defer func() {
+			runtime.ReadMemStats(&after)
+			if a := after.TotalAlloc - before.TotalAlloc; a > 256<<20 {
+				t.Fatalf("allocated %d MiB for a layout of %d bytes", a>>20, len(index)+len(manifest)+len(blob))
+			}
+		}()
+		_, _ = oci.LayoutReachable(ctx, dir)
+		tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
+		if err != nil {
+			return
+		}
+		tags, err := oci.ListTags(ctx, tg)
+		if err != nil {
+			return
+		}
+		refs := append(tags, digest.FromBytes(blob).String())
+		for i, ref := range refs {
+			if i > 8 {
+				break
+			}
+			d, err := tg.Resolve(ctx, ref)
+			if err != nil {
+				continue
+			}
+			if v, err := Open(ctx, tg, d); err == nil {
+				if err := v.Index.Validate(); err != nil {
+					t.Fatalf("Open returned an invalid index: %v", err)
+				}
+			}
+			_, _ = tg.Predecessors(ctx, d)
+		}
+	})
+}
