@@ -254,8 +254,8 @@ func tagsOf(ctx context.Context, t oci.Target, tags []string) (map[digest.Digest
 		}
 		g.Go(func() error {
 			d, err := t.Resolve(gctx, tag)
-			if errors.Is(err, errdef.ErrNotFound) {
-				return nil
+			if errors.Is(err, errdef.ErrNotFound) || errors.Is(err, oci.ErrInvalidLayout) {
+				return nil // gone, or a layout entry that names no readable manifest
 			}
 			if err != nil {
 				return fmt.Errorf("resolve %s: %w", tag, err)
