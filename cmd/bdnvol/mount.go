@@ -289,7 +289,7 @@ func (m MirrorFlags) check() error {
 
 // fetcher returns src wrapped with the mirrors configured for ref's
 // registry, and the mirror fetcher (nil when there are none).
-func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *lazy.MirrorFetcher, error) {
+func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci.MirrorFetcher, error) {
 	if ref.Layout != "" && len(m.Mirror) > 0 {
 		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", ref.Repo())
 	}
