@@ -37,6 +37,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
 )
 
 // State is where a job is in its life.
@@ -270,30 +272,13 @@ func (s *Store) read(id string) (*Job, error) {
 	return &j, nil
 }
 
-// write replaces the job file atomically: a synced temporary file renamed
-// over it.
+// write replaces the job file atomically.
 func (s *Store) write(j *Job) error {
 	b, err := json.MarshalIndent(j, "", "  ")
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(s.dir, "."+j.ID+"-*.tmp")
-	if err != nil {
-		return fmt.Errorf("job %s: %w", j.ID, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, s.path(j.ID))
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(s.path(j.ID), append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("job %s: %w", j.ID, err)
 	}
 	return nil
