@@ -9,7 +9,6 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
@@ -75,9 +74,6 @@ func (u *uploader) release(j chunkJob) {
 	}
 }
 
-// uploadAttempts bounds the upload sessions tried for one chunk.
-const uploadAttempts = 3
-
 func (u *uploader) store(ctx context.Context, j chunkJob) error {
 	defer u.release(j)
 	desc := chunkDescriptor(j.Chunk)
@@ -96,24 +92,15 @@ func (u *uploader) store(ctx context.Context, j chunkJob) error {
 	} else {
 		ra = sa
 	}
-	// An io.ReaderAt body lets a registry upload retry and resume.
-	for attempt := 1; ; attempt++ {
-		body := io.NewSectionReader(countingReaderAt{ra, &u.counters.Sent}, 0, j.Size)
-		err = u.dst.Push(ctx, desc, body)
-		if err == nil || errors.Is(err, errdef.ErrAlreadyExists) {
-			break
-		}
+	// An io.ReaderAt body lets the transport retry, resume and start the
+	// upload over; the layout does not retry on top of it.
+	body := io.NewSectionReader(countingReaderAt{ra, &u.counters.Sent}, 0, j.Size)
+	err = u.dst.Push(ctx, desc, body)
+	if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
 		if serr := sa.failure(); serr != nil {
 			return fmt.Errorf("chunk %s: %w", j.Digest, serr)
 		}
-		if attempt >= uploadAttempts || ctx.Err() != nil {
-			return fmt.Errorf("upload chunk %s: %w", j.Digest, err)
-		}
-		// Start the upload over in a new session.
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(attempt) * 500 * time.Millisecond):
-		}
+		return fmt.Errorf("upload chunk %s: %w", j.Digest, err)
 	}
 	if err == nil {
 		u.chunks.Add(1)
