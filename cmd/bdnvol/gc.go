@@ -7,17 +7,12 @@ import (
 	"io"
 	"os"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
-	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // Duration is a time.Duration flag that also accepts days ("7d").
@@ -86,7 +81,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	in, refs, err := snapshot(ctx, t, sources)
+	in, err := retention.Snapshot(ctx, t, sources)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref.Repo(), err)
 	}
@@ -94,7 +89,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	out := gcOutput{Repository: ref.Repo(), Applied: c.Apply, Plan: plan, References: refs}
+	out := gcOutput{Repository: ref.Repo(), Applied: c.Apply, Plan: plan, References: in.References}
 	if out.References == nil {
 		out.References = []retention.Reference{}
 	}
@@ -167,25 +162,6 @@ func dash(s string) string {
 	return s
 }
 
-// snapshot lists the versions and tombstones of t and reads the references.
-func snapshot(ctx context.Context, t oci.Target, sources retention.Sources) (retention.Input, []retention.Reference, error) {
-	var in retention.Input
-	vs, err := versions.List(ctx, t)
-	if err != nil {
-		return in, nil, err
-	}
-	for _, v := range vs {
-		in.Versions = append(in.Versions, retention.Version{Digest: v.Digest, Sealed: v.Sealed, Tags: v.Tags})
-	}
-	if in.Deleted, err = retention.ListDeleted(ctx, t); err != nil {
-		return in, nil, err
-	}
-	if in.References, err = sources(ctx); err != nil {
-		return in, nil, err
-	}
-	return in, in.References, nil
-}
-
 // newSources returns the reference sources of a command: the files and
 // directories in paths, standard input for "-" (read once, now), and the
 // bdnvol mounts running on this machine.
@@ -204,77 +180,21 @@ func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, er
 		if err != nil {
 			return nil, fmt.Errorf("refs: standard input: %w", err)
 		}
-		if b == nil {
-			b = []byte{}
-		}
-		stdin = b
+		stdin = append([]byte{}, b...)
 	}
-	if _, err := retention.ScanPaths(repo, files); err != nil {
-		return nil, err
-	}
-	return func(context.Context) ([]retention.Reference, error) {
-		refs, err := retention.ScanPaths(repo, files)
-		if err != nil {
-			return nil, err
+	return retention.FileSources(repo, files, stdin, func() []retention.Reference {
+		var refs []retention.Reference
+		for _, m := range g.mountStore().Serving() {
+			refs = append(refs, retention.Reference{Source: m.Mountpoint, Ref: m.Reference, Digest: m.Digest, Mount: true})
 		}
-		if stdin != nil {
-			refs = append(refs, retention.Scan(repo, "stdin", stdin)...)
-		}
-		return append(refs, g.runningMounts()...), nil
-	}, nil
+		return refs
+	})
 }
 
-// runningMounts returns the bdnvol mounts on this machine whose server is
-// alive, as references to the digest each serves (whatever repository it
-// came from: a digest names the same content everywhere).
-func (g *Globals) runningMounts() []retention.Reference {
-	ms, err := mounts.List()
-	if err != nil {
-		return nil
-	}
-	store := g.mountStore()
-	var out []retention.Reference
-	for _, m := range ms {
-		st, ok := store.Read(m.Mountpoint)
-		if mounts.NotConnected(m.Mountpoint) || ok && st.Digest == m.Digest && st.PID != 0 && !mounts.Alive(st.PID) {
-			continue // stale: nothing is served from it
-		}
-		r := retention.Reference{Source: m.Mountpoint, Ref: m.Digest, Mount: true}
-		if ok && st.Digest == m.Digest {
-			r.Ref = st.Reference
-		}
-		r.Digest = digestOf(m.Digest)
-		if r.Digest != "" {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// digestOf parses s, or returns "" if it is not a digest.
-func digestOf(s string) digest.Digest {
-	d, err := digest.Parse(s)
-	if err != nil {
-		return ""
-	}
-	return d
-}
-
-// lockLayout takes an exclusive lock on an OCI layout directory, so that
-// bdnvol processes changing one layout's index.json take turns (registries
-// need no lock: every step there is a single request). Without write it
-// does nothing.
+// lockLayout locks an OCI layout for a command that changes it.
 func lockLayout(ref oci.Ref, write bool) (func(), error) {
-	if ref.Layout == "" || !write {
+	if !write {
 		return func() {}, nil
 	}
-	f, err := os.Open(ref.Layout)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", ref.Repo(), oci.ErrNotFound)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", ref.Repo(), err)
-	}
-	return func() { f.Close() }, nil
+	return oci.LockLayout(ref)
 }
