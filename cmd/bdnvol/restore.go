@@ -28,7 +28,7 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 	if _, err := digest.Parse(s); err == nil {
 		return usageError{fmt.Errorf("%s: name the repository too: HOST/REPO@DIGEST or oci:PATH@DIGEST", s)}
 	}
-	ref, err := parseRestoreRef(s)
+	ref, err := parseVersionRef(s)
 	if err != nil {
 		return err
 	}
@@ -57,17 +57,4 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(g.stderr, "bdnvol: restored %s as %s, without its former tags\n", ref.Digest, tag)
 	fmt.Fprintln(g.stdout, ref.Pinned(ref.Digest))
 	return nil
-}
-
-// parseRestoreRef parses a reference to a version of rm or restore: it must
-// name a tag or a digest.
-func parseRestoreRef(s string) (oci.Ref, error) {
-	ref, err := oci.ParseRef(s)
-	if err != nil {
-		return ref, usageError{err}
-	}
-	if ref.Reference() == "" {
-		return ref, usageError{fmt.Errorf("%s: name a tag or a digest", s)}
-	}
-	return ref, nil
 }

@@ -20,7 +20,7 @@ type RmCmd struct {
 
 // Run deletes the version unless something references it.
 func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
-	ref, err := parseRestoreRef(c.Ref)
+	ref, err := parseVersionRef(c.Ref)
 	if err != nil {
 		return err
 	}

@@ -8,8 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
@@ -67,14 +65,7 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 	if err != nil {
 		return err
 	}
-	ds := []retention.Deleted{}
-	seen := map[digest.Digest]bool{}
-	for _, d := range all {
-		if !d.Live && !d.Gone && !seen[d.Digest] {
-			seen[d.Digest] = true
-			ds = append(ds, d)
-		}
-	}
+	ds := retention.Restorable(all)
 	if asJSON {
 		return json.NewEncoder(g.stdout).Encode(ds)
 	}
@@ -89,12 +80,9 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 
 // openRef parses s, which must name a tag or a digest, and opens its repository.
 func openRef(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target, error) {
-	ref, err := oci.ParseRef(s)
+	ref, err := parseVersionRef(s)
 	if err != nil {
-		return ref, nil, usageError{err}
-	}
-	if ref.Reference() == "" {
-		return ref, nil, usageError{fmt.Errorf("%s: name a tag or a digest", s)}
+		return ref, nil, err
 	}
 	t, err := oci.Open(ctx, ref, g.options())
 	return ref, t, err
