@@ -70,23 +70,12 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	params := layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)}
+	params, err := layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)}.Completed()
+	if err != nil {
+		return usageError{err}
+	}
 	if params == (layout.Params{}) {
 		params = versions.PreviousParams(ctx, t, ref.Tag)
-	} else {
-		d := layout.DefaultParams
-		if params.Min == 0 {
-			params.Min = min(d.Min, params.Avg/4)
-		}
-		if params.Avg == 0 {
-			params.Avg = max(params.Min, min(d.Avg, params.Max/2))
-		}
-		if params.Max == 0 {
-			params.Max = max(params.Avg*2, d.Max)
-		}
-		if err := params.Validate(); err != nil {
-			return usageError{err}
-		}
 	}
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "push", counters)
