@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 )
@@ -128,7 +129,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 			applyErr = fmt.Errorf("sweep %s: %w", ref.Repo(), err)
 		} else {
 			out.Swept = &sw
-			fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", sw.Blobs, humanBytes(sw.Bytes))
+			fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", sw.Blobs, units.Bytes(sw.Bytes))
 		}
 	}
 	if c.JSON {

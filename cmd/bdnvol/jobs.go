@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 )
 
@@ -59,9 +60,9 @@ func progressText(j *jobs.Job) string {
 	p := j.Progress
 	switch {
 	case j.State == jobs.Succeeded:
-		return fmt.Sprintf("100%%, %s uploaded", humanBytes(j.BytesUploaded))
+		return fmt.Sprintf("100%%, %s uploaded", units.Bytes(j.BytesUploaded))
 	case p.Total > 0:
-		return fmt.Sprintf("%.0f%% of %s, %s uploaded", 100*float64(p.Processed)/float64(p.Total), humanBytes(p.Total), humanBytes(p.Sent))
+		return fmt.Sprintf("%.0f%% of %s, %s uploaded", 100*float64(p.Processed)/float64(p.Total), units.Bytes(p.Total), units.Bytes(p.Sent))
 	case p.Phase != "":
 		return p.Phase
 	}

@@ -11,6 +11,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -132,7 +133,7 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
 	fmt.Fprintf(g.stderr, "pulled %d files, %s; fetched %d chunks, %s in %.1fs\n",
-		out.Files, humanBytes(out.Bytes), out.ChunksFetched, humanBytes(out.BytesFetched), out.Seconds)
+		out.Files, units.Bytes(out.Bytes), out.ChunksFetched, units.Bytes(out.BytesFetched), out.Seconds)
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
 }

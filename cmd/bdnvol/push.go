@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -100,7 +101,7 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
 	fmt.Fprintf(g.stderr, "sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs\n",
-		out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds)
+		out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds)
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -144,7 +145,7 @@ func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreg
 	}
 	out.Job, out.Seconds = j.ID, time.Since(start).Seconds()
 	logf("job %s: sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs; %s",
-		j.ID, out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds, out.Reference)
+		j.ID, out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds, out.Reference)
 	if !foreground {
 		return nil
 	}
@@ -171,7 +172,7 @@ func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, se
 			if rev != "" {
 				logf("%s is at commit %s", name, rev)
 			}
-			logf("%d files, %s to transfer", files, humanBytes(bytes))
+			logf("%d files, %s to transfer", files, units.Bytes(bytes))
 			setPhase("transferring", files)
 		},
 		OnVerified: func() { setPhase("tagging", 0) },

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -54,7 +55,7 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS")
 	for _, v := range vs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), humanBytes(v.Bytes), v.Files, strings.Join(termsafe.Names(v.Tags), ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), units.Bytes(v.Bytes), v.Files, strings.Join(termsafe.Names(v.Tags), ","))
 	}
 	return tw.Flush()
 }
@@ -73,7 +74,7 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 	fmt.Fprintln(tw, "DIGEST\tDELETED\tSEALED\tBYTES\tFILES\tFORMER TAGS")
 	for _, d := range ds {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", d.Digest, d.Deleted.UTC().Format(time.RFC3339), d.Sealed.UTC().Format(time.RFC3339),
-			humanBytes(d.Bytes), d.Files, strings.Join(termsafe.Names(d.Tags), ","))
+			units.Bytes(d.Bytes), d.Files, strings.Join(termsafe.Names(d.Tags), ","))
 	}
 	return tw.Flush()
 }
