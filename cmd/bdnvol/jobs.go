@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -179,39 +177,11 @@ func (c *JobsLogsCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	id, err := store.Resolve(c.ID)
-	if err != nil {
+	err = store.CopyLog(ctx, c.ID, g.stdout, c.Follow)
+	if errors.Is(err, jobs.ErrNotFound) || errors.Is(err, jobs.ErrAmbiguous) {
 		return usageError{err}
 	}
-	f, err := os.Open(store.LogPath(id))
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil // nothing logged yet
-		}
-		return err
-	}
-	defer f.Close()
-	for {
-		if _, err := io.Copy(g.stdout, f); err != nil {
-			return err
-		}
-		if !c.Follow {
-			return nil
-		}
-		j, err := store.Get(id)
-		if err != nil {
-			return err
-		}
-		if j.Done() {
-			_, err := io.Copy(g.stdout, f)
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
+	return err
 }
 
 // JobsResumeCmd runs a job again.
