@@ -55,3 +55,16 @@ func TestResolverResolvesEachReferenceOnce(t *testing.T) {
 		t.Errorf("HasVolumes of an empty layout: %v, %v", has, err)
 	}
 }
+
+func TestResolveTagsLeavesOutMissing(t *testing.T) {
+	ctx := context.Background()
+	tg := openLayout(t)
+	vs := threeVersions(t, tg)
+	got, err := ResolveTags(ctx, tg, []string{"v1", "prod", "nothing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["v1"].Digest != vs[0].Root.Digest || got["prod"].Digest != vs[2].Root.Digest {
+		t.Errorf("resolved %v", got)
+	}
+}
