@@ -21,11 +21,7 @@ type DiffCmd struct {
 func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 	var sides [2]versions.Side
 	for i, s := range []string{c.A, c.B} {
-		ref, t, err := openRef(ctx, g, s)
-		if err != nil {
-			return err
-		}
-		root, err := versions.Resolve(ctx, t, ref)
+		_, t, root, err := openVersion(ctx, g, s)
 		if err != nil {
 			return err
 		}

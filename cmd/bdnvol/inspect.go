@@ -23,11 +23,7 @@ type InspectCmd struct {
 
 // Run inspects the version.
 func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
-	ref, t, err := openRef(ctx, g, c.Ref)
-	if err != nil {
-		return err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}

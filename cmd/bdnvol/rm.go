@@ -8,7 +8,6 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/retention"
-	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // RmCmd soft-deletes one version.
@@ -33,11 +32,7 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer unlock()
-	ref, t, err := openRef(ctx, g, c.Ref)
-	if err != nil {
-		return err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}

@@ -79,12 +79,17 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 	return tw.Flush()
 }
 
-// openRef parses s, which must name a tag or a digest, and opens its repository.
-func openRef(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target, error) {
+// openVersion parses s, which must name a tag or a digest, opens its
+// repository and resolves the version.
+func openVersion(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target, *versions.Root, error) {
 	ref, err := parseVersionRef(s)
 	if err != nil {
-		return ref, nil, err
+		return ref, nil, nil, err
 	}
 	t, err := oci.Open(ctx, ref, g.options())
-	return ref, t, err
+	if err != nil {
+		return ref, nil, nil, err
+	}
+	root, err := versions.Resolve(ctx, t, ref)
+	return ref, t, root, err
 }
