@@ -1,6 +1,10 @@
 package mounts
 
-import "github.com/opencontainers/go-digest"
+import (
+	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/internal/proc"
+)
 
 // Serving is a bdnvol mount whose server is alive.
 type Serving struct {
@@ -25,7 +29,7 @@ func (s Store) serving(ms []Mount) []Serving {
 	var out []Serving
 	for _, m := range ms {
 		st, ok := s.Read(m.Mountpoint)
-		if NotConnected(m.Mountpoint) || ok && st.Digest == m.Digest && st.PID != 0 && !Alive(st.PID) {
+		if NotConnected(m.Mountpoint) || ok && st.Digest == m.Digest && st.PID != 0 && !proc.Alive(st.PID, "") {
 			continue // stale: nothing is served from it
 		}
 		d, err := digest.Parse(m.Digest)
