@@ -72,23 +72,16 @@ func (c *MountCmd) jobs(g *Globals) ([]mountJob, string, error) {
 	if err != nil {
 		return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
 	}
+	targets, err := spec.Targets(root)
+	if err != nil {
+		return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
+	}
 	var jobs []mountJob
-	for _, m := range spec.Mounts {
-		ref, err := parseVersionRef(m.Source)
-		if err != nil {
-			return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
-		}
+	for _, m := range targets {
 		if !m.ReadOnly {
 			fmt.Fprintf(g.stderr, "bdnvol: %s: %s is mounted read-only (bdnvol mounts are always read-only)\n", c.Spec, m.Path)
 		}
-		jobs = append(jobs, mountJob{ref, filepath.Join(root, filepath.FromSlash(m.Path))})
-	}
-	for _, a := range jobs {
-		for _, b := range jobs {
-			if a.mp != b.mp && strings.HasPrefix(b.mp, a.mp+string(filepath.Separator)) {
-				return nil, "", usageError{fmt.Errorf("%s: %s is inside %s; nested mounts are not supported", c.Spec, b.mp, a.mp)}
-			}
-		}
+		jobs = append(jobs, mountJob{m.Ref, m.Mountpoint})
 	}
 	return jobs, root, nil
 }
