@@ -172,36 +172,11 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	}
 
 	// Serve until every mount is gone or a signal asks to stop.
-	gone := make(chan *mounts.Served, len(all))
-	for _, s := range all {
-		go func() { <-s.Done(); gone <- s }()
-	}
-	left := len(all)
-	for left > 0 {
-		select {
-		case s := <-gone:
-			left--
-			fmt.Fprintf(g.stderr, "bdnvol: %s was unmounted\n", s.Mountpoint)
-			continue
-		case <-ctx.Done():
-		}
-		break
-	}
-	if left == 0 {
+	if !mounts.Wait(ctx, all, func(s *mounts.Served) { fmt.Fprintf(g.stderr, "bdnvol: %s was unmounted\n", s.Mountpoint) }) {
 		return nil
 	}
 	stopPrefetch()
-	for _, s := range all {
-		select {
-		case <-s.Done():
-		default:
-			if err := s.Unmount(); err != nil {
-				return err
-			}
-			fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", s.Mountpoint)
-		}
-	}
-	return nil
+	return mounts.UnmountAll(all, func(s *mounts.Served) { fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", s.Mountpoint) })
 }
 
 // mountOne resolves j's reference, opens the version and mounts it.
