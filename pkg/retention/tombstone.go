@@ -51,32 +51,16 @@ var (
 	ErrNoTombstone = errors.New("no deleted version")
 )
 
-const tagTimeFormat = "20060102T150405.000Z"
-
 // jobs bounds concurrent registry requests.
 const jobs = 8
 
 // DeletedTag returns the tombstone tag of version d deleted at t.
-func DeletedTag(d digest.Digest, t time.Time) string {
-	return DeletedTagPrefix + t.UTC().Format(tagTimeFormat) + "-" + d.Encoded()[:12]
-}
+func DeletedTag(d digest.Digest, t time.Time) string { return oci.TimedTag(DeletedTagPrefix, d, t) }
 
 // ParseDeletedTag returns the deletion time and digest prefix of a
 // tombstone tag.
 func ParseDeletedTag(tag string) (time.Time, string, bool) {
-	rest, ok := strings.CutPrefix(tag, DeletedTagPrefix)
-	if !ok {
-		return time.Time{}, "", false
-	}
-	ts, hex, ok := strings.Cut(rest, "-")
-	if !ok || len(hex) != 12 {
-		return time.Time{}, "", false
-	}
-	t, err := time.Parse(tagTimeFormat, ts)
-	if err != nil {
-		return time.Time{}, "", false
-	}
-	return t, hex, true
+	return oci.ParseTimedTag(DeletedTagPrefix, tag)
 }
 
 // isHuman reports whether tag is a human tag rather than one of bdnvol's.
