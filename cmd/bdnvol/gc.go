@@ -73,15 +73,11 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := lockLayout(ref, c.Apply)
+	t, unlock, err := openLocked(ctx, g, ref, c.Apply)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	t, err := oci.Open(ctx, ref, g.options())
-	if err != nil {
-		return err
-	}
 	in, err := retention.Snapshot(ctx, t, sources)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref.Repo(), err)
@@ -192,10 +188,21 @@ func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, er
 	})
 }
 
-// lockLayout locks an OCI layout for a command that changes it.
-func lockLayout(ref oci.Ref, write bool) (func(), error) {
-	if !write {
-		return func() {}, nil
+// openLocked opens the repository ref names, first locking it when it is an
+// OCI layout and lock is set (a command that changes it); the returned
+// function releases the lock.
+func openLocked(ctx context.Context, g *Globals, ref oci.Ref, lock bool) (oci.Target, func(), error) {
+	unlock := func() {}
+	if lock {
+		var err error
+		if unlock, err = oci.LockLayout(ref); err != nil {
+			return nil, nil, err
+		}
 	}
-	return oci.LockLayout(ref)
+	t, err := oci.Open(ctx, ref, g.options())
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return t, unlock, nil
 }

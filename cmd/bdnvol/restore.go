@@ -9,7 +9,6 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 )
 
@@ -35,15 +34,11 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 	if ref.Digest == "" {
 		return usageError{fmt.Errorf("%s: restore takes a digest (bdnvol versions --deleted lists them)", s)}
 	}
-	unlock, err := lockLayout(ref, true)
+	t, unlock, err := openLocked(ctx, g, ref, true)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	t, err := oci.Open(ctx, ref, g.options())
-	if err != nil {
-		return err
-	}
 	tag, warn, err := retention.Restore(ctx, t, ref.Digest, time.Now())
 	if errors.Is(err, retention.ErrNoTombstone) {
 		return fmt.Errorf("%s: %w (bdnvol versions --deleted lists what can be restored)", ref.Pinned(ref.Digest), retention.ErrNoTombstone)

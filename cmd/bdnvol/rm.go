@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 )
 
@@ -27,7 +28,7 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := lockLayout(ref, true)
+	unlock, err := oci.LockLayout(ref)
 	if err != nil {
 		return err
 	}
