@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -20,11 +21,7 @@ type DiffCmd struct {
 func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 	var sides [2]versions.Side
 	for i, s := range []string{c.A, c.B} {
-		ref, t, err := openRef(ctx, g, s)
-		if err != nil {
-			return err
-		}
-		root, err := versions.Resolve(ctx, t, ref)
+		_, t, root, err := openVersion(ctx, g, s)
 		if err != nil {
 			return err
 		}
@@ -39,16 +36,16 @@ func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	w := g.stdout
 	for _, f := range d.Added {
-		fmt.Fprintf(w, "+ %s (%s)\n", termsafe.Name(f.Path), humanBytes(f.Size))
+		fmt.Fprintf(w, "+ %s (%s)\n", termsafe.Name(f.Path), units.Bytes(f.Size))
 	}
 	for _, f := range d.Removed {
-		fmt.Fprintf(w, "- %s (%s)\n", termsafe.Name(f.Path), humanBytes(f.Size))
+		fmt.Fprintf(w, "- %s (%s)\n", termsafe.Name(f.Path), units.Bytes(f.Size))
 	}
 	for _, f := range d.Changed {
-		fmt.Fprintf(w, "~ %s (%s -> %s)\n", termsafe.Name(f.Path), humanBytes(f.OldSize), humanBytes(f.Size))
+		fmt.Fprintf(w, "~ %s (%s -> %s)\n", termsafe.Name(f.Path), units.Bytes(f.OldSize), units.Bytes(f.Size))
 	}
 	fmt.Fprintf(w, "files: %d added, %d removed, %d changed, %d unchanged\n", len(d.Added), len(d.Removed), len(d.Changed), d.Unchanged)
 	fmt.Fprintf(w, "chunks: %d of %d shared (%s), %d new (%s); a push of B on top of A uploads %s\n",
-		d.SharedChunks, d.ChunksB, humanBytes(d.SharedBytes), d.NewChunks, humanBytes(d.NewBytes), humanBytes(d.UploadBytes))
+		d.SharedChunks, d.ChunksB, units.Bytes(d.SharedBytes), d.NewChunks, units.Bytes(d.NewBytes), units.Bytes(d.UploadBytes))
 	return nil
 }
