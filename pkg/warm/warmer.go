@@ -60,7 +60,7 @@ type WarmerOptions struct {
 	// ResolveInterval is how often tags are resolved again (default 5m).
 	ResolveInterval time.Duration
 	// Poll is how often the list file is checked for changes (default 2s).
-	Poll time.Duration
+	Poll   time.Duration
 	Jobs   int // concurrent fetches
 	Logger *slog.Logger
 }
