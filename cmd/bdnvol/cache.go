@@ -164,3 +164,13 @@ func (c *CacheGCCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(g.stdout, "removed %d version(s): %d chunks, %s\n", len(r.Versions), r.Blobs, humanBytes(r.Bytes))
 	return nil
 }
+
+// holdVersion records the version s serves next to the cache, with a lease
+// on its mountpoint (see warm.Hold).
+func holdVersion(cache *lazy.Cache, s *mounts.Served, g *Globals) func() {
+	release, err := warm.Hold(cache, s.Volume.Version(), s.Pinned, s.Pinned, s.Mountpoint)
+	if err != nil {
+		g.logf("%s", termsafe.Text(err.Error()))
+	}
+	return release
+}

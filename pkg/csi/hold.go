@@ -2,43 +2,20 @@ package csi
 
 import (
 	"path/filepath"
-	"time"
 
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
-// hold protects every chunk of the mounted version vol in the node's cache
-// (warming never evicts them) and records it next to the cache with a
-// lease on its mountpoint (so `bdnvol cache gc` and `ls` see it in use).
-// The returned func drops both.
+// hold records the mounted version vol next to the cache and protects its
+// chunks (see warm.Hold); the returned func drops both.
 func (m *Mounter) hold(vol *lazy.Volume, ref, pinned, mountpoint string) func() {
-	ver := vol.Version()
-	owner := "mount:" + ver.Root.Digest.String()
-	m.opt.Cache.Protect(owner, ver.Chunks)
-	store := warm.StoreOf(m.opt.Cache)
-	rec, err := store.Get(ver.Root.Digest)
-	if err != nil || rec.Patterns != "" {
-		warmed := rec.Warmed
-		rec = warm.Record{Ref: ref, Pinned: pinned, Root: ver.Root, Warmed: warmed}
-		for _, c := range ver.Chunks {
-			rec.Chunks = append(rec.Chunks, warm.Blob{Digest: c.Digest, Size: c.Size})
-		}
-	}
-	rec.Used = time.Now().UTC()
-	if err := store.Put(rec); err != nil {
-		m.log.Warn("version record not written", "digest", ver.Root.Digest.String(), "error", err.Error())
-	}
-	release, err := store.Lease(ver.Root.Digest, mountpoint)
+	release, err := warm.Hold(m.opt.Cache, vol.Version(), ref, pinned, mountpoint)
 	if err != nil {
-		m.log.Warn("mount lease not written", "digest", ver.Root.Digest.String(), "error", err.Error())
-		release = func() {}
+		m.log.Warn("version record or lease not written", "digest", vol.Root().Digest.String(), "error", err.Error())
 	}
-	return func() {
-		release()
-		m.opt.Cache.Unprotect(owner)
-	}
+	return release
 }
 
 // MountSamples returns, for the metrics, each digest this mounter serves
