@@ -46,11 +46,11 @@ func New() *Metrics {
 		Name: "bdnvol_fetches_in_flight", Help: "Blob fetches under way, by source and host.",
 	}, []string{"source", "host"})
 	m.regBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "bdnvol_registry_fetched_bytes_total", Help: "Bytes fetched from the registry itself (not a mirror), by registry host.",
-	}, []string{"host"})
+		Name: "bdnvol_registry_fetched_bytes_total", Help: "Bytes fetched from the registry itself (not a mirror), by registry host and kind (blob or manifest).",
+	}, []string{"host", "kind"})
 	m.regFetches = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "bdnvol_registry_fetches_total", Help: "Blob fetches sent to the registry itself, by registry host.",
-	}, []string{"host"})
+		Name: "bdnvol_registry_fetches_total", Help: "Fetches sent to the registry itself, by registry host and kind (blob or manifest).",
+	}, []string{"host", "kind"})
 	m.regErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "bdnvol_registry_fetch_errors_total", Help: "Blob fetches from the registry that failed, by registry host.",
 	}, []string{"host"})
@@ -132,19 +132,31 @@ func (f *fetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCl
 	g := f.m.inFlight.WithLabelValues(f.source, f.host)
 	g.Inc()
 	start := time.Now()
-	f.m.regFetches.WithLabelValues(f.host).Inc()
+	kind := kindOf(desc.MediaType)
+	f.m.regFetches.WithLabelValues(f.host, kind).Inc()
 	rc, err := f.src.Fetch(ctx, desc)
 	if err != nil {
 		g.Dec()
 		f.m.regErrors.WithLabelValues(f.host).Inc()
 		return nil, err
 	}
-	return &countingBody{ReadCloser: rc, f: f, start: start, gauge: g}, nil
+	return &countingBody{ReadCloser: rc, f: f, kind: kind, start: start, gauge: g}, nil
+}
+
+// kindOf is "manifest" for manifest and index media types, else "blob".
+func kindOf(mediaType string) string {
+	switch mediaType {
+	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
+		"application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json":
+		return "manifest"
+	}
+	return "blob"
 }
 
 type countingBody struct {
 	io.ReadCloser
 	f     *fetcher
+	kind  string
 	start time.Time
 	gauge prometheus.Gauge
 	n     int64
@@ -162,7 +174,7 @@ func (b *countingBody) Close() error {
 	b.once.Do(func() {
 		b.gauge.Dec()
 		b.f.m.fetchSeconds.WithLabelValues(b.f.source, b.f.host).Observe(time.Since(b.start).Seconds())
-		b.f.m.regBytes.WithLabelValues(b.f.host).Add(float64(b.n))
+		b.f.m.regBytes.WithLabelValues(b.f.host, b.kind).Add(float64(b.n))
 		b.f.m.mu.Lock()
 		b.f.m.regTotal += float64(b.n)
 		b.f.m.mu.Unlock()
