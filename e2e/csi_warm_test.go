@@ -320,3 +320,50 @@ func TestCSIWarmList(t *testing.T) {
 	}
 	compareTrees(t, v1, p.target)
 }
+
+// TestCSIWarmVsCold measures, for one volume, the time from
+// NodePublishVolume to the whole volume read through the pod's mount on a
+// node that warmed it and on a cold node (empty cache), and checks that the
+// warm node fetched no blob for the pod.
+func TestCSIWarmVsCold(t *testing.T) {
+	reg := newDistribution(t)
+	proxy := newFaultProxy(t, reg)
+	repo := proxy.Host + "/vols/measure"
+	src := filepath.Join(t.TempDir(), "model")
+	buildTree(t, src, []node{fileNode("config.json", 0o644, []byte("{}\n")),
+		fileNode("model-00001.safetensors", 0o644, randBytes(201, 24<<20)),
+		fileNode("model-00002.safetensors", 0o644, randBytes(202, 24<<20))}, time.Time{})
+	ref := repo + ":prod"
+	push(t, repo, ref, src)
+
+	list := filepath.Join(t.TempDir(), "warm-list")
+	if err := os.WriteFile(list, []byte(ref+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	warmNode := startCSIWith(t, time.Minute, "1GiB", []string{"--warm-list", list})
+	warmNode.waitWarm("measure volume", func(s warmStatus) bool { st, _ := s.entry(ref); return st == "warm" })
+	proxy.Set(faultConfig{})
+	p := warmNode.newPod("warm")
+	start := time.Now()
+	warmNode.mustPublish(p, ref, "")
+	size := readAll(t, p.target)
+	warm := time.Since(start)
+	if gets := proxy.blobGets(); len(gets) != 0 {
+		t.Errorf("the pod on the warm node fetched %d blobs", len(gets))
+	}
+	compareTrees(t, src, p.target)
+
+	coldNode := startCSI(t, time.Minute)
+	proxy.Set(faultConfig{})
+	q := coldNode.newPod("cold")
+	start = time.Now()
+	coldNode.mustPublish(q, ref, "")
+	readAll(t, q.target)
+	cold := time.Since(start)
+	if gets := proxy.blobGets(); len(gets) == 0 {
+		t.Error("the cold node fetched nothing")
+	}
+	compareTrees(t, src, q.target)
+	t.Logf("MEASURE NodePublishVolume → whole volume read (%d MiB): warm node %v (%.0f MiB/s), cold node %v (%.0f MiB/s)",
+		size>>20, warm.Round(time.Millisecond), float64(size)/(1<<20)/warm.Seconds(), cold.Round(time.Millisecond), float64(size)/(1<<20)/cold.Seconds())
+}
