@@ -91,6 +91,7 @@ func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error
 			select {
 			case <-s.served.Done():
 				delete(m.served, ref.Digest) // unmounted behind our back
+				s.lease()
 			default:
 				m.mu.Unlock()
 				return s.info, nil
