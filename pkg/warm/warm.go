@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -129,20 +128,19 @@ type FillOptions struct {
 }
 
 // Fill loads every blob t needs into cache, fetching and verifying what is
-// missing, and returns the first error after trying them all. Blobs
-// already cached are checked, not fetched, so a stopped fill resumes where
-// it was.
+// missing, and stops at the first failure (a registry that fails one chunk
+// mostly fails the next). Blobs already cached are checked, not fetched, so
+// a stopped fill resumes where it was.
 func (t *Target) Fill(ctx context.Context, cache *lazy.Cache, opt FillOptions) error {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 4
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Jobs)
-	var (
-		mu    sync.Mutex
-		first error
-	)
 	for _, d := range t.Need {
+		if gctx.Err() != nil {
+			break
+		}
 		g.Go(func() error {
 			if !cache.Contains(d.Digest) {
 				if err := opt.Limiter.Wait(gctx, d.Size); err != nil {
@@ -151,15 +149,7 @@ func (t *Target) Fill(ctx context.Context, cache *lazy.Cache, opt FillOptions) e
 			}
 			ch, err := cache.Load(gctx, t.src, d)
 			if err != nil {
-				if gctx.Err() != nil {
-					return gctx.Err()
-				}
-				mu.Lock()
-				if first == nil {
-					first = fmt.Errorf("%s: %w", t.Pinned, err)
-				}
-				mu.Unlock()
-				return nil
+				return fmt.Errorf("%s: %w", t.Pinned, err)
 			}
 			ch.Close()
 			if opt.Progress != nil {
@@ -171,7 +161,7 @@ func (t *Target) Fill(ctx context.Context, cache *lazy.Cache, opt FillOptions) e
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	return first
+	return ctx.Err()
 }
 
 // Cached returns the bytes of descs the cache holds and the number of
