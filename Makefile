@@ -60,14 +60,16 @@ image-push:
 	@test -n "$(IMAGE)" || (echo "usage: make image-push IMAGE=host/repo:tag"; exit 1)
 	$(MKIMAGE) -out dist/image -push $(IMAGE)
 
-# Pin the bdnvol image in deploy/kubernetes/*.yaml to the digest make image
+# Pin the bdnvol image in deploy/kubernetes/*.yaml and the Helm chart's values.yaml to the digest make image
 # gives; IMAGE_REPO=host/repo also replaces the repository.
 deploy-manifests:
 	$(MKIMAGE) -out dist/image -manifests deploy/kubernetes $(if $(IMAGE_REPO),-image-repo $(IMAGE_REPO))
+	$(MKIMAGE) -out dist/image -manifests deploy/helm/bdnvol-csi $(if $(IMAGE_REPO),-image-repo $(IMAGE_REPO))
 
 # Fail unless deploy/kubernetes pins the image this source builds.
 check-manifests:
 	$(MKIMAGE) -out dist/image -check deploy/kubernetes
+	$(MKIMAGE) -out dist/image -check deploy/helm/bdnvol-csi
 
 clean:
 	rm -rf bin dist $(DEMO)

@@ -32,6 +32,9 @@ type csiNode struct {
 	endpoint  string // the CSI socket
 	globals   []string
 	linger    time.Duration
+	// mounterFlags are extra flags of `bdnvol csi mounter` (startCSIWith).
+	mounterFlags []string
+	cacheSize    string
 
 	mounter, node *exec.Cmd
 	mounterLog    *syncBuffer
@@ -63,6 +66,12 @@ func (s *syncBuffer) String() string {
 // Everything it mounts is removed in t.Cleanup.
 func startCSI(t *testing.T, linger time.Duration, globals ...string) *csiNode {
 	t.Helper()
+	return startCSIWith(t, linger, "1GiB", nil, globals...)
+}
+
+// startCSIWith is startCSI with the mounter's cache size and extra flags.
+func startCSIWith(t *testing.T, linger time.Duration, cacheSize string, mounterFlags []string, globals ...string) *csiNode {
+	t.Helper()
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
@@ -75,7 +84,7 @@ func startCSI(t *testing.T, linger time.Duration, globals ...string) *csiNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &csiNode{t: t, root: root, globals: globals, linger: linger,
+	n := &csiNode{t: t, root: root, globals: globals, linger: linger, mounterFlags: mounterFlags, cacheSize: cacheSize,
 		mountsDir: filepath.Join(root, "plugin", "mounts"),
 		stateDir:  filepath.Join(root, "state"),
 		cacheDir:  filepath.Join(root, "cache"),
@@ -125,7 +134,8 @@ func (n *csiNode) startMounter() {
 	n.t.Helper()
 	n.mounterLog = &syncBuffer{}
 	n.mounter = n.cmd(n.mounterLog, "mounter", "--mounts-dir", n.mountsDir, "--mounter-socket", n.mounterS,
-		"--state-dir", n.stateDir, "--cache-dir", n.cacheDir, "--cache-size", "1GiB", "--hosts-dir", "none")
+		"--state-dir", n.stateDir, "--cache-dir", n.cacheDir, "--cache-size", n.cacheSize, "--hosts-dir", "none")
+	n.mounter.Args = append(n.mounter.Args, n.mounterFlags...)
 	if err := n.mounter.Start(); err != nil {
 		n.t.Fatal(err)
 	}

@@ -52,6 +52,12 @@ func newObject(apiVersion, kind string) (any, error) {
 		return &appsv1.StatefulSet{}, nil
 	case "v1 ServiceAccount":
 		return &corev1.ServiceAccount{}, nil
+	case "v1 ConfigMap":
+		return &corev1.ConfigMap{}, nil
+	case "v1 Service":
+		return &corev1.Service{}, nil
+	case "monitoring.coreos.com/v1 ServiceMonitor":
+		return &serviceMonitor{}, nil
 	case "v1 Pod":
 		return &corev1.Pod{}, nil
 	case "v1 PersistentVolume":
@@ -238,7 +244,14 @@ func flag(c *corev1.Container, name string) string {
 // the mounter runs in a DaemonSet of its own that an upgrade of the node
 // plugin does not touch; every image is pinned by digest.
 func TestKubernetesNodePlugin(t *testing.T) {
-	objs := loadManifests(t)
+	checkNodePlugin(t, loadManifests(t), "/var/lib/bdnvol/")
+}
+
+// checkNodePlugin is TestKubernetesNodePlugin on objs (the plain manifests
+// or a rendering of the Helm chart), whose chunk cache lies on the host
+// under cacheHost.
+func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
+	t.Helper()
 	var dss []*appsv1.DaemonSet
 	sas := map[string]bool{}
 	for _, o := range objs {
@@ -249,7 +262,7 @@ func TestKubernetesNodePlugin(t *testing.T) {
 			sas[x.Namespace+"/"+x.Name] = true
 		}
 		// Images of the plugin itself are pinned; examples are the user's.
-		if filepath.Dir(o.file) != manifestsDir {
+		if filepath.Base(filepath.Dir(o.file)) == "examples" {
 			continue
 		}
 		if pod := podSpec(o.obj); pod != nil {
@@ -355,8 +368,8 @@ func TestKubernetesNodePlugin(t *testing.T) {
 			}
 		}
 	}
-	if hp := vw(mounter).hostPath(mounter, flag(mounter, "cache-dir")); !strings.HasPrefix(hp, "/var/lib/bdnvol/") {
-		t.Errorf("the chunk cache %q is at %q on the host, want under /var/lib/bdnvol", flag(mounter, "cache-dir"), hp)
+	if hp := vw(mounter).hostPath(mounter, flag(mounter, "cache-dir")); !strings.HasPrefix(hp+"/", cacheHost) {
+		t.Errorf("the chunk cache %q is at %q on the host, want under %s", flag(mounter, "cache-dir"), hp, cacheHost)
 	}
 	if nid := flag(node, "node-id"); nid != "" && nid != "$(NODE_NAME)" {
 		t.Errorf("node --node-id=%s, want $(NODE_NAME)", nid)

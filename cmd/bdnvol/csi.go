@@ -11,7 +11,9 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/csi"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
 // CSICmd runs the Kubernetes CSI node plugin's two processes.
@@ -37,6 +39,13 @@ type CSIMounterCmd struct {
 	HostsDir     string        `name:"hosts-dir" placeholder:"DIR" help:"containerd-style hosts directory for registry mirrors (none to disable)."`
 	Jobs         int           `default:"8" help:"Concurrent background chunk fetches per mount."`
 	FetchTimeout time.Duration `name:"fetch-timeout" default:"30s" help:"A read fails with EIO when a chunk takes longer to fetch."`
+
+	WarmList            string        `name:"warm-list" placeholder:"FILE" help:"Keep the references in FILE warm in the cache (one 'REF [GLOBS]' per line; re-read when it changes)."`
+	WarmBandwidth       Size          `name:"warm-bandwidth" default:"0" help:"Bytes per second warming may fetch (0: no bound)."`
+	WarmResolveInterval time.Duration `name:"warm-resolve-interval" default:"5m" help:"How often tags in the warm list are resolved again."`
+	WarmStatus          string        `name:"warm-status" placeholder:"FILE" help:"Where the warm status is written (default STATE-DIR/warm-status.json)."`
+	WarmJobs            int           `name:"warm-jobs" default:"4" help:"Concurrent chunk fetches for warming."`
+	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) and the warm status (/warm) at this address."`
 }
 
 // Run serves until SIGTERM, then unmounts everything.
@@ -51,13 +60,37 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	met := metrics.New()
+	met.Cache(cache)
+	mirrors := mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}
+	var warmer *warm.Warmer
+	if c.WarmList != "" {
+		status := c.WarmStatus
+		if status == "" {
+			status = filepath.Join(c.StateDir, "warm-status.json")
+		}
+		warmer = warm.NewWarmer(warm.WarmerOptions{
+			Options: warm.Options{OCI: g.options(), Mirrors: mirrors, Wrap: met.Wrap},
+			Cache:   cache, ListFile: c.WarmList, StatusFile: status, Bandwidth: int64(c.WarmBandwidth),
+			ResolveInterval: c.WarmResolveInterval, Jobs: c.WarmJobs, Logger: log.With("component", "warm"),
+		})
+		met.Warm(warmer.Status)
+	}
 	m, err := csi.NewMounter(csi.MounterOptions{
 		MountsDir: c.MountsDir, Cache: cache, OCI: g.options(), Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
-		Mirrors: mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
-		Logger:  log,
+		Mirrors: mirrors, Logger: log, Wrap: met.Wrap, Warmer: warmer,
 	})
 	if err != nil {
 		return err
+	}
+	met.Mounts(func() []metrics.MountSample { return m.MountSamples(c.StateDir) })
+	if warmer != nil {
+		go warmer.Run(ctx)
+	}
+	if c.MetricsAddr != "" {
+		if err := serveMetrics(ctx, c.MetricsAddr, met, warmer, log); err != nil {
+			return err
+		}
 	}
 	l, err := csi.Listen(c.MounterSocket)
 	if err != nil {

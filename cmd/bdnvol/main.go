@@ -70,7 +70,8 @@ type CLI struct {
 	Sync SyncCmd `cmd:"" help:"Seal a Hugging Face, S3, GCS or HTTP source as a new version, as a job."`
 	Jobs JobsCmd `cmd:"" help:"List, wait for, cancel, resume and read the logs of sync jobs."`
 
-	CSI CSICmd `cmd:"" name:"csi" help:"Kubernetes CSI node plugin: the mounter and the node services."`
+	Cache CacheCmd `cmd:"" help:"Warm, list and drop versions in the node's chunk cache."`
+	CSI   CSICmd   `cmd:"" name:"csi" help:"Kubernetes CSI node plugin: the mounter and the node services."`
 }
 
 func (g *Globals) options() oci.Options {

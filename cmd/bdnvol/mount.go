@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -15,6 +17,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -31,6 +34,7 @@ type MountCmd struct {
 	FetchTimeout time.Duration `name:"fetch-timeout" default:"30s" help:"A read fails with EIO when a chunk takes longer to fetch."`
 	AllowOther   bool          `name:"allow-other" help:"Let other users read the mount."`
 	Debug        bool          `hidden:"" help:"Log every FUSE request."`
+	MetricsAddr  string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics at http://HOST:PORT/metrics while mounted."`
 	MirrorFlags  `embed:""`
 }
 
@@ -131,6 +135,22 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	var wrap func(string, string, lazy.Fetcher) lazy.Fetcher
+	var samples atomic.Pointer[[]metrics.MountSample]
+	if c.MetricsAddr != "" {
+		met := metrics.New()
+		met.Cache(cache)
+		met.Mounts(func() []metrics.MountSample {
+			if p := samples.Load(); p != nil {
+				return *p
+			}
+			return nil
+		})
+		if err := serveMetrics(ctx, c.MetricsAddr, met, nil, slog.New(slog.NewTextHandler(g.stderr, nil))); err != nil {
+			return usageError{err}
+		}
+		wrap = met.Wrap
+	}
 	var all []*mounts.Served
 	defer func() {
 		for _, s := range all {
@@ -138,7 +158,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	}()
 	for _, j := range jobs {
-		s, err := c.mountOne(ctx, g, store, j, cache)
+		s, err := c.mountOne(ctx, g, store, j, cache, wrap)
 		if err != nil {
 			for _, s := range all {
 				s.Unmount()
@@ -147,6 +167,17 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		all = append(all, s)
 	}
+	perDigest := map[string]int{}
+	for _, s := range all {
+		perDigest[s.Volume.Root().Digest.String()]++
+		release := holdVersion(cache, s, g)
+		defer release()
+	}
+	var ss []metrics.MountSample
+	for d, n := range perDigest {
+		ss = append(ss, metrics.MountSample{Digest: d, Pods: n})
+	}
+	samples.Store(&ss)
 	var pinned []string
 	for _, s := range all {
 		fmt.Fprintf(g.stderr, "bdnvol: serving %s at %s\n", s.Pinned, s.Mountpoint)
@@ -180,12 +211,12 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 // mountOne resolves j's reference, opens the version and mounts it.
-func (c *MountCmd) mountOne(ctx context.Context, g *Globals, store mounts.Store, j mountJob, cache *lazy.Cache) (*mounts.Served, error) {
+func (c *MountCmd) mountOne(ctx context.Context, g *Globals, store mounts.Store, j mountJob, cache *lazy.Cache, wrap func(string, string, lazy.Fetcher) lazy.Fetcher) (*mounts.Served, error) {
 	if j.ref.Layout != "" && len(c.Mirror) > 0 {
 		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", j.ref.Repo())
 	}
 	vol, pinned, err := mounts.Open(ctx, j.ref, mounts.OpenOptions{
-		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
+		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: wrap,
 	})
 	if err != nil {
 		return nil, err

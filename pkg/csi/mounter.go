@@ -21,6 +21,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
 // MounterOptions configure a Mounter.
@@ -32,6 +33,10 @@ type MounterOptions struct {
 	Jobs         int           // concurrent background fetches per mount
 	FetchTimeout time.Duration // a read fails when a chunk takes longer
 	Logger       *slog.Logger
+	// Wrap instruments registry fetchers (metrics); nil for none.
+	Wrap func(source, host string, f lazy.Fetcher) lazy.Fetcher
+	// Warmer, when set, is served at GET /v1/warm.
+	Warmer *warm.Warmer
 }
 
 // Mounter holds one FUSE mount per digest, all reading through one cache.
@@ -49,6 +54,7 @@ type mounted struct {
 	info   MountInfo
 	served *mounts.Served
 	stop   context.CancelFunc // stops its prefetch
+	lease  func()             // drops the cache's record that it is mounted
 }
 
 // NewMounter returns a mounter; it removes the mounts a previous mounter
@@ -85,6 +91,7 @@ func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error
 			select {
 			case <-s.served.Done():
 				delete(m.served, ref.Digest) // unmounted behind our back
+				s.lease()
 			default:
 				m.mu.Unlock()
 				return s.info, nil
@@ -125,7 +132,7 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 			RefreshToken: req.Auth.RefreshToken, AccessToken: req.Auth.AccessToken})
 		opt.Credentials = store
 	}
-	vol, pinned, err := mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout})
+	vol, pinned, err := mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout, Wrap: m.opt.Wrap})
 	if err != nil {
 		return MountInfo{}, err
 	}
@@ -148,9 +155,10 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 	}
 	idx := vol.Version().Index
 	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Path: mp, Bytes: idx.Bytes(), Files: int64(len(idx.Files))}
+	lease := m.hold(vol, req.Ref, pinned, mp)
 	pctx, stop := context.WithCancel(context.Background())
 	m.mu.Lock()
-	m.served[ref.Digest] = &mounted{info: info, served: s, stop: stop}
+	m.served[ref.Digest] = &mounted{info: info, served: s, stop: stop, lease: lease}
 	m.mu.Unlock()
 	if prefetch != nil {
 		go func() {
@@ -178,6 +186,7 @@ func (m *Mounter) Unmount(ctx context.Context, d digest.Digest) error {
 		return err
 	}
 	s.served.Volume.Close()
+	s.lease()
 	os.Remove(s.info.Path)
 	m.log.Info("unmounted", "digest", d.String(), "path", s.info.Path)
 	return nil
@@ -248,6 +257,9 @@ func (m *Mounter) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/mounts", func(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(m.List())
 	})
+	if m.opt.Warmer != nil {
+		mux.Handle("GET /v1/warm", m.opt.Warmer.Handler())
+	}
 	return mux
 }
 

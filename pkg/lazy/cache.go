@@ -49,6 +49,7 @@ const tmpMaxAge = time.Hour
 // CacheStats count what a Cache did since it was opened.
 type CacheStats struct {
 	Hits         int64 // loads served from disk or joined to another load
+	HitBytes     int64 // bytes of those loads
 	Fetches      int64 // blobs fetched from a Fetcher and verified
 	FetchedBytes int64
 	Corrupt      int64 // fetched blobs or disk entries that failed verification
@@ -73,7 +74,10 @@ type Cache struct {
 	size     int64
 	verified map[digest.Digest]bool // entries this process has hashed
 	flight   map[digest.Digest]*call
+	owners   map[string]map[digest.Digest]int64 // protect sets by owner (protect.go)
+	pins     map[digest.Digest]int              // how many owners protect each digest
 
+	hitBytes                                                     atomic.Int64
 	hits, fetches, fetchedBytes, corrupt, storeErrors, evictions atomic.Int64
 }
 
@@ -103,6 +107,8 @@ func OpenCache(dir string, maxBytes int64) (*Cache, error) {
 		entries:  map[digest.Digest]*list.Element{},
 		verified: map[digest.Digest]bool{},
 		flight:   map[digest.Digest]*call{},
+		owners:   map[string]map[digest.Digest]int64{},
+		pins:     map[digest.Digest]int{},
 	}
 	for _, d := range []string{c.blobDir(), c.tmpDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -158,7 +164,7 @@ func (c *Cache) Size() int64 {
 // Stats returns the counters.
 func (c *Cache) Stats() CacheStats {
 	return CacheStats{
-		Hits: c.hits.Load(), Fetches: c.fetches.Load(), FetchedBytes: c.fetchedBytes.Load(),
+		Hits: c.hits.Load(), HitBytes: c.hitBytes.Load(), Fetches: c.fetches.Load(), FetchedBytes: c.fetchedBytes.Load(),
 		Corrupt: c.corrupt.Load(), StoreErrors: c.storeErrors.Load(), Evictions: c.evictions.Load(),
 	}
 }
@@ -199,6 +205,7 @@ func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) 
 		}
 		if ch != nil {
 			c.hits.Add(1)
+			c.hitBytes.Add(desc.Size)
 			return ch, nil
 		}
 		c.mu.Lock()
@@ -212,6 +219,7 @@ func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) 
 			switch {
 			case cl.err == nil && cl.mem != nil:
 				c.hits.Add(1)
+				c.hitBytes.Add(desc.Size)
 				return memChunk{bytes.NewReader(cl.mem)}, nil
 			case cl.err == nil:
 				continue // on disk now
@@ -348,22 +356,22 @@ func (c *Cache) drop(d digest.Digest) {
 }
 
 // evictLocked removes least recently used entries, never keep, until the
-// cache fits its bound.
+// cache fits its bound: first entries no owner protects (protect.go), then,
+// only when protected entries alone exceed the bound, protected ones.
 func (c *Cache) evictLocked(keep *list.Element) {
-	for c.size > c.max {
-		el := c.lru.Back()
-		if el == nil || el == keep {
-			if el = el.Prev(); el == nil || el == keep {
-				return
+	for _, protectedToo := range []bool{false, true} {
+		for el := c.lru.Back(); el != nil && c.size > c.max; {
+			prev := el.Prev()
+			if e := el.Value.(*cacheEntry); el != keep && (protectedToo || c.pins[e.d] == 0) {
+				os.Remove(c.path(e.d))
+				c.size -= e.size
+				c.lru.Remove(el)
+				delete(c.entries, e.d)
+				delete(c.verified, e.d)
+				c.evictions.Add(1)
 			}
+			el = prev
 		}
-		e := el.Value.(*cacheEntry)
-		os.Remove(c.path(e.d))
-		c.size -= e.size
-		c.lru.Remove(el)
-		delete(c.entries, e.d)
-		delete(c.verified, e.d)
-		c.evictions.Add(1)
 	}
 }
 

@@ -100,6 +100,9 @@ type OpenOptions struct {
 	Cache        *lazy.Cache
 	Jobs         int
 	FetchTimeout time.Duration
+	// Wrap, when set, wraps the registry's fetcher (source "registry",
+	// host the registry), for metrics.
+	Wrap func(source, host string, f lazy.Fetcher) lazy.Fetcher
 }
 
 // Open resolves ref (a tag becomes a digest now) and opens the version it
@@ -113,7 +116,11 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if err != nil {
 		return nil, "", err
 	}
-	src, _, err := opt.Mirrors.Fetcher(ref, t)
+	var reg lazy.Fetcher = t
+	if opt.Wrap != nil && ref.Layout == "" {
+		reg = opt.Wrap("registry", ref.Registry, reg)
+	}
+	src, _, err := opt.Mirrors.Fetcher(ref, reg)
 	if err != nil {
 		return nil, "", err
 	}

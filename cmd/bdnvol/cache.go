@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/warm"
+)
+
+// CacheCmd manages the node's chunk cache.
+type CacheCmd struct {
+	Warm CacheWarmCmd `cmd:"" help:"Fill the chunk cache with whole versions (or the files --prefetch names), verified; exits 0 only when complete."`
+	Ls   CacheLsCmd   `cmd:"" help:"Show what the cache holds of each version it warmed or mounted."`
+	Rm   CacheRmCmd   `cmd:"" help:"Drop a version's chunks from the cache (refused while a mount uses it)."`
+	GC   CacheGCCmd   `cmd:"" name:"gc" help:"Drop every version no running mount uses."`
+}
+
+// cacheFlags are the flags every cache command takes.
+type cacheFlags struct {
+	CacheSize Size `name:"cache-size" default:"10GiB" help:"Bound of the chunk cache (as bdnvol mount's and the mounter's)."`
+}
+
+func (f cacheFlags) open(g *Globals) (*lazy.Cache, error) {
+	return lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), int64(f.CacheSize))
+}
+
+// CacheWarmCmd is `bdnvol cache warm`.
+type CacheWarmCmd struct {
+	cacheFlags `embed:""`
+	Refs       []string `arg:"" name:"ref" help:"Versions to warm (tags are resolved now)."`
+	Prefetch   string   `default:"all" help:"Which files: all, or comma-separated globs (as bdnvol mount --prefetch)."`
+	HostsDir   string   `name:"hosts-dir" placeholder:"DIR" help:"containerd-style hosts directory for registry mirrors (none to disable)."`
+	Jobs       int      `default:"4" help:"Concurrent chunk fetches."`
+	Bandwidth  Size     `default:"0" help:"Bytes per second to fetch at most (0: no bound)."`
+}
+
+// Run warms the versions; a second run resumes where a stopped one was.
+func (c *CacheWarmCmd) Run(ctx context.Context, g *Globals) error {
+	if c.Prefetch == "headers" || c.Prefetch == "none" {
+		return usageError{fmt.Errorf("--prefetch %s: cache warm takes all or globs", c.Prefetch)}
+	}
+	cache, err := c.open(g)
+	if err != nil {
+		return err
+	}
+	var done atomic.Int64
+	start := time.Now()
+	targets, err := warm.Warm(ctx, cache, c.Refs, warm.WarmOptions{
+		Options:  warm.Options{OCI: g.options(), Mirrors: mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}},
+		Patterns: c.Prefetch,
+		Fill:     warm.FillOptions{Jobs: c.Jobs, Limiter: warm.NewLimiter(int64(c.Bandwidth)), Progress: func(n int64) { done.Add(n) }},
+	})
+	for _, t := range targets {
+		cached, _ := warm.Cached(cache, t.Need)
+		fmt.Fprintf(g.stdout, "%s\t%s of %s cached\n", termsafe.Name(t.Pinned), units.Bytes(cached), units.Bytes(t.Bytes()))
+	}
+	if err != nil {
+		return err
+	}
+	g.logf("warmed %d version(s) in %s (%s fetched)", len(targets), time.Since(start).Round(time.Millisecond), units.Bytes(cache.Stats().FetchedBytes))
+	return nil
+}
+
+// CacheLsCmd is `bdnvol cache ls`.
+type CacheLsCmd struct {
+	cacheFlags `embed:""`
+	JSON       bool `name:"json" help:"Print JSON."`
+}
+
+// Run lists the recorded versions.
+func (c *CacheLsCmd) Run(ctx context.Context, g *Globals) error {
+	cache, err := c.open(g)
+	if err != nil {
+		return err
+	}
+	es, err := warm.List(cache)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		type row struct {
+			Ref      string `json:"ref"`
+			Pinned   string `json:"pinned"`
+			Patterns string `json:"patterns,omitempty"`
+			Cached   int64  `json:"cached"`
+			Total    int64  `json:"total"`
+			Complete bool   `json:"complete"`
+			InUse    bool   `json:"in_use"`
+		}
+		rows := make([]row, 0, len(es))
+		for _, e := range es {
+			rows = append(rows, row{e.Ref, e.Pinned, e.Patterns, e.Cached, e.Total, e.Complete, e.InUse})
+		}
+		enc := json.NewEncoder(g.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VERSION\tREF\tCACHED\tTOTAL\tCOMPLETE\tIN USE")
+	for _, e := range es {
+		ref := e.Ref
+		if e.Patterns != "" {
+			ref += " (" + e.Patterns + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", termsafe.Name(e.Pinned), termsafe.Name(ref),
+			units.Bytes(e.Cached), units.Bytes(e.Total), yesNo(e.Complete), yesNo(e.InUse))
+	}
+	return tw.Flush()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// CacheRmCmd is `bdnvol cache rm`.
+type CacheRmCmd struct {
+	cacheFlags `embed:""`
+	Refs       []string `arg:"" name:"ref" help:"Versions to drop: a pinned reference, the reference as warmed, or a digest."`
+}
+
+// Run drops the versions.
+func (c *CacheRmCmd) Run(ctx context.Context, g *Globals) error {
+	cache, err := c.open(g)
+	if err != nil {
+		return err
+	}
+	for _, ref := range c.Refs {
+		r, err := warm.Remove(cache, ref)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stdout, "removed %s: %d chunks, %s\n", strings.Join(termsafe.Names(r.Versions), ", "), r.Blobs, units.Bytes(r.Bytes))
+	}
+	return nil
+}
+
+// CacheGCCmd is `bdnvol cache gc`.
+type CacheGCCmd struct {
+	cacheFlags `embed:""`
+}
+
+// Run drops what no running mount uses.
+func (c *CacheGCCmd) Run(ctx context.Context, g *Globals) error {
+	cache, err := c.open(g)
+	if err != nil {
+		return err
+	}
+	r, err := warm.GC(cache)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.stdout, "removed %d version(s): %d chunks, %s\n", len(r.Versions), r.Blobs, units.Bytes(r.Bytes))
+	return nil
+}
+
+// holdVersion records the version s serves next to the cache, with a lease
+// on its mountpoint (see warm.Hold).
+func holdVersion(cache *lazy.Cache, s *mounts.Served, g *Globals) func() {
+	release, err := warm.Hold(cache, s.Volume.Version(), s.Pinned, s.Pinned, s.Mountpoint)
+	if err != nil {
+		g.logf("%s", termsafe.Text(err.Error()))
+	}
+	return release
+}

@@ -1,0 +1,16 @@
+{{/* The labels of every object. */}}
+{{- define "bdnvol-csi.labels" -}}
+app.kubernetes.io/name: bdnvol-csi
+{{- end }}
+
+{{/* The plugin's directory under the kubelet's. */}}
+{{- define "bdnvol-csi.pluginDir" -}}
+{{ .Values.kubeletDir }}/plugins/csi.bdnvol.dev
+{{- end }}
+
+{{/* Whether the ServiceMonitor (and its Service) are rendered. */}}
+{{- define "bdnvol-csi.serviceMonitor" -}}
+{{- if and (ne (int .Values.metrics.port) 0) .Values.metrics.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}
+true
+{{- end -}}
+{{- end }}

@@ -1,0 +1,249 @@
+package e2e
+
+import (
+	"encoding/json"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v4/pkg/chart/common"
+	"helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+)
+
+const chartDir = "../deploy/helm/bdnvol-csi"
+
+// renderChart renders the chart with Helm's engine into kube-system, with
+// values (YAML) over the chart's defaults and the API versions extra
+// added to the default capabilities, and decodes the result strictly.
+func renderChart(t *testing.T, values string, extra ...string) []k8sObject {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("load %s: %v", chartDir, err)
+	}
+	vals := map[string]any{}
+	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
+		t.Fatalf("values: %v", err)
+	}
+	caps := *common.DefaultCapabilities
+	caps.APIVersions = append(append(common.VersionSet{}, caps.APIVersions...), extra...)
+	top, err := util.ToRenderValues(ch, vals, common.ReleaseOptions{Name: "bdnvol-csi", Namespace: "kube-system", IsInstall: true}, &caps)
+	if err != nil {
+		t.Fatalf("values: %v", err)
+	}
+	out, err := engine.Render(ch, top)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	names := make([]string, 0, len(out))
+	for n := range out {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var objs []k8sObject
+	for _, n := range names {
+		if path.Ext(n) != ".yaml" {
+			continue
+		}
+		got, err := decodeStrict(n, []byte(out[n]))
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out[n])
+		}
+		objs = append(objs, got...)
+	}
+	return objs
+}
+
+// byKey indexes objects by kind/namespace/name.
+func byKey(t *testing.T, objs []k8sObject) map[string]k8sObject {
+	t.Helper()
+	out := map[string]k8sObject{}
+	for _, o := range objs {
+		b, _ := json.Marshal(o.obj)
+		var m struct {
+			metav1.ObjectMeta `json:"metadata"`
+		}
+		json.Unmarshal(b, &m)
+		k := o.kind + "/" + m.Namespace + "/" + m.Name
+		if _, dup := out[k]; dup {
+			t.Errorf("%s twice", k)
+		}
+		out[k] = o
+	}
+	return out
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// plainManifests are the objects of deploy/kubernetes without the examples.
+func plainManifests(t *testing.T) []k8sObject {
+	var out []k8sObject
+	for _, o := range loadManifests(t) {
+		if filepath.Dir(o.file) == manifestsDir {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// TestHelmChartMatchesManifests renders the chart with its default values
+// and checks that it gives the objects of deploy/kubernetes, field for
+// field: the plain manifests and the chart are one source.
+func TestHelmChartMatchesManifests(t *testing.T) {
+	chart := byKey(t, renderChart(t, ""))
+	plain := byKey(t, plainManifests(t))
+	for k, p := range plain {
+		c, ok := chart[k]
+		if !ok {
+			t.Errorf("%s (%s) is not in the chart", k, p.file)
+			continue
+		}
+		if a, b := jsonOf(p.obj), jsonOf(c.obj); a != b {
+			t.Errorf("%s differs:\n  %s: %s\n  chart %s: %s", k, p.file, a, c.file, b)
+		}
+	}
+	for k, c := range chart {
+		if _, ok := plain[k]; !ok {
+			t.Errorf("the chart's %s (%s) is not in %s", k, c.file, manifestsDir)
+		}
+	}
+	// Without the Prometheus operator's CRD there is no ServiceMonitor.
+	for k := range chart {
+		if strings.HasPrefix(k, "ServiceMonitor/") || strings.HasPrefix(k, "Service/") {
+			t.Errorf("%s rendered without the monitoring.coreos.com/v1 API", k)
+		}
+	}
+}
+
+// TestHelmChartGPUValues renders the chart for GPU nodes with a cache on a
+// local disk, a warm list and mirror configuration, and checks the result
+// still holds what the plugin needs, with the values where they belong.
+func TestHelmChartGPUValues(t *testing.T) {
+	objs := renderChart(t, `
+image: registry.example.com/bdnvol/bdnvol@sha256:`+strings.Repeat("ab", 32)+`
+cache: {size: 200GiB, hostPath: /mnt/nvme/bdnvol-cache}
+warm:
+  refs:
+    - registry.example.com/team/llama:prod
+    - registry.example.com/team/llama:canary *.json,*.safetensors
+  bandwidth: 1GiB
+  resolveInterval: 1m
+mirrors:
+  hosts:
+    "registry.example.com:5000": |
+      server = "https://registry.example.com:5000"
+      [host."http://harbor.cache.svc:8080"]
+        capabilities = ["pull", "resolve"]
+nodeSelector: {kubernetes.io/os: linux, nvidia.com/gpu.present: "true"}
+tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+resources:
+  mounter: {requests: {cpu: "1", memory: 1Gi}}
+`)
+	checkNodePlugin(t, objs, "/mnt/nvme/bdnvol-cache/")
+	plain := byKey(t, plainManifests(t))
+	got := byKey(t, objs)
+	for _, k := range []string{"CSIDriver//csi.bdnvol.dev", "ServiceAccount/kube-system/bdnvol-csi"} {
+		if jsonOf(got[k].obj) != jsonOf(plain[k].obj) {
+			t.Errorf("%s differs from %s", k, manifestsDir)
+		}
+	}
+	var mounter *corev1.Container
+	var mounterPod *corev1.PodSpec
+	for _, name := range []string{"bdnvol-csi-mounter", "bdnvol-csi-node"} {
+		ds := got["DaemonSet/kube-system/"+name].obj.(*appsv1.DaemonSet)
+		spec := &ds.Spec.Template.Spec
+		if spec.NodeSelector["nvidia.com/gpu.present"] != "true" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Key != "nvidia.com/gpu" {
+			t.Errorf("%s: nodeSelector %v tolerations %v", name, spec.NodeSelector, spec.Tolerations)
+		}
+		if name == "bdnvol-csi-mounter" {
+			mounterPod, mounter = spec, &spec.Containers[0]
+		}
+		// The node DaemonSet is the plain one with the placement changed.
+		if name == "bdnvol-csi-node" {
+			want := plain["DaemonSet/kube-system/"+name].obj.(*appsv1.DaemonSet).DeepCopy()
+			want.Spec.Template.Spec.NodeSelector, want.Spec.Template.Spec.Tolerations = spec.NodeSelector, spec.Tolerations
+			want.Spec.Template.Spec.Containers[0].Image = spec.Containers[0].Image
+			if jsonOf(want) != jsonOf(ds) {
+				t.Errorf("the node DaemonSet differs from %s beyond placement and image:\n%s\n%s", manifestsDir, jsonOf(want), jsonOf(ds))
+			}
+		}
+	}
+	for f, want := range map[string]string{"cache-size": "200GiB", "warm-bandwidth": "1GiB", "warm-resolve-interval": "1m",
+		"hosts-dir": "/etc/bdnvol/certs.d", "metrics-addr": ":9808"} {
+		if got := flag(mounter, f); got != want {
+			t.Errorf("mounter --%s=%q, want %q", f, got, want)
+		}
+	}
+	if q := mounter.Resources.Requests[corev1.ResourceMemory]; q.String() != "1Gi" {
+		t.Errorf("mounter memory request %s, want 1Gi", q.String())
+	}
+	// The warm list reaches the mounter's --warm-list through the ConfigMap.
+	cm := got["ConfigMap/kube-system/bdnvol-csi-warm-list"].obj.(*corev1.ConfigMap)
+	m, _ := podView{mounterPod}.mountFor(mounter, flag(mounter, "warm-list"))
+	vol := podView{mounterPod}.volume(m.Name)
+	if vol == nil || vol.ConfigMap == nil || vol.ConfigMap.Name != cm.Name {
+		t.Fatalf("--warm-list %s is not on the ConfigMap %s: %+v", flag(mounter, "warm-list"), cm.Name, vol)
+	}
+	key := strings.TrimPrefix(flag(mounter, "warm-list"), m.MountPath+"/")
+	if l := cm.Data[key]; !strings.Contains(l, "\nregistry.example.com/team/llama:prod\n") ||
+		!strings.Contains(l, "\nregistry.example.com/team/llama:canary *.json,*.safetensors\n") {
+		t.Errorf("warm list %q lacks the entries", l)
+	}
+	// hosts.toml lands at --hosts-dir/<registry>/hosts.toml.
+	hosts := got["ConfigMap/kube-system/bdnvol-csi-hosts"].obj.(*corev1.ConfigMap)
+	hm, _ := podView{mounterPod}.mountFor(mounter, "/etc/bdnvol/certs.d/x")
+	hv := podView{mounterPod}.volume(hm.Name)
+	if hv == nil || hv.ConfigMap == nil || hv.ConfigMap.Name != hosts.Name || len(hv.ConfigMap.Items) != 1 ||
+		hv.ConfigMap.Items[0].Path != "registry.example.com:5000/hosts.toml" ||
+		!strings.Contains(hosts.Data[hv.ConfigMap.Items[0].Key], `[host."http://harbor.cache.svc:8080"]`) {
+		t.Errorf("hosts.toml is not mounted at --hosts-dir/registry.example.com:5000/hosts.toml: %+v %+v", hv, hosts.Data)
+	}
+	if hp := (podView{mounterPod}).hostPath(mounter, flag(mounter, "cache-dir")); !strings.HasPrefix(hp, "/mnt/nvme/bdnvol-cache") {
+		t.Errorf("the cache is at %s on the host", hp)
+	}
+}
+
+// TestHelmChartServiceMonitor renders the chart where the Prometheus
+// operator's CRD exists: a ServiceMonitor and a headless Service select the
+// mounter pods' metrics port.
+func TestHelmChartServiceMonitor(t *testing.T) {
+	objs := renderChart(t, "metrics: {port: 9900, serviceMonitor: {interval: 15s, labels: {release: prom}}}\n",
+		"monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor")
+	checkNodePlugin(t, objs, "/var/lib/bdnvol/")
+	got := byKey(t, objs)
+	smo, ok := got["ServiceMonitor/kube-system/bdnvol-csi"]
+	svo, ok2 := got["Service/kube-system/bdnvol-csi-metrics"]
+	if !ok || !ok2 {
+		t.Fatalf("no ServiceMonitor (%v) or Service (%v) with the CRD present", ok, ok2)
+	}
+	sm, svc := smo.obj.(*serviceMonitor), svo.obj.(*corev1.Service)
+	ds := got["DaemonSet/kube-system/bdnvol-csi-mounter"].obj.(*appsv1.DaemonSet)
+	podLabels := labels.Set(ds.Spec.Template.Labels)
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
+		t.Errorf("the Service selects %v, not the mounter pods %v", svc.Spec.Selector, podLabels)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)
+	if err != nil || !sel.Matches(labels.Set(svc.Labels)) {
+		t.Errorf("the ServiceMonitor selects %v, not the Service %v", sm.Spec.Selector, svc.Labels)
+	}
+	if sm.Labels["release"] != "prom" || len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Interval != "15s" || sm.Spec.Endpoints[0].Port != "metrics" {
+		t.Errorf("ServiceMonitor: labels %v endpoints %+v", sm.Labels, sm.Spec.Endpoints)
+	}
+	c := ds.Spec.Template.Spec.Containers[0]
+	if flag(&c, "metrics-addr") != ":9900" || len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9900 ||
+		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9900 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
+		t.Errorf("metrics port: args %v ports %+v service %+v", c.Args, c.Ports, svc.Spec.Ports)
+	}
+}

@@ -1,0 +1,242 @@
+// Package metrics is the Prometheus metrics of the mounter and of
+// `bdnvol mount`: the chunk cache, fetches by registry and by mirror,
+// mounts and pods per digest, and the warm status per version.
+package metrics
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/warm"
+)
+
+// Metrics is one process's registry of bdnvol metrics.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	fetchSeconds *prometheus.HistogramVec
+	inFlight     *prometheus.GaugeVec
+	regBytes     *prometheus.CounterVec
+	regFetches   *prometheus.CounterVec
+	regErrors    *prometheus.CounterVec
+
+	mu       sync.Mutex
+	regTotal float64 // bytes from registries, for the mirror share
+}
+
+// New returns a registry with the process and Go runtime collectors and
+// the fetch metrics.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.fetchSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "bdnvol_fetch_duration_seconds", Help: "Time to fetch one blob, from the request to its last byte, by source and host.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	}, []string{"source", "host"})
+	m.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "bdnvol_fetches_in_flight", Help: "Blob fetches under way, by source and host.",
+	}, []string{"source", "host"})
+	m.regBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "bdnvol_registry_fetched_bytes_total", Help: "Bytes fetched from the registry itself (not a mirror), by registry host and kind (blob or manifest).",
+	}, []string{"host", "kind"})
+	m.regFetches = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "bdnvol_registry_fetches_total", Help: "Fetches sent to the registry itself, by registry host and kind (blob or manifest).",
+	}, []string{"host", "kind"})
+	m.regErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "bdnvol_registry_fetch_errors_total", Help: "Blob fetches from the registry that failed, by registry host.",
+	}, []string{"host"})
+	m.reg.MustRegister(m.fetchSeconds, m.inFlight, m.regBytes, m.regFetches, m.regErrors)
+	return m
+}
+
+// Handler serves the metrics in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Registry returns the underlying registry.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Cache exports the counters of the node's chunk cache: hits, misses,
+// bytes served and fetched (by registry and by mirror), evictions, size
+// and verification failures.
+func (m *Metrics) Cache(c *lazy.Cache) {
+	stat := func(f func(lazy.CacheStats) int64) func() float64 {
+		return func() float64 { return float64(f(c.Stats())) }
+	}
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_hits_total", Help: "Chunk loads served from the node's cache."},
+			stat(func(s lazy.CacheStats) int64 { return s.Hits })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_misses_total", Help: "Chunk loads that fetched the chunk (from a mirror or the registry) and verified it."},
+			stat(func(s lazy.CacheStats) int64 { return s.Fetches })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_served_bytes_total", Help: "Bytes of chunk loads served from the cache."},
+			stat(func(s lazy.CacheStats) int64 { return s.HitBytes })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_evictions_total", Help: "Chunks evicted to keep the cache within its bound."},
+			stat(func(s lazy.CacheStats) int64 { return s.Evictions })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_verification_failures_total", Help: "Fetched chunks or cache entries whose bytes did not match their digest."},
+			stat(func(s lazy.CacheStats) int64 { return s.Corrupt })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_store_errors_total", Help: "Verified chunks that could not be written to the cache (disk full)."},
+			stat(func(s lazy.CacheStats) int64 { return s.StoreErrors })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bdnvol_cache_size_bytes", Help: "Bytes in the node's chunk cache."},
+			func() float64 { return float64(c.Size()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bdnvol_cache_max_bytes", Help: "The bound of the node's chunk cache."},
+			func() float64 { return float64(c.Max()) }),
+		&fetchedCollector{m: m, c: c},
+	)
+}
+
+// fetchedCollector splits the verified bytes the cache fetched into those
+// from registries and those from mirrors.
+type fetchedCollector struct {
+	m *Metrics
+	c *lazy.Cache
+}
+
+var fetchedDesc = prometheus.NewDesc("bdnvol_fetched_bytes_total",
+	"Verified chunk bytes fetched into the cache, by source (registry or mirror).", []string{"source"}, nil)
+
+func (f *fetchedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- fetchedDesc }
+
+func (f *fetchedCollector) Collect(ch chan<- prometheus.Metric) {
+	all := float64(f.c.Stats().FetchedBytes)
+	f.m.mu.Lock()
+	reg := f.m.regTotal
+	f.m.mu.Unlock()
+	reg = min(reg, all)
+	ch <- prometheus.MustNewConstMetric(fetchedDesc, prometheus.CounterValue, reg, "registry")
+	ch <- prometheus.MustNewConstMetric(fetchedDesc, prometheus.CounterValue, all-reg, "mirror")
+}
+
+// Wrap returns f instrumented as source ("registry") at host: fetch
+// latency, in-flight fetches, bytes and errors.
+func (m *Metrics) Wrap(source, host string, f lazy.Fetcher) lazy.Fetcher {
+	return &fetcher{m: m, src: f, source: source, host: host}
+}
+
+type fetcher struct {
+	m            *Metrics
+	src          lazy.Fetcher
+	source, host string
+}
+
+func (f *fetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	g := f.m.inFlight.WithLabelValues(f.source, f.host)
+	g.Inc()
+	start := time.Now()
+	kind := kindOf(desc.MediaType)
+	f.m.regFetches.WithLabelValues(f.host, kind).Inc()
+	rc, err := f.src.Fetch(ctx, desc)
+	if err != nil {
+		g.Dec()
+		f.m.regErrors.WithLabelValues(f.host).Inc()
+		return nil, err
+	}
+	return &countingBody{ReadCloser: rc, f: f, kind: kind, start: start, gauge: g}, nil
+}
+
+// kindOf is "manifest" for manifest and index media types, else "blob".
+func kindOf(mediaType string) string {
+	switch mediaType {
+	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
+		"application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json":
+		return "manifest"
+	}
+	return "blob"
+}
+
+type countingBody struct {
+	io.ReadCloser
+	f     *fetcher
+	kind  string
+	start time.Time
+	gauge prometheus.Gauge
+	n     int64
+	once  sync.Once
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	return n, err
+}
+
+func (b *countingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(func() {
+		b.gauge.Dec()
+		b.f.m.fetchSeconds.WithLabelValues(b.f.source, b.f.host).Observe(time.Since(b.start).Seconds())
+		b.f.m.regBytes.WithLabelValues(b.f.host, b.kind).Add(float64(b.n))
+		b.f.m.mu.Lock()
+		b.f.m.regTotal += float64(b.n)
+		b.f.m.mu.Unlock()
+	})
+	return err
+}
+
+// MountSample is one digest a process serves.
+type MountSample struct {
+	Digest string
+	Pods   int // pods (targets) bound to it; 0 while it lingers
+}
+
+var (
+	mountsDesc = prometheus.NewDesc("bdnvol_mounts", "FUSE mounts served, by digest (1 while mounted).", []string{"digest"}, nil)
+	podsDesc   = prometheus.NewDesc("bdnvol_pods", "Pods (published targets) reading each digest's mount.", []string{"digest"}, nil)
+)
+
+// Mounts exports bdnvol_mounts and bdnvol_pods per digest from list.
+func (m *Metrics) Mounts(list func() []MountSample) {
+	m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{mountsDesc, podsDesc}, collect: func(ch chan<- prometheus.Metric) {
+		for _, s := range list() {
+			ch <- prometheus.MustNewConstMetric(mountsDesc, prometheus.GaugeValue, 1, s.Digest)
+			ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(s.Pods), s.Digest)
+		}
+	}})
+}
+
+var (
+	warmStateDesc  = prometheus.NewDesc("bdnvol_warm_state", "Warm list entries by reference, digest and state (warm, warming, does-not-fit, error, resolving); 1 for the current state.", []string{"ref", "digest", "state"}, nil)
+	warmBytesDesc  = prometheus.NewDesc("bdnvol_warm_bytes", "Bytes a warm list entry needs.", []string{"ref", "digest"}, nil)
+	warmCachedDesc = prometheus.NewDesc("bdnvol_warm_cached_bytes", "Bytes of a warm list entry in the cache.", []string{"ref", "digest"}, nil)
+	warmFitsDesc   = prometheus.NewDesc("bdnvol_warm_list_fits", "1 when the whole warm list fits in the cache with the mounted versions.", nil, nil)
+)
+
+// Warm exports the warm status per version from status.
+func (m *Metrics) Warm(status func() warm.Status) {
+	m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{warmStateDesc, warmBytesDesc, warmCachedDesc, warmFitsDesc}, collect: func(ch chan<- prometheus.Metric) {
+		st := status()
+		fits := 0.0
+		if st.Fits {
+			fits = 1
+		}
+		ch <- prometheus.MustNewConstMetric(warmFitsDesc, prometheus.GaugeValue, fits)
+		for _, e := range st.Entries {
+			ch <- prometheus.MustNewConstMetric(warmStateDesc, prometheus.GaugeValue, 1, e.Ref, e.Digest, e.State)
+			ch <- prometheus.MustNewConstMetric(warmBytesDesc, prometheus.GaugeValue, float64(e.Bytes), e.Ref, e.Digest)
+			ch <- prometheus.MustNewConstMetric(warmCachedDesc, prometheus.GaugeValue, float64(e.Cached), e.Ref, e.Digest)
+		}
+	}})
+}
+
+// collectorFunc is a collector of const metrics made at scrape time.
+type collectorFunc struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -1,0 +1,67 @@
+package metrics
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content/memory"
+
+	"github.com/bdnvol/bdnvol/pkg/lazy"
+)
+
+// TestCacheAndFetchCounters loads a chunk twice through an instrumented
+// registry fetcher and checks the scraped counters: one miss fetched from
+// the registry, one hit served from the cache.
+func TestCacheAndFetchCounters(t *testing.T) {
+	ctx := context.Background()
+	b := bytes.Repeat([]byte("chunk "), 1000)
+	d := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(b), Size: int64(len(b))}
+	store := memory.New()
+	if err := store.Push(ctx, d, bytes.NewReader(b)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := lazy.OpenCache(t.TempDir(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New()
+	m.Cache(c)
+	m.Mounts(func() []MountSample { return []MountSample{{Digest: d.Digest.String(), Pods: 3}} })
+	src := m.Wrap("registry", "reg.example", store)
+	for range 2 {
+		ch, err := c.Load(ctx, src, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch.Close()
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for _, want := range []string{
+		"bdnvol_cache_hits_total 1",
+		"bdnvol_cache_misses_total 1",
+		"bdnvol_cache_served_bytes_total 6000",
+		`bdnvol_fetched_bytes_total{source="registry"} 6000`,
+		`bdnvol_fetched_bytes_total{source="mirror"} 0`,
+		`bdnvol_registry_fetches_total{host="reg.example",kind="blob"} 1`,
+		`bdnvol_registry_fetched_bytes_total{host="reg.example",kind="blob"} 6000`,
+		`bdnvol_fetches_in_flight{host="reg.example",source="registry"} 0`,
+		`bdnvol_fetch_duration_seconds_count{host="reg.example",source="registry"} 1`,
+		`bdnvol_pods{digest="` + d.Digest.String() + `"} 3`,
+		"bdnvol_cache_size_bytes 6000",
+	} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("scrape lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("scrape:\n%s", body)
+	}
+}

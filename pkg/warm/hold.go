@@ -1,0 +1,35 @@
+package warm
+
+import (
+	"errors"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/lazy"
+)
+
+// Hold records that the version ver is mounted at mountpoint: it protects
+// every chunk of the version in cache (in this process: warming evicts none
+// of them), writes its record next to the cache (last used now) and a lease
+// on the mountpoint (so `bdnvol cache ls`, `rm` and `gc` in any process see
+// it in use). release drops all three. An error writing the record or the
+// lease is returned with a working release; the mount can go on.
+func Hold(cache *lazy.Cache, ver *layout.Version, ref, pinned, mountpoint string) (release func(), err error) {
+	store := StoreOf(cache)
+	rec, gerr := store.Get(ver.Root.Digest)
+	if gerr != nil || rec.Patterns != "" {
+		rec = Record{Ref: ref, Pinned: pinned, Root: ver.Root, Warmed: rec.Warmed}
+		for _, c := range ver.Chunks {
+			rec.Chunks = append(rec.Chunks, Blob{Digest: c.Digest, Size: c.Size})
+		}
+	}
+	rec.Used = time.Now().UTC()
+	perr := store.Put(rec)
+	owner := "mount:" + mountpoint
+	cache.Protect(owner, ver.Chunks)
+	drop, lerr := store.Lease(ver.Root.Digest, mountpoint)
+	if lerr != nil {
+		drop = func() {}
+	}
+	return func() { drop(); cache.Unprotect(owner) }, errors.Join(perr, lerr)
+}
