@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -11,9 +12,10 @@ import (
 
 // DiffCmd compares two versions.
 type DiffCmd struct {
-	A    string `arg:"" name:"ref-a" help:"The old version."`
-	B    string `arg:"" name:"ref-b" help:"The new version."`
-	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
+	A       string `arg:"" name:"ref-a" help:"The old version."`
+	B       string `arg:"" name:"ref-b" help:"The new version."`
+	JSON    bool   `name:"json" help:"Print one JSON object instead of text."`
+	Tensors bool   `name:"tensors" help:"Compare the tensors of safetensors files (dtype, shape, bytes), reading only headers and indexes."`
 }
 
 // Run compares the versions.
@@ -29,6 +31,9 @@ func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 			return err
 		}
 		sides[i] = versions.Side{Src: t, Desc: root.Desc}
+	}
+	if c.Tensors {
+		return c.tensors(ctx, g, sides)
 	}
 	d, err := versions.Compare(ctx, sides[0], sides[1])
 	if err != nil {
@@ -50,5 +55,31 @@ func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(w, "files: %d added, %d removed, %d changed, %d unchanged\n", len(d.Added), len(d.Removed), len(d.Changed), d.Unchanged)
 	fmt.Fprintf(w, "chunks: %d of %d shared (%s), %d new (%s); a push of B on top of A uploads %s\n",
 		d.SharedChunks, d.ChunksB, humanBytes(d.SharedBytes), d.NewChunks, humanBytes(d.NewBytes), humanBytes(d.UploadBytes))
+	return nil
+}
+
+// tensors prints the tensor-level comparison.
+func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Side) error {
+	d, err := versions.CompareTensors(ctx, sides[0], sides[1])
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return json.NewEncoder(g.stdout).Encode(d)
+	}
+	w := g.stdout
+	for _, t := range d.Added {
+		fmt.Fprintf(w, "+ %s %s %s %v (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), termsafe.Name(t.Dtype), t.Shape, humanBytes(t.Bytes))
+	}
+	for _, t := range d.Removed {
+		fmt.Fprintf(w, "- %s %s %s %v (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), termsafe.Name(t.Dtype), t.Shape, humanBytes(t.Bytes))
+	}
+	for _, t := range d.Changed {
+		fmt.Fprintf(w, "~ %s %s: %s (%s %v -> %s %v, %s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), strings.Join(t.What, ","),
+			termsafe.Name(t.OldDtype), t.OldShape, termsafe.Name(t.Dtype), t.Shape, humanBytes(t.Bytes))
+	}
+	fmt.Fprintf(w, "tensors in %d safetensors files: %d added (%s), %d removed (%s), %d changed (%s), %d unchanged (%s)\n",
+		len(d.Files), len(d.Added), humanBytes(d.AddedBytes), len(d.Removed), humanBytes(d.RemovedBytes),
+		len(d.Changed), humanBytes(d.ChangedBytes), d.Unchanged, humanBytes(d.UnchangedBytes))
 	return nil
 }
