@@ -78,8 +78,15 @@ func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Sid
 		fmt.Fprintf(w, "~ %s %s: %s (%s %v -> %s %v, %s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), strings.Join(t.What, ","),
 			termsafe.Name(t.OldDtype), t.OldShape, termsafe.Name(t.Dtype), t.Shape, humanBytes(t.Bytes))
 	}
-	fmt.Fprintf(w, "tensors in %d safetensors files: %d added (%s), %d removed (%s), %d changed (%s), %d unchanged (%s)\n",
+	for _, t := range d.Undecided {
+		fmt.Fprintf(w, "? %s %s: shares a changed chunk with other tensors (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), humanBytes(t.Bytes))
+	}
+	fmt.Fprintf(w, "tensors in %d safetensors files: %d added (%s), %d removed (%s), %d changed (%s), %d unchanged (%s)",
 		len(d.Files), len(d.Added), humanBytes(d.AddedBytes), len(d.Removed), humanBytes(d.RemovedBytes),
 		len(d.Changed), humanBytes(d.ChangedBytes), d.Unchanged, humanBytes(d.UnchangedBytes))
+	if len(d.Undecided) > 0 {
+		fmt.Fprintf(w, ", %d undecided (%s)", len(d.Undecided), humanBytes(d.UndecidedBytes))
+	}
+	fmt.Fprintln(w)
 	return nil
 }

@@ -50,11 +50,16 @@ type TensorDiff struct {
 	Removed   []TensorInfo   `json:"removed"`
 	Changed   []TensorChange `json:"changed"`
 	Unchanged int            `json:"unchanged"`
+	// Undecided are tensors with the same dtype and shape whose bytes share
+	// a changed chunk with other tensors: telling whether they changed
+	// would take fetching that chunk.
+	Undecided []TensorInfo `json:"undecided"`
 
 	AddedBytes     int64 `json:"added_bytes"`
 	RemovedBytes   int64 `json:"removed_bytes"`
 	ChangedBytes   int64 `json:"changed_bytes"` // in B
 	UnchangedBytes int64 `json:"unchanged_bytes"`
+	UndecidedBytes int64 `json:"undecided_bytes"`
 
 	// HeaderChunks is how many chunks were fetched to read the headers.
 	HeaderChunks int `json:"header_chunks"`
@@ -70,6 +75,17 @@ type tensor struct {
 type piece struct {
 	chunk       digest.Digest
 	off, length int64
+	whole       bool // the piece is the whole chunk
+}
+
+// own reports whether the tensor's bytes are whole chunks of their own.
+func (t tensor) own() bool {
+	for _, p := range t.pieces {
+		if !p.whole {
+			return false
+		}
+	}
+	return true
 }
 
 // CompareTensors compares the tensors of the safetensors files of a and b.
@@ -85,7 +101,9 @@ func CompareTensors(ctx context.Context, a, b Side) (*TensorDiff, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &TensorDiff{A: a.Desc.Digest, B: b.Desc.Digest, Files: []string{}, Added: []TensorInfo{}, Removed: []TensorInfo{}, Changed: []TensorChange{}}
+	d := &TensorDiff{A: a.Desc.Digest, B: b.Desc.Digest, Files: []string{}, Added: []TensorInfo{}, Removed: []TensorInfo{}, Changed: []TensorChange{}, Undecided: []TensorInfo{}}
+	// Same bytes give the same chunks only under the same chunking.
+	sameChunking := va.Index.Chunking == vb.Index.Chunking
 	fetched := map[digest.Digest][]byte{}
 	ta, err := tensorsOf(ctx, a.Src, va, fetched)
 	if err != nil {
@@ -113,6 +131,11 @@ func CompareTensors(ctx context.Context, a, b Side) (*TensorDiff, error) {
 			what = append(what, "shape")
 		}
 		if !slices.Equal(old.pieces, t.pieces) {
+			if len(what) == 0 && !(sameChunking && old.own() && t.own()) {
+				d.Undecided = append(d.Undecided, t.TensorInfo)
+				d.UndecidedBytes += t.Bytes
+				continue
+			}
 			what = append(what, "bytes")
 		}
 		if len(what) == 0 {
@@ -142,6 +165,7 @@ func CompareTensors(ctx context.Context, a, b Side) (*TensorDiff, error) {
 	}
 	slices.SortFunc(d.Added, byName)
 	slices.SortFunc(d.Removed, byName)
+	slices.SortFunc(d.Undecided, byName)
 	slices.SortFunc(d.Changed, func(x, y TensorChange) int { return byName(x.TensorInfo, y.TensorInfo) })
 	return d, nil
 }
@@ -201,7 +225,9 @@ func piecesOf(v *layout.Version, f *layout.File, begin, end int64) []piece {
 	for _, e := range f.Extents {
 		s, t := max(pos, begin), min(pos+e.Length, end)
 		if s < t {
-			ps = append(ps, piece{chunk: v.Index.Chunks[e.Chunk].Digest, off: e.Offset + s - pos, length: t - s})
+			c := v.Index.Chunks[e.Chunk]
+			off := e.Offset + s - pos
+			ps = append(ps, piece{chunk: c.Digest, off: off, length: t - s, whole: off == 0 && t-s == c.Size})
 		}
 		pos += e.Length
 		if pos >= end {
