@@ -16,6 +16,7 @@ type DiffCmd struct {
 	B       string `arg:"" name:"ref-b" help:"The new version."`
 	JSON    bool   `name:"json" help:"Print one JSON object instead of text."`
 	Tensors bool   `name:"tensors" help:"Compare the tensors of safetensors files (dtype, shape, bytes), reading only headers and indexes."`
+	Resolve bool   `name:"resolve" help:"With --tensors: fetch the chunks that small tensors share, so that none is left undecided."`
 }
 
 // Run compares the versions.
@@ -60,7 +61,7 @@ func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 
 // tensors prints the tensor-level comparison.
 func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Side) error {
-	d, err := versions.CompareTensors(ctx, sides[0], sides[1])
+	d, err := versions.CompareTensors(ctx, sides[0], sides[1], versions.TensorOptions{Resolve: c.Resolve})
 	if err != nil {
 		return err
 	}
@@ -79,7 +80,7 @@ func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Sid
 			termsafe.Name(t.OldDtype), t.OldShape, termsafe.Name(t.Dtype), t.Shape, humanBytes(t.Bytes))
 	}
 	for _, t := range d.Undecided {
-		fmt.Fprintf(w, "? %s %s: shares a changed chunk with other tensors (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), humanBytes(t.Bytes))
+		fmt.Fprintf(w, "? %s %s: shares a changed chunk with other tensors; --resolve fetches it (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), humanBytes(t.Bytes))
 	}
 	fmt.Fprintf(w, "tensors in %d safetensors files: %d added (%s), %d removed (%s), %d changed (%s), %d unchanged (%s)",
 		len(d.Files), len(d.Added), humanBytes(d.AddedBytes), len(d.Removed), humanBytes(d.RemovedBytes),

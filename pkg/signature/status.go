@@ -69,4 +69,3 @@ func (s Status) String() string {
 	}
 	return "yes"
 }
-

@@ -61,14 +61,40 @@ type TensorDiff struct {
 	UnchangedBytes int64 `json:"unchanged_bytes"`
 	UndecidedBytes int64 `json:"undecided_bytes"`
 
-	// HeaderChunks is how many chunks were fetched to read the headers.
+	// HeaderChunks is how many chunks were fetched to read the headers;
+	// SharedChunks how many more TensorOptions.Resolve fetched.
 	HeaderChunks int `json:"header_chunks"`
+	SharedChunks int `json:"shared_chunks_fetched"`
 }
 
 // tensor is a tensor with where its bytes are stored.
 type tensor struct {
 	TensorInfo
 	pieces []piece
+	r      *fileReader
+	begin  int64
+}
+
+// TensorOptions configure CompareTensors.
+type TensorOptions struct {
+	// Resolve fetches the chunks that undecided tensors share with others
+	// and compares their bytes, so that none stays undecided.
+	Resolve bool
+}
+
+// sameBytes reads both tensors' bytes and compares them.
+func sameBytes(a, b tensor) (bool, error) {
+	if a.Bytes != b.Bytes {
+		return false, nil
+	}
+	x, y := make([]byte, a.Bytes), make([]byte, b.Bytes)
+	if _, err := a.r.ReadAt(x, a.begin); err != nil {
+		return false, fmt.Errorf("%s: tensor %q: %w", a.File, a.Name, err)
+	}
+	if _, err := b.r.ReadAt(y, b.begin); err != nil {
+		return false, fmt.Errorf("%s: tensor %q: %w", b.File, b.Name, err)
+	}
+	return string(x) == string(y), nil
 }
 
 // piece is a run of a tensor's bytes inside a chunk.
@@ -92,7 +118,7 @@ func (t tensor) own() bool {
 // It reads the file indexes and the chunks that hold the headers only: a
 // tensor's bytes are unchanged exactly when the chunk extents that hold them
 // are, and chunks are cut at tensor boundaries.
-func CompareTensors(ctx context.Context, a, b Side) (*TensorDiff, error) {
+func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorDiff, error) {
 	va, err := layout.Open(ctx, a.Src, a.Desc)
 	if err != nil {
 		return nil, err
@@ -131,7 +157,20 @@ func CompareTensors(ctx context.Context, a, b Side) (*TensorDiff, error) {
 			what = append(what, "shape")
 		}
 		if !slices.Equal(old.pieces, t.pieces) {
-			if len(what) == 0 && !(sameChunking && old.own() && t.own()) {
+			undecided := len(what) == 0 && !(sameChunking && old.own() && t.own())
+			if undecided && opt.Resolve {
+				same, err := sameBytes(old, t)
+				if err != nil {
+					return nil, err
+				}
+				if same {
+					d.Unchanged++
+					d.UnchangedBytes += t.Bytes
+					continue
+				}
+				undecided = false
+			}
+			if undecided {
 				d.Undecided = append(d.Undecided, t.TensorInfo)
 				d.UndecidedBytes += t.Bytes
 				continue
@@ -146,6 +185,7 @@ func CompareTensors(ctx context.Context, a, b Side) (*TensorDiff, error) {
 		d.Changed = append(d.Changed, TensorChange{TensorInfo: t.TensorInfo, OldDtype: old.Dtype, OldShape: old.Shape, OldBytes: old.Bytes, What: what})
 		d.ChangedBytes += t.Bytes
 	}
+	d.SharedChunks = len(fetched) - d.HeaderChunks
 	for k, t := range ta {
 		files[t.File] = true
 		if _, ok := tb[k]; !ok {
@@ -212,6 +252,7 @@ func tensorsOf(ctx context.Context, src content.Fetcher, v *layout.Version, fetc
 			}
 			t := tensor{TensorInfo: TensorInfo{File: f.Path, Name: rg.Name, Dtype: meta.Dtype, Shape: meta.Shape, Bytes: rg.End - rg.Begin}}
 			t.pieces = piecesOf(v, f, rg.Begin, rg.End)
+			t.r, t.begin = r, rg.Begin
 			out[f.Path+"\x00"+rg.Name] = t
 		}
 	}

@@ -45,7 +45,7 @@ func TestCompareTensors(t *testing.T) {
 	}
 	b := []testTensor{
 		a[0],
-		{"w.1", "F16", []int64{160, 128}, big(7)}, // rewritten
+		{"w.1", "F16", []int64{160, 128}, big(7)},  // rewritten
 		{"w.2", "BF16", []int64{160, 128}, big(3)}, // dtype only
 		{"bias", "F16", []int64{20480}, big(8)},    // inserted
 		a[3],
@@ -53,7 +53,7 @@ func TestCompareTensors(t *testing.T) {
 	va := pushVersion(t, tg, map[string][]byte{"m.safetensors": safetensors(a), "x.txt": []byte("x")}, t0, "a")
 	vb := pushVersion(t, tg, map[string][]byte{"m.safetensors": safetensors(b), "x.txt": []byte("x")}, t0.Add(time.Minute), "b")
 	src := &boundedFetcher{Fetcher: tg, max: 1 << 20}
-	d, err := CompareTensors(ctx, Side{src, va.Root}, Side{src, vb.Root})
+	d, err := CompareTensors(ctx, Side{src, va.Root}, Side{src, vb.Root}, TensorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
