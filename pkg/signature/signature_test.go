@@ -189,3 +189,34 @@ func TestTag(t *testing.T) {
 		t.Fatal("IsTag")
 	}
 }
+
+func TestPolicyFromValue(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a, _, pub := newKey(t, dir, "a")
+	pem, _ := os.ReadFile(pub)
+	tg, v1, _ := openLayout(t)
+	if _, err := Sign(ctx, tg, "repo", v1, a); err != nil {
+		t.Fatal(err)
+	}
+	for _, val := range []string{pub, string(pem)} {
+		p, err := PolicyFromValue(val)
+		if err != nil || !p.Required() {
+			t.Fatalf("%q: %v", val, err)
+		}
+		if err := p.Check(ctx, tg, v1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, err := PolicyFromValue(""); err != nil || p.Required() {
+		t.Fatalf("empty: %v", err)
+	}
+	if _, err := PolicyFromValue("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----"); !errors.Is(err, ErrKey) {
+		t.Fatalf("bad inline key: %v", err)
+	}
+	b, _, _ := newKey(t, dir, "b")
+	err := Policy{Keys: []Verifier{b.Verifier()}}.Check(ctx, tg, v1)
+	if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrOtherKey) {
+		t.Fatalf("other key: %v", err)
+	}
+}
