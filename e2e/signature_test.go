@@ -326,3 +326,58 @@ func mustRead(t testing.TB, p string) []byte {
 	}
 	return b
 }
+
+// TestSignatureCost: verifying a signature reads the root manifest, the
+// signature manifest and its payload (plus one referrers lookup), whatever
+// the volume's size; a pull re-hashes every byte. The times are logged for
+// docs/signing.md, not asserted.
+func TestSignatureCost(t *testing.T) {
+	keys := t.TempDir()
+	key, pub := keyPair(t, keys, "release")
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/cost"
+	dir := t.TempDir()
+	const files, size = 4, 32 << 20
+	for i := 0; i < files; i++ {
+		b := make([]byte, size)
+		for j := 0; j < len(b); j += 4096 {
+			copy(b[j:], fmt.Sprintf("file %d block %d ", i, j))
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("w%d.bin", i)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := pushJSON(t, repo+":v1", dir)
+	if res := signRun(t, "sign", "--key", key, repo+":v1"); res.code != 0 {
+		t.Fatalf("sign:\n%s", res)
+	}
+	reg.ResetStats()
+	start := time.Now()
+	if res := run(t, "verify", "--key", pub, repo+"@"+v.Digest); res.code != 0 {
+		t.Fatalf("verify:\n%s", res)
+	}
+	verifyMS := time.Since(start).Milliseconds()
+	st := reg.Stats()
+	n := 0
+	for k, c := range st.Requests {
+		if k != "GET base" {
+			n += c
+		}
+	}
+	if n > 6 || st.BlobBytesOut > 64<<10 {
+		t.Errorf("verify: %d requests %v, %d blob bytes", n, st.Requests, st.BlobBytesOut)
+	}
+	reg.ResetStats()
+	start = time.Now()
+	if res := run(t, "pull", "--no-cache", repo+"@"+v.Digest, filepath.Join(t.TempDir(), "out")); res.code != 0 {
+		t.Fatalf("pull:\n%s", res)
+	}
+	pullMS := time.Since(start).Milliseconds()
+	pst := reg.Stats()
+	pn := 0
+	for _, c := range pst.Requests {
+		pn += c
+	}
+	t.Logf("verify signature: %d requests, %d blob bytes, %d ms; pull (re-hash) of %d MiB: %d requests, %d blob bytes, %d ms",
+		n, st.BlobBytesOut, verifyMS, files*size>>20, pn, pst.BlobBytesOut, pullMS)
+}
