@@ -16,6 +16,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
 )
 
 // CosignVersion is the cosign CLI the interop tests run; `make cosign`
@@ -380,4 +383,59 @@ func TestSignatureCost(t *testing.T) {
 	}
 	t.Logf("verify signature: %d requests, %d blob bytes, %d ms; pull (re-hash) of %d MiB: %d requests, %d blob bytes, %d ms",
 		n, st.BlobBytesOut, verifyMS, files*size>>20, pn, pst.BlobBytesOut, pullMS)
+}
+
+// TestCSIRequireSignature: the node plugin refuses to publish a version
+// without a valid signature by the key the volume attribute names (inline
+// PEM or a path on the node), before mounting it, and publishes a signed one.
+func TestCSIRequireSignature(t *testing.T) {
+	keys := t.TempDir()
+	key, pub := keyPair(t, keys, "release")
+	reg := newDistribution(t)
+	repo := reg.Host + "/vols/signed"
+	signed := pushJSON(t, repo+":v1", smallVolume(t, 21)).Digest
+	unsigned := pushJSON(t, repo+":v2", smallVolume(t, 22)).Digest
+	if res := signRun(t, "sign", "--key", key, repo+"@"+signed); res.code != 0 {
+		t.Fatalf("sign:\n%s", res)
+	}
+	n := startCSI(t, time.Minute)
+	publish := func(p pod, ref, require string) error {
+		req := &csi.NodePublishVolumeRequest{
+			VolumeId:   p.volumeID,
+			TargetPath: p.target,
+			Readonly:   true,
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			},
+			VolumeContext: map[string]string{
+				"ref": ref, "prefetch": "none", "requireSignature": require,
+				"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
+				"csi.storage.k8s.io/ephemeral": "true",
+			},
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_, err := n.Node.NodePublishVolume(ctx, req)
+		return err
+	}
+	inline := string(mustRead(t, pub))
+	err := publish(n.newPod("unsigned"), repo+":v2", inline)
+	if codeOf(err) != codes.PermissionDenied || !strings.Contains(err.Error(), unsigned) || !strings.Contains(err.Error(), "no signature") {
+		t.Fatalf("publish of an unsigned version: %v", err)
+	}
+	if m := n.fuseMounts(); len(m) != 0 {
+		t.Fatalf("mounts after a refusal: %v", m)
+	}
+	if err := publish(n.newPod("bad-key"), repo+":v1", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"); codeOf(err) != codes.InvalidArgument {
+		t.Fatalf("publish with a broken inline key: %v", err)
+	}
+	p := n.newPod("signed")
+	if err := publish(p, repo+":v1", pub); err != nil {
+		t.Fatalf("publish of a signed version: %v", err)
+	}
+	waitReadable(t, filepath.Join(p.target, "f0.bin"))
+	if m := n.fuseMounts(); len(m) != 1 {
+		t.Fatalf("mounts: %v", m)
+	}
 }
