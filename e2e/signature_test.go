@@ -218,7 +218,6 @@ func registryManifest(t testing.TB, reg *registry, name, ref string) []byte {
 	return b
 }
 
-
 func sigTag(d string) string { return strings.Replace(d, ":", "-", 1) + ".sig" }
 
 // TestRequireSignature: pull, mount and bdnvol.yaml mounts refuse an
