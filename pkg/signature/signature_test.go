@@ -20,13 +20,9 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
-func newKey(t *testing.T, dir, name string) (Signer, string, string) {
+func newKey(t *testing.T, dir, name string) (Signer, string) {
 	t.Helper()
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc, err := EncryptPrivateKey(k, []byte("pw"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,14 +30,29 @@ func newKey(t *testing.T, dir, name string) (Signer, string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kp, pp := filepath.Join(dir, name+".key"), filepath.Join(dir, name+".pub")
-	os.WriteFile(kp, enc, 0o600)
-	os.WriteFile(pp, pub, 0o644)
-	s, err := LoadPrivateKey(kp, func() ([]byte, error) { return []byte("pw"), nil })
+	pp := filepath.Join(dir, name+".pub")
+	if err := os.WriteFile(pp, pub, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSigner(k)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, kp, pp
+	return s, pp
+}
+
+// keyFile writes s's key in cosign's encrypted format (scrypt: slow, once).
+func keyFile(t *testing.T, dir string, s Signer) string {
+	t.Helper()
+	enc, err := EncryptPrivateKey(s.(*keySigner).priv, []byte("pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp := filepath.Join(dir, "cosign.key")
+	if err := os.WriteFile(kp, enc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return kp
 }
 
 func openLayout(t *testing.T) (oci.Target, ocispec.Descriptor, ocispec.Descriptor) {
@@ -74,7 +85,12 @@ func openLayout(t *testing.T) (oci.Target, ocispec.Descriptor, ocispec.Descripto
 
 func TestKeyFiles(t *testing.T) {
 	dir := t.TempDir()
-	s, kp, pp := newKey(t, dir, "a")
+	s0, pp := newKey(t, dir, "a")
+	kp := keyFile(t, dir, s0)
+	s, err := LoadPrivateKey(kp, func() ([]byte, error) { return []byte("pw"), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
 	v, err := LoadPublicKey(pp, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -113,8 +129,8 @@ func TestKeyFiles(t *testing.T) {
 func TestSignVerify(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	a, _, _ := newKey(t, dir, "a")
-	b, _, _ := newKey(t, dir, "b")
+	a, _ := newKey(t, dir, "a")
+	b, _ := newKey(t, dir, "b")
 	tg, v1, v2 := openLayout(t)
 	va := []Verifier{a.Verifier()}
 
@@ -193,7 +209,7 @@ func TestTag(t *testing.T) {
 func TestPolicyFromValue(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	a, _, pub := newKey(t, dir, "a")
+	a, pub := newKey(t, dir, "a")
 	pem, _ := os.ReadFile(pub)
 	tg, v1, _ := openLayout(t)
 	if _, err := Sign(ctx, tg, "repo", v1, a); err != nil {
@@ -214,7 +230,7 @@ func TestPolicyFromValue(t *testing.T) {
 	if _, err := PolicyFromValue("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----"); !errors.Is(err, ErrKey) {
 		t.Fatalf("bad inline key: %v", err)
 	}
-	b, _, _ := newKey(t, dir, "b")
+	b, _ := newKey(t, dir, "b")
 	err := Policy{Keys: []Verifier{b.Verifier()}}.Check(ctx, tg, v1)
 	if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrOtherKey) {
 		t.Fatalf("other key: %v", err)
