@@ -185,6 +185,13 @@ func fetchManifest(ctx context.Context, t content.Fetcher, d ocispec.Descriptor)
 // Manifests returns the descriptors of the manifests that hold signatures of
 // desc: the tag-scheme one and OCI 1.1 referrers of the signature type.
 func Manifests(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	out, _, err := manifests(ctx, t, desc)
+	return out, err
+}
+
+// manifests is Manifests that also tells how many of them (0 or 1, first)
+// were found by tag.
+func manifests(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]ocispec.Descriptor, int, error) {
 	var out []ocispec.Descriptor
 	tag := Tag(desc.Digest)
 	md, err := t.Resolve(ctx, tag)
@@ -192,31 +199,26 @@ func Manifests(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Des
 	case err == nil:
 		out = append(out, md)
 	case !errors.Is(err, errdef.ErrNotFound):
-		return nil, fmt.Errorf("signatures of %s (%s): %w", desc.Digest, tag, err)
+		return nil, 0, fmt.Errorf("signatures of %s (%s): %w", desc.Digest, tag, err)
 	}
+	tagged := len(out)
 	refs, err := registry.Referrers(ctx, t, desc, ArtifactTypeSignature)
 	if err != nil && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
-		return nil, fmt.Errorf("signature referrers of %s: %w", desc.Digest, err)
+		return nil, 0, fmt.Errorf("signature referrers of %s: %w", desc.Digest, err)
 	}
 	for _, r := range refs {
 		if len(out) == 0 || r.Digest != out[0].Digest {
 			out = append(out, r)
 		}
 	}
-	return out, nil
+	return out, tagged, nil
 }
 
 // Find returns every signature of desc stored by tag or as a referrer.
 func Find(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]Entry, error) {
-	mds, err := Manifests(ctx, t, desc)
+	mds, tagged, err := manifests(ctx, t, desc)
 	if err != nil {
 		return nil, err
-	}
-	tagged := 0
-	if len(mds) > 0 {
-		if d, err := t.Resolve(ctx, Tag(desc.Digest)); err == nil && d.Digest == mds[0].Digest {
-			tagged = 1
-		}
 	}
 	var out []Entry
 	for i, md := range mds {
