@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -23,11 +24,7 @@ type DiffCmd struct {
 func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 	var sides [2]versions.Side
 	for i, s := range []string{c.A, c.B} {
-		ref, t, err := openRef(ctx, g, s)
-		if err != nil {
-			return err
-		}
-		root, err := versions.Resolve(ctx, t, ref)
+		_, t, root, err := openVersion(ctx, g, s)
 		if err != nil {
 			return err
 		}
@@ -45,17 +42,17 @@ func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	w := g.stdout
 	for _, f := range d.Added {
-		fmt.Fprintf(w, "+ %s (%s)\n", termsafe.Name(f.Path), humanBytes(f.Size))
+		fmt.Fprintf(w, "+ %s (%s)\n", termsafe.Name(f.Path), units.Bytes(f.Size))
 	}
 	for _, f := range d.Removed {
-		fmt.Fprintf(w, "- %s (%s)\n", termsafe.Name(f.Path), humanBytes(f.Size))
+		fmt.Fprintf(w, "- %s (%s)\n", termsafe.Name(f.Path), units.Bytes(f.Size))
 	}
 	for _, f := range d.Changed {
-		fmt.Fprintf(w, "~ %s (%s -> %s)\n", termsafe.Name(f.Path), humanBytes(f.OldSize), humanBytes(f.Size))
+		fmt.Fprintf(w, "~ %s (%s -> %s)\n", termsafe.Name(f.Path), units.Bytes(f.OldSize), units.Bytes(f.Size))
 	}
 	fmt.Fprintf(w, "files: %d added, %d removed, %d changed, %d unchanged\n", len(d.Added), len(d.Removed), len(d.Changed), d.Unchanged)
 	fmt.Fprintf(w, "chunks: %d of %d shared (%s), %d new (%s); a push of B on top of A uploads %s\n",
-		d.SharedChunks, d.ChunksB, humanBytes(d.SharedBytes), d.NewChunks, humanBytes(d.NewBytes), humanBytes(d.UploadBytes))
+		d.SharedChunks, d.ChunksB, units.Bytes(d.SharedBytes), d.NewChunks, units.Bytes(d.NewBytes), units.Bytes(d.UploadBytes))
 	return nil
 }
 
@@ -70,23 +67,23 @@ func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Sid
 	}
 	w := g.stdout
 	for _, t := range d.Added {
-		fmt.Fprintf(w, "+ %s %s %s %v (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), termsafe.Name(t.Dtype), t.Shape, humanBytes(t.Bytes))
+		fmt.Fprintf(w, "+ %s %s %s %v (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), termsafe.Name(t.Dtype), t.Shape, units.Bytes(t.Bytes))
 	}
 	for _, t := range d.Removed {
-		fmt.Fprintf(w, "- %s %s %s %v (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), termsafe.Name(t.Dtype), t.Shape, humanBytes(t.Bytes))
+		fmt.Fprintf(w, "- %s %s %s %v (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), termsafe.Name(t.Dtype), t.Shape, units.Bytes(t.Bytes))
 	}
 	for _, t := range d.Changed {
 		fmt.Fprintf(w, "~ %s %s: %s (%s %v -> %s %v, %s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), strings.Join(t.What, ","),
-			termsafe.Name(t.OldDtype), t.OldShape, termsafe.Name(t.Dtype), t.Shape, humanBytes(t.Bytes))
+			termsafe.Name(t.OldDtype), t.OldShape, termsafe.Name(t.Dtype), t.Shape, units.Bytes(t.Bytes))
 	}
 	for _, t := range d.Undecided {
-		fmt.Fprintf(w, "? %s %s: shares a changed chunk with other tensors; --resolve fetches it (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), humanBytes(t.Bytes))
+		fmt.Fprintf(w, "? %s %s: shares a changed chunk with other tensors; --resolve fetches it (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), units.Bytes(t.Bytes))
 	}
 	fmt.Fprintf(w, "tensors in %d safetensors files: %d added (%s), %d removed (%s), %d changed (%s), %d unchanged (%s)",
-		len(d.Files), len(d.Added), humanBytes(d.AddedBytes), len(d.Removed), humanBytes(d.RemovedBytes),
-		len(d.Changed), humanBytes(d.ChangedBytes), d.Unchanged, humanBytes(d.UnchangedBytes))
+		len(d.Files), len(d.Added), units.Bytes(d.AddedBytes), len(d.Removed), units.Bytes(d.RemovedBytes),
+		len(d.Changed), units.Bytes(d.ChangedBytes), d.Unchanged, units.Bytes(d.UnchangedBytes))
 	if len(d.Undecided) > 0 {
-		fmt.Fprintf(w, ", %d undecided (%s)", len(d.Undecided), humanBytes(d.UndecidedBytes))
+		fmt.Fprintf(w, ", %d undecided (%s)", len(d.Undecided), units.Bytes(d.UndecidedBytes))
 	}
 	fmt.Fprintln(w)
 	return nil

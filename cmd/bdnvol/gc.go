@@ -7,17 +7,13 @@ import (
 	"io"
 	"os"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
-	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // Duration is a time.Duration flag that also accepts days ("7d").
@@ -77,16 +73,12 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := lockLayout(ref, c.Apply)
+	t, unlock, err := openLocked(ctx, g, ref, c.Apply)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	t, err := oci.Open(ctx, ref, g.options())
-	if err != nil {
-		return err
-	}
-	in, refs, err := snapshot(ctx, t, sources)
+	in, err := retention.Snapshot(ctx, t, sources)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref.Repo(), err)
 	}
@@ -94,7 +86,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	out := gcOutput{Repository: ref.Repo(), Applied: c.Apply, Plan: plan, References: refs}
+	out := gcOutput{Repository: ref.Repo(), Applied: c.Apply, Plan: plan, References: in.References}
 	if out.References == nil {
 		out.References = []retention.Reference{}
 	}
@@ -133,7 +125,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 			applyErr = fmt.Errorf("sweep %s: %w", ref.Repo(), err)
 		} else {
 			out.Swept = &sw
-			fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", sw.Blobs, humanBytes(sw.Bytes))
+			fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", sw.Blobs, units.Bytes(sw.Bytes))
 		}
 	}
 	if c.JSON {
@@ -167,25 +159,6 @@ func dash(s string) string {
 	return s
 }
 
-// snapshot lists the versions and tombstones of t and reads the references.
-func snapshot(ctx context.Context, t oci.Target, sources retention.Sources) (retention.Input, []retention.Reference, error) {
-	var in retention.Input
-	vs, err := versions.List(ctx, t)
-	if err != nil {
-		return in, nil, err
-	}
-	for _, v := range vs {
-		in.Versions = append(in.Versions, retention.Version{Digest: v.Digest, Sealed: v.Sealed, Tags: v.Tags})
-	}
-	if in.Deleted, err = retention.ListDeleted(ctx, t); err != nil {
-		return in, nil, err
-	}
-	if in.References, err = sources(ctx); err != nil {
-		return in, nil, err
-	}
-	return in, in.References, nil
-}
-
 // newSources returns the reference sources of a command: the files and
 // directories in paths, standard input for "-" (read once, now), and the
 // bdnvol mounts running on this machine.
@@ -204,79 +177,32 @@ func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, er
 		if err != nil {
 			return nil, fmt.Errorf("refs: standard input: %w", err)
 		}
-		if b == nil {
-			b = []byte{}
-		}
-		stdin = b
+		stdin = append([]byte{}, b...)
 	}
-	if _, err := retention.ScanPaths(repo, files); err != nil {
-		return nil, err
-	}
-	return func(context.Context) ([]retention.Reference, error) {
-		refs, err := retention.ScanPaths(repo, files)
-		if err != nil {
-			return nil, err
+	return retention.FileSources(repo, files, stdin, func() []retention.Reference {
+		var refs []retention.Reference
+		for _, m := range g.mountStore().Serving() {
+			refs = append(refs, retention.Reference{Source: m.Mountpoint, Ref: m.Reference, Digest: m.Digest, Mount: true})
 		}
-		if stdin != nil {
-			refs = append(refs, retention.Scan(repo, "stdin", stdin)...)
-		}
-		return append(refs, g.runningMounts()...), nil
-	}, nil
+		return refs
+	})
 }
 
-// runningMounts returns the bdnvol mounts on this machine whose server is
-// alive, as references to the digest each serves (whatever repository it
-// came from: a digest names the same content everywhere).
-func (g *Globals) runningMounts() []retention.Reference {
-	ms, err := mounts.List()
-	if err != nil {
-		return nil
-	}
-	store := g.mountStore()
-	var out []retention.Reference
-	for _, m := range ms {
-		st, ok := store.Read(m.Mountpoint)
-		if mounts.NotConnected(m.Mountpoint) || ok && st.Digest == m.Digest && st.PID != 0 && !mounts.Alive(st.PID) {
-			continue // stale: nothing is served from it
-		}
-		r := retention.Reference{Source: m.Mountpoint, Ref: m.Digest, Mount: true}
-		if ok && st.Digest == m.Digest {
-			r.Ref = st.Reference
-		}
-		r.Digest = digestOf(m.Digest)
-		if r.Digest != "" {
-			out = append(out, r)
+// openLocked opens the repository ref names, first locking it when it is an
+// OCI layout and lock is set (a command that changes it); the returned
+// function releases the lock.
+func openLocked(ctx context.Context, g *Globals, ref oci.Ref, lock bool) (oci.Target, func(), error) {
+	unlock := func() {}
+	if lock {
+		var err error
+		if unlock, err = oci.LockLayout(ref); err != nil {
+			return nil, nil, err
 		}
 	}
-	return out
-}
-
-// digestOf parses s, or returns "" if it is not a digest.
-func digestOf(s string) digest.Digest {
-	d, err := digest.Parse(s)
+	t, err := oci.Open(ctx, ref, g.options())
 	if err != nil {
-		return ""
+		unlock()
+		return nil, nil, err
 	}
-	return d
-}
-
-// lockLayout takes an exclusive lock on an OCI layout directory, so that
-// bdnvol processes changing one layout's index.json take turns (registries
-// need no lock: every step there is a single request). Without write it
-// does nothing.
-func lockLayout(ref oci.Ref, write bool) (func(), error) {
-	if ref.Layout == "" || !write {
-		return func() {}, nil
-	}
-	// O_DIRECTORY: the layout must be a directory; a FIFO there would
-	// block open(2).
-	f, err := os.OpenFile(ref.Layout, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w: %v", ref.Repo(), oci.ErrNotFound, err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", ref.Repo(), err)
-	}
-	return func() { f.Close() }, nil
+	return t, unlock, nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -24,11 +25,7 @@ type InspectCmd struct {
 
 // Run inspects the version.
 func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
-	ref, t, err := openRef(ctx, g, c.Ref)
-	if err != nil {
-		return err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}
@@ -58,8 +55,8 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Fprintf(w, "tags:      %s\n", strings.Join(termsafe.Names(d.Tags), " "))
 	fmt.Fprintf(w, "signed:    %s\n", sig)
-	fmt.Fprintf(w, "files:     %d, %s\n", len(d.Files), humanBytes(d.Bytes))
-	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, humanBytes(d.UniqueBytes))
+	fmt.Fprintf(w, "files:     %d, %s\n", len(d.Files), units.Bytes(d.Bytes))
+	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, units.Bytes(d.UniqueBytes))
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tSIZE\tSHA256\tPATH")

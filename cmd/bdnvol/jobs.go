@@ -5,12 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 )
 
@@ -59,9 +58,9 @@ func progressText(j *jobs.Job) string {
 	p := j.Progress
 	switch {
 	case j.State == jobs.Succeeded:
-		return fmt.Sprintf("100%%, %s uploaded", humanBytes(j.BytesUploaded))
+		return fmt.Sprintf("100%%, %s uploaded", units.Bytes(j.BytesUploaded))
 	case p.Total > 0:
-		return fmt.Sprintf("%.0f%% of %s, %s uploaded", 100*float64(p.Processed)/float64(p.Total), humanBytes(p.Total), humanBytes(p.Sent))
+		return fmt.Sprintf("%.0f%% of %s, %s uploaded", 100*float64(p.Processed)/float64(p.Total), units.Bytes(p.Total), units.Bytes(p.Sent))
 	case p.Phase != "":
 		return p.Phase
 	}
@@ -178,39 +177,11 @@ func (c *JobsLogsCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	id, err := store.Resolve(c.ID)
-	if err != nil {
+	err = store.CopyLog(ctx, c.ID, g.stdout, c.Follow)
+	if errors.Is(err, jobs.ErrNotFound) || errors.Is(err, jobs.ErrAmbiguous) {
 		return usageError{err}
 	}
-	f, err := os.Open(store.LogPath(id))
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil // nothing logged yet
-		}
-		return err
-	}
-	defer f.Close()
-	for {
-		if _, err := io.Copy(g.stdout, f); err != nil {
-			return err
-		}
-		if !c.Follow {
-			return nil
-		}
-		j, err := store.Get(id)
-		if err != nil {
-			return err
-		}
-		if j.Done() {
-			_, err := io.Copy(g.stdout, f)
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
+	return err
 }
 
 // JobsResumeCmd runs a job again.

@@ -3,14 +3,13 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 
-	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
-	"oras.land/oras-go/v2/registry/remote/credentials"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -36,24 +35,11 @@ func (c *LoginCmd) Run(ctx context.Context, g *Globals) error {
 	if pass == "" {
 		return usageError{fmt.Errorf("login %s: give a password with --password-stdin or -p", c.Registry)}
 	}
-	store, err := credentials.NewStoreFromDocker(credentials.StoreOptions{AllowPlaintextPut: true})
-	if err != nil {
+	if err := oci.Login(ctx, c.Registry, auth.Credential{Username: c.Username, Password: pass}, g.options()); err != nil {
+		if errors.Is(err, oci.ErrInvalidRef) {
+			return usageError{err}
+		}
 		return err
-	}
-	reg, err := remote.NewRegistry(c.Registry)
-	if err != nil {
-		return usageError{err}
-	}
-	reg.PlainHTTP = !g.TLS && (g.PlainHTTP || oci.IsLoopback(c.Registry))
-	opt := g.options()
-	opt.Credentials = store
-	client, err := oci.NewClient(opt)
-	if err != nil {
-		return err
-	}
-	reg.Client = client
-	if err := credentials.Login(ctx, store, reg, auth.Credential{Username: c.Username, Password: pass}); err != nil {
-		return fmt.Errorf("login %s as %s: %w", c.Registry, c.Username, err)
 	}
 	fmt.Fprintf(g.stderr, "logged in to %s as %s\n", c.Registry, c.Username)
 	return nil
@@ -66,9 +52,5 @@ type LogoutCmd struct {
 
 // Run logs out.
 func (c *LogoutCmd) Run(ctx context.Context, g *Globals) error {
-	store, err := credentials.NewStoreFromDocker(credentials.StoreOptions{})
-	if err != nil {
-		return err
-	}
-	return credentials.Logout(ctx, store, c.Registry)
+	return oci.Logout(ctx, c.Registry)
 }

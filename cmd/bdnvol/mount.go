@@ -80,12 +80,12 @@ func (c *MountCmd) jobs(g *Globals) ([]mountJob, string, error) {
 	if err != nil {
 		return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
 	}
+	targets, err := spec.Targets(root)
+	if err != nil {
+		return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
+	}
 	var jobs []mountJob
-	for i, m := range spec.Mounts {
-		ref, err := parseVersionRef(m.Source)
-		if err != nil {
-			return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
-		}
+	for i, m := range targets {
 		key := spec.SignatureKey(i)
 		if key == "" {
 			key = c.RequireSignature
@@ -99,14 +99,7 @@ func (c *MountCmd) jobs(g *Globals) ([]mountJob, string, error) {
 		if !m.ReadOnly {
 			fmt.Fprintf(g.stderr, "bdnvol: %s: %s is mounted read-only (bdnvol mounts are always read-only)\n", c.Spec, m.Path)
 		}
-		jobs = append(jobs, mountJob{ref, filepath.Join(root, filepath.FromSlash(m.Path)), policy})
-	}
-	for _, a := range jobs {
-		for _, b := range jobs {
-			if a.mp != b.mp && strings.HasPrefix(b.mp, a.mp+string(filepath.Separator)) {
-				return nil, "", usageError{fmt.Errorf("%s: %s is inside %s; nested mounts are not supported", c.Spec, b.mp, a.mp)}
-			}
-		}
+		jobs = append(jobs, mountJob{m.Ref, m.Mountpoint, policy})
 	}
 	return jobs, root, nil
 }
@@ -197,36 +190,11 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	}
 
 	// Serve until every mount is gone or a signal asks to stop.
-	gone := make(chan *mounts.Served, len(all))
-	for _, s := range all {
-		go func() { <-s.Done(); gone <- s }()
-	}
-	left := len(all)
-	for left > 0 {
-		select {
-		case s := <-gone:
-			left--
-			fmt.Fprintf(g.stderr, "bdnvol: %s was unmounted\n", s.Mountpoint)
-			continue
-		case <-ctx.Done():
-		}
-		break
-	}
-	if left == 0 {
+	if !mounts.Wait(ctx, all, func(s *mounts.Served) { fmt.Fprintf(g.stderr, "bdnvol: %s was unmounted\n", s.Mountpoint) }) {
 		return nil
 	}
 	stopPrefetch()
-	for _, s := range all {
-		select {
-		case <-s.Done():
-		default:
-			if err := s.Unmount(); err != nil {
-				return err
-			}
-			fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", s.Mountpoint)
-		}
-	}
-	return nil
+	return mounts.UnmountAll(all, func(s *mounts.Served) { fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", s.Mountpoint) })
 }
 
 // mountOne resolves j's reference, opens the version and mounts it.
@@ -308,7 +276,7 @@ func (m MirrorFlags) check() error {
 
 // fetcher returns src wrapped with the mirrors configured for ref's
 // registry, and the mirror fetcher (nil when there are none).
-func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *lazy.MirrorFetcher, error) {
+func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci.MirrorFetcher, error) {
 	if ref.Layout != "" && len(m.Mirror) > 0 {
 		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", ref.Repo())
 	}

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
-	"github.com/opencontainers/go-digest"
-
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
-	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -83,96 +80,8 @@ func writeFileAtomic(file string, b []byte) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(st.Mode().Perm()); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), file)
+	return atomicfile.WriteFile(file, b, st.Mode().Perm())
 }
 
-// refResolver resolves references for pin and lint, opening each repository
-// once and resolving each reference once.
-type refResolver struct {
-	g       *Globals
-	targets map[string]oci.Target
-	digests map[string]resolved
-	volumes map[string]bool
-}
-
-type resolved struct {
-	d   digest.Digest
-	err error
-}
-
-var _ deploy.Resolver = (*refResolver)(nil)
-
-func newRefResolver(g *Globals) *refResolver {
-	return &refResolver{g: g, targets: map[string]oci.Target{}, digests: map[string]resolved{}, volumes: map[string]bool{}}
-}
-
-func (r *refResolver) target(ctx context.Context, ref oci.Ref) (oci.Target, error) {
-	if t, ok := r.targets[ref.Repo()]; ok {
-		return t, nil
-	}
-	t, err := oci.Open(ctx, ref, r.g.options())
-	if err != nil {
-		return nil, err
-	}
-	r.targets[ref.Repo()] = t
-	return t, nil
-}
-
-// Resolve implements deploy.Resolver.
-func (r *refResolver) Resolve(ctx context.Context, ref oci.Ref) (digest.Digest, error) {
-	key := ref.String()
-	if v, ok := r.digests[key]; ok {
-		return v.d, v.err
-	}
-	var v resolved
-	t, err := r.target(ctx, ref)
-	if err != nil {
-		v.err = err
-	} else if root, err := versions.Resolve(ctx, t, ref); err != nil {
-		v.err = err
-	} else {
-		v.d = root.Desc.Digest
-	}
-	r.digests[key] = v
-	return v.d, v.err
-}
-
-// HasVolumes implements deploy.Resolver.
-func (r *refResolver) HasVolumes(ctx context.Context, ref oci.Ref) (bool, error) {
-	if v, ok := r.volumes[ref.Repo()]; ok {
-		return v, nil
-	}
-	t, err := r.target(ctx, ref)
-	if err != nil {
-		return false, err
-	}
-	tags, err := oci.ListTags(ctx, t)
-	if err != nil {
-		return false, err
-	}
-	has := false
-	for _, tag := range tags {
-		if _, _, ok := oci.ParseProtectiveTag(tag); ok {
-			has = true
-			break
-		}
-	}
-	r.volumes[ref.Repo()] = has
-	return has, nil
-}
+// newRefResolver resolves the references of pin and lint.
+func newRefResolver(g *Globals) deploy.Resolver { return versions.NewResolver(g.options()) }

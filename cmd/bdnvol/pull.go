@@ -4,13 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"path/filepath"
 	"time"
 
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -30,22 +28,6 @@ type PullCmd struct {
 	MirrorFlags `embed:""`
 
 	RequireSignature []string `name:"require-signature" type:"path" placeholder:"KEY" help:"Refuse the version unless it carries a valid signature by this cosign public key (repeatable: any one of them)."`
-}
-
-// cacheReader serves blobs that are already in the cache from it and
-// fetches the others from src without storing them. An entry that turns
-// out damaged is fetched again through the cache, which replaces it.
-type cacheReader struct {
-	cache  *lazy.Cache
-	src    lazy.Fetcher
-	filled lazy.Fetcher
-}
-
-func (r cacheReader) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
-	if r.cache.Contains(desc.Digest) {
-		return r.filled.Fetch(ctx, desc)
-	}
-	return r.src.Fetch(ctx, desc)
 }
 
 type pullOutput struct {
@@ -101,7 +83,7 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		if c.Cache {
 			src = cache.Fetcher(src)
 		} else {
-			src = cacheReader{cache: cache, src: src, filled: cache.Fetcher(src)}
+			src = cache.ReadOnly(src)
 		}
 	}
 	v, err := layout.Open(ctx, src, desc)
@@ -139,7 +121,7 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
 	fmt.Fprintf(g.stderr, "pulled %d files, %s; fetched %d chunks, %s in %.1fs\n",
-		out.Files, humanBytes(out.Bytes), out.ChunksFetched, humanBytes(out.BytesFetched), out.Seconds)
+		out.Files, units.Bytes(out.Bytes), out.ChunksFetched, units.Bytes(out.BytesFetched), out.Seconds)
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
 }

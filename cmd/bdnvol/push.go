@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -70,23 +71,12 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	params := layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)}
+	params, err := layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)}.Completed()
+	if err != nil {
+		return usageError{err}
+	}
 	if params == (layout.Params{}) {
 		params = versions.PreviousParams(ctx, t, ref.Tag)
-	} else {
-		d := layout.DefaultParams
-		if params.Min == 0 {
-			params.Min = min(d.Min, params.Avg/4)
-		}
-		if params.Avg == 0 {
-			params.Avg = max(params.Min, min(d.Avg, params.Max/2))
-		}
-		if params.Max == 0 {
-			params.Max = max(params.Avg*2, d.Max)
-		}
-		if err := params.Validate(); err != nil {
-			return usageError{err}
-		}
 	}
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "push", counters)
@@ -111,7 +101,7 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
 	fmt.Fprintf(g.stderr, "sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs\n",
-		out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds)
+		out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds)
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
 }

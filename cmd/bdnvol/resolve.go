@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-
-	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // ResolveCmd prints the digest-pinned form of a reference.
@@ -14,11 +12,7 @@ type ResolveCmd struct {
 
 // Run resolves the reference.
 func (c *ResolveCmd) Run(ctx context.Context, g *Globals) error {
-	ref, t, err := openRef(ctx, g, c.Ref)
-	if err != nil {
-		return err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	ref, _, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}

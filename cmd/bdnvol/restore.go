@@ -9,7 +9,6 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 )
 
@@ -28,22 +27,18 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 	if _, err := digest.Parse(s); err == nil {
 		return usageError{fmt.Errorf("%s: name the repository too: HOST/REPO@DIGEST or oci:PATH@DIGEST", s)}
 	}
-	ref, err := parseRestoreRef(s)
+	ref, err := parseVersionRef(s)
 	if err != nil {
 		return err
 	}
 	if ref.Digest == "" {
 		return usageError{fmt.Errorf("%s: restore takes a digest (bdnvol versions --deleted lists them)", s)}
 	}
-	unlock, err := lockLayout(ref, true)
+	t, unlock, err := openLocked(ctx, g, ref, true)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	t, err := oci.Open(ctx, ref, g.options())
-	if err != nil {
-		return err
-	}
 	tag, warn, err := retention.Restore(ctx, t, ref.Digest, time.Now())
 	if errors.Is(err, retention.ErrNoTombstone) {
 		return fmt.Errorf("%s: %w (bdnvol versions --deleted lists what can be restored)", ref.Pinned(ref.Digest), retention.ErrNoTombstone)
@@ -57,17 +52,4 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(g.stderr, "bdnvol: restored %s as %s, without its former tags\n", ref.Digest, tag)
 	fmt.Fprintln(g.stdout, ref.Pinned(ref.Digest))
 	return nil
-}
-
-// parseRestoreRef parses a reference to a version of rm or restore: it must
-// name a tag or a digest.
-func parseRestoreRef(s string) (oci.Ref, error) {
-	ref, err := oci.ParseRef(s)
-	if err != nil {
-		return ref, usageError{err}
-	}
-	if ref.Reference() == "" {
-		return ref, usageError{fmt.Errorf("%s: name a tag or a digest", s)}
-	}
-	return ref, nil
 }

@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
-	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // RmCmd soft-deletes one version.
@@ -20,7 +20,7 @@ type RmCmd struct {
 
 // Run deletes the version unless something references it.
 func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
-	ref, err := parseRestoreRef(c.Ref)
+	ref, err := parseVersionRef(c.Ref)
 	if err != nil {
 		return err
 	}
@@ -28,16 +28,12 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := lockLayout(ref, true)
+	unlock, err := oci.LockLayout(ref)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	ref, t, err := openRef(ctx, g, c.Ref)
-	if err != nil {
-		return err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
-	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // SignCmd signs a version's digest with a cosign key.
@@ -55,11 +54,7 @@ func (c *SignCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	ref, t, err := openRef(ctx, g, c.Ref)
-	if err != nil {
-		return err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}

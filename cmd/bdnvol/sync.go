@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -72,20 +73,7 @@ func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 
 // checkSpec refuses a bad source or destination before a job is created.
 func checkSpec(ctx context.Context, spec jobs.Spec) error {
-	ref, err := oci.ParseRef(spec.Destination)
-	if err != nil {
-		return err
-	}
-	if ref.Digest != "" {
-		return fmt.Errorf("%s: sync takes a tag, not a digest", spec.Destination)
-	}
-	for _, tag := range append([]string{ref.Tag}, spec.Tags...) {
-		if err := versions.CheckTag(tag); err != nil {
-			return err
-		}
-	}
-	_, err = source.Open(ctx, spec.Source, sourceOptions(spec))
-	return err
+	return versions.CheckSync(ctx, spec.Source, spec.Destination, spec.Tags, sourceOptions(spec))
 }
 
 func sourceOptions(spec jobs.Spec) source.Options {
@@ -157,7 +145,7 @@ func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreg
 	}
 	out.Job, out.Seconds = j.ID, time.Since(start).Seconds()
 	logf("job %s: sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs; %s",
-		j.ID, out.Files, humanBytes(out.Bytes), out.Chunks, out.ChunksUploaded, humanBytes(out.BytesUploaded), out.Seconds, out.Reference)
+		j.ID, out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds, out.Reference)
 	if !foreground {
 		return nil
 	}
@@ -168,83 +156,29 @@ func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreg
 	return nil
 }
 
-// syncVersion streams the source into a sealed version at the destination,
-// verifies every file, and only then tags it.
+// syncVersion runs the sync of job j, logging what it does.
 func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, setPhase func(string, int), logf func(string, ...any)) (*syncOutput, error) {
 	spec := j.Spec
 	ref, err := oci.ParseRef(spec.Destination)
 	if err != nil {
 		return nil, err
 	}
-	src, err := source.Open(ctx, spec.Source, sourceOptions(spec))
-	if err != nil {
-		return nil, err
-	}
 	g := &Globals{PlainHTTP: spec.PlainHTTP, InsecureSkipVerify: spec.InsecureSkipVerify, CAFile: spec.CAFile}
-	opt := g.options()
-	opt.CreateLayout = true
-	t, err := oci.Open(ctx, ref, opt)
-	if err != nil {
-		return nil, err
-	}
-	// The walk fills in the revision; Push seals after walking.
-	ann := map[string]string{annotationSource: src.String()}
-	walked := &walkLogger{Source: src, logf: logf, setPhase: setPhase, annotations: ann}
-	res, err := versions.Publish(ctx, t, walked, versions.PublishOptions{
-		Tag:   ref.Tag,
-		Extra: spec.Tags,
-		Push:  layout.PushOptions{Jobs: spec.Jobs, Counters: counters, Annotations: ann},
-		Check: func(x *layout.Index) error {
-			if err := source.Verify(src, x); err != nil {
-				return err
+	name := spec.Source // as the source names itself, once it is open
+	res, err := versions.Sync(ctx, spec.Source, ref, versions.SyncOptions{
+		Source: sourceOptions(spec), OCI: g.options(), Tags: spec.Tags, Jobs: spec.Jobs, Counters: counters,
+		OnListing: func(src string) { name = src; logf("listing %s", src) },
+		OnListed: func(files int, bytes int64, rev string) {
+			if rev != "" {
+				logf("%s is at commit %s", name, rev)
 			}
-			setPhase("tagging", 0)
-			return nil
+			logf("%d files, %s to transfer", files, units.Bytes(bytes))
+			setPhase("transferring", files)
 		},
+		OnVerified: func() { setPhase("tagging", 0) },
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sync %s to %s: %w", src, ref, err)
-	}
-	return &syncOutput{
-		Source:     spec.Source,
-		Commit:     src.Revision(),
-		pushOutput: newPushOutput(ref, res.PushResult, res.Tags),
-	}, nil
-}
-
-// walkLogger logs what the walk of a source found.
-type walkLogger struct {
-	source.Source
-	logf        func(string, ...any)
-	setPhase    func(string, int)
-	annotations map[string]string // receives the resolved revision
-}
-
-// Annotations a sync puts on the versions it seals.
-const (
-	annotationSource   = "io.bdnvol.source"
-	annotationRevision = "io.bdnvol.source.revision"
-)
-
-func (w *walkLogger) Walk(ctx context.Context) ([]layout.Entry, error) {
-	w.logf("listing %s", w.Source)
-	es, err := w.Source.Walk(ctx)
-	if err != nil {
 		return nil, err
 	}
-	var files int
-	var bytes int64
-	for _, e := range es {
-		if e.Type == layout.TypeFile {
-			files++
-			bytes += e.Size
-		}
-	}
-	if rev := w.Revision(); rev != "" {
-		w.logf("%s is at commit %s", w.Source, rev)
-		w.annotations[annotationRevision] = rev
-	}
-	w.logf("%d files, %s to transfer", files, humanBytes(bytes))
-	w.setPhase("transferring", files)
-	return es, nil
+	return &syncOutput{Source: spec.Source, Commit: res.Revision, pushOutput: newPushOutput(ref, res.PushResult, res.Tags)}, nil
 }

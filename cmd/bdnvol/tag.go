@@ -27,11 +27,7 @@ func (c *TagCmd) Run(ctx context.Context, g *Globals) error {
 			return usageError{err}
 		}
 	}
-	ref, t, err := openRef(ctx, g, c.Ref)
-	if err != nil {
-		return err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/proc"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 )
@@ -80,7 +81,7 @@ func (c *MountsCmd) Run(g *Globals) error {
 		if st, ok := store.Read(m.Mountpoint); ok && st.Digest == m.Digest {
 			o.Reference, o.PID = st.Reference, st.PID
 		}
-		o.Stale = mounts.NotConnected(m.Mountpoint) || (o.PID != 0 && !mounts.Alive(o.PID))
+		o.Stale = mounts.NotConnected(m.Mountpoint) || (o.PID != 0 && !proc.Alive(o.PID, ""))
 		out = append(out, o)
 	}
 	if c.JSON {

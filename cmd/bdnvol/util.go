@@ -3,11 +3,11 @@ package main
 import (
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -16,36 +16,12 @@ type Size int64
 
 // UnmarshalText parses a size such as 4096, 64KiB or 8MiB.
 func (s *Size) UnmarshalText(b []byte) error {
-	str := strings.TrimSpace(string(b))
-	mult := int64(1)
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}} {
-		if strings.HasSuffix(str, u.suffix) {
-			str, mult = strings.TrimSuffix(str, u.suffix), u.mult
-			break
-		}
+	n, err := units.ParseSize(string(b))
+	if err != nil {
+		return err
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
-	if err != nil || n < 0 {
-		return fmt.Errorf("bad size %q", string(b))
-	}
-	*s = Size(n * mult)
+	*s = Size(n)
 	return nil
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // startProgress draws a progress line on w while work runs, if w is a
@@ -95,5 +71,5 @@ func progressLine(verb string, total, proc, sent int64, elapsed time.Duration) s
 		net = "fetched"
 	}
 	return fmt.Sprintf("%s %s %5.1f%% %s / %s, %s %s (%s/s)", verb, bar, pct,
-		humanBytes(proc), humanBytes(total), net, humanBytes(sent), humanBytes(int64(rate)))
+		units.Bytes(proc), units.Bytes(total), net, units.Bytes(sent), units.Bytes(int64(rate)))
 }

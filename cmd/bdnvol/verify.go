@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/pkg/signature"
-	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // VerifyCmd checks a version: its signature by one of the --key public keys.
@@ -34,11 +33,7 @@ func (c *VerifyCmd) verifySignature(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	ref, t, err := openRef(ctx, g, c.Ref)
-	if err != nil {
-		return err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}

@@ -8,9 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/signature"
@@ -95,7 +94,7 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS\tSIGNED")
 	for _, v := range vs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), humanBytes(v.Bytes), v.Files, strings.Join(termsafe.Names(v.Tags), ","), v.Signature)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), units.Bytes(v.Bytes), v.Files, strings.Join(termsafe.Names(v.Tags), ","), v.Signature)
 	}
 	return tw.Flush()
 }
@@ -106,14 +105,7 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 	if err != nil {
 		return err
 	}
-	ds := []retention.Deleted{}
-	seen := map[digest.Digest]bool{}
-	for _, d := range all {
-		if !d.Live && !d.Gone && !seen[d.Digest] {
-			seen[d.Digest] = true
-			ds = append(ds, d)
-		}
-	}
+	ds := retention.Restorable(all)
 	if asJSON {
 		return json.NewEncoder(g.stdout).Encode(ds)
 	}
@@ -121,20 +113,22 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 	fmt.Fprintln(tw, "DIGEST\tDELETED\tSEALED\tBYTES\tFILES\tFORMER TAGS")
 	for _, d := range ds {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", d.Digest, d.Deleted.UTC().Format(time.RFC3339), d.Sealed.UTC().Format(time.RFC3339),
-			humanBytes(d.Bytes), d.Files, strings.Join(termsafe.Names(d.Tags), ","))
+			units.Bytes(d.Bytes), d.Files, strings.Join(termsafe.Names(d.Tags), ","))
 	}
 	return tw.Flush()
 }
 
-// openRef parses s, which must name a tag or a digest, and opens its repository.
-func openRef(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target, error) {
-	ref, err := oci.ParseRef(s)
+// openVersion parses s, which must name a tag or a digest, opens its
+// repository and resolves the version.
+func openVersion(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target, *versions.Root, error) {
+	ref, err := parseVersionRef(s)
 	if err != nil {
-		return ref, nil, usageError{err}
-	}
-	if ref.Reference() == "" {
-		return ref, nil, usageError{fmt.Errorf("%s: name a tag or a digest", s)}
+		return ref, nil, nil, err
 	}
 	t, err := oci.Open(ctx, ref, g.options())
-	return ref, t, err
+	if err != nil {
+		return ref, nil, nil, err
+	}
+	root, err := versions.Resolve(ctx, t, ref)
+	return ref, t, root, err
 }

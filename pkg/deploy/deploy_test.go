@@ -230,3 +230,26 @@ func TestParseSpec(t *testing.T) {
 		}
 	}
 }
+
+func TestSpecTargets(t *testing.T) {
+	s, err := Parse([]byte("mounts:\n  - source: r.example/a:v1\n    path: /models/a\n    readOnly: true\n  - source: oci:/l@sha256:" +
+		strings.Repeat("0", 64) + "\n    path: /data\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := s.Targets("/root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 || ts[0].Mountpoint != "/root/models/a" || ts[0].Path != "/models/a" || !ts[0].ReadOnly ||
+		ts[0].Ref.Tag != "v1" || ts[1].Mountpoint != "/root/data" || ts[1].Ref.Layout != "/l" || ts[1].ReadOnly {
+		t.Fatalf("targets %+v", ts)
+	}
+	nested, err := Parse([]byte("mounts:\n  - source: r.example/a:v1\n    path: /m\n  - source: r.example/b:v1\n    path: /m/inner\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nested.Targets("/root"); !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "/root/m/inner is inside /root/m") {
+		t.Errorf("nested mounts: %v", err)
+	}
+}

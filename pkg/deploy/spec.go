@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"path/filepath"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -88,4 +90,33 @@ func (s *Spec) Validate() error {
 		seen[m.Path] = true
 	}
 	return nil
+}
+
+// Target is one mount of a spec placed under a root directory.
+type Target struct {
+	Ref        oci.Ref
+	Path       string // as the spec gives it
+	Mountpoint string // root/<path>
+	ReadOnly   bool   // as the spec asked
+}
+
+// Targets places the mounts of s under the directory root, each at
+// root/<path>. A mount inside another is refused.
+func (s *Spec) Targets(root string) ([]Target, error) {
+	out := make([]Target, 0, len(s.Mounts))
+	for i, m := range s.Mounts {
+		ref, err := oci.ParseRef(m.Source)
+		if err != nil {
+			return nil, fmt.Errorf("%w: mount %d: source: %w", ErrInvalidSpec, i, err)
+		}
+		out = append(out, Target{Ref: ref, Path: m.Path, Mountpoint: filepath.Join(root, filepath.FromSlash(m.Path)), ReadOnly: m.ReadOnly})
+	}
+	for _, a := range out {
+		for _, b := range out {
+			if a.Mountpoint != b.Mountpoint && strings.HasPrefix(b.Mountpoint, a.Mountpoint+string(filepath.Separator)) {
+				return nil, fmt.Errorf("%w: %s is inside %s; nested mounts are not supported", ErrInvalidSpec, b.Mountpoint, a.Mountpoint)
+			}
+		}
+	}
+	return out, nil
 }

@@ -33,10 +33,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/internal/proc"
 )
 
 // State is where a job is in its life.
@@ -121,7 +123,7 @@ const startGrace = time.Minute
 // process picked up) into the FAILED job it is.
 func (j *Job) observe(now time.Time) {
 	switch {
-	case j.State == Running && !Alive(j.PID, j.PIDStart):
+	case j.State == Running && !proc.Alive(j.PID, j.PIDStart):
 		j.State = Failed
 		j.Reason = fmt.Sprintf("interrupted: process %d exited without finishing", j.PID)
 	case j.State == Queued && j.PID == 0 && now.Sub(j.Created) > startGrace:
@@ -270,30 +272,13 @@ func (s *Store) read(id string) (*Job, error) {
 	return &j, nil
 }
 
-// write replaces the job file atomically: a synced temporary file renamed
-// over it.
+// write replaces the job file atomically.
 func (s *Store) write(j *Job) error {
 	b, err := json.MarshalIndent(j, "", "  ")
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(s.dir, "."+j.ID+"-*.tmp")
-	if err != nil {
-		return fmt.Errorf("job %s: %w", j.ID, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, s.path(j.ID))
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(s.path(j.ID), append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("job %s: %w", j.ID, err)
 	}
 	return nil
@@ -316,43 +301,4 @@ func (s *Store) lock(id string) (func(), error) {
 		return nil, fmt.Errorf("job %s: lock: %w", id, err)
 	}
 	return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
-}
-
-// ProcessStart returns an identifier of when process pid started ("" when
-// unknown), to tell it from a later process that reuses the PID.
-func ProcessStart(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return ""
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return ""
-	}
-	return f[19] // field 22: starttime, in clock ticks since boot
-}
-
-// Alive reports whether process pid runs and, when start is known, is the
-// process that started then. A zombie is not alive.
-func Alive(pid int, start string) bool {
-	if pid <= 0 {
-		return false
-	}
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true // no /proc: trust kill(0)
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && (s[i+2] == 'Z' || s[i+2] == 'X') {
-		return false
-	}
-	return start == "" || ProcessStart(pid) == start
 }

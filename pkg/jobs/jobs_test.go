@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/bdnvol/bdnvol/internal/proc"
 )
 
 func TestCreateUpdateListAndInterruptedJobs(t *testing.T) {
@@ -41,7 +43,7 @@ func TestCreateUpdateListAndInterruptedJobs(t *testing.T) {
 	}
 	// This process is alive, and a PID reused by another process is not.
 	if _, err := s.Update(b.ID, func(j *Job) error {
-		j.State, j.PID, j.PIDStart = Running, os.Getpid(), ProcessStart(os.Getpid())
+		j.State, j.PID, j.PIDStart = Running, os.Getpid(), proc.Start(os.Getpid())
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -49,7 +51,7 @@ func TestCreateUpdateListAndInterruptedJobs(t *testing.T) {
 	if got, _ := s.Get(b.ID); got.State != Running {
 		t.Fatalf("live job reads as %s", got.State)
 	}
-	if ProcessStart(os.Getpid()) != "" && Alive(os.Getpid(), "1") {
+	if proc.Start(os.Getpid()) != "" && proc.Alive(os.Getpid(), "1") {
 		t.Fatal("a process with another start time counts as alive")
 	}
 

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/proc"
 )
 
 // More sentinel errors, wrapped with the job ID.
@@ -98,7 +100,7 @@ func (s *Store) Run(ctx context.Context, id string, fn Func) (*Job, error) {
 		if j.Done() || (j.State == Running && j.PID != pid) {
 			return fmt.Errorf("job %s is %s", j.ID, j.State)
 		}
-		j.State, j.PID, j.PIDStart = Running, pid, ProcessStart(pid)
+		j.State, j.PID, j.PIDStart = Running, pid, proc.Start(pid)
 		j.Attempts++
 		j.Reason, j.CancelRequested, j.Progress = "", false, Progress{Phase: "listing"}
 		j.Started, j.Finished = time.Now().UTC(), time.Time{}
@@ -194,7 +196,7 @@ func (s *Store) Spawn(id string, cmd *exec.Cmd) error {
 	pid := cmd.Process.Pid
 	_, err = s.Update(id, func(j *Job) error {
 		if j.State == Queued {
-			j.State, j.PID, j.PIDStart = Running, pid, ProcessStart(pid)
+			j.State, j.PID, j.PIDStart = Running, pid, proc.Start(pid)
 		}
 		return nil
 	})
@@ -263,7 +265,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
 		if j.Done() && j.State != Failed {
 			return fmt.Errorf("job %s already %s", j.ID, j.State)
 		}
-		if j.State == Failed || !Alive(j.PID, j.PIDStart) {
+		if j.State == Failed || !proc.Alive(j.PID, j.PIDStart) {
 			// Nothing runs it: cancel it here.
 			j.State, j.Reason, j.Finished, j.PID, j.PIDStart = Canceled, ReasonCanceled, time.Now().UTC(), 0, ""
 			return nil

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/proc"
 )
 
 func newJob(t *testing.T) (*Store, *Job) {
@@ -167,7 +169,7 @@ func TestWaitReturnsEndTimeoutAndContext(t *testing.T) {
 	s, j := newJob(t)
 	// Mark it RUNNING in this live process so it does not read as interrupted.
 	if _, err := s.Update(j.ID, func(j *Job) error {
-		j.State, j.PID, j.PIDStart = Running, os.Getpid(), ProcessStart(os.Getpid())
+		j.State, j.PID, j.PIDStart = Running, os.Getpid(), proc.Start(os.Getpid())
 		return nil
 	}); err != nil {
 		t.Fatal(err)

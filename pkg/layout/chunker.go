@@ -34,6 +34,26 @@ func (p Params) Inherited() Params {
 	return p
 }
 
+// Completed fills the sizes p leaves zero from the ones it gives and
+// DefaultParams, and validates the result. All zero stays all zero: the
+// caller chooses the parameters then.
+func (p Params) Completed() (Params, error) {
+	if p == (Params{}) {
+		return p, nil
+	}
+	d := DefaultParams
+	if p.Min == 0 {
+		p.Min = min(d.Min, p.Avg/4)
+	}
+	if p.Avg == 0 {
+		p.Avg = max(p.Min, min(d.Avg, p.Max/2))
+	}
+	if p.Max == 0 {
+		p.Max = max(p.Avg*2, d.Max)
+	}
+	return p, p.Validate()
+}
+
 // Validate reports whether the parameters are usable.
 func (p Params) Validate() error {
 	if p.Min < 64 || p.Avg < p.Min || p.Max < p.Avg || p.Max > MaxChunkBytes {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
 )
 
 // StatCache remembers, per directory tree and chunking parameters, each
@@ -140,19 +142,9 @@ func (c *StatCache) Save() error {
 	if err := os.MkdirAll(filepath.Dir(c.path), 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(c.path), ".stat-*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
+	if err := atomicfile.WriteFile(c.path, b, 0o600); err != nil {
 		return err
 	}
 	c.dirty = false
-	return os.Rename(tmp.Name(), c.path)
+	return nil
 }

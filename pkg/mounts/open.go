@@ -8,6 +8,7 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
@@ -16,7 +17,7 @@ import (
 // MirrorConfig chooses registry mirrors for content fetched by digest.
 type MirrorConfig struct {
 	URLs       []string // mirrors to try first, in order
-	HostsDir   string   // containerd-style hosts directory; "" uses lazy.DefaultHostsDir when it exists, "none" disables
+	HostsDir   string   // containerd-style hosts directory; "" uses oci.DefaultHostsDir when it exists, "none" disables
 	CAFile     string   // extra roots for the mirrors given by URL
 	SkipVerify bool     // accept any certificate from the mirrors given by URL
 	// OnError is told about each failed mirror request; nil ignores them.
@@ -26,7 +27,7 @@ type MirrorConfig struct {
 // Check reports a malformed mirror URL.
 func (m MirrorConfig) Check() error {
 	for _, u := range m.URLs {
-		if _, err := lazy.ParseMirrorURL(u); err != nil {
+		if _, err := oci.ParseMirrorURL(u); err != nil {
 			return err
 		}
 	}
@@ -40,13 +41,13 @@ const mirrorTimeout = 5 * time.Second
 // Fetcher returns src wrapped with the mirrors configured for ref's
 // registry, and the mirror fetcher (nil when there are none). A local
 // layout has no mirrors.
-func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *lazy.MirrorFetcher, error) {
+func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci.MirrorFetcher, error) {
 	if ref.Layout != "" {
 		return src, nil, nil
 	}
-	var hosts []lazy.HostEntry
+	var hosts []oci.HostEntry
 	for _, u := range m.URLs {
-		h := lazy.HostEntry{URL: u, SkipVerify: m.SkipVerify}
+		h := oci.HostEntry{URL: u, SkipVerify: m.SkipVerify}
 		if m.CAFile != "" {
 			h.CA = []string{m.CAFile}
 		}
@@ -54,12 +55,12 @@ func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *laz
 	}
 	dir := m.HostsDir
 	if dir == "" {
-		if _, err := os.Stat(lazy.DefaultHostsDir); err == nil {
-			dir = lazy.DefaultHostsDir
+		if _, err := os.Stat(oci.DefaultHostsDir); err == nil {
+			dir = oci.DefaultHostsDir
 		}
 	}
 	if dir != "" && dir != "none" {
-		cfg, err := lazy.LoadHostsConfig(dir, ref.Registry)
+		cfg, err := oci.LoadHostsConfig(dir, ref.Registry)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -68,7 +69,7 @@ func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *laz
 	if len(hosts) == 0 {
 		return src, nil, nil
 	}
-	mirrors := make([]lazy.Mirror, 0, len(hosts))
+	mirrors := make([]oci.Mirror, 0, len(hosts))
 	for _, h := range hosts {
 		mr, err := h.Mirror(mirrorTimeout)
 		if err != nil {
@@ -80,11 +81,12 @@ func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *laz
 	if onError == nil {
 		onError = func(string, ocispec.Descriptor, error) {}
 	}
-	mf, err := lazy.NewMirrorFetcher(src, mirrors, lazy.MirrorOptions{
-		Registry:   ref.Registry,
-		Repository: ref.Repository,
-		Timeout:    mirrorTimeout,
-		OnError:    onError,
+	mf, err := oci.NewMirrorFetcher(src, mirrors, oci.MirrorOptions{
+		Registry:     ref.Registry,
+		Repository:   ref.Repository,
+		MaxBlobBytes: layout.MaxChunkBytes,
+		Timeout:      mirrorTimeout,
+		OnError:      onError,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -3,32 +3,10 @@ package mounts
 import (
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 )
-
-// Alive reports whether process pid exists and is not a zombie.
-func Alive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return false
-	}
-	// A killed process nobody has reaped yet is a zombie: gone for us.
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
-}
 
 // NotConnected reports whether mp is a FUSE mount whose server is gone.
 // statfs always reaches the server (stat may be answered from the kernel's

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/bdnvol/bdnvol/internal/proc"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 )
 
@@ -101,7 +102,7 @@ func (s Store) Clear(mp string, logf func(format string, args ...any)) error {
 	m, mounted := At(mp)
 	st, _ := s.Read(mp)
 	switch {
-	case mounted && st.PID != 0 && st.PID != os.Getpid() && Alive(st.PID) && !NotConnected(mp):
+	case mounted && st.PID != 0 && st.PID != os.Getpid() && proc.Alive(st.PID, "") && !NotConnected(mp):
 		return fmt.Errorf("%s: already mounted by bdnvol (pid %d, serving %s); run `bdnvol umount %s` first", mp, st.PID, m.Digest, mp)
 	case mounted || NotConnected(mp):
 		who := "its process is gone"

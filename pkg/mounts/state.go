@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
 )
 
 // State is what a running mount records about itself, so that other
@@ -48,12 +50,7 @@ func (s Store) Write(st State) error {
 		return err
 	}
 	p := s.Path(st.Mountpoint)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("mount state of %s: %w", st.Mountpoint, err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(p, b, 0o644); err != nil {
 		return fmt.Errorf("mount state of %s: %w", st.Mountpoint, err)
 	}
 	return nil

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"syscall"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/proc"
 )
 
 // Outcome says how Unmount removed a mount.
@@ -26,7 +28,7 @@ func (s Store) Unmount(ctx context.Context, mp string, timeout time.Duration) (O
 		return Gone, nil
 	}
 	st, _ := s.Read(mp)
-	if !Alive(st.PID) || NotConnected(mp) {
+	if !proc.Alive(st.PID, "") || NotConnected(mp) {
 		if err := Detach(mp); err != nil {
 			return Stale, fmt.Errorf("unmount %s: %w", mp, err)
 		}
@@ -63,7 +65,7 @@ func (s Store) Unmount(ctx context.Context, mp string, timeout time.Duration) (O
 	for time.Now().Before(deadline) {
 		if _, still := At(mp); !still {
 			// Let the process finish its own clean-up (state file).
-			for i := 0; i < 50 && Alive(st.PID); i++ {
+			for i := 0; i < 50 && proc.Alive(st.PID, ""); i++ {
 				time.Sleep(20 * time.Millisecond)
 			}
 			return Unmounted, nil

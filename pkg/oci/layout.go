@@ -755,7 +755,8 @@ func (s *layoutStore) Delete(ctx context.Context, desc ocispec.Descriptor) error
 	return nil
 }
 
-// Tags lists the usable tags in order.
+// Tags lists the tags in order, the unusable ones too (resolving one
+// names what is wrong with it), as a registry lists every tag it has.
 func (s *layoutStore) Tags(ctx context.Context, last string, fn func([]string) error) error {
 	x, err := s.read(ctx)
 	if err != nil {
@@ -763,6 +764,11 @@ func (s *layoutStore) Tags(ctx context.Context, last string, fn func([]string) e
 	}
 	var tags []string
 	for t := range x.tags {
+		if last == "" || t > last {
+			tags = append(tags, t)
+		}
+	}
+	for t := range x.bad {
 		if last == "" || t > last {
 			tags = append(tags, t)
 		}

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"oras.land/oras-go/v2/registry/remote/errcode"
 	"strings"
 	"time"
+
+	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -26,13 +27,26 @@ const sealedTimeFormat = "20060102T150405.000Z"
 // ProtectiveTag returns the tag that keeps the version d alive: it names the
 // sealing time and the first 12 hex digits of the digest, and sorts by time.
 func ProtectiveTag(d digest.Digest, sealed time.Time) string {
-	return SealedTagPrefix + sealed.UTC().Format(sealedTimeFormat) + "-" + d.Encoded()[:12]
+	return TimedTag(SealedTagPrefix, d, sealed)
 }
 
 // ParseProtectiveTag returns the sealing time and digest prefix of a
 // protective tag.
 func ParseProtectiveTag(tag string) (time.Time, string, bool) {
-	rest, ok := strings.CutPrefix(tag, SealedTagPrefix)
+	return ParseTimedTag(SealedTagPrefix, tag)
+}
+
+// TimedTag returns prefix, the time t (UTC, to the millisecond, so that tags
+// sort by time) and the first 12 hex digits of d: the form of protective
+// and tombstone tags.
+func TimedTag(prefix string, d digest.Digest, t time.Time) string {
+	return prefix + t.UTC().Format(sealedTimeFormat) + "-" + d.Encoded()[:12]
+}
+
+// ParseTimedTag returns the time and digest prefix of a tag that TimedTag
+// made with prefix.
+func ParseTimedTag(prefix, tag string) (time.Time, string, bool) {
+	rest, ok := strings.CutPrefix(tag, prefix)
 	if !ok {
 		return time.Time{}, "", false
 	}

@@ -85,23 +85,10 @@ func Open(ctx context.Context, r Ref, opt Options) (Target, error) {
 
 // NewClient returns an authenticating, retrying HTTP client for registries.
 func NewClient(opt Options) (*auth.Client, error) {
-	base := http.DefaultTransport.(*http.Transport).Clone()
-	base.MaxIdleConnsPerHost = 64
-	base.ResponseHeaderTimeout = 2 * time.Minute
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: opt.InsecureSkipVerify}
-	if opt.CAFile != "" {
-		pem, err := os.ReadFile(opt.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("CA file: %w", err)
-		}
-		pool, err := x509.SystemCertPool()
-		if err != nil || pool == nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA file %s: no PEM certificates", opt.CAFile)
-		}
-		tlsConf.RootCAs = pool
+	base := baseTransport(2 * time.Minute)
+	tlsConf, err := tlsConfig(opt.InsecureSkipVerify, opt.CAFile)
+	if err != nil {
+		return nil, err
 	}
 	base.TLSClientConfig = tlsConf
 	store := opt.Credentials
@@ -123,6 +110,41 @@ func NewClient(opt Options) (*auth.Client, error) {
 	}
 	c.SetUserAgent(ua)
 	return c, nil
+}
+
+// baseTransport is the HTTP transport every client here starts from: many
+// idle connections per host, and an answer's headers within headerTimeout.
+func baseTransport(headerTimeout time.Duration) *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	tr.ResponseHeaderTimeout = headerTimeout
+	return tr
+}
+
+// tlsConfig is TLS 1.2 or later with the system roots plus the PEM
+// certificates in caFiles, or any certificate when skipVerify is set.
+func tlsConfig(skipVerify bool, caFiles ...string) (*tls.Config, error) {
+	conf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: skipVerify}
+	var pool *x509.CertPool
+	for _, p := range caFiles {
+		if p == "" {
+			continue
+		}
+		pem, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("CA file: %w", err)
+		}
+		if pool == nil {
+			if pool, err = x509.SystemCertPool(); err != nil || pool == nil {
+				pool = x509.NewCertPool()
+			}
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA file %s: no PEM certificates", p)
+		}
+	}
+	conf.RootCAs = pool
+	return conf, nil
 }
 
 // Resolve returns the root descriptor that r names: its digest if it has

@@ -10,7 +10,9 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/registry/remote"
@@ -45,10 +47,55 @@ func (r *repository) Push(ctx context.Context, desc ocispec.Descriptor, content 
 	if !ok || isManifest(desc.MediaType) {
 		return r.Repository.Push(ctx, desc, content)
 	}
-	if err := r.upload(ctx, desc, ra); err != nil {
-		return fmt.Errorf("upload %s to %s: %w", desc.Digest, r.Reference, err)
+	src := &sourceReaderAt{r: ra}
+	for session := 1; ; session++ {
+		err := r.upload(ctx, desc, src)
+		if err == nil {
+			return nil
+		}
+		if serr := src.failure(); serr != nil {
+			return fmt.Errorf("upload %s to %s: read the blob: %w", desc.Digest, r.Reference, serr)
+		}
+		if session >= uploadSessions || ctx.Err() != nil {
+			return fmt.Errorf("upload %s to %s: %w", desc.Digest, r.Reference, err)
+		}
+		// The transport retried what it could within the session; a
+		// session the registry refused for good (a body cut or refused so
+		// that it will not resume) starts over, reading the bytes again.
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(session) * 500 * time.Millisecond):
+		}
 	}
-	return nil
+}
+
+// uploadSessions bounds the upload sessions tried for one blob.
+const uploadSessions = 3
+
+// sourceReaderAt remembers the first failure of the source of an upload, so
+// that a failing source is reported as such and not retried.
+type sourceReaderAt struct {
+	r   io.ReaderAt
+	mu  sync.Mutex
+	err error
+}
+
+func (s *sourceReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	n, err := s.r.ReadAt(p, off)
+	if err != nil && !(err == io.EOF && n == len(p)) {
+		s.mu.Lock()
+		if s.err == nil {
+			s.err = err
+		}
+		s.mu.Unlock()
+	}
+	return n, err
+}
+
+func (s *sourceReaderAt) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
 func isManifest(mt string) bool {

@@ -3,6 +3,7 @@ package oci
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log"
 	"net/http"
@@ -146,4 +147,106 @@ func TestUploadSurvivesACutPart(t *testing.T) {
 // quietRegistry is go-containerregistry's in-memory registry, not logging.
 func quietRegistry() http.Handler {
 	return ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0)))
+}
+
+// lostSession answers the first `lose` upload PUTs with 404
+// BLOB_UPLOAD_UNKNOWN after reading their bodies, as a registry that gave up
+// on the session does; it counts the sessions started.
+type lostSession struct {
+	next     http.Handler
+	lose     int64
+	puts     atomic.Int64
+	sessions atomic.Int64
+}
+
+func (l *lostSession) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/blobs/uploads/") {
+		l.sessions.Add(1)
+	}
+	if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/blobs/uploads/") && l.puts.Add(1) <= l.lose {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"errors":[{"code":"BLOB_UPLOAD_UNKNOWN","message":"upload gone"}]}`)
+		return
+	}
+	l.next.ServeHTTP(w, r)
+}
+
+func openTest(t *testing.T, h http.Handler, opt Options) Target {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	ref, err := ParseRef(strings.TrimPrefix(srv.URL, "http://") + "/vol/test:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := Open(context.Background(), ref, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tg
+}
+
+// A session the registry gave up on is started over, the bytes read again
+// from the source; the transport's retries cannot do that, as the registry
+// refuses the session for good.
+func TestUploadStartsALostSessionOver(t *testing.T) {
+	data := bytes.Repeat([]byte("lost"), 1000)
+	l := &lostSession{next: quietRegistry(), lose: 2}
+	tg := openTest(t, l, Options{})
+	ctx := context.Background()
+	desc := content.NewDescriptorFromBytes("application/vnd.bdnvol.chunk.v1", data)
+	if err := tg.Push(ctx, desc, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.sessions.Load(); n != 3 {
+		t.Errorf("%d upload sessions, want 3 (two lost, one kept)", n)
+	}
+	if got, err := content.FetchAll(ctx, tg, desc); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("fetched %d bytes (%v)", len(got), err)
+	}
+
+	// Every session lost: the error names the blob, after a bounded number
+	// of sessions.
+	l = &lostSession{next: quietRegistry(), lose: 1 << 30}
+	tg = openTest(t, l, Options{})
+	err := tg.Push(ctx, desc, bytes.NewReader(data))
+	if err == nil || !strings.Contains(err.Error(), desc.Digest.String()) {
+		t.Fatalf("push to a registry that loses every session: %v", err)
+	}
+	if n := l.sessions.Load(); n != 3 {
+		t.Errorf("%d sessions, want 3", n)
+	}
+}
+
+// failingAt is a source whose reads fail after the first n bytes.
+type failingAt struct {
+	data []byte
+	n    int64
+}
+
+var errSourceGone = errors.New("source gone")
+
+func (f failingAt) ReadAt(p []byte, off int64) (int, error) {
+	if off+int64(len(p)) > f.n {
+		return 0, errSourceGone
+	}
+	return copy(p, f.data[off:]), nil
+}
+
+// A source that fails to read is not retried in a new session: the error
+// is the source's.
+func TestUploadSourceFailureIsNotRetried(t *testing.T) {
+	data := bytes.Repeat([]byte("src!"), 1000)
+	l := &lostSession{next: quietRegistry()}
+	tg := openTest(t, l, Options{Retry: RetryPolicy{Base: 1}})
+	desc := content.NewDescriptorFromBytes("application/vnd.bdnvol.chunk.v1", data)
+	err := tg.Push(context.Background(), desc, io.NewSectionReader(failingAt{data, 100}, 0, int64(len(data))))
+	if !errors.Is(err, errSourceGone) {
+		t.Fatalf("push from a failing source: %v; want its error", err)
+	}
+	if n := l.sessions.Load(); n != 1 {
+		t.Errorf("%d sessions for a failing source, want 1", n)
+	}
 }

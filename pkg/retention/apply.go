@@ -14,6 +14,7 @@ import (
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // Sources returns the references that are live right now. It is called
@@ -128,7 +129,7 @@ func partsInUse(ctx context.Context, t oci.Target, except digest.Digest) (map[di
 			cand = append(cand, tag)
 		}
 	}
-	res, err := resolveAll(ctx, t, cand)
+	res, err := versions.ResolveTags(ctx, t, cand)
 	if err != nil {
 		return nil, err
 	}

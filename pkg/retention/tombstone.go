@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -51,32 +51,16 @@ var (
 	ErrNoTombstone = errors.New("no deleted version")
 )
 
-const tagTimeFormat = "20060102T150405.000Z"
-
 // jobs bounds concurrent registry requests.
 const jobs = 8
 
 // DeletedTag returns the tombstone tag of version d deleted at t.
-func DeletedTag(d digest.Digest, t time.Time) string {
-	return DeletedTagPrefix + t.UTC().Format(tagTimeFormat) + "-" + d.Encoded()[:12]
-}
+func DeletedTag(d digest.Digest, t time.Time) string { return oci.TimedTag(DeletedTagPrefix, d, t) }
 
 // ParseDeletedTag returns the deletion time and digest prefix of a
 // tombstone tag.
 func ParseDeletedTag(tag string) (time.Time, string, bool) {
-	rest, ok := strings.CutPrefix(tag, DeletedTagPrefix)
-	if !ok {
-		return time.Time{}, "", false
-	}
-	ts, hex, ok := strings.Cut(rest, "-")
-	if !ok || len(hex) != 12 {
-		return time.Time{}, "", false
-	}
-	t, err := time.Parse(tagTimeFormat, ts)
-	if err != nil {
-		return time.Time{}, "", false
-	}
-	return t, hex, true
+	return oci.ParseTimedTag(DeletedTagPrefix, tag)
 }
 
 // isHuman reports whether tag is a human tag rather than one of bdnvol's.
@@ -136,30 +120,6 @@ func parseTombstone(desc ocispec.Descriptor, b []byte, tag string) (*Deleted, er
 	return r, nil
 }
 
-// resolveAll resolves tags, skipping those that name nothing.
-func resolveAll(ctx context.Context, t oci.Target, tags []string) (map[string]ocispec.Descriptor, error) {
-	var mu sync.Mutex
-	out := map[string]ocispec.Descriptor{}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(jobs)
-	for _, tag := range tags {
-		g.Go(func() error {
-			d, err := t.Resolve(gctx, tag)
-			if errors.Is(err, errdef.ErrNotFound) {
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("resolve %s: %w", tag, err)
-			}
-			mu.Lock()
-			out[tag] = d
-			mu.Unlock()
-			return nil
-		})
-	}
-	return out, g.Wait()
-}
-
 // state is what the tags of a repository say about one version now.
 type state struct {
 	sealed []string // protective tags pointing at it
@@ -179,7 +139,7 @@ func stateOf(ctx context.Context, t oci.Target, d digest.Digest) (state, error) 
 			cand = append(cand, tag)
 		}
 	}
-	res, err := resolveAll(ctx, t, cand)
+	res, err := versions.ResolveTags(ctx, t, cand)
 	if err != nil {
 		return state{}, err
 	}
@@ -251,7 +211,7 @@ func ListDeleted(ctx context.Context, t oci.Target) ([]Deleted, error) {
 			sealed = append(sealed, tag)
 		}
 	}
-	res, err := resolveAll(ctx, t, sealed)
+	res, err := versions.ResolveTags(ctx, t, sealed)
 	if err != nil {
 		return nil, err
 	}
@@ -375,22 +335,14 @@ func Restore(ctx context.Context, t oci.Target, d digest.Digest, now time.Time) 
 	return tag, errors.Join(warns...), nil
 }
 
-// fetchExact fetches the manifest desc and checks its digest.
+// fetchExact fetches the manifest desc and checks its size and digest.
 func fetchExact(ctx context.Context, t oci.Target, desc ocispec.Descriptor) ([]byte, error) {
 	if desc.Size <= 0 || desc.Size > layout.MaxManifestBytes {
 		return nil, fmt.Errorf("%s: manifest of %d bytes", desc.Digest, desc.Size)
 	}
-	rc, err := t.Fetch(ctx, desc)
+	b, err := content.FetchAll(ctx, t, desc)
 	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	b := make([]byte, desc.Size)
-	if _, err := io.ReadFull(rc, b); err != nil {
-		return nil, err
-	}
-	if digest.FromBytes(b) != desc.Digest {
-		return nil, fmt.Errorf("%s: digest mismatch", desc.Digest)
+		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
 	return b, nil
 }

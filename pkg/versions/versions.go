@@ -234,6 +234,31 @@ func ListAll(ctx context.Context, t oci.Target) (*Listing, error) {
 	return &Listing{Versions: out, Unreadable: bad}, nil
 }
 
+// ResolveTags resolves tags concurrently; a tag that names nothing is left
+// out.
+func ResolveTags(ctx context.Context, t oci.Target, tags []string) (map[string]ocispec.Descriptor, error) {
+	var mu sync.Mutex
+	out := map[string]ocispec.Descriptor{}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(jobs)
+	for _, tag := range tags {
+		g.Go(func() error {
+			d, err := t.Resolve(gctx, tag)
+			if errors.Is(err, errdef.ErrNotFound) || errors.Is(err, oci.ErrInvalidLayout) { // gone, or a layout entry naming no readable manifest
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("resolve %s: %w", tag, err)
+			}
+			mu.Lock()
+			out[tag] = d
+			mu.Unlock()
+			return nil
+		})
+	}
+	return out, g.Wait()
+}
+
 // TagsOf maps each digest to the human tags that point at it now, sorted.
 func TagsOf(ctx context.Context, t oci.Target) (map[digest.Digest][]string, error) {
 	tags, err := oci.ListTags(ctx, t)
@@ -244,30 +269,19 @@ func TagsOf(ctx context.Context, t oci.Target) (map[digest.Digest][]string, erro
 }
 
 func tagsOf(ctx context.Context, t oci.Target, tags []string) (map[digest.Digest][]string, error) {
-	var mu sync.Mutex
-	out := map[digest.Digest][]string{}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(jobs)
+	human := make([]string, 0, len(tags))
 	for _, tag := range tags {
-		if IsReserved(tag) {
-			continue
+		if !IsReserved(tag) {
+			human = append(human, tag)
 		}
-		g.Go(func() error {
-			d, err := t.Resolve(gctx, tag)
-			if errors.Is(err, errdef.ErrNotFound) {
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("resolve %s: %w", tag, err)
-			}
-			mu.Lock()
-			out[d.Digest] = append(out[d.Digest], tag)
-			mu.Unlock()
-			return nil
-		})
 	}
-	if err := g.Wait(); err != nil {
+	res, err := ResolveTags(ctx, t, human)
+	if err != nil {
 		return nil, err
+	}
+	out := map[digest.Digest][]string{}
+	for tag, d := range res {
+		out[d.Digest] = append(out[d.Digest], tag)
 	}
 	for _, v := range out {
 		slices.Sort(v)

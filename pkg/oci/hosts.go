@@ -1,8 +1,6 @@
-package lazy
+package oci
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -20,7 +18,7 @@ import (
 const DefaultHostsDir = "/etc/containerd/certs.d"
 
 // ErrHostsConfig is wrapped by every error about a malformed hosts.toml.
-var ErrHostsConfig = errors.New("lazy: hosts.toml")
+var ErrHostsConfig = errors.New("hosts.toml")
 
 // HostsConfig is the subset of a containerd hosts.toml that bdnvol reads:
 //
@@ -384,22 +382,9 @@ func (h HostEntry) Mirror(timeout time.Duration) (Mirror, error) {
 	if timeout <= 0 {
 		timeout = 5 * time.Second
 	}
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: h.SkipVerify}
-	if len(h.CA) > 0 {
-		pool, err := x509.SystemCertPool()
-		if err != nil || pool == nil {
-			pool = x509.NewCertPool()
-		}
-		for _, p := range h.CA {
-			pem, err := os.ReadFile(p)
-			if err != nil {
-				return m, fmt.Errorf("%w: host %s: ca: %v", ErrHostsConfig, h.URL, err)
-			}
-			if !pool.AppendCertsFromPEM(pem) {
-				return m, fmt.Errorf("%w: host %s: ca %s: no PEM certificates", ErrHostsConfig, h.URL, p)
-			}
-		}
-		tlsConf.RootCAs = pool
+	tlsConf, err := tlsConfig(h.SkipVerify, h.CA...)
+	if err != nil {
+		return m, fmt.Errorf("%w: host %s: %w", ErrHostsConfig, h.URL, err)
 	}
 	c := defaultMirrorClient(timeout)
 	c.Transport.(*http.Transport).TLSClientConfig = tlsConf

@@ -1,20 +1,19 @@
-package lazy
+package oci
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
 )
 
@@ -56,13 +55,34 @@ func (m *testMirror) requests() []string {
 	return append([]string(nil), m.reqs...)
 }
 
-func blobFixture(t *testing.T, n int) (*fakeFetcher, []ocispec.Descriptor, map[digest.Digest][]byte) {
+// countingFetcher serves a memory store and counts the blobs it served.
+type countingFetcher struct {
+	src *memory.Store
+
+	mu sync.Mutex
+	n  int
+}
+
+func (f *countingFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	f.mu.Lock()
+	f.n++
+	f.mu.Unlock()
+	return f.src.Fetch(ctx, desc)
+}
+
+func (f *countingFetcher) total() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
+func blobFixture(t *testing.T, n int) (*countingFetcher, []ocispec.Descriptor, map[digest.Digest][]byte) {
 	t.Helper()
 	store := memory.New()
 	blobs := map[digest.Digest][]byte{}
 	var descs []ocispec.Descriptor
 	for i := range n {
-		b := randBytes(uint64(i+1), 1000+i)
+		b := conformanceBytes(uint32(i+1), 1000+i)
 		d := ocispec.Descriptor{MediaType: "application/octet-stream", Digest: digest.FromBytes(b), Size: int64(len(b))}
 		if err := store.Push(context.Background(), d, bytes.NewReader(b)); err != nil {
 			t.Fatal(err)
@@ -70,20 +90,15 @@ func blobFixture(t *testing.T, n int) (*fakeFetcher, []ocispec.Descriptor, map[d
 		blobs[d.Digest] = b
 		descs = append(descs, d)
 	}
-	return &fakeFetcher{src: store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, descs, blobs
+	return &countingFetcher{src: store}, descs, blobs
 }
 
-func fetchAll(t *testing.T, f Fetcher, descs []ocispec.Descriptor, blobs map[digest.Digest][]byte) {
+// fetchEach fetches every blob through f and checks its bytes.
+func fetchEach(t *testing.T, f content.Fetcher, descs []ocispec.Descriptor, blobs map[digest.Digest][]byte) {
 	t.Helper()
 	for _, d := range descs {
-		rc, err := f.Fetch(context.Background(), d)
-		if err != nil {
-			t.Fatalf("fetch %s: %v", d.Digest, err)
-		}
-		b, err := io.ReadAll(rc)
-		rc.Close()
-		if err != nil || !bytes.Equal(b, blobs[d.Digest]) {
-			t.Fatalf("fetch %s: wrong bytes (%v)", d.Digest, err)
+		if b := fetchAll(t, f, d); !bytes.Equal(b, blobs[d.Digest]) {
+			t.Fatalf("fetch %s: wrong bytes", d.Digest)
 		}
 	}
 }
@@ -95,8 +110,8 @@ func TestMirrorServesEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fetchAll(t, mf, descs, blobs)
-	if n, _ := src.total(); n != 0 {
+	fetchEach(t, mf, descs, blobs)
+	if n := src.total(); n != 0 {
 		t.Errorf("the source was asked for %d blobs; the mirror has them all", n)
 	}
 	want := "/v2/team/llama/blobs/" + descs[0].Digest.String() + "?ns=registry.example.com"
@@ -132,21 +147,16 @@ func TestMirrorFallsBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Through the cache, as mounts use it: right bytes, and only
-			// verified ones are cached.
-			c, err := OpenCache(t.TempDir(), 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fetchAll(t, c.Fetcher(mf), descs, blobs)
-			if n, _ := src.total(); n != 3 {
+			// Right bytes only: a corrupt mirror answer is never passed on.
+			fetchEach(t, mf, descs, blobs)
+			if n := src.total(); n != 3 {
 				t.Errorf("the source served %d blobs, want all 3", n)
 			}
 			if len(errs) == 0 {
 				t.Error("OnError was never called")
 			}
-			if st := c.Stats(); st.Corrupt != 0 {
-				t.Errorf("the cache saw %d corrupt blobs; the mirror fetcher must not pass them on", st.Corrupt)
+			if st := mf.Stats(); st.Hits != 0 || st.Fallbacks != 3 {
+				t.Errorf("stats %+v, want 3 fallbacks and no hits", st)
 			}
 		})
 	}
@@ -163,7 +173,7 @@ func TestMirrorDownIsSkippedForCooldown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fetchAll(t, mf, descs, blobs)
+	fetchEach(t, mf, descs, blobs)
 	if calls != 1 {
 		t.Errorf("a down mirror was tried %d times, want once, then skipped", calls)
 	}
@@ -192,82 +202,51 @@ func TestMirrorURL(t *testing.T) {
 	}
 }
 
-func TestParseHostsConfig(t *testing.T) {
-	const file = `
-# containerd registry host namespace configuration
-server = "https://registry.example.com"   # upstream
-
-[host."https://spegel.local:5000"]
-  capabilities = ["pull", "resolve"]
-  skip_verify = true
-
-[host."http://push-only.local"]
-  capabilities = [
-    "push", # not for reads
-  ]
-
-[host."https://dragonfly.local/base"]
-  override_path = true
-  ca = ["/etc/a.pem", '/etc/b.pem']
-  [host."https://dragonfly.local/base".header]
-    x-custom = ["1"]
-
-[[plugins]]
-  server = "ignored"
-`
-	c, err := ParseHostsConfig([]byte(file))
+func TestMirrorLargeBlobComesFromTheSource(t *testing.T) {
+	src, descs, blobs := blobFixture(t, 2)
+	m := newTestMirror(t, blobs)
+	// 1000 and 1001 bytes: only the first fits.
+	mf, err := NewMirrorFetcher(src, []Mirror{{URL: m.srv.URL}}, MirrorOptions{Repository: "r", MaxBlobBytes: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &HostsConfig{Server: "https://registry.example.com", Hosts: []HostEntry{
-		{URL: "https://spegel.local:5000", Capabilities: []string{"pull", "resolve"}, SkipVerify: true},
-		{URL: "http://push-only.local", Capabilities: []string{"push"}},
-		{URL: "https://dragonfly.local/base", OverridePath: true, CA: []string{"/etc/a.pem", "/etc/b.pem"}},
-	}}
-	if !reflect.DeepEqual(c, want) {
-		t.Fatalf("parsed\n%+v\nwant\n%+v", c, want)
+	fetchEach(t, mf, descs, blobs)
+	if r := m.requests(); len(r) != 1 || !strings.HasSuffix(r[0], descs[0].Digest.String()+"?") {
+		t.Errorf("mirror requests %q, want only the blob within MaxBlobBytes", r)
 	}
-	var urls []string
-	for _, h := range c.Mirrors("registry.example.com") {
-		urls = append(urls, h.URL)
-	}
-	if want := []string{"https://spegel.local:5000", "https://dragonfly.local/base"}; !reflect.DeepEqual(urls, want) {
-		t.Errorf("mirrors %q, want %q (pull hosts only, server is the registry itself)", urls, want)
-	}
-	urls = urls[:0]
-	for _, h := range c.Mirrors("other.example.com") {
-		urls = append(urls, h.URL)
-	}
-	if len(urls) != 3 || urls[2] != "https://registry.example.com" {
-		t.Errorf("mirrors for another registry %q: the server goes last", urls)
-	}
-
-	for _, bad := range []string{`server = `, `[host."x"`, `server = "unterminated`, `capabilities`, `[host."h"]` + "\n" + `skip_verify = "yes"`} {
-		if _, err := ParseHostsConfig([]byte(bad)); err == nil {
-			t.Errorf("%q: accepted", bad)
-		}
+	if st := mf.Stats(); st.Hits != 1 || st.Fallbacks != 1 {
+		t.Errorf("stats %+v", st)
 	}
 }
 
-func TestLoadHostsConfig(t *testing.T) {
-	dir := t.TempDir()
-	if c, err := LoadHostsConfig(dir, "reg.example.com"); c != nil || err != nil {
-		t.Fatalf("no file: %v, %v", c, err)
-	}
-	write := func(name, s string) {
-		if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name, "hosts.toml"), []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("_default", `[host."https://default.mirror"]`)
-	write("reg.example.com:5000", `[host."https://reg.mirror"]`)
-	for reg, want := range map[string]string{"reg.example.com:5000": "https://reg.mirror", "other": "https://default.mirror"} {
-		c, err := LoadHostsConfig(dir, reg)
-		if err != nil || c == nil || len(c.Hosts) != 1 || c.Hosts[0].URL != want {
-			t.Errorf("%s: %+v, %v; want %s", reg, c, err, want)
-		}
+func TestMirrorShortOrLongAnswerFallsBack(t *testing.T) {
+	for name, edit := range map[string]func([]byte) []byte{
+		"short": func(b []byte) []byte { return b[:len(b)-1] },
+		"long":  func(b []byte) []byte { return append(b, 0) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			src, descs, blobs := blobFixture(t, 1)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.(http.Flusher).Flush() // no Content-Length: the body decides
+				w.Write(edit(blobs[descs[0].Digest]))
+			}))
+			t.Cleanup(srv.Close)
+			var errs []error
+			mf, err := NewMirrorFetcher(src, []Mirror{{URL: srv.URL}}, MirrorOptions{Repository: "r",
+				OnError: func(_ string, _ ocispec.Descriptor, err error) { errs = append(errs, err) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fetchEach(t, mf, descs, blobs)
+			if src.total() != 1 || len(errs) != 1 || !errors.Is(errs[0], ErrMirror) ||
+				!strings.Contains(errs[0].Error(), descs[0].Digest.String()) {
+				t.Errorf("source fetches %d, mirror errors %v; want one fallback and an error naming the digest", src.total(), errs)
+			}
+			// Wrong bytes are not a down mirror: it is asked again.
+			fetchEach(t, mf, descs, blobs)
+			if len(errs) != 2 {
+				t.Errorf("the mirror was not asked again after a wrong answer (%d errors)", len(errs))
+			}
+		})
 	}
 }

@@ -1,4 +1,4 @@
-package lazy
+package oci
 
 import (
 	"bytes"
@@ -13,13 +13,12 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
-	"github.com/bdnvol/bdnvol/pkg/layout"
+	"oras.land/oras-go/v2/content"
 )
 
 // ErrMirror is wrapped by every error a mirror attempt reports through
 // MirrorOptions.OnError.
-var ErrMirror = errors.New("lazy: mirror")
+var ErrMirror = errors.New("mirror")
 
 // Mirror is one registry mirror speaking the OCI distribution API for
 // content by digest: a pull-through cache, Spegel, Dragonfly.
@@ -42,6 +41,10 @@ type MirrorOptions struct {
 	Registry string
 	// Repository is the repository path on the mirror (the same as upstream).
 	Repository string
+	// MaxBlobBytes is the largest blob asked of a mirror (it is read into
+	// memory and verified whole); larger ones come from the source. <= 0
+	// means 256 MiB.
+	MaxBlobBytes int64
 	// Timeout bounds how long a mirror may take to answer with headers;
 	// <= 0 means 5s. It applies to mirrors without their own Client.
 	Timeout time.Duration
@@ -67,7 +70,7 @@ type MirrorStats struct {
 // they are returned, so a mirror that serves wrong bytes costs a fallback,
 // never a wrong byte. It is safe for concurrent use.
 type MirrorFetcher struct {
-	src     Fetcher
+	src     content.Fetcher
 	mirrors []*mirror
 	opt     MirrorOptions
 
@@ -84,11 +87,17 @@ type mirror struct {
 	downUntil time.Time
 }
 
-var _ Fetcher = (*MirrorFetcher)(nil)
+var (
+	_ content.Fetcher = (*MirrorFetcher)(nil)
+	_ RangeFetcher    = (*MirrorFetcher)(nil)
+)
 
-// NewMirrorFetcher returns a Fetcher that tries mirrors, in order, before
+// NewMirrorFetcher returns a fetcher that tries mirrors, in order, before
 // src. It fails only on a mirror URL it cannot parse.
-func NewMirrorFetcher(src Fetcher, mirrors []Mirror, opt MirrorOptions) (*MirrorFetcher, error) {
+func NewMirrorFetcher(src content.Fetcher, mirrors []Mirror, opt MirrorOptions) (*MirrorFetcher, error) {
+	if opt.MaxBlobBytes <= 0 {
+		opt.MaxBlobBytes = 256 << 20
+	}
 	if opt.Timeout <= 0 {
 		opt.Timeout = 5 * time.Second
 	}
@@ -126,7 +135,7 @@ func ParseMirrorURL(s string) (*url.URL, error) {
 		if i := strings.IndexByte(host, '/'); i >= 0 {
 			host = host[:i]
 		}
-		if isLoopbackHost(host) {
+		if IsLoopback(host) {
 			scheme = "http"
 		}
 		s = scheme + "://" + s
@@ -141,19 +150,8 @@ func ParseMirrorURL(s string) (*url.URL, error) {
 	return u, nil
 }
 
-func isLoopbackHost(hostport string) bool {
-	h := hostport
-	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.HasSuffix(h, "]") {
-		h = h[:i]
-	}
-	h = strings.Trim(h, "[]")
-	return h == "localhost" || h == "::1" || strings.HasPrefix(h, "127.")
-}
-
 func defaultMirrorClient(timeout time.Duration) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 64
-	tr.ResponseHeaderTimeout = timeout
+	tr := baseTransport(timeout)
 	tr.TLSHandshakeTimeout = timeout
 	return &http.Client{Transport: tr}
 }
@@ -168,9 +166,9 @@ func (f *MirrorFetcher) Stats() MirrorStats {
 // Fetch returns the blob desc from the first mirror that serves it
 // correctly, else from the source. Bytes from a mirror are verified before
 // Fetch returns; bytes from the source are returned as the source gives
-// them (callers verify them, as everything in this package does).
+// them (callers verify them).
 func (f *MirrorFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
-	if desc.Digest.Validate() == nil && desc.Size >= 0 && desc.Size <= layout.MaxChunkBytes {
+	if desc.Digest.Validate() == nil && desc.Size >= 0 && desc.Size <= f.opt.MaxBlobBytes {
 		for _, m := range f.mirrors {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -243,16 +241,6 @@ func (f *MirrorFetcher) blobURL(m *mirror, desc ocispec.Descriptor) string {
 	return u.String()
 }
 
-func isManifest(mt string) bool {
-	switch mt {
-	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
-		"application/vnd.docker.distribution.manifest.v2+json",
-		"application/vnd.docker.distribution.manifest.list.v2+json":
-		return true
-	}
-	return false
-}
-
 // fetchFrom reads desc whole from m and verifies it.
 func (f *MirrorFetcher) fetchFrom(ctx context.Context, m *mirror, desc ocispec.Descriptor) ([]byte, error) {
 	u := f.blobURL(m, desc)
@@ -279,26 +267,17 @@ func (f *MirrorFetcher) fetchFrom(ctx context.Context, m *mirror, desc ocispec.D
 		return nil, fmt.Errorf("%w %s: GET %s: %s", ErrMirror, m.name, desc.Digest, resp.Status)
 	}
 	if resp.ContentLength >= 0 && resp.ContentLength != desc.Size {
-		return nil, fmt.Errorf("%w %s: %s: %w", ErrMirror, m.name, desc.Digest,
-			&ChunkInvalidError{Want: desc.Digest, Size: resp.ContentLength})
+		return nil, fmt.Errorf("%w %s: %s: answered %d bytes, want %d: %w", ErrMirror, m.name, desc.Digest,
+			resp.ContentLength, desc.Size, content.ErrMismatchedDigest)
 	}
-	b := make([]byte, desc.Size)
-	n, err := io.ReadFull(resp.Body, b)
+	b, err := content.ReadAll(resp.Body, desc)
 	if err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w %s: %s: %w", ErrMirror, m.name, desc.Digest, &ChunkInvalidError{Want: desc.Digest, Size: int64(n)})
+		wrong := errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+			errors.Is(err, content.ErrMismatchedDigest) || errors.Is(err, content.ErrTrailingData)
+		if !wrong && ctx.Err() == nil {
+			m.markDown(f.opt.Cooldown) // the connection failed, not the bytes
 		}
-		if ctx.Err() == nil {
-			m.markDown(f.opt.Cooldown)
-		}
-		return nil, fmt.Errorf("%w %s: %s: read after %d of %d bytes: %v", ErrMirror, m.name, desc.Digest, n, desc.Size, err)
-	}
-	var one [1]byte
-	if k, _ := resp.Body.Read(one[:]); k > 0 {
-		return nil, fmt.Errorf("%w %s: %s: %w", ErrMirror, m.name, desc.Digest, &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1})
-	}
-	if got := desc.Digest.Algorithm().FromBytes(b); got != desc.Digest {
-		return nil, fmt.Errorf("%w %s: %w", ErrMirror, m.name, &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size})
+		return nil, fmt.Errorf("%w %s: %s: %w", ErrMirror, m.name, desc.Digest, err)
 	}
 	return b, nil
 }

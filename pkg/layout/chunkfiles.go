@@ -1,0 +1,189 @@
+package layout
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"runtime"
+
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
+)
+
+// chunkAll chunks every regular file: large files in parallel, small files
+// packed in path order by one goroutine.
+func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	large := make(chan int)
+	workers := max(1, runtime.GOMAXPROCS(0))
+	for range workers {
+		g.Go(func() error {
+			buf := make([]byte, 1<<20)
+			for i := range large {
+				if err := b.chunkFile(ctx, i, buf, submit); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error { return b.packSmall(ctx, submit) })
+	g.Go(func() error {
+		defer close(large)
+		for i, e := range b.entries {
+			if e.Type != TypeFile || e.Size < b.opt.Params.Min {
+				continue
+			}
+			select {
+			case large <- i:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// chunkFile cuts one large file into chunks and hands each to submit.
+func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(chunkJob) error) error {
+	e := b.entries[i]
+	path := e.Path
+	if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok && c.Chunks != nil && b.buffer == nil {
+		var off int64
+		res := fileChunks{digest: c.Digest}
+		for _, ch := range c.Chunks {
+			if err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{path, off, ch.Size}}}); err != nil {
+				return err
+			}
+			res.extents = append(res.extents, extentRef{chunk: ch, length: ch.Size})
+			off += ch.Size
+		}
+		b.results[i] = res
+		b.opt.Counters.Processed.Add(e.Size)
+		return nil
+	}
+	ra, err := b.src.Open(ctx, path)
+	if err != nil {
+		return err
+	}
+	defer ra.Close()
+	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
+	var cuts []int64
+	cdc := true
+	if isSafetensors(e.Path) {
+		if hdrEnd, ts, err := ReadSafetensorsHeader(ra, e.Size); err == nil {
+			// The header says where every tensor is: cut there, and
+			// at fixed offsets inside big tensors, with no rolling hash.
+			cuts = tensorBoundaries(hdrEnd, ts, e.Size, b.opt.Params)
+			cdc = false
+		}
+	}
+	fileHash := sha256.New()
+	chunkHash := sha256.New()
+	headHash := sha256.New()
+	cut := newCutter(b.opt.Params)
+	var (
+		pos, start int64
+		res        fileChunks
+		held       []byte // the current chunk's bytes, for remote sources
+	)
+	emitChunk := func() error {
+		n := pos - start
+		if n == 0 {
+			return nil
+		}
+		ch := Chunk{Digest: digest.NewDigest(digest.SHA256, chunkHash), Size: n}
+		chunkHash.Reset()
+		if n >= EdgeMinChunk {
+			ch.Head = digest.NewDigest(digest.SHA256, headHash)
+			tail := held
+			if tail == nil {
+				tail = make([]byte, EdgeBytes)
+				k, err := ra.ReadAt(tail, start+n-EdgeBytes)
+				switch {
+				case err == io.EOF && k == len(tail):
+				case err == io.EOF:
+					return fmt.Errorf("%s: %w", path, ErrFileChanged)
+				case err != nil:
+					return fmt.Errorf("read %s: %w", path, err)
+				}
+			}
+			ch.Tail = digest.FromBytes(tail[len(tail)-EdgeBytes:])
+		}
+		headHash.Reset()
+		cut.reset()
+		res.extents = append(res.extents, extentRef{chunk: ch, length: n})
+		job := chunkJob{Chunk: ch, src: []section{{path, start, n}}}
+		if b.buffer != nil {
+			if err := b.buffer.Acquire(ctx, min(n, bufferBudget)); err != nil {
+				return err
+			}
+			job.data, held = held, nil
+		}
+		err := b.emit(submit, job)
+		start = pos
+		return err
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, rerr := io.ReadFull(f, buf)
+		if n > 0 {
+			data := buf[:n]
+			fileHash.Write(data)
+			for len(data) > 0 {
+				lim := len(data)
+				forced := false
+				for len(cuts) > 0 && cuts[0] <= pos {
+					cuts = cuts[1:]
+				}
+				if len(cuts) > 0 && cuts[0]-pos <= int64(lim) {
+					lim = int(cuts[0] - pos)
+					forced = true
+				}
+				k, end := lim, false
+				if cdc {
+					k, end = cut.next(data[:lim])
+				}
+				chunkHash.Write(data[:k])
+				if in := pos - start; in < EdgeBytes {
+					headHash.Write(data[:min(int64(k), EdgeBytes-in)])
+				}
+				if b.buffer != nil {
+					held = append(held, data[:k]...)
+				}
+				pos += int64(k)
+				data = data[k:]
+				if end || (forced && k == lim) {
+					if err := emitChunk(); err != nil {
+						return err
+					}
+				}
+			}
+			b.opt.Counters.Processed.Add(int64(n))
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return fmt.Errorf("read %s: %w", path, rerr)
+		}
+	}
+	if pos != e.Size {
+		return fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, e.Size, pos)
+	}
+	if err := emitChunk(); err != nil {
+		return err
+	}
+	res.digest = digest.NewDigest(digest.SHA256, fileHash)
+	b.results[i] = res
+	chunks := make([]Chunk, len(res.extents))
+	for k, x := range res.extents {
+		chunks[k] = x.chunk
+	}
+	b.opt.Cache.store(e.Path, cachedFile{Stat: e.Stat, Digest: res.digest, Chunks: chunks})
+	return nil
+}

@@ -1,0 +1,191 @@
+package layout
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"hash"
+	"io"
+	"math/bits"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// edgeHasher hashes the head and tail edges of a chunk of known size as
+// its bytes go by.
+type edgeHasher struct {
+	size, pos  int64
+	head, tail hash.Hash
+}
+
+func newEdgeHasher(size int64) *edgeHasher {
+	return &edgeHasher{size: size, head: sha256.New(), tail: sha256.New()}
+}
+
+func (e *edgeHasher) Write(p []byte) {
+	end := e.pos + int64(len(p))
+	if e.pos < EdgeBytes {
+		e.head.Write(p[:min(int64(len(p)), EdgeBytes-e.pos)])
+	}
+	if from := e.size - EdgeBytes; end > from {
+		e.tail.Write(p[max(0, from-e.pos):])
+	}
+	e.pos = end
+}
+
+// set records the edges in ch when it is large enough to carry them.
+func (e *edgeHasher) set(ch *Chunk) {
+	if ch.Size >= EdgeMinChunk {
+		ch.Head = digest.NewDigest(digest.SHA256, e.head)
+		ch.Tail = digest.NewDigest(digest.SHA256, e.tail)
+	}
+}
+
+// packSmall packs the files smaller than the minimum chunk size, in path
+// order, into chunks whose ends are chosen by the files' own digests, so an
+// added or changed file changes only the pack around it.
+func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) error {
+	p := b.opt.Params
+	var threshold uint64 = ^uint64(0)
+	if p.Avg > p.Min {
+		threshold = ^uint64(0) / uint64(p.Avg-p.Min)
+	}
+	type member struct {
+		idx  int
+		size int64
+		dg   digest.Digest
+		data []byte // nil when known from the cache
+	}
+	var (
+		members []member
+		size    int64
+	)
+	closePack := func() error {
+		if len(members) == 0 {
+			return nil
+		}
+		key := sha256.New()
+		for _, m := range members {
+			fmt.Fprintf(key, "%s %d\n", m.dg, m.size)
+		}
+		keyStr := digest.NewDigest(digest.SHA256, key).String()
+		ch, ok := b.opt.Cache.pack(keyStr)
+		if !ok || ch.Size != size {
+			h := sha256.New()
+			edges := newEdgeHasher(size)
+			for _, m := range members {
+				data := m.data
+				if data == nil {
+					var err error
+					if data, err = b.readSmall(ctx, b.entries[m.idx].Path, m.size); err != nil {
+						return err
+					}
+					if digest.FromBytes(data) != m.dg {
+						return fmt.Errorf("%s: %w", b.entries[m.idx].Path, ErrFileChanged)
+					}
+				}
+				h.Write(data)
+				edges.Write(data)
+			}
+			ch = Chunk{Digest: digest.NewDigest(digest.SHA256, h), Size: size}
+			edges.set(&ch)
+			b.opt.Cache.storePack(keyStr, ch)
+		}
+		job := chunkJob{Chunk: ch, src: make([]section, len(members))}
+		if b.buffer != nil {
+			if err := b.buffer.Acquire(ctx, min(size, bufferBudget)); err != nil {
+				return err
+			}
+			job.data = make([]byte, 0, size)
+			for _, m := range members {
+				job.data = append(job.data, m.data...)
+			}
+		}
+		var off int64
+		for k, m := range members {
+			job.src[k] = section{b.entries[m.idx].Path, 0, m.size}
+			b.results[m.idx] = fileChunks{digest: m.dg, extents: []extentRef{{chunk: ch, off: off, length: m.size}}}
+			off += m.size
+		}
+		members, size = members[:0], 0
+		return b.emit(submit, job)
+	}
+	for i, e := range b.entries {
+		if e.Type != TypeFile || e.Size >= p.Min {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		m := member{idx: i, size: e.Size}
+		if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok && b.buffer == nil {
+			m.dg = c.Digest
+		} else {
+			data, err := b.readSmall(ctx, e.Path, e.Size)
+			if err != nil {
+				return err
+			}
+			m.dg, m.data = digest.FromBytes(data), data
+			b.opt.Cache.store(e.Path, cachedFile{Stat: e.Stat, Digest: m.dg})
+		}
+		b.opt.Counters.Processed.Add(e.Size)
+		if e.Size == 0 {
+			b.results[i] = fileChunks{digest: m.dg}
+			continue
+		}
+		if size > 0 && size+e.Size > p.Max {
+			if err := closePack(); err != nil {
+				return err
+			}
+		}
+		members = append(members, m)
+		size += e.Size
+		if size >= p.Min {
+			hi, lo := bits.Mul64(uint64(e.Size), threshold)
+			if hi > 0 || binary.BigEndian.Uint64(mustHex(m.dg)) < lo {
+				if err := closePack(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return closePack()
+}
+
+func mustHex(d digest.Digest) []byte {
+	var out [8]byte
+	enc := d.Encoded()
+	for i := 0; i < 8 && 2*i+1 < len(enc); i++ {
+		out[i] = unhex(enc[2*i])<<4 | unhex(enc[2*i+1])
+	}
+	return out[:]
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return 0
+}
+
+// readSmall reads a whole small file and checks its size.
+func (b *builder) readSmall(ctx context.Context, path string, size int64) ([]byte, error) {
+	f, err := b.src.Open(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data := make([]byte, size+1)
+	n, err := f.ReadAt(data, 0)
+	if err != nil && err != io.EOF {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(n) != size {
+		return nil, fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, size, n)
+	}
+	return data[:n], nil
+}

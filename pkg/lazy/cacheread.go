@@ -1,0 +1,29 @@
+package lazy
+
+import (
+	"context"
+	"io"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// ReadOnly returns a fetcher that serves the blobs already in c from it
+// (verified, as c.Fetcher does) and fetches the others from src without
+// storing them. An entry that turns out damaged is fetched again through
+// c, which replaces it.
+func (c *Cache) ReadOnly(src Fetcher) Fetcher {
+	return cacheReader{cache: c, src: src, filled: c.Fetcher(src)}
+}
+
+type cacheReader struct {
+	cache  *Cache
+	src    Fetcher
+	filled Fetcher
+}
+
+func (r cacheReader) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if r.cache.Contains(desc.Digest) {
+		return r.filled.Fetch(ctx, desc)
+	}
+	return r.src.Fetch(ctx, desc)
+}

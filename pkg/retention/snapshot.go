@@ -1,0 +1,51 @@
+package retention
+
+import (
+	"context"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// Snapshot reads what a plan is made from: the versions and tombstones of
+// t, and the references sources gives now.
+func Snapshot(ctx context.Context, t oci.Target, sources Sources) (Input, error) {
+	var in Input
+	vs, err := versions.List(ctx, t)
+	if err != nil {
+		return in, err
+	}
+	for _, v := range vs {
+		in.Versions = append(in.Versions, Version{Digest: v.Digest, Sealed: v.Sealed, Tags: v.Tags})
+	}
+	if in.Deleted, err = ListDeleted(ctx, t); err != nil {
+		return in, err
+	}
+	if in.References, err = sources(ctx); err != nil {
+		return in, err
+	}
+	return in, nil
+}
+
+// FileSources returns the references to repo in the files and directories
+// in paths (read at each call), in stdin (named "stdin"; nil when there is
+// none) and those more returns (nil: none). It fails now on a path it
+// cannot read.
+func FileSources(repo oci.Ref, paths []string, stdin []byte, more func() []Reference) (Sources, error) {
+	if _, err := ScanPaths(repo, paths); err != nil {
+		return nil, err
+	}
+	return func(context.Context) ([]Reference, error) {
+		refs, err := ScanPaths(repo, paths)
+		if err != nil {
+			return nil, err
+		}
+		if stdin != nil {
+			refs = append(refs, Scan(repo, "stdin", stdin)...)
+		}
+		if more != nil {
+			refs = append(refs, more()...)
+		}
+		return refs, nil
+	}, nil
+}
