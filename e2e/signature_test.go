@@ -466,3 +466,48 @@ func TestCSIRequireSignature(t *testing.T) {
 		t.Fatalf("mounts: %v", m)
 	}
 }
+
+// TestGCDeletesSignatures: rm keeps a deleted version's signature (restore
+// brings it back signed); gc --purge deletes it with the version and keeps
+// the kept versions' signatures.
+func TestGCDeletesSignatures(t *testing.T) {
+	keys := t.TempDir()
+	key, pub := keyPair(t, keys, "release")
+	reg := newDistribution(t)
+	name := "models/gcsig"
+	repo := reg.Host + "/" + name
+	var ds []string
+	for i := 0; i < 3; i++ {
+		d := pushJSON(t, fmt.Sprintf("%s:v%d", repo, i), smallVolume(t, 30+i)).Digest
+		if res := signRun(t, "sign", "--key", key, repo+"@"+d); res.code != 0 {
+			t.Fatalf("sign:\n%s", res)
+		}
+		ds = append(ds, d)
+	}
+	mustRun(t, "rm", repo+"@"+ds[0])
+	if res := run(t, "verify", "--key", pub, repo+"@"+ds[0]); res.code != 0 {
+		t.Fatalf("a soft-deleted version lost its signature:\n%s", res)
+	}
+	check := func(when string, want []bool) {
+		t.Helper()
+		tags := listTags(t, reg, name)
+		for i, d := range ds {
+			has := false
+			for _, tag := range tags {
+				has = has || tag == sigTag(d)
+			}
+			if has != want[i] {
+				t.Errorf("%s: version %d (%s): signature tag present %v, want %v; tags %v", when, i, d, has, want[i], tags)
+			}
+		}
+	}
+	// The first run purges v0 (deleted by rm) and soft-deletes v1.
+	gc := []string{"gc", repo, "--keep-last", "1", "--keep-tag", "none", "--purge", "--restore-window", "0s", "--apply"}
+	mustRun(t, gc...)
+	check("after the first gc", []bool{false, true, true})
+	mustRun(t, gc...)
+	check("after the second gc", []bool{false, false, true})
+	if res := run(t, "verify", "--key", pub, repo+"@"+ds[2]); res.code != 0 {
+		t.Fatalf("the kept version's signature:\n%s", res)
+	}
+}
