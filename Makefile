@@ -3,7 +3,7 @@ GO ?= go
 BIN ?= bin/bdnvol
 DEMO ?= $(CURDIR)/.demo
 
-.PHONY: build test vet unit e2e fuzz bench demo clean image image-push deploy-manifests check-manifests
+.PHONY: build test vet unit e2e fuzz bench demo clean cosign image image-push deploy-manifests check-manifests
 
 build:
 	$(GO) build -o $(BIN) ./cmd/bdnvol
@@ -26,8 +26,20 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=5s ./pkg/oci
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=5s -fuzzminimizetime=50x ./pkg/layout
 
-e2e:
-	cd e2e && CI=$${CI:-true} $(GO) test -count=1 -timeout 15m ./...
+# The cosign CLI the signature e2e tests run against, installed once into a
+# cache directory that later runs reuse (keep COSIGN_VERSION in step with
+# CosignVersion in e2e/signature_test.go).
+COSIGN_VERSION ?= v2.6.5
+TOOLS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/bdnvol-tools
+COSIGN = $(TOOLS)/cosign-$(COSIGN_VERSION)/cosign
+
+cosign: $(COSIGN)
+
+$(COSIGN):
+	cd / && GOBIN=$(dir $(COSIGN)) GOFLAGS= GOWORK=off $(GO) install github.com/sigstore/cosign/v2/cmd/cosign@$(COSIGN_VERSION)
+
+e2e: $(COSIGN)
+	cd e2e && BDNVOL_COSIGN=$(COSIGN) CI=$${CI:-true} $(GO) test -count=1 -timeout 15m ./...
 
 test: vet unit fuzz e2e
 

@@ -12,13 +12,15 @@ import (
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/signature"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // InspectCmd describes one version.
 type InspectCmd struct {
-	Ref  string `arg:"" help:"HOST/REPO:TAG, HOST/REPO@DIGEST or oci:PATH[:TAG|@DIGEST]."`
-	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
+	Ref  string   `arg:"" help:"HOST/REPO:TAG, HOST/REPO@DIGEST or oci:PATH[:TAG|@DIGEST]."`
+	JSON bool     `name:"json" help:"Print one JSON object instead of text."`
+	Key  []string `name:"key" type:"path" help:"Cosign public key file: check the version's signature with it (repeatable)."`
 }
 
 // Run inspects the version.
@@ -31,11 +33,18 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref, err)
 	}
+	p, err := signature.LoadPolicy(c.Key...)
+	if err != nil {
+		return usageError{err}
+	}
+	_, terr := t.Resolve(ctx, signature.Tag(root.Desc.Digest))
+	sig := signature.StatusOf(ctx, t, root.Desc, terr == nil, p.Keys)
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(struct {
 			Reference string `json:"reference"`
 			*versions.Details
-		}{ref.Pinned(d.Digest), d})
+			Signature signature.Status `json:"signature"`
+		}{ref.Pinned(d.Digest), d, sig})
 	}
 	w := g.stdout
 	fmt.Fprintf(w, "reference: %s\n", ref.Pinned(d.Digest))
@@ -45,6 +54,7 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Fprintf(w, "sealed:    %s (%s)\n", d.Sealed.Format(time.RFC3339), termsafe.Name(d.SealedTag))
 	}
 	fmt.Fprintf(w, "tags:      %s\n", strings.Join(termsafe.Names(d.Tags), " "))
+	fmt.Fprintf(w, "signed:    %s\n", sig)
 	fmt.Fprintf(w, "files:     %d, %s\n", len(d.Files), units.Bytes(d.Bytes))
 	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, units.Bytes(d.UniqueBytes))
 	fmt.Fprintln(w)

@@ -20,6 +20,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
 // MountCmd mounts a version read-only with FUSE.
@@ -36,12 +37,15 @@ type MountCmd struct {
 	Debug        bool          `hidden:"" help:"Log every FUSE request."`
 	MetricsAddr  string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics at http://HOST:PORT/metrics while mounted."`
 	MirrorFlags  `embed:""`
+
+	RequireSignature string `name:"require-signature" type:"path" placeholder:"KEY" help:"Refuse a version unless it carries a valid signature by this cosign public key (with --spec: for mounts whose deploy file names no key)."`
 }
 
 // mountJob is one version to mount at one mountpoint.
 type mountJob struct {
-	ref oci.Ref
-	mp  string
+	ref    oci.Ref
+	mp     string
+	policy signature.Policy
 }
 
 // jobs turns the arguments into what to mount, and the directory the
@@ -59,7 +63,11 @@ func (c *MountCmd) jobs(g *Globals) ([]mountJob, string, error) {
 		if err != nil {
 			return nil, "", usageError{err}
 		}
-		return []mountJob{{ref, mp}}, mp, nil
+		policy, err := signature.LoadPolicy(c.RequireSignature)
+		if err != nil {
+			return nil, "", usageError{err}
+		}
+		return []mountJob{{ref, mp, policy}}, mp, nil
 	}
 	if c.Mountpoint != "" {
 		return nil, "", usageError{errors.New("with --spec, give only the root directory")}
@@ -81,11 +89,21 @@ func (c *MountCmd) jobs(g *Globals) ([]mountJob, string, error) {
 		return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
 	}
 	var jobs []mountJob
-	for _, m := range targets {
+	for i, m := range targets {
+		key := spec.SignatureKey(i)
+		if key == "" {
+			key = c.RequireSignature
+		} else if !filepath.IsAbs(key) {
+			key = filepath.Join(filepath.Dir(c.Spec), key)
+		}
+		policy, err := signature.LoadPolicy(key)
+		if err != nil {
+			return nil, "", usageError{fmt.Errorf("%s: mount %s: %w", c.Spec, m.Path, err)}
+		}
 		if !m.ReadOnly {
 			fmt.Fprintf(g.stderr, "bdnvol: %s: %s is mounted read-only (bdnvol mounts are always read-only)\n", c.Spec, m.Path)
 		}
-		jobs = append(jobs, mountJob{m.Ref, m.Mountpoint})
+		jobs = append(jobs, mountJob{m.Ref, m.Mountpoint, policy})
 	}
 	return jobs, root, nil
 }
@@ -217,6 +235,7 @@ func (c *MountCmd) mountOne(ctx context.Context, g *Globals, store mounts.Store,
 	}
 	vol, pinned, err := mounts.Open(ctx, j.ref, mounts.OpenOptions{
 		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: wrap,
+		Policy: j.policy,
 	})
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
 // PullCmd materialises a version on disk.
@@ -25,6 +26,8 @@ type PullCmd struct {
 	NoCache     bool `name:"no-cache" xor:"cache" help:"Neither use nor fill the shared chunk cache."`
 	CacheSize   Size `name:"cache-size" default:"10GiB" help:"Bound of the shared chunk cache with --cache."`
 	MirrorFlags `embed:""`
+
+	RequireSignature []string `name:"require-signature" type:"path" placeholder:"KEY" help:"Refuse the version unless it carries a valid signature by this cosign public key (repeatable: any one of them)."`
 }
 
 type pullOutput struct {
@@ -50,11 +53,15 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if err := c.MirrorFlags.check(); err != nil {
 		return err
 	}
+	policy, err := signature.LoadPolicy(c.RequireSignature...)
+	if err != nil {
+		return usageError{err}
+	}
 	t, err := oci.Open(ctx, ref, g.options())
 	if err != nil {
 		return err
 	}
-	desc, err := oci.Resolve(ctx, t, ref)
+	desc, err := signature.Resolve(ctx, t, ref, policy)
 	if err != nil {
 		return err
 	}

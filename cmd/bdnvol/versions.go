@@ -12,14 +12,53 @@ import (
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
+	"github.com/bdnvol/bdnvol/pkg/signature"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // VersionsCmd lists the sealed versions of a volume.
 type VersionsCmd struct {
-	Repo    string `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
-	JSON    bool   `name:"json" help:"Print a JSON array instead of a table."`
-	Deleted bool   `name:"deleted" help:"List the deleted versions that can still be restored instead."`
+	Repo    string   `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
+	JSON    bool     `name:"json" help:"Print a JSON array instead of a table."`
+	Deleted bool     `name:"deleted" help:"List the deleted versions that can still be restored instead."`
+	Key     []string `name:"key" type:"path" help:"Cosign public key file: check each version's signature with it (repeatable)."`
+}
+
+// signedVersion is a version with its signature status, as versions prints it.
+type signedVersion struct {
+	versions.Version
+	Signature signature.Status `json:"signature"`
+}
+
+// signatureStatuses tells for each version whether it is signed: one tag
+// list, then one small fetch per signed version (more with keys).
+func signatureStatuses(ctx context.Context, t oci.Target, vs []versions.Version, keyFiles []string) ([]signedVersion, error) {
+	p, err := signature.LoadPolicy(keyFiles...)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	tags, err := oci.ListTags(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, tag := range tags {
+		have[tag] = true
+	}
+	out := make([]signedVersion, len(vs))
+	for i, v := range vs {
+		out[i] = signedVersion{Version: v}
+		tagged := have[signature.Tag(v.Digest)]
+		if !tagged && !p.Required() {
+			continue
+		}
+		desc, err := t.Resolve(ctx, v.Digest.String())
+		if err != nil {
+			return nil, err
+		}
+		out[i].Signature = signature.StatusOf(ctx, t, desc, tagged, p.Keys)
+	}
+	return out, nil
 }
 
 // Run lists the versions.
@@ -45,17 +84,17 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	for _, u := range l.Unreadable {
 		fmt.Fprintf(g.stderr, "bdnvol: warning: %s: skipped %s\n", ref.Repo(), termsafe.Text(u.Err.Error()))
 	}
-	vs := l.Versions
+	vs, err := signatureStatuses(ctx, t, l.Versions, c.Key)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref.Repo(), err)
+	}
 	if c.JSON {
-		if vs == nil {
-			vs = []versions.Version{}
-		}
 		return json.NewEncoder(g.stdout).Encode(vs)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS")
+	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS\tSIGNED")
 	for _, v := range vs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), units.Bytes(v.Bytes), v.Files, strings.Join(termsafe.Names(v.Tags), ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), units.Bytes(v.Bytes), v.Files, strings.Join(termsafe.Names(v.Tags), ","), v.Signature)
 	}
 	return tw.Flush()
 }

@@ -19,15 +19,19 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
 // Volume attributes and secrets the plugin reads.
 const (
-	AttrRef          = "ref"
-	AttrPrefetch     = "prefetch"
-	SecretDockerJSON = ".dockerconfigjson"
-	attrPodNamespace = "csi.storage.k8s.io/pod.namespace"
-	attrPodName      = "csi.storage.k8s.io/pod.name"
+	AttrRef      = "ref"
+	AttrPrefetch = "prefetch"
+	// AttrRequireSignature names a cosign public key, as a file path on the
+	// node or inline PEM; the version must carry a valid signature by it.
+	AttrRequireSignature = "requireSignature"
+	SecretDockerJSON     = ".dockerconfigjson"
+	attrPodNamespace     = "csi.storage.k8s.io/pod.namespace"
+	attrPodName          = "csi.storage.k8s.io/pod.name"
 )
 
 // NodeOptions configure a Node.
@@ -170,6 +174,10 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if _, err := mounts.Prefetcher(prefetch); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: prefetch %q: %v", req.GetVolumeId(), prefetch, err)
 	}
+	policy, err := signature.PolicyFromValue(req.GetVolumeContext()[AttrRequireSignature])
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), AttrRequireSignature, err)
+	}
 	start := time.Now()
 	done, err := n.claim(tp)
 	if err != nil {
@@ -204,7 +212,10 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err != nil {
 		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), ref, err)
 	}
-	desc, err := oci.Resolve(rctx, repo, ref)
+	desc, err := signature.Resolve(rctx, repo, ref, policy)
+	if errors.Is(err, signature.ErrRefused) {
+		return nil, status.Errorf(codes.PermissionDenied, "volume %s: %v", req.GetVolumeId(), err)
+	}
 	if err != nil {
 		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: %v", req.GetVolumeId(), err)
 	}

@@ -23,6 +23,10 @@ var ErrInvalidSpec = errors.New("invalid deploy file")
 // Spec is a deploy file: the volumes a workload mounts.
 type Spec struct {
 	Mounts []Mount `yaml:"mounts" json:"mounts"`
+	// RequireSignature names a cosign public key file (relative paths are
+	// relative to the deploy file) that every mount's version must be
+	// signed by, unless the mount names its own.
+	RequireSignature string `yaml:"requireSignature,omitempty" json:"requireSignature,omitempty"`
 }
 
 // Mount is one volume to mount.
@@ -30,6 +34,18 @@ type Mount struct {
 	Source   string `yaml:"source" json:"source"`     // a volume reference with a tag or a digest
 	Path     string `yaml:"path" json:"path"`         // absolute mount point
 	ReadOnly bool   `yaml:"readOnly" json:"readOnly"` // mount read-only
+	// RequireSignature names the public key file this mount's version must
+	// be signed by; it replaces the spec's.
+	RequireSignature string `yaml:"requireSignature,omitempty" json:"requireSignature,omitempty"`
+}
+
+// SignatureKey returns the key file mount i requires a signature by, "" for
+// none: the mount's own, else the spec's.
+func (s *Spec) SignatureKey(i int) string {
+	if k := s.Mounts[i].RequireSignature; k != "" {
+		return k
+	}
+	return s.RequireSignature
 }
 
 // Parse decodes and validates a deploy file (YAML or JSON). Unknown fields

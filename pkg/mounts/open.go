@@ -11,6 +11,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
 // MirrorConfig chooses registry mirrors for content fetched by digest.
@@ -103,6 +104,9 @@ type OpenOptions struct {
 	// Wrap, when set, wraps the registry's fetcher (source "registry",
 	// host the registry), for metrics.
 	Wrap func(source, host string, f lazy.Fetcher) lazy.Fetcher
+	// Policy is checked right after the reference is resolved, before any
+	// of the version is read.
+	Policy signature.Policy
 }
 
 // Open resolves ref (a tag becomes a digest now) and opens the version it
@@ -112,7 +116,7 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if err != nil {
 		return nil, "", err
 	}
-	desc, err := oci.Resolve(ctx, t, ref)
+	desc, err := signature.Resolve(ctx, t, ref, opt.Policy)
 	if err != nil {
 		return nil, "", err
 	}

@@ -90,6 +90,9 @@ func Purge(ctx context.Context, t oci.Target, rec Deleted, opt PurgeOptions) err
 			}
 		}
 	}
+	if err := deleteSignatures(ctx, t, rec.Root); err != nil {
+		return err
+	}
 	if err := deleteManifest(ctx, t, rec.Root); err != nil {
 		// A registry may refuse to delete a manifest an index still lists:
 		// delete the tombstone first, then try again.

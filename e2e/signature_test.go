@@ -1,0 +1,513 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+)
+
+// CosignVersion is the cosign CLI the interop tests run; `make cosign`
+// installs the same one.
+const CosignVersion = "v2.6.5"
+
+var (
+	cosignOnce sync.Once
+	cosignPath string
+	cosignErr  error
+)
+
+// cosignDir is where the cosign CLI is installed, kept between runs:
+// $BDNVOL_TOOLS, else the user cache directory's bdnvol-tools.
+func cosignDir() string {
+	if d := os.Getenv("BDNVOL_TOOLS"); d != "" {
+		return filepath.Join(d, "cosign-"+CosignVersion)
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		d = os.TempDir()
+	}
+	return filepath.Join(d, "bdnvol-tools", "cosign-"+CosignVersion)
+}
+
+// cosign returns the path of the cosign CLI, installing it with go install
+// into cosignDir when it is not there yet (minutes, once).
+func cosign(t testing.TB) string {
+	t.Helper()
+	cosignOnce.Do(func() {
+		if p := os.Getenv("BDNVOL_COSIGN"); p != "" {
+			cosignPath = p
+			return
+		}
+		dir := cosignDir()
+		p := filepath.Join(dir, "cosign")
+		if runtime.GOOS == "windows" {
+			p += ".exe"
+		}
+		if _, err := os.Stat(p); err == nil {
+			cosignPath = p
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "install", "github.com/sigstore/cosign/v2/cmd/cosign@"+CosignVersion)
+		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOWORK=off", "GOFLAGS=")
+		cmd.Dir = os.TempDir()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			cosignErr = fmt.Errorf("go install cosign@%s: %v\n%s", CosignVersion, err, out)
+			return
+		}
+		cosignPath = p
+	})
+	if cosignErr != nil {
+		t.Fatal(cosignErr)
+	}
+	return cosignPath
+}
+
+// runCosign runs the cosign CLI offline: no transparency log, no TUF
+// root fetch, with COSIGN_PASSWORD for the keys.
+func runCosign(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cosign(t), args...)
+	h := t.TempDir()
+	cmd.Env = append(os.Environ(), "COSIGN_PASSWORD=e2e-pass", "HOME="+h, "DOCKER_CONFIG="+h,
+		"TUF_ROOT="+filepath.Join(h, "tuf"), "SIGSTORE_NO_CACHE=true")
+	cmd.Dir = h
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// keyPair makes a cosign key pair named name in dir with cosign itself and
+// returns the private and public key paths.
+func keyPair(t testing.TB, dir, name string) (string, string) {
+	t.Helper()
+	prefix := filepath.Join(dir, name)
+	if out, err := runCosign(t, "generate-key-pair", "--output-key-prefix", prefix); err != nil {
+		t.Fatalf("cosign generate-key-pair: %v\n%s", err, out)
+	}
+	return prefix + ".key", prefix + ".pub"
+}
+
+// signEnv runs the CLI with COSIGN_PASSWORD set for the test keys.
+func signRun(t testing.TB, args ...string) result {
+	t.Helper()
+	t.Setenv("COSIGN_PASSWORD", "e2e-pass")
+	return run(t, args...)
+}
+
+func smallVolume(t testing.TB, seed int) string {
+	t.Helper()
+	dir := t.TempDir()
+	for i := 0; i < 3; i++ {
+		b := bytes.Repeat([]byte(fmt.Sprintf("seed %d file %d ", seed, i)), 20000)
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d.bin", i)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestSignCosignInterop signs with bdnvol and verifies with cosign and
+// bdnvol, and signs with cosign and verifies with bdnvol, on distribution
+// (tag scheme) and go-containerregistry's registry.
+func TestSignCosignInterop(t *testing.T) {
+	keys := t.TempDir()
+	key, pub := keyPair(t, keys, "release")
+	_, otherPub := keyPair(t, keys, "other")
+	for _, kind := range []string{"distribution", "ggcr"} {
+		t.Run(kind, func(t *testing.T) {
+			reg := newDistribution(t)
+			if kind == "ggcr" {
+				reg = newGGCR(t)
+			}
+			repo := reg.Host + "/models/sig"
+			v1 := pushJSON(t, repo+":v1", smallVolume(t, 1))
+			pinned1 := repo + "@" + v1.Digest
+
+			res := signRun(t, "sign", "--key", key, repo+":v1")
+			if res.code != 0 {
+				t.Fatalf("bdnvol sign:\n%s", res)
+			}
+			if out, err := runCosign(t, "verify", "--key", pub, "--insecure-ignore-tlog=true",
+				"--allow-http-registry", "--allow-insecure-registry", pinned1); err != nil {
+				t.Fatalf("cosign verify of a bdnvol signature: %v\n%s", err, out)
+			}
+			if res := run(t, "verify", "--key", pub, repo+":v1"); res.code != 0 || !strings.Contains(res.stdout, "verified") {
+				t.Fatalf("bdnvol verify:\n%s", res)
+			}
+			if out, err := runCosign(t, "verify", "--key", otherPub, "--insecure-ignore-tlog=true",
+				"--allow-http-registry", "--allow-insecure-registry", pinned1); err == nil {
+				t.Fatalf("cosign verify with another key passed:\n%s", out)
+			}
+
+			v2 := pushJSON(t, repo+":v2", smallVolume(t, 2))
+			pinned2 := repo + "@" + v2.Digest
+			if out, err := runCosign(t, "sign", "--key", key, "--tlog-upload=false", "--yes",
+				"--allow-http-registry", "--allow-insecure-registry", pinned2); err != nil {
+				t.Fatalf("cosign sign: %v\n%s", err, out)
+			}
+			res = run(t, "verify", "--key", pub, "--json", pinned2)
+			if res.code != 0 {
+				t.Fatalf("bdnvol verify of a cosign signature:\n%s", res)
+			}
+			var v struct {
+				Digest string `json:"digest"`
+				Key    string `json:"key"`
+			}
+			mustJSON(t, []byte(res.stdout), &v)
+			if v.Digest != v2.Digest || len(v.Key) != 64 {
+				t.Errorf("verify --json: %+v", v)
+			}
+			res = run(t, "verify", "--key", otherPub, pinned2)
+			if res.code == 0 || !strings.Contains(res.stderr, "signed by another key") || !strings.Contains(res.stderr, v2.Digest) {
+				t.Fatalf("verify with another key:\n%s", res)
+			}
+			// cosign's OCI 1.1 mode stores the signature as a referrer of
+			// the version (the registry's referrers API, or the referrers
+			// tag scheme): bdnvol finds it there.
+			v3 := pushJSON(t, repo+":v3", smallVolume(t, 3))
+			pinned3 := repo + "@" + v3.Digest
+			t.Setenv("COSIGN_EXPERIMENTAL", "1")
+			if out, err := runCosign(t, "sign", "--key", key, "--tlog-upload=false", "--yes", "--registry-referrers-mode=oci-1-1",
+				"--allow-http-registry", "--allow-insecure-registry", pinned3); err != nil {
+				t.Fatalf("cosign sign (referrer): %v\n%s", err, out)
+			}
+			res = run(t, "verify", "--key", pub, "--json", pinned3)
+			var rv struct {
+				Referrer bool `json:"referrer"`
+			}
+			if res.code != 0 {
+				t.Fatalf("bdnvol verify of a referrer signature:\n%s", res)
+			}
+			mustJSON(t, []byte(res.stdout), &rv)
+			if !rv.Referrer {
+				t.Errorf("signature of %s not found as a referrer: %s", v3.Digest, res.stdout)
+			}
+			if res := run(t, "verify", "--key", otherPub, pinned3); res.code == 0 || !strings.Contains(res.stderr, "signed by another key") {
+				t.Fatalf("verify of a referrer signature with another key:\n%s", res)
+			}
+			if err := os.Unsetenv("COSIGN_EXPERIMENTAL"); err != nil {
+				t.Fatal(err)
+			}
+
+			// versions shows the signed ones, and with --key as verified.
+			res = mustRun(t, "versions", "--key", pub, "--json", repo)
+			var vs []struct {
+				Digest    string `json:"digest"`
+				Signature struct {
+					Signed   bool   `json:"signed"`
+					Verified string `json:"verified_key"`
+				} `json:"signature"`
+			}
+			mustJSON(t, []byte(res.stdout), &vs)
+			if len(vs) != 3 {
+				t.Fatalf("versions: %s", res.stdout)
+			}
+			for _, x := range vs {
+				if x.Signature.Verified != v.Key {
+					t.Errorf("versions: %s: %+v", x.Digest, x.Signature)
+				}
+			}
+		})
+	}
+}
+
+// registryManifest GETs a manifest of name by tag or digest.
+func registryManifest(t testing.TB, reg *registry, name, ref string) []byte {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, reg.URL+"/v2/"+name+"/manifests/"+ref, nil)
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET manifest %s: %s\n%s", ref, resp.Status, b)
+	}
+	return b
+}
+
+func sigTag(d string) string { return strings.Replace(d, ":", "-", 1) + ".sig" }
+
+// TestRequireSignature: pull, mount and bdnvol.yaml mounts refuse an
+// unsigned version, one signed by another key, one whose signature names
+// another digest and one whose signature was tampered with, each before
+// the file index or any chunk is fetched; a version signed by the key is
+// used.
+func TestRequireSignature(t *testing.T) {
+	keys := t.TempDir()
+	key, pub := keyPair(t, keys, "release")
+	otherKey, _ := keyPair(t, keys, "other")
+	reg := newDistribution(t)
+	proxy := newFaultProxy(t, reg)
+	name := "models/req"
+	repo := proxy.Host + "/" + name
+	var ds [5]string
+	for i := range ds {
+		ds[i] = pushJSON(t, fmt.Sprintf("%s:v%d", repo, i), smallVolume(t, 10+i)).Digest
+	}
+	good, unsigned, other, copied, tampered := ds[0], ds[1], ds[2], ds[3], ds[4]
+	for _, d := range []string{good, copied, tampered} {
+		if res := signRun(t, "sign", "--key", key, repo+"@"+d); res.code != 0 {
+			t.Fatalf("sign:\n%s", res)
+		}
+	}
+	if res := signRun(t, "sign", "--key", otherKey, repo+"@"+other); res.code != 0 {
+		t.Fatalf("sign:\n%s", res)
+	}
+	// The signature of good put under copied's tag; tampered's signature
+	// bytes changed.
+	putManifest(t, reg, name, sigTag(copied), "application/vnd.oci.image.manifest.v1+json", registryManifest(t, reg, name, sigTag(good)))
+	var m map[string]any
+	mustJSON(t, registryManifest(t, reg, name, sigTag(tampered)), &m)
+	layer := m["layers"].([]any)[0].(map[string]any)
+	ann := layer["annotations"].(map[string]any)
+	sig, _ := base64.StdEncoding.DecodeString(ann["dev.cosignproject.cosign/signature"].(string))
+	sig[len(sig)/2] ^= 0x40
+	ann["dev.cosignproject.cosign/signature"] = base64.StdEncoding.EncodeToString(sig)
+	mb, _ := json.Marshal(m)
+	putManifest(t, reg, name, sigTag(tampered), "application/vnd.oci.image.manifest.v1+json", mb)
+
+	cases := []struct {
+		digest, why string
+	}{
+		{unsigned, "no signature"},
+		{other, "signed by another key"},
+		{copied, "signature of another digest"},
+		{tampered, "tampered"},
+	}
+	checkRefused := func(t *testing.T, what string, res result, d, why string) {
+		t.Helper()
+		if res.code == 0 || !strings.Contains(res.stderr, d) || !strings.Contains(res.stderr, why) {
+			t.Fatalf("%s of %s: want a refusal naming the digest and %q:\n%s", what, d, why, res)
+		}
+		// At most the signature payload was fetched: no index, no chunk.
+		if gets := proxy.blobGets(); len(gets) > 1 {
+			t.Fatalf("%s of %s: %d blobs fetched before the refusal: %v", what, d, len(gets), gets)
+		}
+	}
+	for _, c := range cases {
+		t.Run(strings.ReplaceAll(c.why, " ", "-"), func(t *testing.T) {
+			proxy.Set(faultConfig{})
+			dst := filepath.Join(t.TempDir(), "out")
+			checkRefused(t, "pull", run(t, "pull", "--require-signature", pub, repo+"@"+c.digest, dst), c.digest, c.why)
+			if _, err := os.Stat(filepath.Join(dst, "f0.bin")); err == nil {
+				t.Fatalf("pull wrote files of a refused version")
+			}
+			proxy.Set(faultConfig{})
+			_, res := tryMount(t, repo+"@"+c.digest, "--require-signature", pub)
+			checkRefused(t, "mount", res, c.digest, c.why)
+
+			proxy.Set(faultConfig{})
+			specDir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(specDir, "release.pub"), mustRead(t, pub), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			spec := fmt.Sprintf("requireSignature: release.pub\nmounts:\n  - source: %s@%s\n    path: /models/m\n    readOnly: true\n", repo, c.digest)
+			specFile := filepath.Join(specDir, "bdnvol.yaml")
+			if err := os.WriteFile(specFile, []byte(spec), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			requireFUSE(t)
+			root := t.TempDir()
+			t.Cleanup(func() { forceUnmount(t, filepath.Join(root, "models", "m")) })
+			checkRefused(t, "mount --spec", run(t, "mount", "--daemon", "--spec", specFile, root), c.digest, c.why)
+		})
+	}
+	t.Run("signed", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "out")
+		if res := run(t, "pull", "--require-signature", pub, repo+":v0", dst); res.code != 0 {
+			t.Fatalf("pull of a signed version:\n%s", res)
+		}
+		mp, res := tryMount(t, repo+":v0", "--require-signature", pub)
+		if res.code != 0 {
+			t.Fatalf("mount of a signed version:\n%s", res)
+		}
+		if b, err := os.ReadFile(filepath.Join(mp, "f0.bin")); err != nil || !bytes.Equal(b, mustRead(t, filepath.Join(dst, "f0.bin"))) {
+			t.Fatalf("read through the mount: %v", err)
+		}
+	})
+}
+
+func mustRead(t testing.TB, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestSignatureCost: verifying a signature reads the root manifest, the
+// signature tag and manifest and its payload (plus a referrers lookup), whatever
+// the volume's size; a pull re-hashes every byte. The times are logged for
+// docs/signing.md, not asserted.
+func TestSignatureCost(t *testing.T) {
+	keys := t.TempDir()
+	key, pub := keyPair(t, keys, "release")
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/cost"
+	dir := t.TempDir()
+	const files, size = 4, 32 << 20
+	for i := 0; i < files; i++ {
+		b := make([]byte, size)
+		for j := 0; j < len(b); j += 4096 {
+			copy(b[j:], fmt.Sprintf("file %d block %d ", i, j))
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("w%d.bin", i)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := pushJSON(t, repo+":v1", dir)
+	if res := signRun(t, "sign", "--key", key, repo+":v1"); res.code != 0 {
+		t.Fatalf("sign:\n%s", res)
+	}
+	reg.ResetStats()
+	start := time.Now()
+	if res := run(t, "verify", "--key", pub, repo+"@"+v.Digest); res.code != 0 {
+		t.Fatalf("verify:\n%s", res)
+	}
+	verifyMS := time.Since(start).Milliseconds()
+	st := reg.Stats()
+	n := 0
+	for k, c := range st.Requests {
+		if k != "GET base" {
+			n += c
+		}
+	}
+	if n > 8 || st.BlobBytesOut > 64<<10 {
+		t.Errorf("verify: %d requests %v, %d blob bytes", n, st.Requests, st.BlobBytesOut)
+	}
+	reg.ResetStats()
+	start = time.Now()
+	if res := run(t, "pull", "--no-cache", repo+"@"+v.Digest, filepath.Join(t.TempDir(), "out")); res.code != 0 {
+		t.Fatalf("pull:\n%s", res)
+	}
+	pullMS := time.Since(start).Milliseconds()
+	pst := reg.Stats()
+	pn := 0
+	for _, c := range pst.Requests {
+		pn += c
+	}
+	t.Logf("verify signature: %d requests, %d blob bytes, %d ms; pull (re-hash) of %d MiB: %d requests, %d blob bytes, %d ms",
+		n, st.BlobBytesOut, verifyMS, files*size>>20, pn, pst.BlobBytesOut, pullMS)
+}
+
+// TestCSIRequireSignature: the node plugin refuses to publish a version
+// without a valid signature by the key the volume attribute names (inline
+// PEM or a path on the node), before mounting it, and publishes a signed one.
+func TestCSIRequireSignature(t *testing.T) {
+	keys := t.TempDir()
+	key, pub := keyPair(t, keys, "release")
+	reg := newDistribution(t)
+	repo := reg.Host + "/vols/signed"
+	signed := pushJSON(t, repo+":v1", smallVolume(t, 21)).Digest
+	unsigned := pushJSON(t, repo+":v2", smallVolume(t, 22)).Digest
+	if res := signRun(t, "sign", "--key", key, repo+"@"+signed); res.code != 0 {
+		t.Fatalf("sign:\n%s", res)
+	}
+	n := startCSI(t, time.Minute)
+	publish := func(p pod, ref, require string) error {
+		req := &csi.NodePublishVolumeRequest{
+			VolumeId:   p.volumeID,
+			TargetPath: p.target,
+			Readonly:   true,
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			},
+			VolumeContext: map[string]string{
+				"ref": ref, "prefetch": "none", "requireSignature": require,
+				"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
+				"csi.storage.k8s.io/ephemeral": "true",
+			},
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_, err := n.Node.NodePublishVolume(ctx, req)
+		return err
+	}
+	inline := string(mustRead(t, pub))
+	err := publish(n.newPod("unsigned"), repo+":v2", inline)
+	if codeOf(err) != codes.PermissionDenied || !strings.Contains(err.Error(), unsigned) || !strings.Contains(err.Error(), "no signature") {
+		t.Fatalf("publish of an unsigned version: %v", err)
+	}
+	if m := n.fuseMounts(); len(m) != 0 {
+		t.Fatalf("mounts after a refusal: %v", m)
+	}
+	if err := publish(n.newPod("bad-key"), repo+":v1", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"); codeOf(err) != codes.InvalidArgument {
+		t.Fatalf("publish with a broken inline key: %v", err)
+	}
+	p := n.newPod("signed")
+	if err := publish(p, repo+":v1", pub); err != nil {
+		t.Fatalf("publish of a signed version: %v", err)
+	}
+	waitReadable(t, filepath.Join(p.target, "f0.bin"))
+	if m := n.fuseMounts(); len(m) != 1 {
+		t.Fatalf("mounts: %v", m)
+	}
+}
+
+// TestGCDeletesSignatures: rm keeps a deleted version's signature (restore
+// brings it back signed); gc --purge deletes it with the version and keeps
+// the kept versions' signatures.
+func TestGCDeletesSignatures(t *testing.T) {
+	keys := t.TempDir()
+	key, pub := keyPair(t, keys, "release")
+	reg := newDistribution(t)
+	name := "models/gcsig"
+	repo := reg.Host + "/" + name
+	var ds []string
+	for i := 0; i < 3; i++ {
+		d := pushJSON(t, fmt.Sprintf("%s:v%d", repo, i), smallVolume(t, 30+i)).Digest
+		if res := signRun(t, "sign", "--key", key, repo+"@"+d); res.code != 0 {
+			t.Fatalf("sign:\n%s", res)
+		}
+		ds = append(ds, d)
+	}
+	mustRun(t, "rm", repo+"@"+ds[0])
+	if res := run(t, "verify", "--key", pub, repo+"@"+ds[0]); res.code != 0 {
+		t.Fatalf("a soft-deleted version lost its signature:\n%s", res)
+	}
+	check := func(when string, want []bool) {
+		t.Helper()
+		tags := listTags(t, reg, name)
+		for i, d := range ds {
+			has := false
+			for _, tag := range tags {
+				has = has || tag == sigTag(d)
+			}
+			if has != want[i] {
+				t.Errorf("%s: version %d (%s): signature tag present %v, want %v; tags %v", when, i, d, has, want[i], tags)
+			}
+		}
+	}
+	// The first run purges v0 (deleted by rm) and soft-deletes v1.
+	gc := []string{"gc", repo, "--keep-last", "1", "--keep-tag", "none", "--purge", "--restore-window", "0s", "--apply"}
+	mustRun(t, gc...)
+	check("after the first gc", []bool{false, true, true})
+	mustRun(t, gc...)
+	check("after the second gc", []bool{false, false, true})
+	if res := run(t, "verify", "--key", pub, repo+"@"+ds[2]); res.code != 0 {
+		t.Fatalf("the kept version's signature:\n%s", res)
+	}
+}

@@ -1,0 +1,22 @@
+package retention
+
+import (
+	"context"
+	"fmt"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/signature"
+)
+
+// deleteSignatures deletes the signatures of the version root is the
+// manifest of (its tag-scheme manifest and its signature referrers). Only
+// Purge calls it: a soft-deleted version keeps its signatures, so that a
+// restored version is still signed.
+func deleteSignatures(ctx context.Context, t oci.Target, root ocispec.Descriptor) error {
+	if _, err := signature.Delete(ctx, t, root); err != nil {
+		return fmt.Errorf("%s: signatures: %w", root.Digest, err)
+	}
+	return nil
+}

@@ -1,0 +1,86 @@
+package signature
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// ErrRefused is wrapped when a policy refuses a version.
+var ErrRefused = errors.New("refused: signature required")
+
+// Policy is what a version must carry to be used. The zero Policy requires
+// nothing.
+type Policy struct {
+	// Keys: a valid signature by any one of them is required when not empty.
+	Keys []Verifier
+}
+
+// Required reports whether the policy requires a signature.
+func (p Policy) Required() bool { return len(p.Keys) > 0 }
+
+// Check returns nil when p requires nothing or desc carries a valid signature
+// by one of p's keys. Only the signature manifests and payloads are read.
+func (p Policy) Check(ctx context.Context, t oci.Target, desc ocispec.Descriptor) error {
+	if !p.Required() {
+		return nil
+	}
+	if _, err := Verify(ctx, t, desc, p.Keys); err != nil {
+		return fmt.Errorf("%w: %w", ErrRefused, err)
+	}
+	return nil
+}
+
+// Resolve resolves ref in t and checks the version against p before anything
+// of it is read: the one place where pull, mount and the node plugin turn a
+// reference into a digest they will use.
+func Resolve(ctx context.Context, t oci.Target, ref oci.Ref, p Policy) (ocispec.Descriptor, error) {
+	desc, err := oci.Resolve(ctx, t, ref)
+	if err != nil {
+		return desc, err
+	}
+	if err := p.Check(ctx, t, desc); err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("%s: %w", ref.Pinned(desc.Digest), err)
+	}
+	return desc, nil
+}
+
+// LoadPolicy returns the policy requiring a signature by one of the public
+// key files named; no names, no requirement.
+func LoadPolicy(paths ...string) (Policy, error) {
+	var p Policy
+	for _, path := range paths {
+		if path == "" {
+			continue
+		}
+		v, err := LoadPublicKey(path, nil)
+		if err != nil {
+			return Policy{}, err
+		}
+		p.Keys = append(p.Keys, v)
+	}
+	return p, nil
+}
+
+// PolicyFromValue reads a key named by a file path or given inline as a PEM
+// public key (a value starting with "-----BEGIN"), as the node plugin's
+// volume attribute allows.
+func PolicyFromValue(s string) (Policy, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return Policy{}, nil
+	}
+	if strings.HasPrefix(s, "-----BEGIN") {
+		v, err := ParsePublicKey([]byte(s))
+		if err != nil {
+			return Policy{}, fmt.Errorf("inline key: %w", err)
+		}
+		return Policy{Keys: []Verifier{v}}, nil
+	}
+	return LoadPolicy(s)
+}

@@ -1,0 +1,346 @@
+package signature
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry"
+)
+
+// Media types and annotations of cosign signatures.
+const (
+	// MediaTypeSimpleSigning is the media type of a signed payload layer.
+	MediaTypeSimpleSigning = "application/vnd.dev.cosign.simplesigning.v1+json"
+	// ArtifactTypeSignature is the artifact type of a signature stored as an
+	// OCI 1.1 referrer.
+	ArtifactTypeSignature = "application/vnd.dev.cosign.artifact.sig.v1+json"
+	// AnnotationSignature holds the base64 signature of a payload layer.
+	AnnotationSignature = "dev.cosignproject.cosign/signature"
+	// AnnotationKeyID is the key id bdnvol records beside its signatures; a
+	// claim, not a proof.
+	AnnotationKeyID = "dev.bdnvol.signature/key"
+	// TagSuffix ends cosign's signature tags: <alg>-<hex>.sig.
+	TagSuffix = ".sig"
+
+	maxPayload  = 64 << 10
+	maxManifest = 1 << 20
+	maxLayers   = 256
+)
+
+// Errors wrapped by Verify; each names why a version is refused.
+var (
+	// ErrUnsigned: no signature of the version was found.
+	ErrUnsigned = errors.New("no signature")
+	// ErrOtherKey: the signatures found verify with none of the keys.
+	ErrOtherKey = errors.New("signed by another key")
+	// ErrOtherDigest: a signature by the key names another digest.
+	ErrOtherDigest = errors.New("signature of another digest")
+	// ErrTampered: a signature claims the key but does not verify with it.
+	ErrTampered = errors.New("signature or payload tampered with")
+)
+
+// Tag returns cosign's signature tag for d: sha256-<hex>.sig.
+func Tag(d digest.Digest) string {
+	return d.Algorithm().String() + "-" + d.Encoded() + TagSuffix
+}
+
+// IsTag reports whether tag is a cosign signature tag.
+func IsTag(tag string) bool {
+	alg, rest, ok := strings.Cut(strings.TrimSuffix(tag, TagSuffix), "-")
+	return ok && strings.HasSuffix(tag, TagSuffix) && digest.Algorithm(alg).Available() &&
+		digest.Algorithm(alg).Validate(rest) == nil
+}
+
+// Entry is one signature of a version found in the repository.
+type Entry struct {
+	Payload  []byte
+	Sig      []byte
+	KeyID    string             // the key id the signature claims; "" if none
+	Manifest ocispec.Descriptor // the manifest that holds it
+	Referrer bool               // found as an OCI 1.1 referrer, not by tag
+}
+
+// Sign signs version desc of repo (its name, as a reference without tag) with
+// s and stores the signature under the tag scheme, beside any already there.
+func Sign(ctx context.Context, t oras.Target, repo string, desc ocispec.Descriptor, s Signer) (Entry, error) {
+	p, err := Payload(repo, desc.Digest)
+	if err != nil {
+		return Entry{}, err
+	}
+	sig, err := s.Sign(ctx, p)
+	if err != nil {
+		return Entry{}, fmt.Errorf("sign %s: %w", desc.Digest, err)
+	}
+	layer := content.NewDescriptorFromBytes(MediaTypeSimpleSigning, p)
+	layer.Annotations = map[string]string{
+		AnnotationSignature: base64.StdEncoding.EncodeToString(sig),
+		AnnotationKeyID:     s.Verifier().KeyID(),
+	}
+	tag := Tag(desc.Digest)
+	var layers []ocispec.Descriptor
+	if old, err := t.Resolve(ctx, tag); err == nil {
+		m, err := fetchManifest(ctx, t, old)
+		if err != nil {
+			return Entry{}, fmt.Errorf("signatures of %s (%s): %w", desc.Digest, tag, err)
+		}
+		for _, l := range m.Layers {
+			if l.Digest == layer.Digest && l.Annotations[AnnotationSignature] == layer.Annotations[AnnotationSignature] {
+				continue
+			}
+			layers = append(layers, l)
+		}
+	} else if !errors.Is(err, errdef.ErrNotFound) {
+		return Entry{}, fmt.Errorf("signatures of %s (%s): %w", desc.Digest, tag, err)
+	}
+	layers = append(layers, layer)
+	if err := pushIfMissing(ctx, t, layer, p); err != nil {
+		return Entry{}, err
+	}
+	cfg, err := imageConfig(layers)
+	if err != nil {
+		return Entry{}, err
+	}
+	cfgDesc := content.NewDescriptorFromBytes(ocispec.MediaTypeImageConfig, cfg)
+	if err := pushIfMissing(ctx, t, cfgDesc, cfg); err != nil {
+		return Entry{}, err
+	}
+	mb, err := json.Marshal(ocispec.Manifest{
+		Versioned: specs.Versioned{SchemaVersion: 2},
+		MediaType: ocispec.MediaTypeImageManifest,
+		Config:    cfgDesc,
+		Layers:    layers,
+	})
+	if err != nil {
+		return Entry{}, err
+	}
+	md := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, mb)
+	if err := pushIfMissing(ctx, t, md, mb); err != nil {
+		return Entry{}, err
+	}
+	if err := t.Tag(ctx, md, tag); err != nil {
+		return Entry{}, fmt.Errorf("tag signature of %s as %s: %w", desc.Digest, tag, err)
+	}
+	return Entry{Payload: p, Sig: sig, KeyID: s.Verifier().KeyID(), Manifest: md}, nil
+}
+
+// imageConfig is the image config cosign's signature images carry: one
+// diff id per payload layer (payloads are not compressed).
+func imageConfig(layers []ocispec.Descriptor) ([]byte, error) {
+	diffs := make([]string, len(layers))
+	history := make([]map[string]string, len(layers))
+	for i, l := range layers {
+		diffs[i] = l.Digest.String()
+		history[i] = map[string]string{"created": "0001-01-01T00:00:00Z"}
+	}
+	return json.Marshal(map[string]any{
+		"architecture": "",
+		"created":      "0001-01-01T00:00:00Z",
+		"history":      history,
+		"os":           "",
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": diffs},
+		"config":       map[string]any{},
+	})
+}
+
+func pushIfMissing(ctx context.Context, t oras.Target, d ocispec.Descriptor, b []byte) error {
+	ok, err := t.Exists(ctx, d)
+	if err == nil && ok {
+		return nil
+	}
+	if err := t.Push(ctx, d, bytes.NewReader(b)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+		return fmt.Errorf("push %s %s: %w", d.MediaType, d.Digest, err)
+	}
+	return nil
+}
+
+func fetchManifest(ctx context.Context, t content.Fetcher, d ocispec.Descriptor) (*ocispec.Manifest, error) {
+	if d.Size <= 0 || d.Size > maxManifest {
+		return nil, fmt.Errorf("manifest %s of %d bytes", d.Digest, d.Size)
+	}
+	b, err := content.FetchAll(ctx, t, d)
+	if err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", d.Digest, err)
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", d.Digest, err)
+	}
+	if len(m.Layers) > maxLayers {
+		return nil, fmt.Errorf("manifest %s: %d layers, more than %d", d.Digest, len(m.Layers), maxLayers)
+	}
+	return &m, nil
+}
+
+// Manifests returns the descriptors of the manifests that hold signatures of
+// desc: the tag-scheme one and OCI 1.1 referrers of the signature type.
+func Manifests(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	out, _, err := manifests(ctx, t, desc)
+	return out, err
+}
+
+// manifests is Manifests that also tells how many of them (0 or 1, first)
+// were found by tag.
+func manifests(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]ocispec.Descriptor, int, error) {
+	var out []ocispec.Descriptor
+	tag := Tag(desc.Digest)
+	md, err := t.Resolve(ctx, tag)
+	switch {
+	case err == nil:
+		out = append(out, md)
+	case !errors.Is(err, errdef.ErrNotFound):
+		return nil, 0, fmt.Errorf("signatures of %s (%s): %w", desc.Digest, tag, err)
+	}
+	tagged := len(out)
+	refs, err := registry.Referrers(ctx, t, desc, ArtifactTypeSignature)
+	if err != nil && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
+		return nil, 0, fmt.Errorf("signature referrers of %s: %w", desc.Digest, err)
+	}
+	for _, r := range refs {
+		if len(out) == 0 || r.Digest != out[0].Digest {
+			out = append(out, r)
+		}
+	}
+	return out, tagged, nil
+}
+
+// Find returns every signature of desc stored by tag or as a referrer.
+func Find(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]Entry, error) {
+	mds, tagged, err := manifests(ctx, t, desc)
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for i, md := range mds {
+		m, err := fetchManifest(ctx, t, md)
+		if err != nil {
+			return nil, fmt.Errorf("signatures of %s: %w", desc.Digest, err)
+		}
+		for _, l := range m.Layers {
+			if l.MediaType != MediaTypeSimpleSigning {
+				continue
+			}
+			e := Entry{Manifest: md, Referrer: i >= tagged, KeyID: l.Annotations[AnnotationKeyID]}
+			if e.Sig, err = base64.StdEncoding.DecodeString(l.Annotations[AnnotationSignature]); err != nil || len(e.Sig) == 0 {
+				e.Sig = nil
+			}
+			if l.Size > 0 && l.Size <= maxPayload {
+				if b, err := content.FetchAll(ctx, t, l); err == nil {
+					e.Payload = b
+				}
+			}
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// Verified is what Verify found: the signature that verified and its key.
+type Verified struct {
+	Digest digest.Digest
+	KeyID  string
+	Entry  Entry
+}
+
+// Verify checks that desc carries a valid signature by one of vs. The error
+// names the digest and wraps ErrUnsigned, ErrOtherKey, ErrOtherDigest or
+// ErrTampered.
+func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor, vs []Verifier) (*Verified, error) {
+	if len(vs) == 0 {
+		return nil, fmt.Errorf("verify %s: %w: no key given", desc.Digest, ErrKey)
+	}
+	entries, err := Find(ctx, t, desc)
+	if err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return nil, fmt.Errorf("version %s: %w (looked for tag %s and referrers)", desc.Digest, ErrUnsigned, Tag(desc.Digest))
+	}
+	ids := map[string]bool{}
+	for _, v := range vs {
+		ids[v.KeyID()] = true
+	}
+	var otherDigest digest.Digest
+	tampered, claims := false, map[string]bool{}
+	for _, e := range entries {
+		if e.KeyID != "" {
+			claims[e.KeyID] = true
+		}
+		var by Verifier
+		for _, v := range vs {
+			if e.Payload != nil && e.Sig != nil && v.Verify(ctx, e.Payload, e.Sig) == nil {
+				by = v
+				break
+			}
+		}
+		if by == nil {
+			if ids[e.KeyID] {
+				tampered = true
+			}
+			continue
+		}
+		d, err := signedDigest(e.Payload)
+		if err != nil {
+			tampered = true
+			continue
+		}
+		if d != desc.Digest {
+			otherDigest = d
+			continue
+		}
+		return &Verified{Digest: desc.Digest, KeyID: by.KeyID(), Entry: e}, nil
+	}
+	switch {
+	case otherDigest != "":
+		return nil, fmt.Errorf("version %s: %w (the signature by the key names %s)", desc.Digest, ErrOtherDigest, otherDigest)
+	case tampered:
+		return nil, fmt.Errorf("version %s: %w (a signature claims key %s but does not verify with it)", desc.Digest, ErrTampered, keyList(vs))
+	}
+	other := make([]string, 0, len(claims))
+	for id := range claims {
+		other = append(other, short(id))
+	}
+	why := "no signature verifies with key " + keyList(vs)
+	if len(other) > 0 {
+		why += "; signatures claim key " + strings.Join(other, ", ")
+	}
+	return nil, fmt.Errorf("version %s: %w (%d signatures: %s)", desc.Digest, ErrOtherKey, len(entries), why)
+}
+
+func keyList(vs []Verifier) string {
+	ids := make([]string, len(vs))
+	for i, v := range vs {
+		ids[i] = short(v.KeyID())
+	}
+	return strings.Join(ids, ", ")
+}
+
+// Delete removes the signatures of desc: the tag-scheme manifest and the
+// signature referrers. It returns how many manifests it deleted.
+func Delete(ctx context.Context, t interface {
+	oras.ReadOnlyGraphTarget
+	content.Deleter
+}, desc ocispec.Descriptor) (int, error) {
+	mds, err := Manifests(ctx, t, desc)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, md := range mds {
+		if err := t.Delete(ctx, md); err != nil && !errors.Is(err, errdef.ErrNotFound) {
+			return n, fmt.Errorf("delete signatures %s of %s: %w", md.Digest, desc.Digest, err)
+		}
+		n++
+	}
+	return n, nil
+}
