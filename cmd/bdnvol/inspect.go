@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
@@ -34,11 +35,20 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref, err)
 	}
+	views, err := imageview.List(ctx, t, d.Digest)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref, err)
+	}
+	images := []string{}
+	for _, v := range views {
+		images = append(images, ref.Pinned(v.Digest))
+	}
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(struct {
 			Reference string `json:"reference"`
 			*versions.Details
-		}{ref.Pinned(d.Digest), d})
+			Images []string `json:"images"`
+		}{ref.Pinned(d.Digest), d, images})
 	}
 	w := g.stdout
 	fmt.Fprintf(w, "reference: %s\n", ref.Pinned(d.Digest))
@@ -50,6 +60,9 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(w, "tags:      %s\n", strings.Join(termsafe.Names(d.Tags), " "))
 	fmt.Fprintf(w, "files:     %d, %s\n", len(d.Files), humanBytes(d.Bytes))
 	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, humanBytes(d.UniqueBytes))
+	for _, im := range images {
+		fmt.Fprintf(w, "image:     %s\n", im)
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tSIZE\tSHA256\tPATH")

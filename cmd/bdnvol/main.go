@@ -61,6 +61,7 @@ type CLI struct {
 	Tag      TagCmd      `cmd:"" help:"Point tags at an existing version (rollback)."`
 	History  HistoryCmd  `cmd:"" help:"List where a tag pointed and when."`
 	Diff     DiffCmd     `cmd:"" help:"Compare two versions by file and by chunk."`
+	ExportImage ExportImageCmd `cmd:"" name:"export-image" help:"Build an eStargz OCI image of a version's tree, attached to the version as a referrer."`
 	Pin      PinCmd      `cmd:"" help:"Pin tag references in YAML or JSON files to digests, in place."`
 	Lint     LintCmd     `cmd:"" help:"Report volume references that are unpinned, missing or moved."`
 	GC       GCCmd       `cmd:"" name:"gc" help:"Delete old versions that no tag, deploy reference or running mount keeps (prints a plan unless --apply)."`

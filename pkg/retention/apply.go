@@ -230,6 +230,9 @@ func Apply(ctx context.Context, t oci.Target, plan *Plan, opt ApplyOptions) ([]R
 				return nil
 			},
 		})
+		if err == nil {
+			_, err = DeleteImageViews(ctx, t, d.Digest)
+		}
 		r := Result{Digest: d.Digest, Action: ActionDelete}
 		if rec != nil {
 			r.Tombstone = rec.Tag
