@@ -8,6 +8,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/config v1.33.18
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/container-storage-interface/spec v1.13.0
+	github.com/containerd/stargz-snapshotter/estargz v0.19.1
 	github.com/google/go-containerregistry v0.22.1
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/opencontainers/go-digest v1.0.0
@@ -36,7 +37,6 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.5 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.52.0 // indirect
 	github.com/aws/smithy-go v1.28.9 // indirect
-	github.com/containerd/stargz-snapshotter/estargz v0.19.1 // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
