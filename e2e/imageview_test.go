@@ -489,7 +489,11 @@ func TestImageView(t *testing.T) {
 			if s := manifestStatus(t, tg.reg, "mirror/llama-image", e1.Digest); s != http.StatusOK {
 				t.Errorf("image in the other repository: HEAD %d, want 200", s)
 			}
-			t.Logf("%s: tags after gc: %v", tg.name, listTags(t, tg.reg, "team/llama"))
+			tags := listTags(t, tg.reg, "team/llama")
+			t.Logf("%s: tags after gc: %v", tg.name, tags)
+			if fb := "sha256-" + strings.TrimPrefix(vd, "sha256:"); slices.Contains(tags, fb) {
+				t.Errorf("referrers fallback tag %s of the deleted version is left behind", fb)
+			}
 		} else {
 			res := run(t, "inspect", repo+"@"+e1.Digest)
 			if res.code == 0 {
