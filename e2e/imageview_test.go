@@ -460,6 +460,26 @@ func TestImageView(t *testing.T) {
 			}
 		}
 
+		// lint --all: an image view of v1 next to the volume pinned at v2 is
+		// out of step; the view of v2 is not.
+		v2d := e3.Volume[strings.LastIndex(e3.Volume, "@")+1:]
+		pod := func(view string) string {
+			f := filepath.Join(t.TempDir(), "pod.yaml")
+			y := "apiVersion: v1\nkind: Pod\nmetadata: {name: llama}\nspec:\n  containers: []\n  volumes:\n" +
+				"    - name: weights\n      csi:\n        driver: csi.bdnvol.dev\n        volumeAttributes:\n          ref: " + repo + ":v2@" + v2d + "\n" +
+				"    - name: weights-image\n      image:\n        reference: " + view + "\n"
+			if err := os.WriteFile(f, []byte(y), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+		if res := run(t, "lint", "--all", pod(e2.Image)); res.code != 1 || !strings.Contains(res.stdout+res.stderr, "image view of "+repo+"@"+vd) {
+			t.Errorf("lint of a view of v1 next to v2: want exit 1 naming the mismatch:\n%s", res)
+		}
+		if res := run(t, "lint", "--all", pod(e3.Image)); res.code != 0 {
+			t.Errorf("lint of the view of v2 next to v2: want exit 0:\n%s", res)
+		}
+
 		// inspect lists the image views; gc --apply deletes them with their
 		// versions.
 		var insp struct {
