@@ -511,7 +511,9 @@ func TestImageView(t *testing.T) {
 			}
 			tags := listTags(t, tg.reg, "team/llama")
 			t.Logf("%s: tags after gc: %v", tg.name, tags)
-			if fb := "sha256-" + strings.TrimPrefix(vd, "sha256:"); slices.Contains(tags, fb) {
+			// go-containerregistry's registry keeps a tag when the manifest it
+			// names is deleted by digest, so only distribution drops it.
+			if fb := "sha256-" + strings.TrimPrefix(vd, "sha256:"); tg.name == "distribution" && slices.Contains(tags, fb) {
 				t.Errorf("referrers fallback tag %s of the deleted version is left behind", fb)
 			}
 		} else {
