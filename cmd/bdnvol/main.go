@@ -61,7 +61,6 @@ type CLI struct {
 	Tag      TagCmd      `cmd:"" help:"Point tags at an existing version (rollback)."`
 	History  HistoryCmd  `cmd:"" help:"List where a tag pointed and when."`
 	Diff     DiffCmd     `cmd:"" help:"Compare two versions by file and by chunk."`
-	ExportImage ExportImageCmd `cmd:"" name:"export-image" help:"Build an eStargz OCI image of a version's tree, attached to the version as a referrer."`
 	Pin      PinCmd      `cmd:"" help:"Pin tag references in YAML or JSON files to digests, in place."`
 	Lint     LintCmd     `cmd:"" help:"Report volume references that are unpinned, missing or moved."`
 	GC       GCCmd       `cmd:"" name:"gc" help:"Delete old versions that no tag, deploy reference or running mount keeps (prints a plan unless --apply)."`
@@ -72,6 +71,8 @@ type CLI struct {
 	Jobs JobsCmd `cmd:"" help:"List, wait for, cancel, resume and read the logs of sync jobs."`
 
 	CSI CSICmd `cmd:"" name:"csi" help:"Kubernetes CSI node plugin: the mounter and the node services."`
+
+	ExportImage ExportImageCmd `cmd:"" name:"export-image" help:"Build an eStargz OCI image of a version's tree, attached to the version as a referrer."`
 }
 
 func (g *Globals) options() oci.Options {
