@@ -43,6 +43,10 @@ const (
 	DefaultLayerBytes = 512 << 20
 	// SmallFileBytes: files below this size go in the first layer.
 	SmallFileBytes = 1 << 20
+	// MaxLayers bounds the layers of an image view: overlay-based
+	// snapshotters stack at most about 128 layers. A plan with more has its
+	// layer bound doubled until it fits.
+	MaxLayers = 120
 )
 
 // build parameters fixed for reproducibility: changing one changes every
@@ -127,11 +131,23 @@ type Image struct {
 
 // Plan is how the files of a version are cut into layers: the index
 // positions of the entries of each layer. Layer 0 holds every directory,
-// symlink and small file.
+// symlink and small file; the other files follow in index order, packed
+// into layers of at most layerBytes (doubled until there are at most
+// MaxLayers layers).
 func Plan(x *layout.Index, layerBytes int64) [][]int {
 	if layerBytes <= 0 {
 		layerBytes = DefaultLayerBytes
 	}
+	for {
+		p := plan(x, layerBytes)
+		if len(p) <= MaxLayers || layerBytes > 1<<50 {
+			return p
+		}
+		layerBytes *= 2
+	}
+}
+
+func plan(x *layout.Index, layerBytes int64) [][]int {
 	first := []int{}
 	var big []int
 	for i, f := range x.Files {

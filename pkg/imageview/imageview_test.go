@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -82,6 +83,17 @@ func TestPlan(t *testing.T) {
 				t.Fatalf("plan %v, want %v", got, want)
 			}
 		}
+	}
+}
+
+func TestPlanBoundsLayers(t *testing.T) {
+	x := &layout.Index{}
+	for i := range 300 {
+		x.Files = append(x.Files, layout.File{Path: fmt.Sprintf("s%03d", i), Type: layout.TypeFile, Size: 5 << 30})
+	}
+	p := Plan(x, 512<<20)
+	if len(p) > MaxLayers || len(p) < MaxLayers/2 {
+		t.Fatalf("%d layers for 300 files of 5 GiB: want at most %d, not far fewer", len(p), MaxLayers)
 	}
 }
 
