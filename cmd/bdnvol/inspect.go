@@ -37,7 +37,7 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	views, err := imageview.List(ctx, t, d.Digest)
 	if err != nil {
-		return fmt.Errorf("%s: %w", ref, err)
+		fmt.Fprintf(g.stderr, "bdnvol: warning: %s: listing image views: %v\n", ref, err)
 	}
 	images := []string{}
 	for _, v := range views {
