@@ -11,6 +11,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -39,12 +40,21 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	_, terr := t.Resolve(ctx, signature.Tag(root.Desc.Digest))
 	sig := signature.StatusOf(ctx, t, root.Desc, terr == nil, p.Keys)
+	views, err := imageview.List(ctx, t, d.Digest)
+	if err != nil {
+		fmt.Fprintf(g.stderr, "bdnvol: warning: %s: listing image views: %v\n", ref, err)
+	}
+	images := []string{}
+	for _, v := range views {
+		images = append(images, ref.Pinned(v.Digest))
+	}
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(struct {
 			Reference string `json:"reference"`
 			*versions.Details
 			Signature signature.Status `json:"signature"`
-		}{ref.Pinned(d.Digest), d, sig})
+			Images    []string         `json:"images"`
+		}{ref.Pinned(d.Digest), d, sig, images})
 	}
 	w := g.stdout
 	fmt.Fprintf(w, "reference: %s\n", ref.Pinned(d.Digest))
@@ -57,6 +67,9 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(w, "signed:    %s\n", sig)
 	fmt.Fprintf(w, "files:     %d, %s\n", len(d.Files), units.Bytes(d.Bytes))
 	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, units.Bytes(d.UniqueBytes))
+	for _, im := range images {
+		fmt.Fprintf(w, "image:     %s\n", im)
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tSIZE\tSHA256\tPATH")

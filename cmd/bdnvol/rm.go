@@ -64,6 +64,11 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	if views, err := retention.DeleteImageViews(ctx, t, d); err != nil {
+		fmt.Fprintf(g.stderr, "bdnvol: warning: %v\n", err)
+	} else if len(views) > 0 {
+		fmt.Fprintf(g.stderr, "bdnvol: deleted %d image view(s) of %s\n", len(views), d)
+	}
 	if len(rec.Tags) > 0 {
 		fmt.Fprintf(g.stderr, "bdnvol: removed tags %s\n", strings.Join(termsafe.Names(rec.Tags), ", "))
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -265,7 +266,7 @@ func Pin(ctx context.Context, b []byte, res Resolver, opt PinOptions) ([]byte, [
 		}
 		tagRef := r
 		tagRef.Digest = ""
-		d, err := res.Resolve(ctx, tagRef)
+		d, _, err := resolveAny(ctx, res, tagRef)
 		if err != nil {
 			fail(c, err)
 			continue
@@ -320,6 +321,12 @@ func Lint(ctx context.Context, b []byte, res Resolver, opt LintOptions) ([]Findi
 		return nil, err
 	}
 	var out []Finding
+	type view struct {
+		c      Candidate
+		volume digest.Digest
+	}
+	var views []view
+	var pinned []oci.Ref // the volume references pinned to a digest
 	for _, c := range cands {
 		add := func(format string, a ...any) {
 			out = append(out, Finding{Line: c.Line, Ref: c.Value, Reason: fmt.Sprintf(format, a...)})
@@ -337,7 +344,12 @@ func Lint(ctx context.Context, b []byte, res Resolver, opt LintOptions) ([]Findi
 			}
 			continue
 		}
-		d, err := res.Resolve(ctx, r)
+		d, volume, err := resolveAny(ctx, res, r)
+		if volume != "" {
+			views = append(views, view{c, volume})
+		} else if err == nil && r.Digest != "" {
+			pinned = append(pinned, r)
+		}
 		if err != nil {
 			if !c.Source && !errors.Is(err, layout.ErrNotVolume) {
 				if has, herr := res.HasVolumes(ctx, r); herr == nil && has {
@@ -368,7 +380,7 @@ func Lint(ctx context.Context, b []byte, res Resolver, opt LintOptions) ([]Findi
 		}
 		tagRef := r
 		tagRef.Digest = ""
-		now, err := res.Resolve(ctx, tagRef)
+		now, _, err := resolveAny(ctx, res, tagRef)
 		switch {
 		case errors.Is(err, oci.ErrNotFound):
 			// The tag is gone; the pinned digest still exists and is what runs.
@@ -378,5 +390,11 @@ func Lint(ctx context.Context, b []byte, res Resolver, opt LintOptions) ([]Findi
 			add("%s moved since this was pinned: it points at %s now", r.Tag, now)
 		}
 	}
+	for _, v := range views {
+		if why := viewFinding(ctx, res, v.volume, pinned); why != "" {
+			out = append(out, Finding{Line: v.c.Line, Ref: v.c.Value, Reason: why})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Finding) int { return a.Line - b.Line })
 	return out, nil
 }

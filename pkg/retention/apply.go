@@ -191,6 +191,10 @@ type Result struct {
 	Tombstone string        `json:"tombstone,omitempty"` // the tombstone tag of a soft delete
 	Skipped   string        `json:"skipped,omitempty"`   // why a re-check kept it after all
 	Error     string        `json:"error,omitempty"`
+	// ImageViews counts the image views deleted with the version.
+	ImageViews int `json:"image_views,omitempty"`
+	// Warning is what went wrong after the version was deleted.
+	Warning string `json:"warning,omitempty"`
 }
 
 // Apply carries the plan out: it soft-deletes every version planned for
@@ -235,6 +239,15 @@ func Apply(ctx context.Context, t oci.Target, plan *Plan, opt ApplyOptions) ([]R
 			},
 		})
 		r := Result{Digest: d.Digest, Action: ActionDelete}
+		if err == nil {
+			// The version is deleted; its image views go with it. Failing
+			// that (a registry with deletes disabled) is a warning.
+			views, verr := DeleteImageViews(ctx, t, d.Digest)
+			r.ImageViews = len(views)
+			if verr != nil {
+				r.Warning = verr.Error()
+			}
+		}
 		if rec != nil {
 			r.Tombstone = rec.Tag
 		}
