@@ -38,6 +38,13 @@ type cacheReader struct {
 	filled lazy.Fetcher
 }
 
+// Local reports whether the source reads local files, so that a bad chunk
+// is not fetched again.
+func (r cacheReader) Local() bool {
+	l, ok := r.src.(interface{ Local() bool })
+	return ok && l.Local()
+}
+
 func (r cacheReader) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	if r.cache.Contains(desc.Digest) {
 		return r.filled.Fetch(ctx, desc)
