@@ -61,6 +61,7 @@ type CLI struct {
 	Tag      TagCmd      `cmd:"" help:"Point tags at an existing version (rollback)."`
 	History  HistoryCmd  `cmd:"" help:"List where a tag pointed and when."`
 	Diff     DiffCmd     `cmd:"" help:"Compare two versions by file and by chunk."`
+	Verify   VerifyCmd   `cmd:"" help:"Check a directory against a version: sizes, modes, SHA-256, symlinks, extra and missing entries (exit 1 on any difference)."`
 	Pin      PinCmd      `cmd:"" help:"Pin tag references in YAML or JSON files to digests, in place."`
 	Lint     LintCmd     `cmd:"" help:"Report volume references that are unpinned, missing or moved."`
 	GC       GCCmd       `cmd:"" name:"gc" help:"Delete old versions that no tag, deploy reference or running mount keeps (prints a plan unless --apply)."`

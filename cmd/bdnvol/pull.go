@@ -23,6 +23,8 @@ type PullCmd struct {
 	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
 	Jobs int    `default:"8" help:"Concurrent chunk fetches."`
 
+	VerifyFiles bool `name:"verify-files" help:"Also check every written file's SHA-256 before it is renamed into place (reads each file once more; chunk digests are always checked)."`
+
 	Cache       bool `xor:"cache" help:"Also store fetched chunks in the shared chunk cache (for mounts and later pulls). By default a pull uses chunks already in the cache but adds none: DIR holds every byte anyway."`
 	NoCache     bool `name:"no-cache" xor:"cache" help:"Neither use nor fill the shared chunk cache."`
 	CacheSize   Size `name:"cache-size" default:"10GiB" help:"Bound of the shared chunk cache with --cache."`
@@ -111,9 +113,10 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "pull", counters)
 	res, err := layout.Pull(ctx, src, v, c.Dir, layout.PullOptions{
-		Jobs:     c.Jobs,
-		Cache:    layout.OpenStatCache(g.cacheDir(), c.Dir, layout.Params{}),
-		Counters: counters,
+		Jobs:        c.Jobs,
+		Cache:       layout.OpenStatCache(g.cacheDir(), c.Dir, layout.Params{}),
+		Counters:    counters,
+		VerifyFiles: c.VerifyFiles,
 	})
 	stop()
 	if err != nil {
