@@ -62,6 +62,9 @@ type pullOutput struct {
 	ChunksFetched int64   `json:"chunks_fetched"`
 	BytesFetched  int64   `json:"bytes_fetched"`
 	FilesReused   int     `json:"files_reused"`
+	ChunksCopied  int64   `json:"chunks_copied"`
+	BytesCopied   int64   `json:"bytes_copied"`
+	FilesRemoved  int     `json:"files_removed"`
 	CacheHits     int64   `json:"cache_hits"`
 	MirrorHits    int64   `json:"mirror_hits"`
 	Seconds       float64 `json:"seconds"`
@@ -130,6 +133,9 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		ChunksFetched: res.ChunksFetched,
 		BytesFetched:  res.BytesFetched,
 		FilesReused:   res.FilesReused,
+		ChunksCopied:  res.ChunksCopied,
+		BytesCopied:   res.BytesCopied,
+		FilesRemoved:  res.FilesRemoved,
 		Seconds:       time.Since(start).Seconds(),
 	}
 	if cache != nil {
@@ -141,8 +147,8 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
-	fmt.Fprintf(g.stderr, "pulled %d files, %s; fetched %d chunks, %s in %.1fs\n",
-		out.Files, humanBytes(out.Bytes), out.ChunksFetched, humanBytes(out.BytesFetched), out.Seconds)
+	fmt.Fprintf(g.stderr, "pulled %d files, %s; fetched %d chunks, %s; copied %d chunks, %s, from files already there in %.1fs\n",
+		out.Files, humanBytes(out.Bytes), out.ChunksFetched, humanBytes(out.BytesFetched), out.ChunksCopied, humanBytes(out.BytesCopied), out.Seconds)
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
 }

@@ -44,7 +44,10 @@ type PullResult struct {
 	Bytes         int64 // file bytes
 	ChunksFetched int64
 	BytesFetched  int64
-	FilesReused   int // files already present and verified
+	FilesReused   int   // files already present and verified
+	ChunksCopied  int64 // chunks copied from files already in the directory
+	BytesCopied   int64
+	FilesRemoved  int // files an earlier pull wrote that this version lacks
 }
 
 // target is where part of a chunk goes: a range of a file being written.
@@ -157,6 +160,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	}
 	files := make([]*pullFile, len(x.Files))
 	byChunk := make([][]target, len(x.Chunks))
+	previous := opt.Cache.pulledFiles() // what an earlier pull left here
+	var ready []int
+	var readyMu sync.Mutex
 	buf := make([]byte, 1<<20)
 	for i := range x.Files {
 		f := &x.Files[i]
@@ -188,9 +194,54 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		}
 		pf.remaining.Store(remaining)
 		if remaining == 0 {
-			if err := d.finishFile(f, pf, opt); err != nil {
-				return nil, err
-			}
+			ready = append(ready, i)
+		}
+	}
+
+	// Chunks already in dir (an earlier version, or a file at the same
+	// place) are copied from there, verified like fetched ones. No file is
+	// renamed into place until this is done: the old files are the source.
+	credited := make([]int64, len(x.Chunks)) // per chunk, file bytes counted as written
+	copied := make([]bool, len(x.Chunks))
+	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+	var copiedChunks, copiedBytes atomic.Int64
+	{
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(opt.Jobs)
+		for k, loc := range d.localChunks(x, byChunk, files, previous) {
+			desc := v.Chunks[k]
+			ts := byChunk[k]
+			g.Go(func() error {
+				buf := bufs.Get().(*[]byte)
+				defer bufs.Put(buf)
+				err := streamChunk(gctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
+				var we writeError
+				if errors.As(err, &we) {
+					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
+				}
+				if err != nil {
+					return nil // not there after all: fetched below
+				}
+				copied[k] = true
+				copiedChunks.Add(1)
+				copiedBytes.Add(desc.Size)
+				for _, t := range ts {
+					if files[t.file].remaining.Add(-t.n) == 0 {
+						readyMu.Lock()
+						ready = append(ready, t.file)
+						readyMu.Unlock()
+					}
+				}
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return nil, err
+		}
+	}
+	for _, i := range ready {
+		if err := d.finishFile(&x.Files[i], x, files[i], opt); err != nil {
+			return nil, err
 		}
 	}
 
@@ -200,10 +251,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Jobs)
-	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 	var fetchedChunks, fetchedBytes atomic.Int64
 	for k, ts := range byChunk {
-		if len(ts) == 0 {
+		if len(ts) == 0 || copied[k] {
 			continue
 		}
 		desc := v.Chunks[k]
@@ -211,9 +261,8 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			buf := bufs.Get().(*[]byte)
 			defer bufs.Put(buf)
 			var err error
-			var credited int64 // chunk bytes whose file bytes count as written
 			for attempt := 1; ; attempt++ {
-				err = streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters, &credited)
+				err = streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters, &credited[k])
 				if err == nil || attempt >= attempts || !refetchable(gctx, err) {
 					break
 				}
@@ -231,7 +280,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			fetchedBytes.Add(desc.Size)
 			for _, t := range ts {
 				if files[t.file].remaining.Add(-t.n) == 0 {
-					if err := d.finishFile(&x.Files[t.file], files[t.file], opt); err != nil {
+					if err := d.finishFile(&x.Files[t.file], x, files[t.file], opt); err != nil {
 						return err
 					}
 				}
@@ -246,6 +295,8 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		return nil, err
 	}
 	res.ChunksFetched, res.BytesFetched = fetchedChunks.Load(), fetchedBytes.Load()
+	res.ChunksCopied, res.BytesCopied = copiedChunks.Load(), copiedBytes.Load()
+	res.FilesRemoved = d.removeStale(x, previous)
 
 	for _, f := range x.Files {
 		if f.Type == TypeSymlink {
@@ -261,6 +312,13 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			}
 		}
 	}
+	keep := make(map[string]bool, len(x.Files))
+	for _, f := range x.Files {
+		if f.Type == TypeFile {
+			keep[f.Path] = true
+		}
+	}
+	opt.Cache.prune(keep)
 	if err := opt.Cache.Save(); err != nil {
 		return nil, fmt.Errorf("save stat cache: %w", err)
 	}
@@ -418,7 +476,11 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte) (
 				if err := existing.Chmod(os.FileMode(f.Mode)); err != nil {
 					return nil, nil, err
 				}
+				if info, err = existing.Stat(); err != nil {
+					return nil, nil, err
+				}
 			}
+			cache.storePulled(f.Path, cachedFile{Stat: statKey(info), Digest: f.Digest, Extents: pulledExtents(f, x)})
 			return nil, nil, nil
 		}
 	}
@@ -509,7 +571,6 @@ func (d *destDir) matchingFile(pfd int, f *File, cache *StatCache) (*os.File, er
 		fh.Close()
 		return nil, nil
 	}
-	cache.store(f.Path, cachedFile{Stat: key, Digest: got})
 	return fh, nil
 }
 
@@ -622,7 +683,7 @@ func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, r
 // verified (with opt.VerifyFiles, after checking its SHA-256 too) and
 // renames it into place, checking right before that the name is still the
 // file it wrote. A file that does not match is removed.
-func (d *destDir) finishFile(f *File, pf *pullFile, opt PullOptions) error {
+func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) error {
 	if f.Size == 0 {
 		fh, err := pf.openWrite() // no chunk made it: create it now
 		if err != nil {
@@ -670,7 +731,7 @@ func (d *destDir) finishFile(f *File, pf *pullFile, opt PullOptions) error {
 	}
 	if info, err := fh.Stat(); err == nil {
 		// Every byte came from a verified chunk (or a verified leftover).
-		opt.Cache.store(f.Path, cachedFile{Stat: statKey(info), Digest: f.Digest})
+		opt.Cache.storePulled(f.Path, cachedFile{Stat: statKey(info), Digest: f.Digest, Extents: pulledExtents(f, x)})
 	}
 	return nil
 }
