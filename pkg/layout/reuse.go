@@ -2,6 +2,7 @@ package layout
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
@@ -98,6 +99,11 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 			continue
 		}
 		f := &x.Files[i]
+		if _, ok := previous[f.Path]; !ok && wantsWholeChunk(f, x, byChunk, out) {
+			// No record of what is there: cut it as a push would and
+			// look for the chunks still needed.
+			d.scanChunks(f.Path, x.Chunking, needed, out)
+		}
 		var off int64
 		var size int64 = -1 // of the file at the final name, once looked at
 		for _, e := range f.Extents {
@@ -116,6 +122,92 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 		}
 	}
 	return out
+}
+
+// wantsWholeChunk reports whether f has an extent that is a whole chunk
+// still needed and not yet found.
+func wantsWholeChunk(f *File, x *Index, byChunk [][]target, found map[int]localChunk) bool {
+	for _, e := range f.Extents {
+		if _, ok := found[e.Chunk]; !ok && len(byChunk[e.Chunk]) > 0 && e.Offset == 0 && e.Length == x.Chunks[e.Chunk].Size {
+			return true
+		}
+	}
+	return false
+}
+
+// scanChunks cuts the regular file rel into chunks with the parameters p,
+// the way a push does, and records in out where it holds chunks of needed.
+func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int, out map[int]localChunk) {
+	if p.Validate() != nil {
+		return
+	}
+	pfd, err := d.openDir(parentOf(rel))
+	if err != nil {
+		return
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Openat(pfd, path.Base(rel), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	fh := os.NewFile(uintptr(fd), d.full(rel))
+	defer fh.Close()
+	info, err := fh.Stat()
+	if err != nil || !info.Mode().IsRegular() || info.Size() == 0 {
+		return
+	}
+	size := info.Size()
+	var cuts []int64
+	cdc := true
+	if isSafetensors(rel) {
+		if hdrEnd, ts, err := ReadSafetensorsHeader(fh, size); err == nil {
+			cuts, cdc = tensorBoundaries(hdrEnd, ts, size, p), false
+		}
+	}
+	cut := newCutter(p)
+	h := sha256.New()
+	var pos, start int64
+	emit := func() {
+		if pos > start {
+			if k, ok := needed[digest.NewDigest(digest.SHA256, h)]; ok {
+				if _, found := out[k]; !found {
+					out[k] = localChunk{d, rel, start}
+				}
+			}
+		}
+		h.Reset()
+		cut.reset()
+		start = pos
+	}
+	buf := make([]byte, 1<<20)
+	r := io.NewSectionReader(fh, 0, size)
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		data := buf[:n]
+		for len(data) > 0 {
+			lim, forced := len(data), false
+			for len(cuts) > 0 && cuts[0] <= pos {
+				cuts = cuts[1:]
+			}
+			if len(cuts) > 0 && cuts[0]-pos <= int64(lim) {
+				lim, forced = int(cuts[0]-pos), true
+			}
+			k, end := lim, false
+			if cdc {
+				k, end = cut.next(data[:lim])
+			}
+			h.Write(data[:k])
+			pos += int64(k)
+			data = data[k:]
+			if end || (forced && k == lim) {
+				emit()
+			}
+		}
+		if rerr != nil {
+			break
+		}
+	}
+	emit()
 }
 
 // regularSize returns the size of the regular file rel, or 0 when there is
