@@ -26,6 +26,9 @@ type gate struct {
 	max  int
 	open chan struct{}
 	once sync.Once
+	// stalled: a request waited out the safety delay, fewer than want
+	// in flight with it.
+	stalled bool
 }
 
 func newGate(want int) *gate { return &gate{want: want, open: make(chan struct{})} }
@@ -41,7 +44,10 @@ func (g *gate) enter(ctx context.Context) {
 	select {
 	case <-g.open:
 	case <-ctx.Done():
-	case <-time.After(5 * time.Second):
+	case <-time.After(3 * time.Second):
+		g.mu.Lock()
+		g.stalled = true
+		g.mu.Unlock()
 	}
 }
 
@@ -149,8 +155,8 @@ func TestSequentialReaderKeepsJobsChunksInFlight(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("contents differ")
 	}
-	if m := g.maxInFlight(); m < jobs {
-		t.Errorf("at most %d chunk fetches in flight ahead of a sequential reader, want %d (jobs)", m, jobs)
+	if m := g.maxInFlight(); m < jobs || g.stalled {
+		t.Errorf("at most %d chunk fetches in flight ahead of a sequential reader (stalled: %v), want %d (jobs) as soon as it reads on", m, g.stalled, jobs)
 	}
 }
 
