@@ -199,64 +199,42 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	}
 
 	// Chunks already in dir (an earlier version, or a file at the same
-	// place) are copied from there, verified like fetched ones. No file is
-	// renamed into place until this is done: the old files are the source.
+	// place) are copied from there, verified like fetched ones, while the
+	// others are fetched. No file is renamed into place until the copies
+	// are done: the old files are their source.
 	credited := make([]int64, len(x.Chunks)) // per chunk, file bytes counted as written
-	copied := make([]bool, len(x.Chunks))
 	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
-	var copiedChunks, copiedBytes atomic.Int64
-	{
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(opt.Jobs)
-		for k, loc := range d.localChunks(x, byChunk, files, previous) {
-			desc := v.Chunks[k]
-			ts := byChunk[k]
-			g.Go(func() error {
-				buf := bufs.Get().(*[]byte)
-				defer bufs.Put(buf)
-				err := streamChunk(gctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
-				var we writeError
-				if errors.As(err, &we) {
-					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
-				}
-				if err != nil {
-					return nil // not there after all: fetched below
-				}
-				copied[k] = true
-				copiedChunks.Add(1)
-				copiedBytes.Add(desc.Size)
-				for _, t := range ts {
-					if files[t.file].remaining.Add(-t.n) == 0 {
-						readyMu.Lock()
-						ready = append(ready, t.file)
-						readyMu.Unlock()
-					}
-				}
-				return nil
-			})
+	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes atomic.Int64
+	copying := true             // under readyMu: finished files wait in ready
+	var sources map[string]bool // paths local copies read from
+	finish := func(i int) error {
+		readyMu.Lock()
+		if copying && sources[x.Files[i].Path] {
+			ready = append(ready, i)
+			readyMu.Unlock()
+			return nil
 		}
-		if err := g.Wait(); err != nil {
-			return nil, err
-		}
+		readyMu.Unlock()
+		return d.finishFile(&x.Files[i], x, files[i], opt)
 	}
-	for _, i := range ready {
-		if err := d.finishFile(&x.Files[i], x, files[i], opt); err != nil {
-			return nil, err
+	written := func(ts []target) error {
+		for _, t := range ts {
+			if files[t.file].remaining.Add(-t.n) == 0 {
+				if err := finish(t.file); err != nil {
+					return err
+				}
+			}
 		}
+		return nil
 	}
-
 	attempts := fetchAttempts
 	if l, ok := src.(localSource); ok && l.Local() {
 		attempts = 1 // reading a local file again does not cure it
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Jobs)
-	var fetchedChunks, fetchedBytes atomic.Int64
-	for k, ts := range byChunk {
-		if len(ts) == 0 || copied[k] {
-			continue
-		}
-		desc := v.Chunks[k]
+	fetch := func(k int) {
+		desc, ts := v.Chunks[k], byChunk[k]
 		g.Go(func() error {
 			buf := bufs.Get().(*[]byte)
 			defer bufs.Put(buf)
@@ -278,18 +256,80 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			}
 			fetchedChunks.Add(1)
 			fetchedBytes.Add(desc.Size)
-			for _, t := range ts {
-				if files[t.file].remaining.Add(-t.n) == 0 {
-					if err := d.finishFile(&x.Files[t.file], x, files[t.file], opt); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
+			return written(ts)
 		})
+	}
+	local := d.localChunks(x, byChunk, files, previous)
+	sources = make(map[string]bool, len(local))
+	for _, loc := range local {
+		sources[loc.path] = true
+	}
+	pending := ready
+	ready = nil
+	for _, i := range pending {
+		if err := finish(i); err != nil {
+			return nil, err
+		}
+	}
+	var failedMu sync.Mutex
+	var failed []int // local copies that did not verify: fetched after all
+	lg, lctx := errgroup.WithContext(gctx)
+	lg.SetLimit(opt.Jobs)
+	copies := make(chan struct{})
+	go func() {
+		defer close(copies)
+		for k, loc := range local {
+			desc, ts := v.Chunks[k], byChunk[k]
+			lg.Go(func() error {
+				buf := bufs.Get().(*[]byte)
+				defer bufs.Put(buf)
+				err := streamChunk(lctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
+				var we writeError
+				if errors.As(err, &we) {
+					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
+				}
+				if err != nil {
+					failedMu.Lock()
+					failed = append(failed, k)
+					failedMu.Unlock()
+					return nil
+				}
+				copiedChunks.Add(1)
+				copiedBytes.Add(desc.Size)
+				return written(ts)
+			})
+		}
+	}()
+	for k, ts := range byChunk {
+		if _, ok := local[k]; len(ts) > 0 && !ok {
+			fetch(k)
+		}
+	}
+	<-copies
+	lerr := lg.Wait()
+	readyMu.Lock()
+	copying = false
+	readyMu.Unlock()
+	if lerr == nil {
+		for _, i := range ready {
+			if lerr = d.finishFile(&x.Files[i], x, files[i], opt); lerr != nil {
+				break
+			}
+		}
+	}
+	if lerr == nil {
+		for _, k := range failed {
+			if gctx.Err() != nil {
+				break
+			}
+			fetch(k)
+		}
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
+	}
+	if lerr != nil {
+		return nil, lerr
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
