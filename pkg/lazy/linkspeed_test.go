@@ -186,6 +186,8 @@ func TestLargeChunkReadIsSplit(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer v.Close()
+			// As after a first split fetch: ranges work, no probe first.
+			v.rangesOK.Store(true)
 			f, err := v.Open("one.bin")
 			if err != nil {
 				t.Fatal(err)
@@ -212,5 +214,34 @@ func TestLargeChunkReadIsSplit(t *testing.T) {
 				t.Errorf("good ranges: %d whole fetches, want 0", whole)
 			}
 		})
+	}
+}
+
+// TestSplitProbesFirst: until a source has served a split fetch, the first
+// range request goes alone; a source that refuses ranges is asked once and
+// the chunk comes whole.
+func TestSplitProbesFirst(t *testing.T) {
+	const mib = 1 << 20
+	data := randBytes(7, 8*mib)
+	px, ver := pushOne(t, "one.bin", data, layout.Params{Min: 4 * mib, Avg: 8 * mib, Max: 8 * mib})
+	fx := &rangeFake{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, refuse: true}
+	v, err := New(ver, fx, Options{Cache: mustCache(t), Jobs: 8, Readahead: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("one.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	if _, err := f.ReadAt(buf, 3*mib); err != nil || !bytes.Equal(buf, data[3*mib:3*mib+4096]) {
+		t.Fatalf("read: %v", err)
+	}
+	if ranges, _ := fx.rangeStats(); ranges != 1 {
+		t.Errorf("%d range requests to a source that refuses them, want 1", ranges)
+	}
+	if whole, _ := fx.total(); whole != 1 {
+		t.Errorf("%d whole fetches, want 1", whole)
 	}
 }

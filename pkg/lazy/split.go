@@ -25,6 +25,10 @@ const maxSplitParts = 8
 type splitFetcher struct {
 	RangeFetcher
 	parts int // most concurrent range requests
+	// probe: the source has not served a range yet, so the other parts
+	// start only once the first one is answered; a source without ranges
+	// is asked once.
+	probe bool
 }
 
 type partResult struct {
@@ -43,12 +47,24 @@ func (s splitFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Re
 	ctx, cancel := context.WithCancel(ctx)
 	r := &partsReader{cancel: cancel, parts: make([]chan partResult, n)}
 	for i := range n {
+		r.parts[i] = make(chan partResult, 1)
+	}
+	var start func(i int)
+	start = func(i int) {
 		off := int64(i) * size
 		m := min(size, desc.Size-off)
-		ch := make(chan partResult, 1)
-		r.parts[i] = ch
+		ch := r.parts[i]
 		go func() {
 			rc, err := s.FetchRange(ctx, desc, off, m)
+			if i == 0 && s.probe {
+				for j := 1; j < n; j++ {
+					if err != nil {
+						r.parts[j] <- partResult{err: err}
+					} else {
+						start(j)
+					}
+				}
+			}
 			if err != nil {
 				ch <- partResult{err: err}
 				return
@@ -61,6 +77,13 @@ func (s splitFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Re
 			}
 			ch <- partResult{data: b, err: err}
 		}()
+	}
+	if s.probe {
+		start(0)
+	} else {
+		for i := range n {
+			start(i)
+		}
 	}
 	return r, nil
 }

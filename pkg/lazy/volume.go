@@ -87,6 +87,7 @@ type Volume struct {
 
 	edgeFailures  atomic.Int32 // edges that failed verification in a row; edges stop at maxEdgeFailures
 	splitFailures atomic.Int32 // split fetches that failed in a row; splitting stops at maxEdgeFailures
+	rangesOK      atomic.Bool  // the source has served a split fetch
 	autoAhead     bool         // Readahead was 0: read ahead by Jobs chunks
 }
 
@@ -222,17 +223,22 @@ func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 	}
 	desc := v.ver.Chunks[k]
 	rf, ranged := v.src.(RangeFetcher)
-	if split && ranged && desc.Size >= splitMin && v.opt.Jobs > 1 && v.splitFailures.Load() < maxEdgeFailures {
+	if split && ranged && desc.Size >= splitMin && v.opt.Jobs > 1 && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.
-		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, v.opt.Jobs}, desc)
+		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, v.opt.Jobs, !v.rangesOK.Load()}, desc)
 		if err == nil {
 			v.splitFailures.Store(0)
+			v.rangesOK.Store(true)
 			return v.keep(k, ch), nil
 		}
 		if ctx.Err() != nil {
 			return nil, err
 		}
 		v.splitFailures.Add(1) // fetch it whole below
+		if errors.Is(err, errors.ErrUnsupported) {
+			v.splitFailures.Store(maxEdgeFailures) // no ranges from this source:
+			v.edgeFailures.Store(maxEdgeFailures)  // no edges either
+		}
 	}
 	ch, err := v.opt.Cache.Load(ctx, v.src, desc)
 	if err != nil {
