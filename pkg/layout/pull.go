@@ -172,6 +172,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		if err := digestKnown(f, x); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.Path, err)
+		}
 		pf, done, err := d.prepareFile(f, x, opt.Cache, buf)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
@@ -363,6 +366,28 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		return nil, fmt.Errorf("save stat cache: %w", err)
 	}
 	return res, nil
+}
+
+// emptyDigest is the SHA-256 of no bytes.
+var emptyDigest = digest.FromBytes(nil)
+
+// digestKnown checks the file's SHA-256 where the index alone tells what it
+// must be, with no byte read: an empty file, or one whole chunk (whose
+// digest is the file's). Other files' digests are checked on request.
+func digestKnown(f *File, x *Index) error {
+	want := digest.Digest("")
+	switch {
+	case f.Size == 0:
+		want = emptyDigest
+	case len(f.Extents) == 1:
+		if e, c := f.Extents[0], x.Chunks[f.Extents[0].Chunk]; e.Offset == 0 && e.Length == c.Size {
+			want = c.Digest
+		}
+	}
+	if want != "" && f.Digest != want {
+		return fmt.Errorf("%w: the index gives %s, its bytes are %s", ErrDigestMismatch, f.Digest, want)
+	}
+	return nil
 }
 
 // fetchAttempts bounds the fetches of one chunk: a body cut short or

@@ -123,3 +123,26 @@ func TestPullTemporariesOnlyInFlight(t *testing.T) {
 		t.Errorf("private directory left after success: %v", err)
 	}
 }
+
+// TestPullRefusesKnownWrongDigest: where the index alone shows a file's
+// SHA-256 is wrong (an empty file, a file of one whole chunk), pull refuses
+// it before writing anything, without reading any file back.
+func TestPullRefusesKnownWrongDigest(t *testing.T) {
+	for _, name := range []string{"one-chunk", "empty"} {
+		files := map[string][]byte{"one-chunk": []byte("one chunk\n"), "empty": {}}
+		store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
+		for i := range v.Index.Files {
+			if v.Index.Files[i].Path == name {
+				v.Index.Files[i].Digest = digest.FromString("other")
+			}
+		}
+		dst := t.TempDir()
+		_, err := Pull(context.Background(), store, v, dst, PullOptions{})
+		if !errors.Is(err, ErrDigestMismatch) {
+			t.Fatalf("%s: err = %v, want %v", name, err, ErrDigestMismatch)
+		}
+		if _, err := os.Lstat(filepath.Join(dst, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: under its final name after a refused pull (%v)", name, err)
+		}
+	}
+}
