@@ -178,10 +178,10 @@ measure_in() { # DIR NAME CMD...
 	RSS[$name]=$(cat "$TMP/$name.rss")
 	CPU[$name]=$(cat "$TMP/$name.cpu")
 }
-oras_push() { # DIR TAG NAME [HOST]
+oras_push() { # DIR TAG NAME [HOST [REPO]]
 	# shellcheck disable=SC2046
 	measure_in "$1" "$3" "$ORAS" push --plain-http --no-tty --export-manifest "$TMP/$3.manifest.json" \
-		"${4:-$HOST}/oras:$2" $(files_of "$1")
+		"${4:-$HOST}/${5:-oras}:$2" $(files_of "$1")
 }
 
 # layers MANIFEST: "digest size" per layer.
@@ -247,10 +247,11 @@ if [[ $LINK == 1 && $HAVE_BDNVOL == 1 ]]; then
 	LHOST=$(head -1 "$TMP/linkproxy.addr")
 	[[ -n $LHOST ]] || die "linkproxy did not start: $(cat "$TMP/linkproxy.log")"
 	log "link proxy on $LHOST"
-	oras_push "$MODEL" lv1 l_oras_push "$LHOST"
-	measure l_oras_pull "$ORAS" pull --plain-http --no-tty -o "$TMP/l-oras-out" "$LHOST/oras:lv1"
+	# A repository of its own: the registry has the blobs in "oras" already.
+	oras_push "$MODEL" v1 l_oras_push "$LHOST" oras-link
+	measure l_oras_pull "$ORAS" pull --plain-http --no-tty -o "$TMP/l-oras-out" "$LHOST/oras-link:v1"
 	HAVE_LCRANE=0
-	try_measure l_crane_pull "$CRANE" pull --insecure --format oci "$LHOST/oras:lv1" "$TMP/l-crane-out" && HAVE_LCRANE=1
+	try_measure l_crane_pull "$CRANE" pull --insecure --format oci "$LHOST/oras-link:v1" "$TMP/l-crane-out" && HAVE_LCRANE=1
 	export XDG_CACHE_HOME=$TMP/cache-link
 	measure l_bdnvol_push "$BDNVOL" push --json "${JOBS[@]}" "$LHOST/blink:v1" "$MODEL"
 	measure l_bdnvol_pull "$BDNVOL" pull --json "${JOBS[@]}" "$LHOST/blink:v1" "$TMP/l-out"
