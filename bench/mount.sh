@@ -17,7 +17,9 @@
 #
 # Environment: BENCH_SIZE (2GiB), BENCH_SHARDS (4), BENCH_TOOLS, BENCH_TMPDIR,
 # BENCH_KEEP=1, BENCH_STRICT=1 (exit 1 when a target is missed): as in
-# bench/bench.sh.
+# bench/bench.sh. BENCH_LINK=1 measures everything after the pushes through
+# bench/linkproxy (BENCH_DELAY, default 20ms before each request;
+# BENCH_RATE, default 50MB/s per request body): the realistic link.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -62,6 +64,7 @@ cleanup() {
 	done
 	[[ -n $FUSE_PID ]] && { kill "$FUSE_PID" 2>/dev/null || true; wait "$FUSE_PID" 2>/dev/null || true; }
 	[[ -n $REG_PID ]] && { kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; }
+	[[ -n ${LINK_PID:-} ]] && { kill "$LINK_PID" 2>/dev/null || true; wait "$LINK_PID" 2>/dev/null || true; }
 	if [[ ${BENCH_KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
 }
 trap cleanup EXIT
@@ -80,6 +83,18 @@ log "pushing with bdnvol and oras"
 "$BDNVOL" push "$HOST/bdnvol:v1" "$MODEL" >/dev/null 2>"$TMP/push.err" || { cat "$TMP/push.err" >&2; die "bdnvol push failed"; }
 # shellcheck disable=SC2046
 (cd "$MODEL" && "$ORAS" push --plain-http --no-tty "$HOST/oras:v1" $(find . -maxdepth 1 -type f -printf '%f\n' | sort) >/dev/null) || die "oras push failed"
+
+LINK_NOTE="loopback"
+if [[ ${BENCH_LINK:-0} == 1 ]]; then
+	(cd "$ROOT" && go build -o "$BIN/linkproxy" ./bench/linkproxy) || die "building bench/linkproxy failed"
+	"$BIN/linkproxy" -target "http://$HOST" -delay "${BENCH_DELAY:-20ms}" -rate "${BENCH_RATE:-50MB}" >"$TMP/linkproxy.addr" 2>"$TMP/linkproxy.log" &
+	LINK_PID=$!
+	for _ in $(seq 1 100); do [[ -s $TMP/linkproxy.addr ]] && break; sleep 0.1; done
+	HOST=$(head -1 "$TMP/linkproxy.addr")
+	[[ -n $HOST ]] || die "linkproxy did not start"
+	LINK_NOTE="realistic link (bench/linkproxy: ${BENCH_DELAY:-20ms} per request, ${BENCH_RATE:-50MB}/s per request body)"
+	log "measuring through the link proxy on $HOST"
+fi
 
 # tensor.py MODE DIR: locate (print "file offset length" of the largest
 # tensor in the middle half of the last shard) or read (list DIR, read that
@@ -266,14 +281,17 @@ row() {
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
 echo
-echo "bdnvol mount, distribution $REGISTRY_VERSION on loopback; $(awk -v b="$MODEL_BYTES" 'BEGIN {printf "%.2f GB", b / 1e9}') in $SHARDS shards;"
+echo "bdnvol mount, distribution $REGISTRY_VERSION, $LINK_NOTE; $(awk -v b="$MODEL_BYTES" 'BEGIN {printf "%.2f GB", b / 1e9}') in $SHARDS shards;"
 echo "tensor of $(awk -v b="$TLEN" 'BEGIN {printf "%.1f MiB", b / 1048576}') in $SHARD; $(nproc) CPUs; cold = empty chunk cache."
 echo
 echo "| metric | bdnvol | reference | reference value | ratio | target | met |"
 echo "|---|---|---|---|---|---|---|"
-row "mount → tensor in last shard read (s)" "$FIRST" "one range GET of it (s)" "$RANGE" "$(ratio "$FIRST" "$RANGE")" "≤" 2
+# Issue 12's targets on the realistic link; issue 4's on loopback.
+FIRST_MAX=2 COLD_MIN=0.7
+[[ ${BENCH_LINK:-0} == 1 ]] && FIRST_MAX=1.0 COLD_MIN=1.0
+row "mount → tensor in last shard read (s)" "$FIRST" "one range GET of it (s)" "$RANGE" "$(ratio "$FIRST" "$RANGE")" "≤" "$FIRST_MAX"
 row "mount → tensor in last shard read (s)" "$FIRST" "oras pull (s)" "$ORAS_PULL" "$(ratio "$FIRST" "$ORAS_PULL")" "≤" 0.05
-row "cat through mount, cold (MB/s)" "$(mbs "$COLD")" "bdnvol pull (MB/s)" "$(mbs "$PULL")" "$(ratio "$PULL" "$COLD")" "≥" 0.7
+row "cat through mount, cold (MB/s)" "$(mbs "$COLD")" "bdnvol pull (MB/s)" "$(mbs "$PULL")" "$(ratio "$PULL" "$COLD")" "≥" "$COLD_MIN"
 row "cat through mount, warm cache (MB/s)" "$(mbs "$WARM")" "FUSE limit (MB/s)" "$(mbs "$LIMIT")" "$(ratio "$LIMIT" "$WARM")" "≥" 0.7
 echo
 echo "Ratios: time/time for the first two rows, throughput/throughput for the last two."

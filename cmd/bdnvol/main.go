@@ -67,7 +67,7 @@ type CLI struct {
 	Rm       RmCmd       `cmd:"" help:"Delete one version, restorably; refuses while a reference names it."`
 	Restore  RestoreCmd  `cmd:"" help:"Bring a deleted version back (without its former tags)."`
 	Sign     SignCmd     `cmd:"" help:"Sign a version's digest with a cosign key (stored where cosign looks)."`
-	Verify   VerifyCmd   `cmd:"" help:"Check a version's signature with --key, or a directory against the version."`
+	Verify   VerifyCmd   `cmd:"" help:"Check a version's signature (--key) and/or a directory against the version: sizes, modes, SHA-256, symlinks, extra and missing entries (exit 1 on any difference)."`
 
 	Sync SyncCmd `cmd:"" help:"Seal a Hugging Face, S3, GCS or HTTP source as a new version, as a job."`
 	Jobs JobsCmd `cmd:"" help:"List, wait for, cancel, resume and read the logs of sync jobs."`

@@ -22,6 +22,8 @@ type PullCmd struct {
 	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
 	Jobs int    `default:"8" help:"Concurrent chunk fetches."`
 
+	VerifyFiles bool `name:"verify-files" help:"Also check every written file's SHA-256 before it is renamed into place (reads each file once more; chunk digests are always checked)."`
+
 	Cache       bool `xor:"cache" help:"Also store fetched chunks in the shared chunk cache (for mounts and later pulls). By default a pull uses chunks already in the cache but adds none: DIR holds every byte anyway."`
 	NoCache     bool `name:"no-cache" xor:"cache" help:"Neither use nor fill the shared chunk cache."`
 	CacheSize   Size `name:"cache-size" default:"10GiB" help:"Bound of the shared chunk cache with --cache."`
@@ -38,6 +40,9 @@ type pullOutput struct {
 	ChunksFetched int64   `json:"chunks_fetched"`
 	BytesFetched  int64   `json:"bytes_fetched"`
 	FilesReused   int     `json:"files_reused"`
+	ChunksCopied  int64   `json:"chunks_copied"`
+	BytesCopied   int64   `json:"bytes_copied"`
+	FilesRemoved  int     `json:"files_removed"`
 	CacheHits     int64   `json:"cache_hits"`
 	MirrorHits    int64   `json:"mirror_hits"`
 	Seconds       float64 `json:"seconds"`
@@ -93,9 +98,10 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "pull", counters)
 	res, err := layout.Pull(ctx, src, v, c.Dir, layout.PullOptions{
-		Jobs:     c.Jobs,
-		Cache:    layout.OpenStatCache(g.cacheDir(), c.Dir, layout.Params{}),
-		Counters: counters,
+		Jobs:        c.Jobs,
+		Cache:       layout.OpenStatCache(g.cacheDir(), c.Dir, layout.Params{}),
+		Counters:    counters,
+		VerifyFiles: c.VerifyFiles,
 	})
 	stop()
 	if err != nil {
@@ -109,6 +115,9 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		ChunksFetched: res.ChunksFetched,
 		BytesFetched:  res.BytesFetched,
 		FilesReused:   res.FilesReused,
+		ChunksCopied:  res.ChunksCopied,
+		BytesCopied:   res.BytesCopied,
+		FilesRemoved:  res.FilesRemoved,
 		Seconds:       time.Since(start).Seconds(),
 	}
 	if cache != nil {
@@ -120,8 +129,8 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
-	fmt.Fprintf(g.stderr, "pulled %d files, %s; fetched %d chunks, %s in %.1fs\n",
-		out.Files, units.Bytes(out.Bytes), out.ChunksFetched, units.Bytes(out.BytesFetched), out.Seconds)
+	fmt.Fprintf(g.stderr, "pulled %d files, %s; fetched %d chunks, %s; copied %d chunks, %s, from files already there in %.1fs\n",
+		out.Files, units.Bytes(out.Bytes), out.ChunksFetched, units.Bytes(out.BytesFetched), out.ChunksCopied, units.Bytes(out.BytesCopied), out.Seconds)
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
 }

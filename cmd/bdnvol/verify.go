@@ -6,26 +6,44 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
-// VerifyCmd checks a version: its signature by one of the --key public keys.
+// VerifyCmd checks a version's signature, a directory against a version, or both.
 type VerifyCmd struct {
-	Ref  string   `arg:"" help:"HOST/REPO:TAG, HOST/REPO@DIGEST or oci:PATH[:TAG|@DIGEST]."`
-	Dir  string   `arg:"" optional:"" type:"path" help:"Directory to check against the version."`
+	Ref  string   `arg:"" help:"The version: HOST/REPO:TAG, HOST/REPO@DIGEST or oci:PATH[:TAG|@DIGEST]."`
+	Dir  string   `arg:"" optional:"" type:"path" help:"Directory to compare with the version: every file's size, mode and SHA-256, symlink targets, extra and missing entries."`
 	Key  []string `name:"key" type:"path" help:"Cosign public key file; the version must carry a valid signature by one of them (repeatable)."`
-	JSON bool     `name:"json" help:"Print one JSON object instead of text."`
+	JSON bool     `name:"json" help:"Print JSON instead of text (one object per check)."`
 }
 
-// Run verifies the version.
+// errDiffers is returned (exit 1) when the directory differs from the version.
+var errDiffers = errors.New("differs from the version")
+
+type verifyOutput struct {
+	Digest      string              `json:"digest"`
+	Reference   string              `json:"reference"`
+	Dir         string              `json:"dir"`
+	OK          bool                `json:"ok"`
+	Differences []layout.Difference `json:"differences"`
+}
+
+// Run checks the signature (with --key), then the directory (with DIR).
 func (c *VerifyCmd) Run(ctx context.Context, g *Globals) error {
 	if len(c.Key) == 0 && c.Dir == "" {
-		return usageError{errors.New("verify: give --key KEY (signature check) or a directory (content check)")}
+		return usageError{fmt.Errorf("verify %s: give --key KEY (signature check), a directory (content check), or both", c.Ref)}
 	}
-	if len(c.Key) == 0 {
-		return usageError{fmt.Errorf("verify %s: checking directory %s needs the directory check; give --key KEY to check the signature", c.Ref, c.Dir)}
+	if len(c.Key) > 0 {
+		if err := c.verifySignature(ctx, g); err != nil {
+			return err
+		}
 	}
-	return c.verifySignature(ctx, g)
+	if c.Dir != "" {
+		return c.verifyDir(ctx, g)
+	}
+	return nil
 }
 
 func (c *VerifyCmd) verifySignature(ctx context.Context, g *Globals) error {
@@ -48,5 +66,41 @@ func (c *VerifyCmd) verifySignature(ctx context.Context, g *Globals) error {
 		})
 	}
 	fmt.Fprintf(g.stdout, "verified %s: signed by key %s\n", ref.Pinned(v.Digest), v.KeyID)
+	return nil
+}
+
+func (c *VerifyCmd) verifyDir(ctx context.Context, g *Globals) error {
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
+	if err != nil {
+		return err
+	}
+	desc := root.Desc
+	v, err := layout.Open(ctx, t, desc)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref, err)
+	}
+	diffs, err := layout.VerifyDir(ctx, v, c.Dir)
+	if err != nil {
+		return fmt.Errorf("verify %s against %s: %w", c.Dir, ref.Pinned(desc.Digest), err)
+	}
+	out := verifyOutput{Digest: desc.Digest.String(), Reference: ref.Pinned(desc.Digest), Dir: c.Dir, OK: len(diffs) == 0, Differences: diffs}
+	if out.Differences == nil {
+		out.Differences = []layout.Difference{}
+	}
+	if c.JSON {
+		if err := json.NewEncoder(g.stdout).Encode(out); err != nil {
+			return err
+		}
+	} else {
+		for _, d := range diffs {
+			fmt.Fprintln(g.stdout, termsafe.Text(d.String()))
+		}
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("%s: %w %s: %d differences", c.Dir, errDiffers, out.Reference, len(diffs))
+	}
+	if !c.JSON {
+		fmt.Fprintf(g.stderr, "%s matches %s\n", c.Dir, out.Reference)
+	}
 	return nil
 }

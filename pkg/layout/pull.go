@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path"
@@ -32,6 +31,11 @@ type PullOptions struct {
 	Jobs     int        // concurrent chunk fetches; <= 0 means 8
 	Cache    *StatCache // remembers verified files; nil disables it
 	Counters *Counters  // progress; may be nil
+	// VerifyFiles also checks each written file's SHA-256 against the
+	// index before it is renamed into place (a second read of every byte).
+	// Without it the chunk digests, checked as chunks arrive, vouch for
+	// every byte.
+	VerifyFiles bool
 }
 
 // PullResult describes a pull.
@@ -40,7 +44,10 @@ type PullResult struct {
 	Bytes         int64 // file bytes
 	ChunksFetched int64
 	BytesFetched  int64
-	FilesReused   int // files already present and verified
+	FilesReused   int   // files already present and verified
+	ChunksCopied  int64 // chunks copied from files already in the directory
+	BytesCopied   int64
+	FilesRemoved  int // files an earlier pull wrote that this version lacks
 }
 
 // target is where part of a chunk goes: a range of a file being written.
@@ -52,30 +59,17 @@ type target struct {
 
 type pullFile struct {
 	path      string       // the entry's path, for messages
+	size      int64        // the entry's size
 	tmp       *tmpDir      // where the temporary file is
 	name      string       // the temporary file's name in tmp
 	tmpPath   string       // its path, for messages
-	dev, ino  uint64       // its identity: a file put in its place is refused
-	remaining atomic.Int64 // bytes not yet written and verified
-	tainted   atomic.Bool  // a chunk was re-fetched: hash the file again at the end
+	remaining atomic.Int64 // bytes not yet written from verified chunks
 
-	// The file's SHA-256 is computed in file order while chunks arrive in
-	// any order: bytes at the hashed offset are hashed as they are written;
-	// ranges written ahead of it wait in ahead and are read back from the
-	// temporary file once the gap before them closes.
-	mu      sync.Mutex
-	cond    *sync.Cond
-	h       hash.Hash
-	hashed  int64
-	ahead   map[int64]int64 // start → end of written ranges past hashed
-	hashing bool
-	err     error
-}
-
-func newPullFile(p string) *pullFile {
-	pf := &pullFile{path: p, h: sha256.New(), ahead: map[int64]int64{}}
-	pf.cond = sync.NewCond(&pf.mu)
-	return pf
+	// The temporary file is created when the first chunk for it arrives,
+	// so temporaries exist only for files in flight.
+	mu       sync.Mutex
+	created  bool
+	dev, ino uint64 // its identity: a file put in its place is refused
 }
 
 // tmpName is the name of the temporary file of the entry p in a pull's
@@ -104,77 +98,30 @@ func (pf *pullFile) open(flags int) (*os.File, error) {
 	return os.NewFile(uintptr(fd), pf.tmpPath), nil
 }
 
-// wrote records that data now sits at off in the temporary file.
-func (pf *pullFile) wrote(off int64, data []byte) {
+// openWrite opens the temporary file for writing, creating it (empty, of
+// the entry's size) on first use.
+func (pf *pullFile) openWrite() (*os.File, error) {
 	pf.mu.Lock()
 	defer pf.mu.Unlock()
-	if off != pf.hashed || pf.hashing {
-		pf.ahead[off] = off + int64(len(data))
-		if !pf.hashing {
-			pf.catchUp()
-		}
-		return
+	if pf.created {
+		return pf.open(unix.O_WRONLY)
 	}
-	pf.hashing = true
-	pf.mu.Unlock()
-	pf.h.Write(data)
-	pf.mu.Lock()
-	pf.hashed += int64(len(data))
-	pf.hashing = false
-	pf.catchUp()
-}
-
-// catchUp hashes the ranges written ahead that now follow the hashed
-// prefix, reading them back. Called with mu held and hashing false.
-func (pf *pullFile) catchUp() {
-	pf.hashing = true
-	for pf.err == nil {
-		end, ok := pf.ahead[pf.hashed]
-		if !ok {
-			break
-		}
-		delete(pf.ahead, pf.hashed)
-		start := pf.hashed
-		pf.mu.Unlock()
-		err := pf.hashRange(pf.h, start, end)
-		pf.mu.Lock()
-		pf.hashed, pf.err = end, err
-	}
-	pf.hashing = false
-	pf.cond.Broadcast()
-}
-
-// sum waits until size bytes are hashed and returns the digest.
-func (pf *pullFile) sum(size int64) (digest.Digest, error) {
-	pf.mu.Lock()
-	defer pf.mu.Unlock()
-	for pf.err == nil && (pf.hashing || pf.hashed < size) {
-		if !pf.hashing {
-			if _, ok := pf.ahead[pf.hashed]; !ok {
-				return "", fmt.Errorf("internal error: %d of %d bytes hashed", pf.hashed, size)
-			}
-			pf.catchUp()
-			continue
-		}
-		pf.cond.Wait()
-	}
-	if pf.err != nil {
-		return "", pf.err
-	}
-	return digest.NewDigest(digest.SHA256, pf.h), nil
-}
-
-func (pf *pullFile) hashRange(h hash.Hash, start, end int64) error {
-	f, err := pf.open(unix.O_RDONLY)
+	fh, leftover, err := pf.create()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer f.Close()
-	n, err := io.Copy(h, io.NewSectionReader(f, start, end-start))
-	if err == nil && n != end-start {
-		err = fmt.Errorf("%s: short read at %d", pf.tmpPath, start+n)
+	if leftover { // appeared since the pull looked: start it anew
+		err = fh.Truncate(0)
 	}
-	return err
+	if err == nil {
+		err = fh.Truncate(pf.size)
+	}
+	if err != nil {
+		fh.Close()
+		return nil, err
+	}
+	pf.created = true
+	return fh, nil
 }
 
 // Pull materialises the version v under dir. Files are written under a
@@ -213,7 +160,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	}
 	files := make([]*pullFile, len(x.Files))
 	byChunk := make([][]target, len(x.Chunks))
+	previous := opt.Cache.pulledFiles() // what an earlier pull left here
 	var ready []int
+	var readyMu sync.Mutex
 	buf := make([]byte, 1<<20)
 	for i := range x.Files {
 		f := &x.Files[i]
@@ -222,6 +171,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		if err := digestKnown(f, x); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
 		pf, done, err := d.prepareFile(f, x, opt.Cache, buf)
 		if err != nil {
@@ -239,8 +191,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 				byChunk[e.Chunk] = append(byChunk[e.Chunk], target{file: i, fileOff: off, chunkOff: e.Offset, n: e.Length})
 				remaining += e.Length
 			} else {
-				pf.ahead[off] = off + e.Length // verified by a previous pull
-				opt.Counters.Processed.Add(e.Length)
+				opt.Counters.Processed.Add(e.Length) // verified by a previous pull
 			}
 			off += e.Length
 		}
@@ -249,36 +200,55 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			ready = append(ready, i)
 		}
 	}
-	for _, i := range ready {
-		if err := d.finishFile(&x.Files[i], files[i], opt.Cache); err != nil {
-			return nil, err
-		}
-	}
 
+	// Chunks already in dir (an earlier version, or a file at the same
+	// place) are copied from there, verified like fetched ones, while the
+	// others are fetched. No file is renamed into place until the copies
+	// are done: the old files are their source.
+	credited := make([]int64, len(x.Chunks)) // per chunk, file bytes counted as written
+	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes atomic.Int64
+	copying := true             // under readyMu: finished files wait in ready
+	var sources map[string]bool // paths local copies read from
+	finish := func(i int) error {
+		readyMu.Lock()
+		if copying && sources[x.Files[i].Path] {
+			ready = append(ready, i)
+			readyMu.Unlock()
+			return nil
+		}
+		readyMu.Unlock()
+		return d.finishFile(&x.Files[i], x, files[i], opt)
+	}
+	written := func(ts []target) error {
+		for _, t := range ts {
+			if files[t.file].remaining.Add(-t.n) == 0 {
+				if err := finish(t.file); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	attempts := fetchAttempts
+	if l, ok := src.(localSource); ok && l.Local() {
+		attempts = 1 // reading a local file again does not cure it
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Jobs)
-	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
-	var fetchedChunks, fetchedBytes atomic.Int64
-	for k, ts := range byChunk {
-		if len(ts) == 0 {
-			continue
-		}
-		desc := v.Chunks[k]
+	fetch := func(k int) {
+		desc, ts := v.Chunks[k], byChunk[k]
 		g.Go(func() error {
 			buf := bufs.Get().(*[]byte)
 			defer bufs.Put(buf)
 			var err error
-			var credited int64 // chunk bytes whose file bytes count as written
 			for attempt := 1; ; attempt++ {
-				err = streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters, &credited)
-				if err == nil || attempt >= fetchAttempts || !refetchable(gctx, err) {
+				err = streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters, &credited[k])
+				if err == nil || attempt >= attempts || !refetchable(gctx, err) {
 					break
 				}
-				// The bytes written so far may be wrong and may have gone
-				// into the files' running hashes: re-hash those files whole.
-				for _, t := range ts {
-					files[t.file].tainted.Store(true)
-				}
+				// Bytes written by the failed attempt sit in temporary
+				// files only; the next attempt writes all of them again.
 				select {
 				case <-gctx.Done():
 				case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
@@ -289,23 +259,87 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			}
 			fetchedChunks.Add(1)
 			fetchedBytes.Add(desc.Size)
-			for _, t := range ts {
-				if files[t.file].remaining.Add(-t.n) == 0 {
-					if err := d.finishFile(&x.Files[t.file], files[t.file], opt.Cache); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
+			return written(ts)
 		})
+	}
+	local := d.localChunks(x, byChunk, files, previous)
+	sources = make(map[string]bool, len(local))
+	for _, loc := range local {
+		sources[loc.path] = true
+	}
+	pending := ready
+	ready = nil
+	for _, i := range pending {
+		if err := finish(i); err != nil {
+			return nil, err
+		}
+	}
+	var failedMu sync.Mutex
+	var failed []int // local copies that did not verify: fetched after all
+	lg, lctx := errgroup.WithContext(gctx)
+	lg.SetLimit(opt.Jobs)
+	copies := make(chan struct{})
+	go func() {
+		defer close(copies)
+		for k, loc := range local {
+			desc, ts := v.Chunks[k], byChunk[k]
+			lg.Go(func() error {
+				buf := bufs.Get().(*[]byte)
+				defer bufs.Put(buf)
+				err := streamChunk(lctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
+				var we writeError
+				if errors.As(err, &we) {
+					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
+				}
+				if err != nil {
+					failedMu.Lock()
+					failed = append(failed, k)
+					failedMu.Unlock()
+					return nil
+				}
+				copiedChunks.Add(1)
+				copiedBytes.Add(desc.Size)
+				return written(ts)
+			})
+		}
+	}()
+	for k, ts := range byChunk {
+		if _, ok := local[k]; len(ts) > 0 && !ok {
+			fetch(k)
+		}
+	}
+	<-copies
+	lerr := lg.Wait()
+	readyMu.Lock()
+	copying = false
+	readyMu.Unlock()
+	if lerr == nil {
+		for _, i := range ready {
+			if lerr = d.finishFile(&x.Files[i], x, files[i], opt); lerr != nil {
+				break
+			}
+		}
+	}
+	if lerr == nil {
+		for _, k := range failed {
+			if gctx.Err() != nil {
+				break
+			}
+			fetch(k)
+		}
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
+	}
+	if lerr != nil {
+		return nil, lerr
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	res.ChunksFetched, res.BytesFetched = fetchedChunks.Load(), fetchedBytes.Load()
+	res.ChunksCopied, res.BytesCopied = copiedChunks.Load(), copiedBytes.Load()
+	res.FilesRemoved = d.removeStale(x, previous)
 
 	for _, f := range x.Files {
 		if f.Type == TypeSymlink {
@@ -321,10 +355,39 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			}
 		}
 	}
+	keep := make(map[string]bool, len(x.Files))
+	for _, f := range x.Files {
+		if f.Type == TypeFile {
+			keep[f.Path] = true
+		}
+	}
+	opt.Cache.prune(keep)
 	if err := opt.Cache.Save(); err != nil {
 		return nil, fmt.Errorf("save stat cache: %w", err)
 	}
 	return res, nil
+}
+
+// emptyDigest is the SHA-256 of no bytes.
+var emptyDigest = digest.FromBytes(nil)
+
+// digestKnown checks the file's SHA-256 where the index alone tells what it
+// must be, with no byte read: an empty file, or one whole chunk (whose
+// digest is the file's). Other files' digests are checked on request.
+func digestKnown(f *File, x *Index) error {
+	want := digest.Digest("")
+	switch {
+	case f.Size == 0:
+		want = emptyDigest
+	case len(f.Extents) == 1:
+		if e, c := f.Extents[0], x.Chunks[f.Extents[0].Chunk]; e.Offset == 0 && e.Length == c.Size {
+			want = c.Digest
+		}
+	}
+	if want != "" && f.Digest != want {
+		return fmt.Errorf("%w: the index gives %s, its bytes are %s", ErrDigestMismatch, f.Digest, want)
+	}
+	return nil
 }
 
 // fetchAttempts bounds the fetches of one chunk: a body cut short or
@@ -369,7 +432,7 @@ func (o *openFiles) get(i int) (*os.File, error) {
 		}
 		o.open = append(o.open[:0], o.open[1:]...)
 	}
-	fh, err := o.files[i].open(unix.O_WRONLY)
+	fh, err := o.files[i].openWrite()
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +484,6 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 				if _, err := f.WriteAt(block[lo-off:hi-off], t.fileOff+lo-t.chunkOff); err != nil {
 					return writeError{err}
 				}
-				files[t.file].wrote(t.fileOff+lo-t.chunkOff, block[lo-off:hi-off])
 				if hi > *credited {
 					written += hi - max(lo, *credited)
 				}
@@ -479,7 +541,11 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte) (
 				if err := existing.Chmod(os.FileMode(f.Mode)); err != nil {
 					return nil, nil, err
 				}
+				if info, err = existing.Stat(); err != nil {
+					return nil, nil, err
+				}
 			}
+			cache.storePulled(f.Path, cachedFile{Stat: statKey(info), Digest: f.Digest, Extents: pulledExtents(f, x)})
 			return nil, nil, nil
 		}
 	}
@@ -487,15 +553,22 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte) (
 	if err != nil {
 		return nil, nil, err
 	}
-	pf := newPullFile(f.Path)
-	pf.tmp, pf.name = tmp, tmpName(f.Path)
+	pf := &pullFile{path: f.Path, size: f.Size, tmp: tmp, name: tmpName(f.Path)}
 	pf.tmpPath = d.full(path.Join(tmp.rel(), pf.name))
+	done := make([]bool, len(f.Extents))
+	if existing == nil && f.Size > 0 {
+		// The temporary file is created when the first chunk arrives,
+		// unless an interrupted pull left one to look at.
+		if _, ok, err := lstatAt(tmp.fd, pf.name); err != nil || !ok {
+			return pf, done, nil
+		}
+	}
 	fh, leftover, err := pf.create()
 	if err != nil {
 		return nil, nil, err
 	}
 	defer fh.Close()
-	done := make([]bool, len(f.Extents))
+	pf.created = true
 	switch {
 	case existing != nil:
 		// Hard-linked elsewhere: copy the verified bytes into a new file.
@@ -508,7 +581,6 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte) (
 		for k := range done {
 			done[k] = true
 		}
-		pf.tainted.Store(true)
 	case leftover:
 		info, err := fh.Stat()
 		if err != nil {
@@ -520,6 +592,9 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte) (
 		}
 		fallthrough
 	default:
+		if err := fh.Truncate(0); err != nil {
+			return nil, nil, err
+		}
 		if err := fh.Truncate(f.Size); err != nil {
 			return nil, nil, err
 		}
@@ -561,7 +636,6 @@ func (d *destDir) matchingFile(pfd int, f *File, cache *StatCache) (*os.File, er
 		fh.Close()
 		return nil, nil
 	}
-	cache.store(f.Path, cachedFile{Stat: key, Digest: got})
 	return fh, nil
 }
 
@@ -670,27 +744,32 @@ func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, r
 	return done, read
 }
 
-// finishFile checks the file's SHA-256 (hashed while it was written), sets
-// its mode and renames it into place, checking right before that the name
-// is still the file it wrote. A file that does not match is removed.
-func (d *destDir) finishFile(f *File, pf *pullFile, cache *StatCache) error {
+// finishFile sets the mode of a file whose chunks are all written and
+// verified (with opt.VerifyFiles, after checking its SHA-256 too) and
+// renames it into place, checking right before that the name is still the
+// file it wrote. A file that does not match is removed.
+func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) error {
+	if f.Size == 0 {
+		fh, err := pf.openWrite() // no chunk made it: create it now
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.Path, err)
+		}
+		fh.Close()
+	}
 	fh, err := pf.open(unix.O_RDONLY)
 	if err != nil {
 		return fmt.Errorf("%s: %w", f.Path, err)
 	}
 	defer fh.Close()
-	var got digest.Digest
-	if pf.tainted.Load() {
-		got, err = readerDigest(io.NewSectionReader(fh, 0, f.Size))
-	} else {
-		got, err = pf.sum(f.Size)
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", f.Path, err)
-	}
-	if got != f.Digest {
-		_ = unix.Unlinkat(pf.tmp.fd, pf.name, 0)
-		return fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, got, f.Digest)
+	if opt.VerifyFiles {
+		got, err := readerDigest(io.NewSectionReader(fh, 0, f.Size))
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.Path, err)
+		}
+		if got != f.Digest {
+			_ = unix.Unlinkat(pf.tmp.fd, pf.name, 0)
+			return fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, got, f.Digest)
+		}
 	}
 	if err := fh.Chmod(os.FileMode(f.Mode)); err != nil {
 		return err
@@ -716,7 +795,8 @@ func (d *destDir) finishFile(f *File, pf *pullFile, cache *StatCache) error {
 		return &os.LinkError{Op: "rename", Old: pf.tmpPath, New: d.full(f.Path), Err: err}
 	}
 	if info, err := fh.Stat(); err == nil {
-		cache.store(f.Path, cachedFile{Stat: statKey(info), Digest: got})
+		// Every byte came from a verified chunk (or a verified leftover).
+		opt.Cache.storePulled(f.Path, cachedFile{Stat: statKey(info), Digest: f.Digest, Extents: pulledExtents(f, x)})
 	}
 	return nil
 }

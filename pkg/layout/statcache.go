@@ -38,7 +38,26 @@ type cachedFile struct {
 	Stat   StatKey       `json:"k"`
 	Digest digest.Digest `json:"d"`
 	Chunks []Chunk       `json:"c,omitempty"`
+	// Extents, for a file a pull wrote, are where the version's chunks are
+	// in it: a later pull (an upgrade) copies them from there.
+	Extents []pulledExtent `json:"x,omitempty"`
+	// Racy is set when the file changed too shortly before the cache was
+	// saved for its stat key to prove it unchanged since: its digest is
+	// then not trusted, its extents are still a hint (copies are verified).
+	Racy   bool `json:"r,omitempty"`
+	pulled bool // stored by this pull: Save decides Racy
 }
+
+// pulledExtent is one extent of a pulled file: its length and, when it
+// holds a whole chunk, that chunk's digest.
+type pulledExtent struct {
+	Digest digest.Digest `json:"d,omitempty"`
+	Length int64         `json:"n"`
+}
+
+// racyMargin is how long after a file last changed its stat key proves it
+// unchanged: more than the granularity of file timestamps.
+const racyMargin = 100 * time.Millisecond
 
 // OpenStatCache loads, from the cache directory dir, the cache of the tree
 // named key (a local directory, whose absolute path is used, or a source
@@ -74,10 +93,39 @@ func (c *StatCache) lookup(p string, k StatKey) (cachedFile, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f, ok := c.data.Files[p]
-	if !ok || f.Stat != k {
+	if !ok || f.Stat != k || f.Racy || f.pulled {
 		return cachedFile{}, false
 	}
 	return f, true
+}
+
+// storePulled records a file a pull wrote or kept, whatever its age:
+// Save marks it racy if it changed too shortly before.
+func (c *StatCache) storePulled(p string, f cachedFile) {
+	if c == nil {
+		return
+	}
+	f.pulled = true
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.data.Files[p] = f
+	c.dirty = true
+}
+
+// pulledFiles returns a copy of the entries that record a pull's extents.
+func (c *StatCache) pulledFiles() map[string]cachedFile {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]cachedFile{}
+	for p, f := range c.data.Files {
+		if f.Extents != nil || f.Chunks == nil {
+			out[p] = f
+		}
+	}
+	return out
 }
 
 func (c *StatCache) store(p string, f cachedFile) {
@@ -134,6 +182,14 @@ func (c *StatCache) Save() error {
 	defer c.mu.Unlock()
 	if !c.dirty {
 		return nil
+	}
+	horizon := time.Now().Add(-racyMargin).UnixNano()
+	for p, f := range c.data.Files {
+		if f.pulled {
+			f.Racy = f.Stat.Mtime >= horizon || f.Stat.Ctime >= horizon
+			f.pulled = false
+			c.data.Files[p] = f
+		}
 	}
 	b, err := json.Marshal(&c.data)
 	if err != nil {

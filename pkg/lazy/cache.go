@@ -593,6 +593,16 @@ type cachedFetcher struct {
 	src Fetcher
 }
 
+// Local reports whether the wrapped source reads local files.
+func (f *cachedFetcher) Local() bool { return isLocal(f.src) }
+
+// isLocal reports whether src reads local files (implements Local() bool
+// returning true): fetching again does not cure a bad blob.
+func isLocal(src any) bool {
+	l, ok := src.(interface{ Local() bool })
+	return ok && l.Local()
+}
+
 func (f *cachedFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	if !cacheable(desc) {
 		rc, err := f.src.Fetch(ctx, desc)

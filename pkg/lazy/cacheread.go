@@ -27,3 +27,7 @@ func (r cacheReader) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Rea
 	}
 	return r.src.Fetch(ctx, desc)
 }
+
+// Local reports whether the source reads local files, so that a bad chunk
+// is not fetched again.
+func (r cacheReader) Local() bool { return isLocal(r.src) }

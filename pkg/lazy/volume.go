@@ -29,7 +29,8 @@ type Options struct {
 	// <= 0 means 8.
 	Jobs int
 	// Readahead is the most bytes fetched ahead of a sequential reader;
-	// 0 means 64 MiB, < 0 disables readahead.
+	// 0 means Jobs chunks (at least 64 MiB), so that a reader gets the
+	// link's aggregate speed; < 0 disables readahead.
 	Readahead int64
 	// FetchTimeout bounds one chunk fetch; <= 0 means no bound beyond the
 	// caller's context.
@@ -84,7 +85,10 @@ type Volume struct {
 	pending map[int]bool    // chunks being loaded in the background
 	edges   map[edgeKey]*edgeCall
 
-	edgeFailures atomic.Int32 // edges that failed verification in a row; edges stop at maxEdgeFailures
+	edgeFailures  atomic.Int32 // edges that failed verification in a row; edges stop at maxEdgeFailures
+	splitFailures atomic.Int32 // split fetches that failed in a row; splitting stops at maxEdgeFailures
+	rangesOK      atomic.Bool  // the source has served a split fetch
+	autoAhead     bool         // Readahead was 0: read ahead by Jobs chunks
 }
 
 type handle struct {
@@ -114,11 +118,12 @@ func New(ver *layout.Version, src Fetcher, opt Options) (*Volume, error) {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 8
 	}
-	if opt.Readahead == 0 {
+	auto := opt.Readahead == 0
+	if auto {
 		opt.Readahead = 64 << 20
 	}
 	v := &Volume{
-		ver: ver, src: src, opt: opt,
+		ver: ver, src: src, opt: opt, autoAhead: auto,
 		byPath:  make(map[string]int, len(ver.Index.Files)),
 		sem:     make(chan struct{}, opt.Jobs),
 		headers: semaphore.NewWeighted(headerBudget),
@@ -196,8 +201,14 @@ func (v *Volume) File(i int) (*File, error) {
 }
 
 // chunk returns the open chunk k, loading it if needed; release it with
-// v.release.
+// v.release. A reader waits for it: a large chunk is fetched as several
+// concurrent range requests when the source can serve ranges.
 func (v *Volume) chunk(ctx context.Context, k int) (*handle, error) {
+	return v.load(ctx, k, true)
+}
+
+// load is chunk; split allows a split fetch.
+func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 	v.mu.Lock()
 	if h, ok := v.handles[k]; ok {
 		h.refs++
@@ -210,7 +221,26 @@ func (v *Volume) chunk(ctx context.Context, k int) (*handle, error) {
 		ctx, cancel = context.WithTimeout(ctx, v.opt.FetchTimeout)
 		defer cancel()
 	}
-	ch, err := v.opt.Cache.Load(ctx, v.src, v.ver.Chunks[k])
+	desc := v.ver.Chunks[k]
+	rf, ranged := v.src.(RangeFetcher)
+	if split && ranged && desc.Size >= splitMin && v.opt.Jobs > 1 && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
+		// The cache verifies the whole chunk before serving any of it.
+		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, v.opt.Jobs, !v.rangesOK.Load()}, desc)
+		if err == nil {
+			v.splitFailures.Store(0)
+			v.rangesOK.Store(true)
+			return v.keep(k, ch), nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		v.splitFailures.Add(1) // fetch it whole below
+		if errors.Is(err, errors.ErrUnsupported) {
+			v.splitFailures.Store(maxEdgeFailures) // no ranges from this source:
+			v.edgeFailures.Store(maxEdgeFailures)  // no edges either
+		}
+	}
+	ch, err := v.opt.Cache.Load(ctx, v.src, desc)
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +309,7 @@ func (v *Volume) fetchAhead(k int) {
 			return
 		}
 		defer func() { <-v.sem }()
-		if h, err := v.chunk(v.bg, k); err == nil {
+		if h, err := v.load(v.bg, k, false); err == nil {
 			v.release(h)
 		}
 	}()
@@ -546,7 +576,7 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		// Through the page cache the last page of a tensor that ends inside
 		// a page is read whole, so the page after the tensor is needed too
 		// (its chunk's head edge, when it has one).
-		to := end + min(f.v.opt.Readahead, r.end-end)
+		to := end + min(f.aheadLimit(end), r.end-end)
 		f.fetchRange(end, min(f.e.Size, to))
 		if to == r.end && r.end%pageSize != 0 {
 			f.fetchPageAfter(r.end)
@@ -556,13 +586,16 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	if !seq {
 		return
 	}
-	window := min(f.v.opt.Readahead, run)
+	limit := f.aheadLimit(end)
+	// The window grows with the sequential run, quickly: a reader that
+	// goes on reading gets up to Jobs chunks in flight ahead of it.
+	window := min(limit, run*int64(f.v.opt.Jobs))
 	// A reader streaming through tensors reads ahead across their
 	// boundaries; otherwise readahead stays near the current tensor.
 	after := int64(-1)
 	if r, ok := regionAt(regions, end-1); ok && !streaming {
 		into := min(run, end-r.begin)
-		window = min(f.v.opt.Readahead, max(0, into-leadIn))
+		window = min(limit, max(0, into-leadIn))
 		if end+window >= r.end {
 			window = r.end - end
 			if into > leadIn {
@@ -574,6 +607,21 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	if after >= 0 {
 		f.fetchPageAfter(after)
 	}
+}
+
+// aheadLimit is the most bytes to read ahead of end: Readahead, or, when
+// that was left to its default, at least the next Jobs chunks.
+func (f *File) aheadLimit(end int64) int64 {
+	limit := f.v.opt.Readahead
+	if !f.v.autoAhead {
+		return limit
+	}
+	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > end }) - 1
+	if k < 0 || k >= len(f.starts) {
+		return limit
+	}
+	last := min(len(f.starts)-1, k+f.v.opt.Jobs)
+	return max(limit, f.starts[last]+f.e.Extents[last].Length-end)
 }
 
 // fetchRange starts background fetches of the chunks holding [from, to).

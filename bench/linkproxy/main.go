@@ -1,0 +1,118 @@
+// Command linkproxy is an HTTP reverse proxy that makes a loopback registry
+// look like one across a real link: it waits a fixed time before passing on
+// each request and caps each response body (and each request body) at a
+// fixed rate per request. For benchmarks only.
+//
+//	linkproxy -listen 127.0.0.1:0 -target http://127.0.0.1:5000 -delay 20ms -rate 50MB
+//
+// It prints the address it listens on as its first line of stdout.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:0", "address to listen on")
+	target := flag.String("target", "", "registry base URL, e.g. http://127.0.0.1:5000")
+	delay := flag.Duration("delay", 20*time.Millisecond, "wait before passing on each request")
+	rate := flag.String("rate", "50MB", "bytes per second per request body, each way (suffix KB, MB, GB: powers of 1000)")
+	flag.Parse()
+	u, err := url.Parse(*target)
+	if err != nil || u.Host == "" {
+		log.Fatalf("linkproxy: -target %q: want a base URL", *target)
+	}
+	bps, err := parseRate(*rate)
+	if err != nil {
+		log.Fatalf("linkproxy: -rate: %v", err)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatalf("linkproxy: %v", err)
+	}
+	fmt.Println(ln.Addr().String())
+	os.Stdout.Sync()
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
+	rp.FlushInterval = -1
+	rp.ModifyResponse = func(resp *http.Response) error {
+		resp.Body = &paced{ctx: resp.Request.Context(), r: resp.Body, bps: bps, start: time.Now()}
+		return nil
+	}
+	director := rp.Director
+	rp.Director = func(r *http.Request) {
+		host := r.Host
+		director(r)
+		r.Host = host // the registry's Location headers come back through the proxy
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(*delay):
+		case <-r.Context().Done():
+			return
+		}
+		if r.Body != nil && r.ContentLength != 0 {
+			r.Body = &paced{ctx: r.Context(), r: r.Body, bps: bps, start: time.Now()}
+		}
+		rp.ServeHTTP(w, r)
+	})
+	log.Fatal(http.Serve(ln, h))
+}
+
+// paced reads from r no faster than bps bytes per second since start.
+type paced struct {
+	ctx   context.Context
+	r     io.ReadCloser
+	bps   float64
+	start time.Time
+	n     int64
+}
+
+func (p *paced) Read(b []byte) (int, error) {
+	if len(b) > 64<<10 {
+		b = b[:64<<10]
+	}
+	n, err := p.r.Read(b)
+	p.n += int64(n)
+	due := p.start.Add(time.Duration(float64(p.n) / p.bps * float64(time.Second)))
+	if d := time.Until(due); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-p.ctx.Done():
+			return n, p.ctx.Err()
+		}
+	}
+	return n, err
+}
+
+func (p *paced) Close() error { return p.r.Close() }
+
+func parseRate(s string) (float64, error) {
+	mult := 1.0
+	for _, u := range []struct {
+		suf string
+		m   float64
+	}{{"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suf) {
+			s, mult = strings.TrimSuffix(s, u.suf), u.m
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("bad rate %q", s)
+	}
+	return v * mult, nil
+}

@@ -1,0 +1,262 @@
+package layout
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"sort"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
+)
+
+// pulledExtents lists where f's chunks are in it, for a later pull.
+func pulledExtents(f *File, x *Index) []pulledExtent {
+	out := make([]pulledExtent, len(f.Extents))
+	for k, e := range f.Extents {
+		out[k].Length = e.Length
+		if c := x.Chunks[e.Chunk]; e.Offset == 0 && e.Length == c.Size {
+			out[k].Digest = c.Digest
+		}
+	}
+	return out
+}
+
+// localChunk is where a chunk may already be in the destination: the bytes
+// at off in the file at path. It serves them as a fetcher would; the
+// caller verifies them against the chunk's digest.
+type localChunk struct {
+	d    *destDir
+	path string
+	off  int64
+}
+
+// Fetch opens the file, never following a symlink, and returns the chunk's
+// range of it.
+func (l localChunk) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	pfd, err := l.d.openDir(parentOf(l.path))
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Openat(pfd, path.Base(l.path), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: l.d.full(l.path), Err: err}
+	}
+	fh := os.NewFile(uintptr(fd), l.d.full(l.path))
+	info, err := fh.Stat()
+	if err != nil || !info.Mode().IsRegular() || info.Size() < l.off+desc.Size {
+		fh.Close()
+		return nil, fmt.Errorf("%s: no chunk %s at %d", l.d.full(l.path), desc.Digest, l.off)
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.NewSectionReader(fh, l.off, desc.Size), fh}, nil
+}
+
+// localChunks finds, for the chunks still needed (byChunk), where their
+// bytes may already be in the destination: where an earlier pull wrote them
+// (previous records it), else at the same place in a file already at the
+// final name of a file being written (an in-place fine-tune keeps most
+// tensors where they were). Every candidate is verified when copied.
+func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, previous map[string]cachedFile) map[int]localChunk {
+	needed := map[digest.Digest]int{}
+	for k, ts := range byChunk {
+		if len(ts) > 0 {
+			needed[x.Chunks[k].Digest] = k
+		}
+	}
+	out := map[int]localChunk{}
+	if len(needed) == 0 {
+		return out
+	}
+	paths := make([]string, 0, len(previous))
+	for p := range previous {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		var off int64
+		for _, e := range previous[p].Extents {
+			if k, ok := needed[e.Digest]; ok && e.Digest != "" {
+				if _, found := out[k]; !found {
+					out[k] = localChunk{d, p, off}
+				}
+			}
+			off += e.Length
+		}
+	}
+	for i, pf := range files {
+		if pf == nil {
+			continue
+		}
+		f := &x.Files[i]
+		if _, ok := previous[f.Path]; !ok && wantsWholeChunk(f, x, byChunk, out) {
+			// No record of what is there: cut it as a push would and
+			// look for the chunks still needed.
+			d.scanChunks(f.Path, x.Chunking, needed, out)
+		}
+		var off int64
+		var size int64 = -1 // of the file at the final name, once looked at
+		for _, e := range f.Extents {
+			c := x.Chunks[e.Chunk]
+			start := off
+			off += e.Length
+			if _, found := out[e.Chunk]; found || len(byChunk[e.Chunk]) == 0 || e.Offset != 0 || e.Length != c.Size {
+				continue
+			}
+			if size < 0 {
+				size = d.regularSize(f.Path)
+			}
+			if start+c.Size <= size {
+				out[e.Chunk] = localChunk{d, f.Path, start}
+			}
+		}
+	}
+	return out
+}
+
+// wantsWholeChunk reports whether f has an extent that is a whole chunk
+// still needed and not yet found.
+func wantsWholeChunk(f *File, x *Index, byChunk [][]target, found map[int]localChunk) bool {
+	for _, e := range f.Extents {
+		if _, ok := found[e.Chunk]; !ok && len(byChunk[e.Chunk]) > 0 && e.Offset == 0 && e.Length == x.Chunks[e.Chunk].Size {
+			return true
+		}
+	}
+	return false
+}
+
+// scanChunks cuts the regular file rel into chunks with the parameters p,
+// the way a push does, and records in out where it holds chunks of needed.
+func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int, out map[int]localChunk) {
+	if p.Validate() != nil {
+		return
+	}
+	pfd, err := d.openDir(parentOf(rel))
+	if err != nil {
+		return
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Openat(pfd, path.Base(rel), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	fh := os.NewFile(uintptr(fd), d.full(rel))
+	defer fh.Close()
+	info, err := fh.Stat()
+	if err != nil || !info.Mode().IsRegular() || info.Size() == 0 {
+		return
+	}
+	size := info.Size()
+	var cuts []int64
+	cdc := true
+	if isSafetensors(rel) {
+		if hdrEnd, ts, err := ReadSafetensorsHeader(fh, size); err == nil {
+			cuts, cdc = tensorBoundaries(hdrEnd, ts, size, p), false
+		}
+	}
+	cut := newCutter(p)
+	h := sha256.New()
+	var pos, start int64
+	emit := func() {
+		if pos > start {
+			if k, ok := needed[digest.NewDigest(digest.SHA256, h)]; ok {
+				if _, found := out[k]; !found {
+					out[k] = localChunk{d, rel, start}
+				}
+			}
+		}
+		h.Reset()
+		cut.reset()
+		start = pos
+	}
+	buf := make([]byte, 1<<20)
+	r := io.NewSectionReader(fh, 0, size)
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		data := buf[:n]
+		for len(data) > 0 {
+			lim, forced := len(data), false
+			for len(cuts) > 0 && cuts[0] <= pos {
+				cuts = cuts[1:]
+			}
+			if len(cuts) > 0 && cuts[0]-pos <= int64(lim) {
+				lim, forced = int(cuts[0]-pos), true
+			}
+			k, end := lim, false
+			if cdc {
+				k, end = cut.next(data[:lim])
+			}
+			h.Write(data[:k])
+			pos += int64(k)
+			data = data[k:]
+			if end || (forced && k == lim) {
+				emit()
+			}
+		}
+		if rerr != nil {
+			break
+		}
+	}
+	emit()
+}
+
+// regularSize returns the size of the regular file rel, or 0 when there is
+// none (or something else) there.
+func (d *destDir) regularSize(rel string) int64 {
+	pfd, err := d.openDir(parentOf(rel))
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(pfd)
+	st, ok, err := lstatAt(pfd, path.Base(rel))
+	if err != nil || !ok || !isRegular(&st) {
+		return 0
+	}
+	return st.Size
+}
+
+// removeStale removes the files an earlier pull wrote (previous) that the
+// version x does not have, if they are as that pull left them. Files
+// someone changed since, or that no pull wrote, stay. It returns how many
+// it removed.
+func (d *destDir) removeStale(x *Index, previous map[string]cachedFile) int {
+	if len(previous) == 0 {
+		return 0
+	}
+	have := make(map[string]bool, len(x.Files))
+	for _, f := range x.Files {
+		have[f.Path] = true
+	}
+	n := 0
+	for p, c := range previous {
+		if have[p] || checkPath(p) != nil {
+			continue
+		}
+		pfd, err := d.openDir(parentOf(p))
+		if err != nil {
+			continue
+		}
+		base := path.Base(p)
+		fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err == nil {
+			fh := os.NewFile(uintptr(fd), d.full(p))
+			info, err := fh.Stat()
+			if err == nil && info.Mode().IsRegular() && statKey(info) == c.Stat && unix.Unlinkat(pfd, base, 0) == nil {
+				n++
+			}
+			fh.Close()
+		}
+		unix.Close(pfd)
+	}
+	return n
+}

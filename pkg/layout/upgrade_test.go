@@ -1,0 +1,137 @@
+package layout
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// upgradeVersions pushes v1 and v2 of a tree into one store: v2 changes
+// 64 KiB in the middle of a 1 MiB file, drops one file and adds one.
+func upgradeVersions(t *testing.T) (store *countingFetcher, v1, v2 *Version, f1, f2 map[string][]byte) {
+	t.Helper()
+	big := randBytes(7, 1<<20)
+	f1 = map[string][]byte{"big.bin": big, "d/same": randBytes(8, 300<<10), "old": randBytes(9, 100<<10), "small": []byte("s")}
+	big2 := append([]byte(nil), big...)
+	copy(big2[512<<10:], randBytes(10, 64<<10))
+	f2 = map[string][]byte{"big.bin": big2, "d/same": f1["d/same"], "new": randBytes(11, 100<<10), "small": []byte("s")}
+	p := Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}
+	s1, v1 := pushed(t, p, f1)
+	s2, v2 := pushed(t, p, f2)
+	_ = s1
+	return &countingFetcher{Fetcher: s2}, v1, v2, f1, f2
+}
+
+func fetchedBytes(c *countingFetcher, v *Version) int64 {
+	size := map[digest.Digest]int64{}
+	for _, ch := range v.Chunks {
+		size[ch.Digest] = ch.Size
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for d, k := range c.n {
+		n += int64(k) * size[d]
+	}
+	return n
+}
+
+// TestPullUpgradeFetchesOnlyChanges: pulling v2 over a directory holding
+// v1 fetches only the chunks v1 did not have; the tree is v2's exactly,
+// files v1 had and v2 lacks are removed, a file the user added stays.
+func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
+	ctx := context.Background()
+	store, v1, v2, f1, f2 := upgradeVersions(t)
+	_ = f1
+	// v1 comes from its own store; v2's store only has what v2 needs.
+	s1, _ := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
+	dst := t.TempDir()
+	cache := func() *StatCache { return OpenStatCache(filepath.Join(t.TempDir(), "..", "statcache"), dst, Params{}) }
+	if _, err := Pull(ctx, s1, v1, dst, PullOptions{Jobs: 2, Cache: cache()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dst, "mine"), []byte("user's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2, Cache: cache()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What must come over the wire: chunks v1 lacks, of files v1 lacks.
+	have := map[digest.Digest]bool{}
+	for _, c := range v1.Chunks {
+		have[c.Digest] = true
+	}
+	same := map[string]digest.Digest{}
+	for _, f := range v1.Index.Files {
+		same[f.Path] = f.Digest
+	}
+	var newBytes int64
+	for _, f := range v2.Index.Files {
+		if f.Type != TypeFile || same[f.Path] == f.Digest {
+			continue
+		}
+		for _, e := range f.Extents {
+			if c := v2.Chunks[e.Chunk]; !have[c.Digest] {
+				have[c.Digest] = true
+				newBytes += c.Size
+			}
+		}
+	}
+	got := fetchedBytes(store, v2)
+	t.Logf("fetched %d bytes (%d chunks), copied %d bytes (%d chunks); v2 has %d new bytes of %d", got, res.ChunksFetched, res.BytesCopied, res.ChunksCopied, newBytes, v2.Index.Bytes())
+	// At most the chunks v1 lacks (fewer where bytes of a new chunk sit
+	// at the same place in v1's file of the same name), at least the file
+	// v1 did not have at all.
+	if got > newBytes || got < int64(len(f2["new"])) {
+		t.Errorf("upgrade fetched %d bytes, want at most the %d bytes of chunks v1 lacks and at least %d", got, newBytes, len(f2["new"]))
+	}
+	if res.ChunksCopied == 0 {
+		t.Error("nothing copied from v1's files")
+	}
+	if res.FilesRemoved != 1 {
+		t.Errorf("removed %d files, want 1 (old)", res.FilesRemoved)
+	}
+	checkPulled(t, dst, f2, nil)
+	if _, err := os.Lstat(filepath.Join(dst, "old")); !os.IsNotExist(err) {
+		t.Errorf("old: still there (%v)", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "mine")); err != nil || string(b) != "user's" {
+		t.Errorf("a file no pull wrote was touched: %q, %v", b, err)
+	}
+	diffs, err := VerifyDir(ctx, v2, dst)
+	if err != nil || len(diffs) != 1 || diffs[0].Path != "mine" {
+		t.Errorf("verify after upgrade: %v, %v", diffs, err)
+	}
+}
+
+// TestPullUpgradeWithoutState: with no record of an earlier pull, chunks
+// at the same place in a file already at the final name are reused after
+// their digest is checked; a file whose bytes there differ is fetched.
+func TestPullUpgradeWithoutState(t *testing.T) {
+	ctx := context.Background()
+	store, _, v2, f1, f2 := upgradeVersions(t)
+	dst := t.TempDir()
+	writeTree(t, dst, f1)
+	res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ChunksCopied == 0 {
+		t.Error("nothing copied from the file already there")
+	}
+	var changed int64
+	for _, c := range v2.Chunks {
+		changed += c.Size
+	}
+	if got := fetchedBytes(store, v2); got >= changed/2 {
+		t.Errorf("fetched %d of %d bytes", got, changed)
+	}
+	checkPulled(t, dst, f2, nil)
+	if b, _ := os.ReadFile(filepath.Join(dst, "old")); len(b) == 0 {
+		t.Error("a file no pull wrote was removed")
+	}
+}

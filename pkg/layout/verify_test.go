@@ -1,0 +1,63 @@
+package layout
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestVerifyDir: a freshly pulled directory matches its version; each kind
+// of change is listed once, and the pull's own names are not.
+func TestVerifyDir(t *testing.T) {
+	ctx := context.Background()
+	files := map[string][]byte{
+		"a":       randBytes(1, 70<<10),
+		"d/b":     []byte("bbbb"),
+		"d/c":     []byte("cccc"),
+		"d/e/f":   []byte("f"),
+		"d/e/g":   []byte("g"),
+		"m":       []byte("mode"),
+		"s@":      []byte("a"),
+		"gone":    []byte("gone"),
+		"resized": []byte("resized"),
+	}
+	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
+	dst := t.TempDir()
+	if _, err := Pull(ctx, store, v, dst, PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	diffs, err := VerifyDir(ctx, v, dst)
+	if err != nil || len(diffs) != 0 {
+		t.Fatalf("fresh pull: %v, %v", diffs, err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(dst, "d/b"), []byte("BBBB"), 0o644)) // same size, other bytes
+	must(os.Chmod(filepath.Join(dst, "m"), 0o600))
+	must(os.Remove(filepath.Join(dst, "gone")))
+	must(os.RemoveAll(filepath.Join(dst, "d/e")))
+	must(os.WriteFile(filepath.Join(dst, "resized"), []byte("longer now"), 0o644))
+	must(os.WriteFile(filepath.Join(dst, "extra"), nil, 0o644))
+	must(os.Remove(filepath.Join(dst, "s")))
+	must(os.Symlink("elsewhere", filepath.Join(dst, "s")))
+	must(os.Mkdir(filepath.Join(dst, ReservedPrefix+"pull"), 0o700))
+	diffs, err = VerifyDir(ctx, v, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range diffs {
+		got = append(got, d.Path+" "+d.Kind)
+	}
+	slices.Sort(got)
+	want := []string{"d/b digest", "d/e missing", "extra extra", "gone missing", "m mode", "resized size", "s target"}
+	if !slices.Equal(got, want) {
+		t.Errorf("differences %q, want %q", got, want)
+	}
+}

@@ -1,0 +1,247 @@
+package lazy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+// gate holds requests until want of them are in flight at once, and
+// records the most in flight. A request that never sees want peers goes
+// on after a long safety delay, so a failing test ends.
+type gate struct {
+	want int
+	mu   sync.Mutex
+	in   int
+	max  int
+	open chan struct{}
+	once sync.Once
+	// stalled: a request waited out the safety delay, fewer than want
+	// in flight with it.
+	stalled bool
+}
+
+func newGate(want int) *gate { return &gate{want: want, open: make(chan struct{})} }
+
+func (g *gate) enter(ctx context.Context) {
+	g.mu.Lock()
+	g.in++
+	g.max = max(g.max, g.in)
+	if g.in >= g.want {
+		g.once.Do(func() { close(g.open) })
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+	case <-time.After(3 * time.Second):
+		g.mu.Lock()
+		g.stalled = true
+		g.mu.Unlock()
+	}
+}
+
+func (g *gate) exit() {
+	g.mu.Lock()
+	g.in--
+	g.mu.Unlock()
+}
+
+func (g *gate) maxInFlight() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.max
+}
+
+// gatedFetcher passes fetches of the blobs in gated through a gate, and
+// serves ranges (through the gate too when ranges is set), spoiled when
+// spoil is set.
+type gatedFetcher struct {
+	*fakeFetcher
+	g      *gate
+	gated  map[digest.Digest]bool
+	spoil  bool
+	ranges bool // pass ranges through the gate too
+}
+
+func (f *gatedFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if f.gated[desc.Digest] {
+		f.g.enter(ctx)
+		defer f.g.exit()
+	}
+	return f.fakeFetcher.Fetch(ctx, desc)
+}
+
+func (f *gatedFetcher) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	if f.ranges {
+		f.g.enter(ctx)
+		defer f.g.exit()
+	}
+	rc, err := f.src.Fetch(ctx, desc)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return nil, err
+	}
+	b = bytes.Clone(b[off : off+n])
+	if f.spoil {
+		b[0] ^= 1
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+func pushOne(t *testing.T, name string, data []byte, p layout.Params) (pushed, *layout.Version) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	px := newFixtureStore(t, dir, p)
+	ver, err := layout.Open(context.Background(), px.store, px.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return px, ver
+}
+
+// TestSequentialReaderKeepsJobsChunksInFlight: once a reader reads on
+// sequentially, the volume keeps Jobs chunk fetches in flight ahead of it
+// (by default, whatever the chunk size), not one window of bytes.
+func TestSequentialReaderKeepsJobsChunksInFlight(t *testing.T) {
+	const mib = 1 << 20
+	data := randBytes(5, 24*mib)
+	px, ver := pushOne(t, "data.bin", data, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	if len(ver.Chunks) < 20 {
+		t.Fatalf("premise: 1 MiB chunks, got %d", len(ver.Chunks))
+	}
+	const jobs = 8
+	g := newGate(jobs)
+	gated := map[digest.Digest]bool{}
+	for _, c := range ver.Chunks[2:] {
+		gated[c.Digest] = true
+	}
+	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("data.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, 128<<10)
+	for off := int64(0); off < int64(len(data)); off += int64(len(buf)) {
+		n, err := f.ReadAt(buf, off)
+		if err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("contents differ")
+	}
+	if m := g.maxInFlight(); m < jobs || g.stalled {
+		t.Errorf("at most %d chunk fetches in flight ahead of a sequential reader (stalled: %v), want %d (jobs) as soon as it reads on", m, g.stalled, jobs)
+	}
+}
+
+// TestLargeChunkReadIsSplit: a read that waits for one large chunk gets it
+// as several concurrent range requests, verified whole; spoiled ranges are
+// never served: the chunk is fetched whole instead, and when that is wrong
+// too the read fails.
+func TestLargeChunkReadIsSplit(t *testing.T) {
+	const mib = 1 << 20
+	data := randBytes(6, 8*mib)
+	px, ver := pushOne(t, "one.bin", data, layout.Params{Min: 4 * mib, Avg: 8 * mib, Max: 8 * mib})
+	if len(ver.Chunks) != 1 {
+		t.Fatalf("premise: one 8 MiB chunk, got %d", len(ver.Chunks))
+	}
+	parts := int(8 * mib / splitPart)
+	for _, tc := range []struct {
+		name           string
+		spoil, corrupt bool
+		wantErr        bool
+	}{{"good ranges", false, false, false}, {"spoiled ranges", true, false, false}, {"spoiled ranges and chunk", true, true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGate(parts)
+			ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{ver.Chunks[0].Digest: tc.corrupt}}
+			fetch := &gatedFetcher{fakeFetcher: ff, g: g, gated: map[digest.Digest]bool{}, spoil: tc.spoil, ranges: true}
+			v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: 8, Readahead: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			// As after a first split fetch: ranges work, no probe first.
+			v.rangesOK.Store(true)
+			f, err := v.Open("one.bin")
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 4096)
+			n, err := f.ReadAt(buf, 5*mib+123)
+			if tc.wantErr {
+				if err == nil {
+					t.Fatal("read served bytes of a chunk whose every copy was wrong")
+				}
+				return
+			}
+			if err != nil || n != len(buf) || !bytes.Equal(buf, data[5*mib+123:5*mib+123+4096]) {
+				t.Fatalf("read: %d, %v, right bytes %v", n, err, bytes.Equal(buf, data[5*mib+123:5*mib+123+4096]))
+			}
+			if m := g.maxInFlight(); m < parts {
+				t.Errorf("%d range requests in flight at once, want %d", m, parts)
+			}
+			whole, _ := ff.total()
+			if tc.spoil && whole != 1 {
+				t.Errorf("spoiled ranges: %d whole fetches, want 1", whole)
+			}
+			if !tc.spoil && whole != 0 {
+				t.Errorf("good ranges: %d whole fetches, want 0", whole)
+			}
+		})
+	}
+}
+
+// TestSplitProbesFirst: until a source has served a split fetch, the first
+// range request goes alone; a source that refuses ranges is asked once and
+// the chunk comes whole.
+func TestSplitProbesFirst(t *testing.T) {
+	const mib = 1 << 20
+	data := randBytes(7, 8*mib)
+	px, ver := pushOne(t, "one.bin", data, layout.Params{Min: 4 * mib, Avg: 8 * mib, Max: 8 * mib})
+	fx := &rangeFake{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, refuse: true}
+	v, err := New(ver, fx, Options{Cache: mustCache(t), Jobs: 8, Readahead: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("one.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	if _, err := f.ReadAt(buf, 3*mib); err != nil || !bytes.Equal(buf, data[3*mib:3*mib+4096]) {
+		t.Fatalf("read: %v", err)
+	}
+	if ranges, _ := fx.rangeStats(); ranges != 1 {
+		t.Errorf("%d range requests to a source that refuses them, want 1", ranges)
+	}
+	if whole, _ := fx.total(); whole != 1 {
+		t.Errorf("%d whole fetches, want 1", whole)
+	}
+}
