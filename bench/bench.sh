@@ -121,9 +121,9 @@ measure() {
 	log "running $name"
 	local t0 t1 rc=0
 	# Start each run with no dirty pages left by the one before, so that
-	# neither tool pays for the other's writeback.
-	sync
-	sleep 1
+	# neither tool pays for the other's writeback, and with the same free
+	# memory (settle, bench/lib.sh).
+	settle "$MODEL" "$FT" "$BIN"
 	t0=$(date +%s%N)
 	if [[ -x $TIME_BIN ]]; then
 		"$TIME_BIN" -v -o "$TMP/$name.time" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" || rc=$?

@@ -136,7 +136,7 @@ mountpoint_new() { local mp=$TMP/mnt$1; mkdir -p "$mp"; MOUNTS+=("$mp"); echo "$
 
 # 1. first tensor through a fresh mount, vs one range GET, vs oras pull.
 MP1=$(mountpoint_new 1)
-sync; sleep 1 # no run pays for the previous one's writeback
+settle "$MODEL" "$BIN" # no run pays for the previous one's writeback or for reclaim
 coproc READER { python3 "$TMP/tensor.py" read "$MP1"; }
 read -r _ <&"${READER[0]}" # the reader is up
 T0=$(now)
@@ -151,7 +151,7 @@ READY=$(secs "$T0" "$TREADY")
 RANGE_URL="http://$HOST/v2/oras/blobs/$SHARD_DIGEST"
 curl -s -o /dev/null -r "$TOFF-$((TOFF + TLEN - 1))" "$RANGE_URL" # warm the connection path
 RANGE=$(curl -s -o /dev/null -w '%{time_total}' -r "$TOFF-$((TOFF + TLEN - 1))" "$RANGE_URL")
-sync; sleep 1 # no run pays for the previous one's writeback
+settle "$MODEL" "$BIN" # no run pays for the previous one's writeback or for reclaim
 T0=$(now)
 "$ORAS" pull --plain-http --no-tty -o "$TMP/oras-out" "$HOST/oras:v1" >/dev/null
 ORAS_PULL=$(secs "$T0" "$(now)")
@@ -159,14 +159,14 @@ rm -rf "$TMP/oras-out"
 log "first tensor ${FIRST}s, range GET ${RANGE}s, oras pull ${ORAS_PULL}s"
 
 # 2. cold cat through a mount vs bdnvol pull.
-sync; sleep 1 # no run pays for the previous one's writeback
+settle "$MODEL" "$BIN" # no run pays for the previous one's writeback or for reclaim
 T0=$(now)
 "$BDNVOL" pull --no-cache "$HOST/bdnvol:v1" "$TMP/pulled" >/dev/null 2>&1
 PULL=$(secs "$T0" "$(now)")
 rm -rf "$TMP/pulled"
 MP2=$(mountpoint_new 2)
 "$BDNVOL" --cache-dir "$TMP/cache2" mount --daemon --prefetch none "$HOST/bdnvol:v1" "$MP2" >/dev/null 2>&1
-sync; sleep 1 # no run pays for the previous one's writeback
+settle "$MODEL" "$BIN" # no run pays for the previous one's writeback or for reclaim
 T0=$(now)
 find "$MP2" -type f -print0 | xargs -0 cat >/dev/null
 COLD=$(secs "$T0" "$(now)")
@@ -176,7 +176,7 @@ log "bdnvol pull ${PULL}s, cold cat ${COLD}s"
 # 3. warm cat (a new mount, chunk cache full) vs the FUSE limit.
 MP3=$(mountpoint_new 3)
 "$BDNVOL" --cache-dir "$TMP/cache2" mount --daemon --prefetch none "$HOST/bdnvol:v1" "$MP3" >/dev/null 2>&1
-sync; sleep 1 # no run pays for the previous one's writeback
+sync; sleep 1 # warm: the chunk cache stays in the page cache
 T0=$(now)
 find "$MP3" -type f -print0 | xargs -0 cat >/dev/null
 WARM=$(secs "$T0" "$(now)")
@@ -258,7 +258,7 @@ MP4=$(mountpoint_new 4)
 "$BIN/fuselimit" "$MP4" "$MODEL_BYTES" >"$TMP/fuselimit.out" 2>&1 &
 FUSE_PID=$!
 for _ in $(seq 1 100); do grep -q ready "$TMP/fuselimit.out" 2>/dev/null && break; sleep 0.05; done
-sync; sleep 1 # no run pays for the previous one's writeback
+settle "$MODEL" "$BIN" # no run pays for the previous one's writeback or for reclaim
 T0=$(now)
 cat "$MP4/data" >/dev/null
 LIMIT=$(secs "$T0" "$(now)")
