@@ -440,8 +440,13 @@ type File struct {
 	// streaming: the reader went on contiguously from one tensor into the
 	// next, so it reads whole files (cat, cp, a full load), not one tensor.
 	streaming bool
-	parsed    bool
-	tensors   []region // header and tensors of a safetensors file, by offset
+	// whole is the start of the last tensor fetched whole for a read at
+	// its start: a read that begins inside that tensor and reaches the
+	// next one is its last page (or the kernel's readahead past it), not
+	// a read of the next tensor.
+	whole   int64
+	parsed  bool
+	tensors []region // header and tensors of a safetensors file, by offset
 }
 
 // region is a byte range of a file read as a unit: a safetensors header or
@@ -557,10 +562,6 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	seq := f.next > 0 && off <= f.next+seqSlack && off+seqSlack >= f.next
 	if !seq {
 		f.streaming = false
-	} else if cur, ok := regionAt(regions, off); ok && cur.begin > 0 {
-		if prev, ok := regionAt(regions, f.next-1); ok && prev.begin > 0 && prev.begin != cur.begin {
-			f.streaming = true // on from one tensor into the next
-		}
 	}
 	if seq {
 		f.run += max(0, end-f.next)
@@ -568,9 +569,35 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	} else {
 		f.run, f.next = n, end
 	}
+	if seq && !f.streaming {
+		// On from one tensor into the next, and more than leadIn into it:
+		// the reader reads whole files (cat, cp, a full load). Less than
+		// leadIn past a tensor's end is the kernel's readahead after a
+		// tensor a loader read.
+		if cur, ok := regionAt(regions, f.next-1); ok && cur.begin > 0 && f.next-cur.begin > leadIn {
+			// The run began in a tensor before this one (not the header),
+			// more than leadIn before the page the two share: a fault's
+			// read-around, or a read that starts on that shared page, is
+			// not a reader going through tensors.
+			boundary := cur.begin / pageSize * pageSize
+			if prev, ok := regionAt(regions, boundary-1); ok && prev.begin > 0 && f.next-f.run+leadIn <= boundary {
+				f.streaming = true
+			}
+		}
+	}
 	run, streaming := f.run, f.streaming
 	f.mu.Unlock()
 	if r, ok := tensorStart(regions, off, end); ok && !streaming && (off == r.begin || !seq) {
+		if cur, ok := regionAt(regions, off); ok && off != r.begin && cur.begin > 0 && cur.begin == f.wholeTensor() {
+			// The last page of the tensor being read (its bytes past the
+			// tensor come from the next chunk's head edge, already asked
+			// for), or the kernel's readahead past it: not a read of the
+			// next tensor.
+			return
+		}
+		f.mu.Lock()
+		f.whole = r.begin
+		f.mu.Unlock()
 		// A read at the start of a tensor: loaders read tensors whole, so
 		// fetch all of its chunks now, in parallel, not one after another.
 		// Through the page cache the last page of a tensor that ends inside
@@ -607,6 +634,13 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	if after >= 0 {
 		f.fetchPageAfter(after)
 	}
+}
+
+// wholeTensor returns the start of the last tensor fetched whole.
+func (f *File) wholeTensor() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.whole
 }
 
 // aheadLimit is the most bytes to read ahead of end: Readahead, or, when
