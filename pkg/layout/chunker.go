@@ -13,11 +13,20 @@ type Params struct {
 	Min int64 `json:"min"`
 	Avg int64 `json:"avg"`
 	Max int64 `json:"max"`
+	// Pack is the average size of the packs small files (under Min) are
+	// packed into, between Pack/2 and 2×Pack; zero packs them with Min, Avg
+	// and Max (format version 1).
+	Pack int64 `json:"pack,omitempty"`
 }
 
 // DefaultParams are MiB-sized: registries cost 5–50 ms and several ms of
 // CPU per blob request, so fewer, larger chunks move data faster.
-var DefaultParams = Params{Min: 1 << 20, Avg: 8 << 20, Max: 16 << 20}
+// Small files go in packs of about 512 KiB, so that one changed small file
+// re-uploads well under a MiB.
+var DefaultParams = Params{Min: 1 << 20, Avg: 8 << 20, Max: 16 << 20, Pack: DefaultPack}
+
+// DefaultPack is the average pack size of small files a push chooses.
+const DefaultPack = 512 << 10
 
 // MinInheritedParams are the floor of the chunking parameters a push takes
 // over from an earlier version: a version cut into 64-byte chunks must not
@@ -31,6 +40,10 @@ func (p Params) Inherited() Params {
 	p.Min = max(p.Min, f.Min)
 	p.Avg = max(p.Avg, f.Avg, p.Min)
 	p.Max = max(p.Max, f.Max, p.Avg)
+	if p.Pack == 0 {
+		p.Pack = min(DefaultPack, p.Avg)
+	}
+	p.Pack = max(p.Pack, f.Min)
 	return p
 }
 
@@ -59,7 +72,18 @@ func (p Params) Validate() error {
 	if p.Min < 64 || p.Avg < p.Min || p.Max < p.Avg || p.Max > MaxChunkBytes {
 		return fmt.Errorf("chunk sizes must satisfy 64 <= min <= avg <= max <= %d, got min=%d avg=%d max=%d", MaxChunkBytes, p.Min, p.Avg, p.Max)
 	}
+	if p.Pack != 0 && (p.Pack < 64 || p.Pack > MaxChunkBytes/2) {
+		return fmt.Errorf("pack size must be 0 or 64 … %d, got %d", MaxChunkBytes/2, p.Pack)
+	}
 	return nil
+}
+
+// packParams returns the sizes small files are packed with.
+func (p Params) packParams() Params {
+	if p.Pack == 0 {
+		return Params{Min: p.Min, Avg: p.Avg, Max: p.Max}
+	}
+	return Params{Min: p.Pack / 2, Avg: p.Pack, Max: 2 * p.Pack}
 }
 
 // gear is the rolling-hash table: gear[i] is the first 8 bytes (big endian)

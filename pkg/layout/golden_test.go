@@ -138,13 +138,21 @@ func TestGolden(t *testing.T) {
 		name      string
 		root      string // golden file of the root's bytes
 		maxLayers int
+		format    int
+		prefix    string // of the golden files of the index and parts
 	}{
-		{"single", "manifest", 0},  // one manifest
-		{"parts", "parts-root", 3}, // an image index of part manifests
+		{"single", "manifest", 0, FormatVersion1, ""},          // one manifest
+		{"parts", "parts-root", 3, FormatVersion1, ""},         // an image index of part manifests
+		{"v2", "v2-manifest", 0, FormatVersion, "v2-"},         // format version 2, one manifest
+		{"v2-parts", "v2-parts-root", 3, FormatVersion, "v2-"}, // format version 2, parts
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := memory.New()
-			res, err := Push(ctx, store, DirSource(src), PushOptions{Params: goldenParams, MaxLayers: tc.maxLayers})
+			params := goldenParams
+			if tc.format == FormatVersion {
+				params.Pack = 2 << 10
+			}
+			res, err := Push(ctx, store, DirSource(src), PushOptions{Params: params, MaxLayers: tc.maxLayers, FormatVersion: tc.format})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -161,7 +169,20 @@ func TestGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			compareGolden(t, "index.json", ib)
+			if tc.format == FormatVersion1 {
+				compareGolden(t, "index.json", ib)
+			} else {
+				// The index blobs are the layers before the first chunk.
+				s, err := Seal(res.Index, tc.maxLayers, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(s.Blobs) != 3 {
+					t.Fatalf("the golden tree sealed to %d metadata blobs, want a top-level index, one piece and the config", len(s.Blobs))
+				}
+				compareGolden(t, "v2-index.json", s.Blobs[0].Data)
+				compareGolden(t, "v2-piece-0.json", s.Blobs[1].Data)
+			}
 			compareGolden(t, tc.root+".json", res.RootBytes)
 			compareGolden(t, tc.root+".digest", []byte(res.Root.Digest.String()+"\n"))
 
@@ -182,7 +203,7 @@ func TestGolden(t *testing.T) {
 					t.Fatal(err)
 				}
 				for i, m := range idx.Manifests {
-					compareGolden(t, fmt.Sprintf("parts-manifest-%d.json", i), fetchBytes(t, store, m))
+					compareGolden(t, fmt.Sprintf("%sparts-manifest-%d.json", tc.prefix, i), fetchBytes(t, store, m))
 				}
 			}
 		})

@@ -20,8 +20,14 @@ const (
 	ArtifactTypeVolume = "application/vnd.bdnvol.volume.v1"
 	// ArtifactTypePart is the artifactType of a part manifest under a root index.
 	ArtifactTypePart = "application/vnd.bdnvol.volume.part.v1"
-	// MediaTypeIndex is the media type of the file index blob.
+	// MediaTypeIndex is the media type of the file index blob of format
+	// version 1.
 	MediaTypeIndex = "application/vnd.bdnvol.index.v1+json"
+	// MediaTypeIndexV2 is the media type of the top-level file index of
+	// format version 2, which lists the index pieces.
+	MediaTypeIndexV2 = "application/vnd.bdnvol.index.v2+json"
+	// MediaTypePiece is the media type of a piece of a version 2 file index.
+	MediaTypePiece = "application/vnd.bdnvol.index.piece.v2+json"
 	// MediaTypeChunk is the media type of a chunk blob.
 	MediaTypeChunk = "application/vnd.bdnvol.chunk.v1"
 
@@ -34,7 +40,11 @@ const (
 )
 
 // FormatVersion is the version of the file index this package writes.
-const FormatVersion = 1
+const FormatVersion = 2
+
+// FormatVersion1 is the first format: the whole index in one blob. It is
+// still read, and written on request.
+const FormatVersion1 = 1
 
 // Limits that a parsed index must respect; they bound memory before any I/O.
 const (
@@ -151,7 +161,7 @@ func (x *Index) encode() ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// DecodeIndex parses and validates a file index.
+// DecodeIndex parses and validates a file index blob of format version 1.
 func DecodeIndex(b []byte) (*Index, error) {
 	if len(b) > MaxIndexBytes {
 		return nil, fmt.Errorf("%w: %d bytes exceeds the limit", ErrInvalidIndex, len(b))
@@ -164,6 +174,9 @@ func DecodeIndex(b []byte) (*Index, error) {
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("%w: trailing data", ErrInvalidIndex)
+	}
+	if x.Version != FormatVersion1 {
+		return nil, invalid("a one-blob index of version %d", x.Version)
 	}
 	if err := x.Validate(); err != nil {
 		return nil, err
@@ -200,8 +213,11 @@ func refuse(format string, args ...any) error {
 // relative, clean and unique, every parent is a directory of the index, no
 // symlink leaves the root, and every extent lies inside its chunk.
 func (x *Index) Validate() error {
-	if x.Version != FormatVersion {
+	if x.Version != FormatVersion && x.Version != FormatVersion1 {
 		return invalid("unsupported version %d", x.Version)
+	}
+	if x.Version == FormatVersion1 && x.Chunking.Pack != 0 {
+		return invalid("a pack size in a version 1 index")
 	}
 	if len(x.Files) > MaxEntries {
 		return invalid("%d entries exceed the limit of %d", len(x.Files), MaxEntries)
@@ -209,94 +225,118 @@ func (x *Index) Validate() error {
 	if len(x.Chunks) > MaxChunks {
 		return invalid("%d chunks exceed the limit of %d", len(x.Chunks), MaxChunks)
 	}
-	seen := make(map[digest.Digest]struct{}, len(x.Chunks))
-	for i, c := range x.Chunks {
-		if c.Digest.Validate() != nil || c.Digest.Algorithm() != digest.SHA256 {
-			return invalid("chunk %d: bad digest %q", i, c.Digest)
-		}
-		if c.Size <= 0 || c.Size > MaxChunkBytes {
-			return invalid("chunk %d (%s): bad size %d", i, c.Digest, c.Size)
-		}
-		if _, dup := seen[c.Digest]; dup {
-			return invalid("chunk %s listed twice", c.Digest)
-		}
-		if c.Head != "" || c.Tail != "" {
-			if c.Size < EdgeMinChunk {
-				return invalid("chunk %s: edge digests on a chunk of %d bytes", c.Digest, c.Size)
-			}
-			for _, d := range []digest.Digest{c.Head, c.Tail} {
-				if d.Validate() != nil || d.Algorithm() != digest.SHA256 {
-					return invalid("chunk %s: bad edge digest %q", c.Digest, d)
-				}
-			}
-		}
-		seen[c.Digest] = struct{}{}
+	if err := checkChunks(x.Chunks); err != nil {
+		return err
 	}
 	dirs := make(map[string]struct{})
 	prev := ""
 	for i := range x.Files {
-		f := &x.Files[i]
-		if err := checkPath(f.Path); err != nil {
-			return invalid("entry %d: %v", i, err)
+		if err := checkEntry(i, &x.Files[i], prev, x.Chunks, dirs); err != nil {
+			return err
 		}
-		if i > 0 && f.Path <= prev {
-			if f.Path == prev {
-				return invalid("duplicate path %q", f.Path)
-			}
-			return invalid("paths not sorted: %q after %q", f.Path, prev)
+		prev = x.Files[i].Path
+	}
+	return nil
+}
+
+// checkChunks checks a chunk table: digests, sizes, edges, no duplicates.
+func checkChunks(chunks []Chunk) error {
+	seen := make(map[digest.Digest]struct{}, len(chunks))
+	for i, c := range chunks {
+		if err := checkChunk(i, c); err != nil {
+			return err
 		}
-		prev = f.Path
-		if parent := parentOf(f.Path); parent != "" {
-			if _, ok := dirs[parent]; !ok {
-				return invalid("%q: parent %q is not a directory of the volume", f.Path, parent)
+		if _, dup := seen[c.Digest]; dup {
+			return invalid("chunk %s listed twice", c.Digest)
+		}
+		seen[c.Digest] = struct{}{}
+	}
+	return nil
+}
+
+func checkChunk(i int, c Chunk) error {
+	if c.Digest.Validate() != nil || c.Digest.Algorithm() != digest.SHA256 {
+		return invalid("chunk %d: bad digest %q", i, c.Digest)
+	}
+	if c.Size <= 0 || c.Size > MaxChunkBytes {
+		return invalid("chunk %d (%s): bad size %d", i, c.Digest, c.Size)
+	}
+	if c.Head != "" || c.Tail != "" {
+		if c.Size < EdgeMinChunk {
+			return invalid("chunk %s: edge digests on a chunk of %d bytes", c.Digest, c.Size)
+		}
+		for _, d := range []digest.Digest{c.Head, c.Tail} {
+			if d.Validate() != nil || d.Algorithm() != digest.SHA256 {
+				return invalid("chunk %s: bad edge digest %q", c.Digest, d)
 			}
 		}
-		if f.Mode&^0o777 != 0 {
-			return invalid("%q: mode %o has bits beyond 0777", f.Path, f.Mode)
+	}
+	return nil
+}
+
+// checkEntry checks entry i of an index whose previous entry is prev
+// ("" for the first), whose extents name chunks, and whose directories so
+// far are dirs; it adds f to dirs when f is a directory.
+func checkEntry(i int, f *File, prev string, chunks []Chunk, dirs map[string]struct{}) error {
+	if err := checkPath(f.Path); err != nil {
+		return invalid("entry %d: %v", i, err)
+	}
+	if i > 0 && f.Path <= prev {
+		if f.Path == prev {
+			return invalid("duplicate path %q", f.Path)
 		}
-		switch f.Type {
-		case TypeDir:
-			if f.Size != 0 || f.Digest != "" || f.Target != "" || len(f.Extents) != 0 {
-				return invalid("%q: directory with content", f.Path)
-			}
-			dirs[f.Path] = struct{}{}
-		case TypeSymlink:
-			if f.Size != 0 || f.Digest != "" || len(f.Extents) != 0 {
-				return invalid("%q: symlink with content", f.Path)
-			}
-			if err := CheckSymlink(f.Path, f.Target); err != nil {
-				return invalid("%v", err)
-			}
-		case TypeFile:
-			if f.Target != "" {
-				return invalid("%q: file with a symlink target", f.Path)
-			}
-			if f.Digest.Validate() != nil || f.Digest.Algorithm() != digest.SHA256 {
-				return invalid("%q: bad digest %q", f.Path, f.Digest)
-			}
-			if f.Size < 0 {
-				return invalid("%q: negative size", f.Path)
-			}
-			var sum int64
-			for _, e := range f.Extents {
-				if e.Chunk < 0 || e.Chunk >= len(x.Chunks) {
-					return invalid("%q: extent names chunk %d of %d", f.Path, e.Chunk, len(x.Chunks))
-				}
-				c := x.Chunks[e.Chunk]
-				if e.Length <= 0 || e.Offset < 0 || e.Offset > c.Size || e.Length > c.Size-e.Offset {
-					return invalid("%q: extent [%d,%d,%d] outside chunk %s of %d bytes", f.Path, e.Chunk, e.Offset, e.Length, c.Digest, c.Size)
-				}
-				sum += e.Length
-				if sum > f.Size {
-					break
-				}
-			}
-			if sum != f.Size {
-				return invalid("%q: extents cover %d bytes, size is %d", f.Path, sum, f.Size)
-			}
-		default:
-			return invalid("%q: unknown type %q", f.Path, f.Type)
+		return invalid("paths not sorted: %q after %q", f.Path, prev)
+	}
+	if parent := parentOf(f.Path); parent != "" {
+		if _, ok := dirs[parent]; !ok {
+			return invalid("%q: parent %q is not a directory of the volume", f.Path, parent)
 		}
+	}
+	if f.Mode&^0o777 != 0 {
+		return invalid("%q: mode %o has bits beyond 0777", f.Path, f.Mode)
+	}
+	switch f.Type {
+	case TypeDir:
+		if f.Size != 0 || f.Digest != "" || f.Target != "" || len(f.Extents) != 0 {
+			return invalid("%q: directory with content", f.Path)
+		}
+		dirs[f.Path] = struct{}{}
+	case TypeSymlink:
+		if f.Size != 0 || f.Digest != "" || len(f.Extents) != 0 {
+			return invalid("%q: symlink with content", f.Path)
+		}
+		if err := CheckSymlink(f.Path, f.Target); err != nil {
+			return invalid("%v", err)
+		}
+	case TypeFile:
+		if f.Target != "" {
+			return invalid("%q: file with a symlink target", f.Path)
+		}
+		if f.Digest.Validate() != nil || f.Digest.Algorithm() != digest.SHA256 {
+			return invalid("%q: bad digest %q", f.Path, f.Digest)
+		}
+		if f.Size < 0 {
+			return invalid("%q: negative size", f.Path)
+		}
+		var sum int64
+		for _, e := range f.Extents {
+			if e.Chunk < 0 || e.Chunk >= len(chunks) {
+				return invalid("%q: extent names chunk %d of %d", f.Path, e.Chunk, len(chunks))
+			}
+			c := chunks[e.Chunk]
+			if e.Length <= 0 || e.Offset < 0 || e.Offset > c.Size || e.Length > c.Size-e.Offset {
+				return invalid("%q: extent [%d,%d,%d] outside chunk %s of %d bytes", f.Path, e.Chunk, e.Offset, e.Length, c.Digest, c.Size)
+			}
+			sum += e.Length
+			if sum > f.Size {
+				break
+			}
+		}
+		if sum != f.Size {
+			return invalid("%q: extents cover %d bytes, size is %d", f.Path, sum, f.Size)
+		}
+	default:
+		return invalid("%q: unknown type %q", f.Path, f.Type)
 	}
 	return nil
 }

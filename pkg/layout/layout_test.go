@@ -126,7 +126,7 @@ func TestSafetensorsHeader(t *testing.T) {
 
 func validIndex() *Index {
 	c := Chunk{Digest: digest.FromString("x"), Size: 10}
-	return &Index{Version: 1, Chunking: DefaultParams, Chunks: []Chunk{c}, Files: []File{
+	return &Index{Version: 1, Chunking: v1Params, Chunks: []Chunk{c}, Files: []File{
 		{Path: "d", Type: TypeDir, Mode: 0o755},
 		{Path: "d/f", Type: TypeFile, Mode: 0o644, Size: 10, Digest: digest.FromString("f"), Extents: []Extent{{0, 0, 10}}},
 		{Path: "d/l", Type: TypeSymlink, Mode: 0o777, Target: "f"},
@@ -153,7 +153,7 @@ func TestValidate(t *testing.T) {
 		"short extents":   func(x *Index) { x.Files[1].Size = 11 },
 		"mode bits":       func(x *Index) { x.Files[1].Mode = 0o4755 },
 		"bad type":        func(x *Index) { x.Files[1].Type = "fifo" },
-		"version":         func(x *Index) { x.Version = 2 },
+		"version":         func(x *Index) { x.Version = 3 },
 		"dup chunk":       func(x *Index) { x.Chunks = append(x.Chunks, x.Chunks[0]) },
 		"huge chunk":      func(x *Index) { x.Chunks[0].Size = MaxChunkBytes + 1 },
 		"dir with extent": func(x *Index) { x.Files[0].Extents = []Extent{{0, 0, 1}} },
@@ -274,7 +274,7 @@ func TestPushRefusesEscapingSymlink(t *testing.T) {
 }
 
 func TestSealSplitsParts(t *testing.T) {
-	x := &Index{Version: 1, Chunking: DefaultParams}
+	x := &Index{Version: 1, Chunking: v1Params}
 	for i := range 25 {
 		x.Chunks = append(x.Chunks, Chunk{Digest: digest.FromString(fmt.Sprint(i)), Size: 1})
 		x.Files = append(x.Files, File{Path: fmt.Sprintf("f%02d", i), Type: TypeFile, Mode: 0o644, Size: 1, Digest: digest.FromString("y"), Extents: []Extent{{i, 0, 1}}})
@@ -412,7 +412,7 @@ func TestPullRefetchesSpoiledChunks(t *testing.T) {
 // manifest under the registries' 4 MiB limit.
 func TestSealTebibyteVolume(t *testing.T) {
 	const chunks = 1 << 17 // 1 TiB / 8 MiB
-	x := &Index{Version: 1, Chunking: DefaultParams, Chunks: make([]Chunk, chunks)}
+	x := &Index{Version: 1, Chunking: v1Params, Chunks: make([]Chunk, chunks)}
 	f := File{Path: "weights.bin", Type: TypeFile, Mode: 0o644, Size: chunks << 23, Digest: digest.FromString("w"), Extents: make([]Extent, chunks)}
 	for i := range x.Chunks {
 		var b [8]byte

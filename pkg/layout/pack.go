@@ -46,7 +46,8 @@ func (e *edgeHasher) set(ch *Chunk) {
 // order, into chunks whose ends are chosen by the files' own digests, so an
 // added or changed file changes only the pack around it.
 func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) error {
-	p := b.opt.Params
+	p := b.opt.Params.packParams()
+	limit := b.opt.Params.Min // files under it are packed
 	var threshold uint64 = ^uint64(0)
 	if p.Avg > p.Min {
 		threshold = ^uint64(0) / uint64(p.Avg-p.Min)
@@ -112,7 +113,7 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		return b.emit(submit, job)
 	}
 	for i, e := range b.entries {
-		if e.Type != TypeFile || e.Size >= p.Min {
+		if e.Type != TypeFile || e.Size >= limit {
 			continue
 		}
 		if err := ctx.Err(); err != nil {

@@ -22,3 +22,6 @@ func TestParamsCompleted(t *testing.T) {
 		}
 	}
 }
+
+// v1Params are DefaultParams as format version 1 records them (no pack size).
+var v1Params = Params{Min: DefaultParams.Min, Avg: DefaultParams.Avg, Max: DefaultParams.Max}

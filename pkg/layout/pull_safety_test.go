@@ -396,7 +396,7 @@ func TestPullResumes(t *testing.T) {
 func TestLeftoverExtentsSkipsHoles(t *testing.T) {
 	const chunk = 1 << 20
 	const n = 16 << 10 // 16 GiB declared
-	x := &Index{Version: 1, Chunking: DefaultParams}
+	x := &Index{Version: 1, Chunking: v1Params}
 	f := File{Path: "big", Type: TypeFile, Mode: 0o644, Size: n * chunk, Digest: digest.FromString("big")}
 	written := map[int][]byte{3: randBytes(1, chunk), 9000: randBytes(2, chunk), n - 1: randBytes(3, chunk)}
 	for i := range n {
@@ -493,11 +493,12 @@ func TestPullProgressCountsOnce(t *testing.T) {
 // sane ones are kept as they are (so later pushes dedup).
 func TestParamsInherited(t *testing.T) {
 	for in, want := range map[Params]Params{
-		{64, 64, 64}:                    {4 << 10, 8 << 10, 16 << 10},
-		{64, 1 << 20, 2 << 20}:          {4 << 10, 1 << 20, 2 << 20},
-		{16 << 10, 64 << 10, 256 << 10}: {16 << 10, 64 << 10, 256 << 10},
-		DefaultParams:                   DefaultParams,
-		{32 << 10, 32 << 10, 32 << 10}:  {32 << 10, 32 << 10, 32 << 10},
+		{64, 64, 64, 0}:                    {4 << 10, 8 << 10, 16 << 10, 8 << 10},
+		{64, 1 << 20, 2 << 20, 0}:          {4 << 10, 1 << 20, 2 << 20, DefaultPack},
+		{16 << 10, 64 << 10, 256 << 10, 0}: {16 << 10, 64 << 10, 256 << 10, 64 << 10},
+		DefaultParams:                      DefaultParams,
+		{32 << 10, 32 << 10, 32 << 10, 0}:  {32 << 10, 32 << 10, 32 << 10, 32 << 10},
+		{1 << 20, 8 << 20, 16 << 20, 0}:    DefaultParams, // a version 1 volume's: small files get small packs
 	} {
 		got := in.Inherited()
 		if got != want || got.Validate() != nil {

@@ -34,6 +34,10 @@ type PushOptions struct {
 	// Annotations are added to the root manifest (for example the
 	// revision a sync sealed); they are part of the version's digest.
 	Annotations map[string]string
+	// FormatVersion is the format to seal in: 0 means FormatVersion;
+	// FormatVersion1 writes the one-blob index (and packs small files with
+	// the chunk sizes, as version 1 did).
+	FormatVersion int
 }
 
 // PushResult describes a pushed version.
@@ -79,6 +83,15 @@ type extentRef struct {
 func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions) (*PushResult, error) {
 	if opt.Params == (Params{}) {
 		opt.Params = DefaultParams
+	}
+	switch opt.FormatVersion {
+	case 0:
+		opt.FormatVersion = FormatVersion
+	case FormatVersion:
+	case FormatVersion1:
+		opt.Params.Pack = 0
+	default:
+		return nil, fmt.Errorf("layout: unsupported format version %d", opt.FormatVersion)
 	}
 	if err := opt.Params.Validate(); err != nil {
 		return nil, err
@@ -224,7 +237,7 @@ func (b *builder) emit(submit func(chunkJob) error, j chunkJob) error {
 // index assembles the file index from the walk and the chunking results.
 // The chunk table lists chunks in order of first use.
 func (b *builder) index() (*Index, error) {
-	x := &Index{Version: FormatVersion, Chunking: b.opt.Params, Files: make([]File, 0, len(b.entries))}
+	x := &Index{Version: b.opt.FormatVersion, Chunking: b.opt.Params, Files: make([]File, 0, len(b.entries))}
 	pos := map[digest.Digest]int{}
 	for i, e := range b.entries {
 		f := File{Path: e.Path, Type: e.Type, Mode: e.Mode}

@@ -78,10 +78,15 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 		v.Meta = append(v.Meta, first.Config)
 	}
 	layers := first.Layers
-	if len(layers) == 0 || layers[0].MediaType != MediaTypeIndex {
+	if len(layers) == 0 || (layers[0].MediaType != MediaTypeIndex && layers[0].MediaType != MediaTypeIndexV2) {
 		return nil, fmt.Errorf("%s: %w: first layer is not a file index", desc.Digest, ErrNotVolume)
 	}
-	if layers[0].Size <= 0 || layers[0].Size > MaxIndexBytes {
+	v2 := layers[0].MediaType == MediaTypeIndexV2
+	limit := int64(MaxIndexBytes)
+	if v2 {
+		limit = MaxTopIndexBytes
+	}
+	if layers[0].Size <= 0 || layers[0].Size > limit {
 		return nil, fmt.Errorf("%s: %w: file index of %d bytes", desc.Digest, ErrInvalidIndex, layers[0].Size)
 	}
 	v.Meta = append(v.Meta, layers[0])
@@ -89,16 +94,43 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 	if err != nil {
 		return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
 	}
-	x, err := DecodeIndex(b)
-	if err != nil {
+	var (
+		x  *Index
+		rd *v2Reader
+	)
+	if v2 {
+		top, err := decodeTop(b)
+		if err != nil {
+			return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
+		}
+		rd = newV2Reader(top)
+		x = rd.x
+	} else if x, err = DecodeIndex(b); err != nil {
 		return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
 	}
 	b = nil
-	v.Index = x
-	// next is the index of the chunk the next chunk layer must be.
+	// The layers after the index are the pieces (version 2), in the order
+	// the top-level index lists them, then the chunks in index order. Each
+	// piece is read when its layer comes, so every piece is known before the
+	// first chunk layer is checked.
 	next := 0
 	match := func(ls []ocispec.Descriptor) error {
 		for _, l := range ls {
+			if rd != nil && rd.next < len(rd.top.Pieces) {
+				p := rd.top.Pieces[rd.next]
+				if l.Digest != p.Digest || l.Size != p.Size || l.MediaType != MediaTypePiece {
+					return fmt.Errorf("%s: %w: layer %s does not match index piece %s", desc.Digest, ErrInvalidIndex, l.Digest, p.Digest)
+				}
+				pb, err := fetchAll(ctx, src, l)
+				if err != nil {
+					return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
+				}
+				if err := rd.add(pb); err != nil {
+					return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
+				}
+				v.Meta = append(v.Meta, l)
+				continue
+			}
 			if next >= len(x.Chunks) {
 				return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, len(x.Chunks))
 			}
@@ -126,9 +158,15 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 			return nil, err
 		}
 	}
+	if rd != nil {
+		if _, err := rd.done(); err != nil {
+			return nil, fmt.Errorf("%s: %w", desc.Digest, err)
+		}
+	}
 	if next != len(x.Chunks) {
 		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, len(x.Chunks))
 	}
+	v.Index = x
 	v.Chunks = make([]ocispec.Descriptor, len(x.Chunks))
 	for i, c := range x.Chunks {
 		v.Chunks[i] = chunkDescriptor(c)

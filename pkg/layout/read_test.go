@@ -54,7 +54,7 @@ func (localFetcher) Local() bool { return true }
 // layers.
 func partedVersion(t *testing.T) (*memory.Store, *Sealed) {
 	t.Helper()
-	x := &Index{Version: 1, Chunking: DefaultParams}
+	x := &Index{Version: 1, Chunking: v1Params}
 	store := memory.New()
 	ctx := context.Background()
 	for i := range 25 {

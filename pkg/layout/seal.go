@@ -26,11 +26,12 @@ type Blob struct {
 	Data []byte
 }
 
-// Sealed is a version ready to be stored: the index blob, the empty config,
-// the part manifests (if any), and the root, which must be pushed last.
+// Sealed is a version ready to be stored: the index blobs, the empty
+// config, the part manifests (if any), and the root, which must be pushed
+// last.
 type Sealed struct {
 	Index  *Index
-	Blobs  []Blob // index blob and empty config
+	Blobs  []Blob // index blobs (v1: the index; v2: top-level index, pieces), then the empty config
 	Parts  []Blob // part manifests, empty for a single-manifest version
 	Root   Blob   // root manifest or root image index
 	Chunks []ocispec.Descriptor
@@ -55,15 +56,35 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	if maxLayers < 2 {
 		return nil, fmt.Errorf("layout: max layers must be at least 2")
 	}
-	ib, err := x.Encode()
-	if err != nil {
-		return nil, err
-	}
 	s := &Sealed{Index: x}
-	idx := blobOf(MediaTypeIndex, ib)
 	empty := Blob{Desc: ocispec.DescriptorEmptyJSON, Data: ocispec.DescriptorEmptyJSON.Data}
 	empty.Desc.Data = nil
-	s.Blobs = []Blob{idx, empty}
+	switch x.Version {
+	case FormatVersion1:
+		ib, err := x.Encode()
+		if err != nil {
+			return nil, err
+		}
+		s.Blobs = []Blob{blobOf(MediaTypeIndex, ib)}
+	case FormatVersion:
+		top, pieces, err := encodeV2(x, DefaultPieceParams)
+		if err != nil {
+			return nil, err
+		}
+		s.Blobs = make([]Blob, 0, 1+len(pieces)+1)
+		s.Blobs = append(s.Blobs, blobOf(MediaTypeIndexV2, top))
+		for _, b := range pieces {
+			s.Blobs = append(s.Blobs, blobOf(MediaTypePiece, b))
+		}
+	default:
+		return nil, invalid("unsupported version %d", x.Version)
+	}
+	// The layers start with the index blobs; the empty config comes last.
+	layers := make([]ocispec.Descriptor, 0, len(s.Blobs)+len(x.Chunks))
+	for _, b := range s.Blobs {
+		layers = append(layers, b.Desc)
+	}
+	s.Blobs = append(s.Blobs, empty)
 	s.Chunks = make([]ocispec.Descriptor, len(x.Chunks))
 	for i, c := range x.Chunks {
 		s.Chunks[i] = chunkDescriptor(c)
@@ -73,7 +94,7 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	ann[AnnotationFiles] = strconv.Itoa(len(x.Files))
 	ann[AnnotationBytes] = strconv.FormatInt(x.Bytes(), 10)
 	ann[AnnotationChunks] = strconv.Itoa(len(x.Chunks))
-	layers := append([]ocispec.Descriptor{idx.Desc}, s.Chunks...)
+	layers = append(layers, s.Chunks...)
 	if len(layers) <= maxLayers {
 		m, err := manifest(ArtifactTypeVolume, empty.Desc, layers, ann)
 		if err != nil {

@@ -1,0 +1,363 @@
+package layout
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// Format version 2 stores the file index in pieces: the sorted entries are
+// cut into runs whose ends depend on the entries' paths only, each run is a
+// blob with its own chunk table, and a small top-level index lists the
+// pieces. A changed file changes the piece around it and the top-level
+// index; every other piece is the same blob as before and is not uploaded
+// again.
+
+// Limits of a version 2 index, enforced before anything is held.
+const (
+	MaxTopIndexBytes = 16 << 20      // largest top-level index blob accepted
+	MaxPieceBytes    = MaxIndexBytes // largest index piece accepted
+)
+
+// PieceParams are the parameters a writer cuts the entries into pieces
+// with; readers do not depend on them.
+type PieceParams struct {
+	Min      int   `json:"min"`      // entries before a cut may happen
+	Avg      int   `json:"avg"`      // about the average entries per piece
+	Max      int   `json:"max"`      // entries after which a cut always happens
+	MaxBytes int64 `json:"maxBytes"` // estimated bytes after which a cut always happens
+}
+
+// DefaultPieceParams give pieces of about a thousand entries (100–300 KB).
+var DefaultPieceParams = PieceParams{Min: 256, Avg: 1024, Max: 4096, MaxBytes: 1 << 20}
+
+// topIndex is the top-level index blob of format version 2.
+type topIndex struct {
+	Version  int         `json:"version"`
+	Chunking Params      `json:"chunking"`
+	Piecing  PieceParams `json:"piecing"`
+	Entries  int64       `json:"entries"`
+	Bytes    int64       `json:"bytes"`
+	Chunks   int64       `json:"chunks"`
+	Pieces   []PieceRef  `json:"pieces"`
+}
+
+// PieceRef describes one piece of a version 2 index.
+type PieceRef struct {
+	Digest  digest.Digest `json:"digest"`
+	Size    int64         `json:"size"`
+	First   string        `json:"first"`   // path of its first entry
+	Entries int64         `json:"entries"` // number of entries
+	Bytes   int64         `json:"bytes"`   // bytes of its regular files
+}
+
+// piece is one piece blob: its chunk table (in order of first use in the
+// piece) and its entries, whose extents name chunks of that table.
+type piece struct {
+	Chunks []Chunk `json:"chunks"`
+	Files  []File  `json:"files"`
+}
+
+// canonicalJSON encodes v as the format's JSON: no insignificant
+// whitespace, HTML characters not escaped.
+func canonicalJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// pathHash is the first 8 bytes of SHA-256(path), big endian.
+func pathHash(p string) uint64 {
+	h := sha256.Sum256([]byte(p))
+	return binary.BigEndian.Uint64(h[:8])
+}
+
+// entryCost estimates the encoded bytes of an entry, for the byte limit
+// of a piece; it is a function of the entry only.
+func entryCost(f *File) int64 {
+	return int64(64 + len(f.Path) + len(f.Target) + len(f.Digest) + 24*len(f.Extents))
+}
+
+// chunkCost estimates the encoded bytes of a chunk in a piece's table.
+const chunkCost = 240
+
+// cutPieces returns the ends (exclusive entry indices) of the pieces of x.
+func cutPieces(x *Index, pp PieceParams) []int {
+	var threshold uint64 = ^uint64(0)
+	if pp.Avg > pp.Min {
+		threshold = ^uint64(0) / uint64(pp.Avg-pp.Min)
+	}
+	var ends []int
+	n, cost := 0, int64(0)
+	seen := map[int]bool{}
+	for i := range x.Files {
+		f := &x.Files[i]
+		n++
+		cost += entryCost(f)
+		for _, e := range f.Extents {
+			if !seen[e.Chunk] {
+				seen[e.Chunk] = true
+				cost += chunkCost
+			}
+		}
+		if n >= pp.Max || cost >= pp.MaxBytes || (n >= pp.Min && pathHash(f.Path) < threshold) {
+			ends = append(ends, i+1)
+			n, cost = 0, 0
+			clear(seen)
+		}
+	}
+	if n > 0 {
+		ends = append(ends, len(x.Files))
+	}
+	return ends
+}
+
+// encodeV2 returns the top-level index and the pieces of x in format
+// version 2.
+func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error) {
+	if err := x.Validate(); err != nil {
+		return nil, nil, err
+	}
+	t := topIndex{Version: FormatVersion, Chunking: x.Chunking, Piecing: pp,
+		Entries: int64(len(x.Files)), Bytes: x.Bytes(), Chunks: int64(len(x.Chunks)), Pieces: []PieceRef{}}
+	start := 0
+	for _, end := range cutPieces(x, pp) {
+		p := piece{Chunks: []Chunk{}, Files: make([]File, end-start)}
+		local := map[int]int{}
+		var bytes int64
+		for i := start; i < end; i++ {
+			f := x.Files[i]
+			bytes += f.Size
+			if len(f.Extents) > 0 {
+				exts := make([]Extent, len(f.Extents))
+				for k, e := range f.Extents {
+					l, ok := local[e.Chunk]
+					if !ok {
+						l = len(p.Chunks)
+						local[e.Chunk] = l
+						p.Chunks = append(p.Chunks, x.Chunks[e.Chunk])
+					}
+					exts[k] = Extent{Chunk: l, Offset: e.Offset, Length: e.Length}
+				}
+				f.Extents = exts
+			}
+			p.Files[i-start] = f
+		}
+		b, err := canonicalJSON(p)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(b) > MaxPieceBytes {
+			return nil, nil, fmt.Errorf("layout: index piece of %d bytes at %q exceeds %d", len(b), p.Files[0].Path, MaxPieceBytes)
+		}
+		pieces = append(pieces, b)
+		t.Pieces = append(t.Pieces, PieceRef{Digest: digest.FromBytes(b), Size: int64(len(b)),
+			First: p.Files[0].Path, Entries: int64(end - start), Bytes: bytes})
+		start = end
+	}
+	top, err = canonicalJSON(t)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(top) > MaxTopIndexBytes {
+		return nil, nil, fmt.Errorf("layout: top-level index of %d bytes exceeds %d", len(top), MaxTopIndexBytes)
+	}
+	return top, pieces, nil
+}
+
+// strictDecode decodes b into v refusing unknown fields and trailing data,
+// then checks that b is v's canonical encoding.
+func strictDecode(b []byte, v any, what string) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrInvalidIndex, what, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: %s: trailing data", ErrInvalidIndex, what)
+	}
+	canon, err := canonicalJSON(v)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(canon, b) {
+		at := 0
+		for at < len(b) && at < len(canon) && b[at] == canon[at] {
+			at++
+		}
+		return fmt.Errorf("%w: %s not in the canonical encoding (differs at byte %d)", ErrInvalidIndex, what, at)
+	}
+	return nil
+}
+
+// decodeTop parses and checks a top-level index of format version 2.
+func decodeTop(b []byte) (*topIndex, error) {
+	if len(b) > MaxTopIndexBytes {
+		return nil, invalid("top-level index of %d bytes exceeds the limit", len(b))
+	}
+	var t topIndex
+	if err := strictDecode(b, &t, "top-level index"); err != nil {
+		return nil, err
+	}
+	if t.Version != FormatVersion {
+		return nil, invalid("top-level index of version %d", t.Version)
+	}
+	if t.Entries < 0 || t.Entries > MaxEntries || t.Chunks < 0 || t.Chunks > MaxChunks || t.Bytes < 0 {
+		return nil, invalid("top-level index totals out of range (%d entries, %d chunks, %d bytes)", t.Entries, t.Chunks, t.Bytes)
+	}
+	var entries, total int64
+	for i, p := range t.Pieces {
+		if p.Digest.Validate() != nil || p.Digest.Algorithm() != digest.SHA256 {
+			return nil, invalid("piece %d: bad digest %q", i, p.Digest)
+		}
+		if p.Size <= 0 || p.Size > MaxPieceBytes {
+			return nil, invalid("piece %s: bad size %d", p.Digest, p.Size)
+		}
+		if p.Entries <= 0 || p.Entries > MaxEntries || p.Bytes < 0 {
+			return nil, invalid("piece %s: %d entries, %d bytes", p.Digest, p.Entries, p.Bytes)
+		}
+		if err := checkPath(p.First); err != nil {
+			return nil, invalid("piece %s: first path: %v", p.Digest, err)
+		}
+		if i > 0 && p.First <= t.Pieces[i-1].First {
+			return nil, invalid("piece %s: first path %q not after %q", p.Digest, p.First, t.Pieces[i-1].First)
+		}
+		entries += p.Entries
+		total += p.Bytes
+		if entries > t.Entries || total < 0 || total > t.Bytes {
+			return nil, invalid("pieces hold more than the %d entries and %d bytes of the index", t.Entries, t.Bytes)
+		}
+	}
+	if entries != t.Entries || total != t.Bytes {
+		return nil, invalid("pieces hold %d entries and %d bytes, the index says %d and %d", entries, total, t.Entries, t.Bytes)
+	}
+	return &t, nil
+}
+
+// v2Reader assembles an Index from its pieces, checking each piece as it
+// comes against the top-level index and the pieces before it.
+type v2Reader struct {
+	top    *topIndex
+	x      *Index
+	next   int // index of the next piece
+	global map[digest.Digest]int
+	dirs   map[string]struct{}
+}
+
+func newV2Reader(top *topIndex) *v2Reader {
+	return &v2Reader{
+		top:    top,
+		x:      &Index{Version: FormatVersion, Chunking: top.Chunking, Files: make([]File, 0, min(top.Entries, 1<<16))},
+		global: map[digest.Digest]int{},
+		dirs:   map[string]struct{}{},
+	}
+}
+
+// add decodes, checks and appends the next piece.
+func (r *v2Reader) add(b []byte) error {
+	ref := r.top.Pieces[r.next]
+	var p piece
+	if err := strictDecode(b, &p, "piece "+ref.Digest.String()); err != nil {
+		return err
+	}
+	if int64(len(p.Files)) != ref.Entries {
+		return invalid("piece %s holds %d entries, the index says %d", ref.Digest, len(p.Files), ref.Entries)
+	}
+	if p.Files[0].Path != ref.First {
+		return invalid("piece %s starts at %q, the index says %q", ref.Digest, p.Files[0].Path, ref.First)
+	}
+	if len(p.Chunks) > MaxChunks {
+		return invalid("piece %s: %d chunks", ref.Digest, len(p.Chunks))
+	}
+	if err := checkChunks(p.Chunks); err != nil {
+		return fmt.Errorf("piece %s: %w", ref.Digest, err)
+	}
+	// Chunks are listed in order of first use in the piece, each used.
+	used := 0
+	var bytes int64
+	x := r.x
+	for i := range p.Files {
+		f := &p.Files[i]
+		n := len(x.Files)
+		prev := ""
+		if n > 0 {
+			prev = x.Files[n-1].Path
+		}
+		if err := checkEntry(n, f, prev, p.Chunks, r.dirs); err != nil {
+			return fmt.Errorf("piece %s: %w", ref.Digest, err)
+		}
+		bytes += f.Size
+		for k, e := range f.Extents {
+			if e.Chunk > used {
+				return invalid("piece %s: %q uses chunk %d before chunk %d", ref.Digest, f.Path, e.Chunk, used)
+			}
+			if e.Chunk == used {
+				used++
+			}
+			c := p.Chunks[e.Chunk]
+			g, ok := r.global[c.Digest]
+			if !ok {
+				if len(x.Chunks) >= MaxChunks {
+					return invalid("more than %d chunks", MaxChunks)
+				}
+				g = len(x.Chunks)
+				r.global[c.Digest] = g
+				x.Chunks = append(x.Chunks, c)
+			} else if x.Chunks[g] != c {
+				return invalid("piece %s: chunk %s differs from its earlier listing", ref.Digest, c.Digest)
+			}
+			f.Extents[k].Chunk = g
+		}
+		x.Files = append(x.Files, *f)
+	}
+	if used != len(p.Chunks) {
+		return invalid("piece %s lists %d chunks and uses %d", ref.Digest, len(p.Chunks), used)
+	}
+	if bytes != ref.Bytes {
+		return invalid("piece %s holds %d bytes, the index says %d", ref.Digest, bytes, ref.Bytes)
+	}
+	r.next++
+	return nil
+}
+
+// done checks that every piece was read and the totals match.
+func (r *v2Reader) done() (*Index, error) {
+	if r.next != len(r.top.Pieces) {
+		return nil, invalid("%d of %d index pieces", r.next, len(r.top.Pieces))
+	}
+	if int64(len(r.x.Chunks)) != r.top.Chunks {
+		return nil, invalid("pieces name %d chunks, the index says %d", len(r.x.Chunks), r.top.Chunks)
+	}
+	return r.x, nil
+}
+
+// DecodeIndexV2 decodes a version 2 index from its top-level blob and its
+// pieces in order, checking them as Open does. It is for tools and tests
+// that hold the blobs; Open reads them from a store.
+func DecodeIndexV2(top []byte, pieces [][]byte) (*Index, error) {
+	t, err := decodeTop(top)
+	if err != nil {
+		return nil, err
+	}
+	if len(pieces) != len(t.Pieces) {
+		return nil, invalid("%d pieces for the %d the index lists", len(pieces), len(t.Pieces))
+	}
+	r := newV2Reader(t)
+	for i, b := range pieces {
+		if digest.FromBytes(b) != t.Pieces[i].Digest || int64(len(b)) != t.Pieces[i].Size {
+			return nil, invalid("piece %d does not match %s", i, t.Pieces[i].Digest)
+		}
+		if err := r.add(b); err != nil {
+			return nil, err
+		}
+	}
+	return r.done()
+}
