@@ -32,8 +32,8 @@ type PieceParams struct {
 	MaxBytes int64 `json:"maxBytes"` // estimated bytes after which a cut always happens
 }
 
-// DefaultPieceParams give pieces of about a thousand entries (100–300 KB).
-var DefaultPieceParams = PieceParams{Min: 256, Avg: 1024, Max: 4096, MaxBytes: 1 << 20}
+// DefaultPieceParams give pieces of about 500 entries (50–150 KB for small files).
+var DefaultPieceParams = PieceParams{Min: 128, Avg: 512, Max: 2048, MaxBytes: 512 << 10}
 
 // topIndex is the top-level index blob of format version 2.
 type topIndex struct {
