@@ -67,8 +67,16 @@ func fuzzSeeds(t testing.TB) [][3][]byte {
 	huge := bytes.ReplaceAll(index, []byte(phManifestSize), []byte("1099511627776"))
 	parts := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","artifactType":"` + ArtifactTypeVolume + `","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phBlobDigest + `","size":` + phBlobSize + `},{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phBlobDigest + `","size":` + phBlobSize + `}]}`)
 	nested := []byte(`{"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"` + ArtifactTypeVolume + `","manifests":[{"digest":"` + phBlobDigest + `","size":4611686018427387904}],"layers":[{"mediaType":"` + MediaTypeIndex + `","digest":"` + phBlobDigest + `","size":` + phBlobSize + `}]}`)
+	// An empty version 2 volume: its top-level index lists no pieces.
+	s2, err := Seal(&Index{Version: FormatVersion, Chunking: DefaultParams}, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := s2.Blobs[0]
+	man2 := bytes.ReplaceAll(s2.Root.Data, []byte(top.Desc.Digest), []byte(phBlobDigest))
 	return [][3][]byte{
 		{index, man, idx.Data},
+		{index, man2, top.Data},
 		{huge, man, idx.Data},
 		{index, parts, s.Root.Data},
 		{index, nested, idx.Data},
@@ -78,19 +86,21 @@ func fuzzSeeds(t testing.TB) [][3][]byte {
 
 func TestFuzzSeedsOpen(t *testing.T) {
 	seeds := fuzzSeeds(t)
-	dir := t.TempDir()
-	buildFuzzLayout(t, dir, seeds[0][0], seeds[0][1], seeds[0][2])
-	ctx := context.Background()
-	tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := tg.Resolve(ctx, "v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Open(ctx, tg, d); err != nil {
-		t.Fatalf("the valid seed does not open: %v", err)
+	for i := range 2 { // a version 1 and a version 2 volume
+		dir := t.TempDir()
+		buildFuzzLayout(t, dir, seeds[i][0], seeds[i][1], seeds[i][2])
+		ctx := context.Background()
+		tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := tg.Resolve(ctx, "v1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(ctx, tg, d); err != nil {
+			t.Fatalf("valid seed %d does not open: %v", i, err)
+		}
 	}
 }
 
