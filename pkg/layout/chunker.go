@@ -40,10 +40,9 @@ func (p Params) Inherited() Params {
 	p.Min = max(p.Min, f.Min)
 	p.Avg = max(p.Avg, f.Avg, p.Min)
 	p.Max = max(p.Max, f.Max, p.Avg)
-	if p.Pack == 0 {
-		p.Pack = min(DefaultPack, p.Avg)
+	if p.Pack != 0 {
+		p.Pack = max(p.Pack, f.Min)
 	}
-	p.Pack = max(p.Pack, f.Min)
 	return p
 }
 

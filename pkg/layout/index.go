@@ -143,6 +143,17 @@ func (x *Index) Bytes() int64 {
 	return n
 }
 
+// InheritedParams returns the chunking parameters a later push of the
+// volume takes over: Params.Inherited, plus a pack size of small files when
+// the index is of version 1 (whose small files are packed anew once).
+func (x *Index) InheritedParams() Params {
+	p := x.Chunking.Inherited()
+	if x.Version == FormatVersion1 && p.Pack == 0 {
+		p.Pack = min(DefaultPack, p.Avg)
+	}
+	return p
+}
+
 // Encode returns the canonical JSON encoding of the index.
 func (x *Index) Encode() ([]byte, error) {
 	if err := x.Validate(); err != nil {

@@ -493,16 +493,23 @@ func TestPullProgressCountsOnce(t *testing.T) {
 // sane ones are kept as they are (so later pushes dedup).
 func TestParamsInherited(t *testing.T) {
 	for in, want := range map[Params]Params{
-		{64, 64, 64, 0}:                    {4 << 10, 8 << 10, 16 << 10, 8 << 10},
-		{64, 1 << 20, 2 << 20, 0}:          {4 << 10, 1 << 20, 2 << 20, DefaultPack},
-		{16 << 10, 64 << 10, 256 << 10, 0}: {16 << 10, 64 << 10, 256 << 10, 64 << 10},
+		{64, 64, 64, 0}:                    {4 << 10, 8 << 10, 16 << 10, 0},
+		{64, 1 << 20, 2 << 20, 64}:         {4 << 10, 1 << 20, 2 << 20, 4 << 10},
+		{16 << 10, 64 << 10, 256 << 10, 0}: {16 << 10, 64 << 10, 256 << 10, 0},
 		DefaultParams:                      DefaultParams,
-		{32 << 10, 32 << 10, 32 << 10, 0}:  {32 << 10, 32 << 10, 32 << 10, 32 << 10},
-		{1 << 20, 8 << 20, 16 << 20, 0}:    DefaultParams, // a version 1 volume's: small files get small packs
+		{32 << 10, 32 << 10, 32 << 10, 0}:  {32 << 10, 32 << 10, 32 << 10, 0},
 	} {
 		got := in.Inherited()
 		if got != want || got.Validate() != nil {
 			t.Errorf("%+v: got %+v, want %+v", in, got, want)
 		}
+	}
+	// A version 1 volume's parameters gain small packs; a version 2
+	// volume's are kept.
+	if got := (&Index{Version: FormatVersion1, Chunking: v1Params}).InheritedParams(); got != DefaultParams {
+		t.Errorf("version 1 defaults inherited as %+v", got)
+	}
+	if got := (&Index{Version: FormatVersion, Chunking: v1Params}).InheritedParams(); got != v1Params {
+		t.Errorf("version 2 without a pack size inherited as %+v", got)
 	}
 }

@@ -92,7 +92,7 @@ func PreviousParams(ctx context.Context, t oci.Target, tag string) layout.Params
 			continue
 		}
 		if v, err := layout.Open(ctx, t, desc); err == nil && v.Index.Chunking.Validate() == nil {
-			return v.Index.Chunking.Inherited()
+			return v.Index.InheritedParams()
 		}
 	}
 	return layout.DefaultParams
