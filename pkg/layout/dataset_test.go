@@ -115,11 +115,11 @@ func TestV2OneChangedFileUploadsLittle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.Index.Version != FormatVersion || len(v.Index.Files) != first.Files {
-		t.Fatalf("read back version %d with %d entries", v.Index.Version, len(v.Index.Files))
+	if v.Index.Version != FormatVersion || v.Index.Len() != first.Files {
+		t.Fatalf("read back version %d with %d entries", v.Index.Version, v.Index.Len())
 	}
-	f := v.Index.Files[0]
-	for _, e := range v.Index.Files {
+	f := v.Index.File(0)
+	for _, e := range v.Index.AllFiles() {
 		if e.Path == g.name(54_321) {
 			f = e
 		}

@@ -71,7 +71,12 @@ type Index struct {
 	Version  int     `json:"version"`
 	Chunking Params  `json:"chunking"`
 	Chunks   []Chunk `json:"chunks"`
-	Files    []File  `json:"files"`
+	// Files are the entries of an index built in memory (by a push). An
+	// opened index holds them in a compact form instead and Files is nil:
+	// read entries with Len, File, Path and Find, which work on both.
+	Files []File `json:"files"`
+
+	ent *entries // the compact form, when not nil
 }
 
 // Chunk names one chunk blob of a version.
@@ -137,6 +142,12 @@ func (e *Extent) UnmarshalJSON(b []byte) error {
 // Bytes returns the total size of the regular files of the index.
 func (x *Index) Bytes() int64 {
 	var n int64
+	if x.ent != nil {
+		for _, e := range x.ent.ext {
+			n += int64(e.length)
+		}
+		return n
+	}
 	for i := range x.Files {
 		n += x.Files[i].Size
 	}
@@ -163,6 +174,11 @@ func (x *Index) Encode() ([]byte, error) {
 }
 
 func (x *Index) encode() ([]byte, error) {
+	if x.ent != nil {
+		y := *x
+		y.Files, y.ent = x.AllFiles(), nil
+		return y.encode()
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -230,8 +246,8 @@ func (x *Index) Validate() error {
 	if x.Version == FormatVersion1 && x.Chunking.Pack != 0 {
 		return invalid("a pack size in a version 1 index")
 	}
-	if len(x.Files) > MaxEntries {
-		return invalid("%d entries exceed the limit of %d", len(x.Files), MaxEntries)
+	if x.Len() > MaxEntries {
+		return invalid("%d entries exceed the limit of %d", x.Len(), MaxEntries)
 	}
 	if len(x.Chunks) > MaxChunks {
 		return invalid("%d chunks exceed the limit of %d", len(x.Chunks), MaxChunks)
@@ -240,12 +256,17 @@ func (x *Index) Validate() error {
 		return err
 	}
 	dirs := make(map[string]struct{})
+	isDir := func(p string) bool { _, ok := dirs[p]; return ok }
 	prev := ""
-	for i := range x.Files {
-		if err := checkEntry(i, &x.Files[i], prev, x.Chunks, dirs); err != nil {
+	for i := range x.Len() {
+		f := x.File(i)
+		if err := checkEntry(i, &f, prev, x.Chunks, isDir); err != nil {
 			return err
 		}
-		prev = x.Files[i].Path
+		if f.Type == TypeDir {
+			dirs[f.Path] = struct{}{}
+		}
+		prev = f.Path
 	}
 	return nil
 }
@@ -287,8 +308,8 @@ func checkChunk(i int, c Chunk) error {
 
 // checkEntry checks entry i of an index whose previous entry is prev
 // ("" for the first), whose extents name chunks, and whose directories so
-// far are dirs; it adds f to dirs when f is a directory.
-func checkEntry(i int, f *File, prev string, chunks []Chunk, dirs map[string]struct{}) error {
+// far are those isDir reports.
+func checkEntry(i int, f *File, prev string, chunks []Chunk, isDir func(string) bool) error {
 	if err := checkPath(f.Path); err != nil {
 		return invalid("entry %d: %v", i, err)
 	}
@@ -299,7 +320,7 @@ func checkEntry(i int, f *File, prev string, chunks []Chunk, dirs map[string]str
 		return invalid("paths not sorted: %q after %q", f.Path, prev)
 	}
 	if parent := parentOf(f.Path); parent != "" {
-		if _, ok := dirs[parent]; !ok {
+		if !isDir(parent) {
 			return invalid("%q: parent %q is not a directory of the volume", f.Path, parent)
 		}
 	}
@@ -311,7 +332,6 @@ func checkEntry(i int, f *File, prev string, chunks []Chunk, dirs map[string]str
 		if f.Size != 0 || f.Digest != "" || f.Target != "" || len(f.Extents) != 0 {
 			return invalid("%q: directory with content", f.Path)
 		}
-		dirs[f.Path] = struct{}{}
 	case TypeSymlink:
 		if f.Size != 0 || f.Digest != "" || len(f.Extents) != 0 {
 			return invalid("%q: symlink with content", f.Path)

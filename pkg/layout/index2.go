@@ -98,10 +98,10 @@ func cutPieces(x *Index, pp PieceParams) []int {
 	var ends []int
 	n, cost := 0, int64(0)
 	seen := map[int]bool{}
-	for i := range x.Files {
-		f := &x.Files[i]
+	for i := range x.Len() {
+		f := x.File(i)
 		n++
-		cost += entryCost(f)
+		cost += entryCost(&f)
 		for _, e := range f.Extents {
 			if !seen[e.Chunk] {
 				seen[e.Chunk] = true
@@ -115,7 +115,7 @@ func cutPieces(x *Index, pp PieceParams) []int {
 		}
 	}
 	if n > 0 {
-		ends = append(ends, len(x.Files))
+		ends = append(ends, x.Len())
 	}
 	return ends
 }
@@ -127,14 +127,14 @@ func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error)
 		return nil, nil, err
 	}
 	t := topIndex{Version: FormatVersion, Chunking: x.Chunking, Piecing: pp,
-		Entries: int64(len(x.Files)), Bytes: x.Bytes(), Chunks: int64(len(x.Chunks)), Pieces: []PieceRef{}}
+		Entries: int64(x.Len()), Bytes: x.Bytes(), Chunks: int64(len(x.Chunks)), Pieces: []PieceRef{}}
 	start := 0
 	for _, end := range cutPieces(x, pp) {
 		p := piece{Chunks: []Chunk{}, Files: make([]File, end-start)}
 		local := map[int]int{}
 		var bytes int64
 		for i := start; i < end; i++ {
-			f := x.Files[i]
+			f := x.File(i)
 			bytes += f.Size
 			if len(f.Extents) > 0 {
 				exts := make([]Extent, len(f.Extents))
@@ -249,15 +249,13 @@ type v2Reader struct {
 	x      *Index
 	next   int // index of the next piece
 	global map[digest.Digest]int
-	dirs   map[string]struct{}
 }
 
 func newV2Reader(top *topIndex) *v2Reader {
 	return &v2Reader{
 		top:    top,
-		x:      &Index{Version: FormatVersion, Chunking: top.Chunking, Files: make([]File, 0, min(top.Entries, 1<<16))},
+		x:      &Index{Version: FormatVersion, Chunking: top.Chunking, ent: newEntries(int(min(top.Entries, 1<<20)))},
 		global: map[digest.Digest]int{},
-		dirs:   map[string]struct{}{},
 	}
 }
 
@@ -284,14 +282,15 @@ func (r *v2Reader) add(b []byte) error {
 	used := 0
 	var bytes int64
 	x := r.x
+	ent := x.ent
 	for i := range p.Files {
 		f := &p.Files[i]
-		n := len(x.Files)
+		n := ent.len()
 		prev := ""
 		if n > 0 {
-			prev = x.Files[n-1].Path
+			prev = ent.path(n - 1)
 		}
-		if err := checkEntry(n, f, prev, p.Chunks, r.dirs); err != nil {
+		if err := checkEntry(n, f, prev, p.Chunks, ent.isDir); err != nil {
 			return fmt.Errorf("piece %s: %w", ref.Digest, err)
 		}
 		bytes += f.Size
@@ -316,7 +315,9 @@ func (r *v2Reader) add(b []byte) error {
 			}
 			f.Extents[k].Chunk = g
 		}
-		x.Files = append(x.Files, *f)
+		if err := ent.add(f); err != nil {
+			return err
+		}
 	}
 	if used != len(p.Chunks) {
 		return invalid("piece %s lists %d chunks and uses %d", ref.Digest, len(p.Chunks), used)

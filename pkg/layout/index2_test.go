@@ -275,8 +275,8 @@ func TestV2ReadsV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.Index.Version != FormatVersion1 || len(v.Index.Files) != 3 {
-		t.Fatalf("read version %d, %d entries", v.Index.Version, len(v.Index.Files))
+	if v.Index.Version != FormatVersion1 || v.Index.Len() != 3 {
+		t.Fatalf("read version %d, %d entries", v.Index.Version, v.Index.Len())
 	}
 	b, _ := x.Encode()
 	if _, err := DecodeIndex(bytes.Replace(b, []byte(`"version":1`), []byte(`"version":2`), 1)); !errors.Is(err, ErrInvalidIndex) {

@@ -25,3 +25,9 @@ func TestParamsCompleted(t *testing.T) {
 
 // v1Params are DefaultParams as format version 1 records them (no pack size).
 var v1Params = Params{Min: DefaultParams.Min, Avg: DefaultParams.Avg, Max: DefaultParams.Max}
+
+// expand turns an opened index into its expanded form, for tests that
+// change its entries.
+func expand(x *Index) {
+	x.Files, x.ent = x.AllFiles(), nil
+}

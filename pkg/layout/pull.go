@@ -147,25 +147,26 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		opt.Counters = &Counters{}
 	}
 	x := v.Index
-	res := &PullResult{Files: len(x.Files), Bytes: x.Bytes()}
+	res := &PullResult{Files: x.Len(), Bytes: x.Bytes()}
 	opt.Counters.Total.Store(res.Bytes)
 
 	// Directories first (parents sort before children), writable while we fill them.
-	for _, f := range x.Files {
+	for fi := range x.Len() {
+		f := x.File(fi)
 		if f.Type == TypeDir {
 			if err := d.ensureDir(f.Path); err != nil {
 				return nil, err
 			}
 		}
 	}
-	files := make([]*pullFile, len(x.Files))
+	files := make([]*pullFile, x.Len())
 	byChunk := make([][]target, len(x.Chunks))
 	previous := opt.Cache.pulledFiles() // what an earlier pull left here
 	var ready []int
 	var readyMu sync.Mutex
 	buf := make([]byte, 1<<20)
-	for i := range x.Files {
-		f := &x.Files[i]
+	for i := range x.Len() {
+		f := x.fileRef(i)
 		if f.Type != TypeFile {
 			continue
 		}
@@ -212,13 +213,13 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	var sources map[string]bool // paths local copies read from
 	finish := func(i int) error {
 		readyMu.Lock()
-		if copying && sources[x.Files[i].Path] {
+		if copying && sources[x.Path(i)] {
 			ready = append(ready, i)
 			readyMu.Unlock()
 			return nil
 		}
 		readyMu.Unlock()
-		return d.finishFile(&x.Files[i], x, files[i], opt)
+		return d.finishFile(x.fileRef(i), x, files[i], opt)
 	}
 	written := func(ts []target) error {
 		for _, t := range ts {
@@ -255,7 +256,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 				}
 			}
 			if err != nil {
-				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
+				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
 			}
 			fetchedChunks.Add(1)
 			fetchedBytes.Add(desc.Size)
@@ -289,7 +290,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 				err := streamChunk(lctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
 				var we writeError
 				if errors.As(err, &we) {
-					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
+					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
 				}
 				if err != nil {
 					failedMu.Lock()
@@ -315,7 +316,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	readyMu.Unlock()
 	if lerr == nil {
 		for _, i := range ready {
-			if lerr = d.finishFile(&x.Files[i], x, files[i], opt); lerr != nil {
+			if lerr = d.finishFile(x.fileRef(i), x, files[i], opt); lerr != nil {
 				break
 			}
 		}
@@ -341,22 +342,24 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	res.ChunksCopied, res.BytesCopied = copiedChunks.Load(), copiedBytes.Load()
 	res.FilesRemoved = d.removeStale(x, previous)
 
-	for _, f := range x.Files {
+	for fi := range x.Len() {
+		f := x.File(fi)
 		if f.Type == TypeSymlink {
 			if err := d.ensureSymlink(f.Path, f.Target); err != nil {
 				return nil, err
 			}
 		}
 	}
-	for i := len(x.Files) - 1; i >= 0; i-- {
-		if f := x.Files[i]; f.Type == TypeDir {
+	for i := x.Len() - 1; i >= 0; i-- {
+		if f := x.File(i); f.Type == TypeDir {
 			if err := d.chmodDir(f.Path, f.Mode); err != nil {
 				return nil, err
 			}
 		}
 	}
-	keep := make(map[string]bool, len(x.Files))
-	for _, f := range x.Files {
+	keep := make(map[string]bool, x.Len())
+	for fi := range x.Len() {
+		f := x.File(fi)
 		if f.Type == TypeFile {
 			keep[f.Path] = true
 		}

@@ -69,6 +69,7 @@ func TestPullLocalSourceNotRefetched(t *testing.T) {
 func TestPullChecksFileDigestOnlyWhenAsked(t *testing.T) {
 	files := map[string][]byte{"a": randBytes(4, 200<<10), "b": []byte("b\n")}
 	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
+	expand(v.Index)
 	for i := range v.Index.Files {
 		if v.Index.Files[i].Path == "a" {
 			v.Index.Files[i].Digest = digest.FromString("not a's bytes")
@@ -131,6 +132,7 @@ func TestPullRefusesKnownWrongDigest(t *testing.T) {
 	for _, name := range []string{"one-chunk", "empty"} {
 		files := map[string][]byte{"one-chunk": []byte("one chunk\n"), "empty": {}}
 		store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
+		expand(v.Index)
 		for i := range v.Index.Files {
 			if v.Index.Files[i].Path == name {
 				v.Index.Files[i].Digest = digest.FromString("other")

@@ -369,7 +369,7 @@ func TestPullResumes(t *testing.T) {
 	}
 	dst := t.TempDir()
 	var big File
-	for _, f := range v.Index.Files {
+	for _, f := range v.Index.AllFiles() {
 		if f.Path == "d/f.bin" {
 			big = f
 		}

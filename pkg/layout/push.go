@@ -215,7 +215,7 @@ func (b *builder) result(s *Sealed, up *uploader, metaBytes int64, existed bool)
 		Root:           s.Root.Desc,
 		RootBytes:      s.Root.Data,
 		Index:          s.Index,
-		Files:          len(s.Index.Files),
+		Files:          s.Index.Len(),
 		Bytes:          s.Index.Bytes(),
 		Chunks:         len(s.Index.Chunks),
 		ChunksUploaded: up.chunks.Load(),

@@ -166,6 +166,9 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 	if next != len(x.Chunks) {
 		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, len(x.Chunks))
 	}
+	if err := x.compact(); err != nil {
+		return nil, fmt.Errorf("%s: %w", desc.Digest, err)
+	}
 	v.Index = x
 	v.Chunks = make([]ocispec.Descriptor, len(x.Chunks))
 	for i, c := range x.Chunks {

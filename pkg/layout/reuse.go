@@ -98,7 +98,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 		if pf == nil {
 			continue
 		}
-		f := &x.Files[i]
+		f := x.fileRef(i)
 		if _, ok := previous[f.Path]; !ok && wantsWholeChunk(f, x, byChunk, out) {
 			// No record of what is there: cut it as a push would and
 			// look for the chunks still needed.
@@ -233,8 +233,9 @@ func (d *destDir) removeStale(x *Index, previous map[string]cachedFile) int {
 	if len(previous) == 0 {
 		return 0
 	}
-	have := make(map[string]bool, len(x.Files))
-	for _, f := range x.Files {
+	have := make(map[string]bool, x.Len())
+	for fi := range x.Len() {
+		f := x.File(fi)
 		have[f.Path] = true
 	}
 	n := 0

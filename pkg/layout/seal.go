@@ -91,7 +91,7 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	}
 	ann := make(map[string]string, len(extra)+3)
 	maps.Copy(ann, extra)
-	ann[AnnotationFiles] = strconv.Itoa(len(x.Files))
+	ann[AnnotationFiles] = strconv.Itoa(x.Len())
 	ann[AnnotationBytes] = strconv.FormatInt(x.Bytes(), 10)
 	ann[AnnotationChunks] = strconv.Itoa(len(x.Chunks))
 	layers = append(layers, s.Chunks...)

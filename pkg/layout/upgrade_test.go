@@ -66,11 +66,11 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 		have[c.Digest] = true
 	}
 	same := map[string]digest.Digest{}
-	for _, f := range v1.Index.Files {
+	for _, f := range v1.Index.AllFiles() {
 		same[f.Path] = f.Digest
 	}
 	var newBytes int64
-	for _, f := range v2.Index.Files {
+	for _, f := range v2.Index.AllFiles() {
 		if f.Type != TypeFile || same[f.Path] == f.Digest {
 			continue
 		}

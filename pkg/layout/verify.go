@@ -47,9 +47,9 @@ func VerifyDir(ctx context.Context, v *Version, dir string) ([]Difference, error
 		return nil, fmt.Errorf("%s: not a directory", dir)
 	}
 	var diffs []Difference
-	want := make(map[string]*File, len(v.Index.Files))
-	for i := range v.Index.Files {
-		want[v.Index.Files[i].Path] = &v.Index.Files[i]
+	want := make(map[string]*File, v.Index.Len())
+	for i := range v.Index.Len() {
+		want[v.Index.Path(i)] = v.Index.fileRef(i)
 	}
 	seen := make(map[string]bool, len(want))
 	buf := make([]byte, 1<<20)
@@ -125,7 +125,8 @@ func VerifyDir(ctx context.Context, v *Version, dir string) ([]Difference, error
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range v.Index.Files {
+	for fi := range v.Index.Len() {
+		f := v.Index.File(fi)
 		if !seen[f.Path] && !underMissing(f.Path, seen, want) {
 			diffs = append(diffs, Difference{Path: f.Path, Kind: "missing"})
 		}
