@@ -154,7 +154,7 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 		return MountInfo{}, err
 	}
 	idx := vol.Version().Index
-	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Path: mp, Bytes: idx.Bytes(), Files: int64(len(idx.Files))}
+	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Path: mp, Bytes: idx.Bytes(), Files: int64(idx.Len())}
 	lease := m.hold(vol, req.Ref, pinned, mp)
 	pctx, stop := context.WithCancel(context.Background())
 	m.mu.Lock()

@@ -150,7 +150,8 @@ func Plan(x *layout.Index, layerBytes int64) [][]int {
 func plan(x *layout.Index, layerBytes int64) [][]int {
 	first := []int{}
 	var big []int
-	for i, f := range x.Files {
+	for i := range x.Len() {
+		f := x.File(i)
 		if f.Type != layout.TypeFile || f.Size < SmallFileBytes || priority(f.Path) >= 0 {
 			first = append(first, i)
 		} else {
@@ -161,7 +162,7 @@ func plan(x *layout.Index, layerBytes int64) [][]int {
 	var cur []int
 	var n int64
 	for _, i := range big {
-		s := x.Files[i].Size
+		s := x.File(i).Size
 		if len(cur) > 0 && n+s > layerBytes {
 			out = append(out, cur)
 			cur, n = nil, 0
@@ -313,7 +314,7 @@ func buildLayer(ctx context.Context, rd *reader, ver *layout.Version, entries []
 		if err := ctx.Err(); err != nil {
 			return l, "", err
 		}
-		f := ver.Index.Files[i]
+		f := ver.Index.File(i)
 		name := opt.Root + "/" + f.Path
 		switch f.Type {
 		case layout.TypeDir:

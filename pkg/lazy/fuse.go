@@ -84,7 +84,7 @@ var _ = (fs.NodeGetattrer)((*dirNode)(nil))
 func (d *dirNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	perm := uint32(0o755)
 	if d.idx >= 0 {
-		perm = d.v.ver.Index.Files[d.idx].Mode
+		perm = d.v.ver.Index.File(d.idx).Mode
 	}
 	out.Mode = syscall.S_IFDIR | perm
 	out.Nlink = 2
@@ -107,10 +107,10 @@ var (
 // OnAdd builds the whole tree once, from the index, as persistent inodes.
 // Parents sort before their children in a valid index.
 func (r *rootNode) OnAdd(ctx context.Context) {
-	files := r.v.ver.Index.Files
+	x := r.v.ver.Index
 	dirs := map[string]*fs.Inode{"": &r.Inode}
-	for i := range files {
-		e := &files[i]
+	for i := range x.Len() {
+		e := x.File(i)
 		dir, name := path.Split(e.Path)
 		parent := dirs[path.Clean("/" + dir)[1:]]
 		if parent == nil {
@@ -166,7 +166,7 @@ func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errn
 	const bs = 4096
 	out.Bsize, out.Frsize = bs, bs
 	out.Blocks = uint64((r.v.ver.Index.Bytes() + bs - 1) / bs)
-	out.Files = uint64(len(r.v.ver.Index.Files))
+	out.Files = uint64(r.v.ver.Index.Len())
 	out.NameLen = 255
 	return fs.OK
 }

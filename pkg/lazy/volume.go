@@ -66,10 +66,9 @@ const headerBudget = 2 * maxHeaderBytes
 // Volume is a sealed version opened for lazy reading. It is safe for
 // concurrent use. Close stops its background fetches.
 type Volume struct {
-	ver    *layout.Version
-	src    Fetcher
-	opt    Options
-	byPath map[string]int
+	ver *layout.Version
+	src Fetcher
+	opt Options
 
 	// bg is the lifetime of background fetches, cancelled by Close.
 	bg     context.Context
@@ -124,7 +123,6 @@ func New(ver *layout.Version, src Fetcher, opt Options) (*Volume, error) {
 	}
 	v := &Volume{
 		ver: ver, src: src, opt: opt, autoAhead: auto,
-		byPath:  make(map[string]int, len(ver.Index.Files)),
 		sem:     make(chan struct{}, opt.Jobs),
 		headers: semaphore.NewWeighted(headerBudget),
 		files:   map[int]*File{},
@@ -133,9 +131,6 @@ func New(ver *layout.Version, src Fetcher, opt Options) (*Volume, error) {
 		edges:   map[edgeKey]*edgeCall{},
 	}
 	v.bg, v.cancel = context.WithCancel(context.Background())
-	for i := range ver.Index.Files {
-		v.byPath[ver.Index.Files[i].Path] = i
-	}
 	return v, nil
 }
 
@@ -163,13 +158,12 @@ func (v *Volume) Close() error {
 
 // Lookup returns the index of the entry at the slash path p.
 func (v *Volume) Lookup(p string) (int, bool) {
-	i, ok := v.byPath[p]
-	return i, ok
+	return v.ver.Index.Find(p)
 }
 
 // Open returns the regular file at the slash path p.
 func (v *Volume) Open(p string) (*File, error) {
-	i, ok := v.byPath[p]
+	i, ok := v.ver.Index.Find(p)
 	if !ok {
 		return nil, &fs.PathError{Op: "open", Path: p, Err: fs.ErrNotExist}
 	}
@@ -178,10 +172,11 @@ func (v *Volume) Open(p string) (*File, error) {
 
 // File returns the regular file at index i of the version's index.
 func (v *Volume) File(i int) (*File, error) {
-	if i < 0 || i >= len(v.ver.Index.Files) {
+	if i < 0 || i >= v.ver.Index.Len() {
 		return nil, fmt.Errorf("lazy: no entry %d", i)
 	}
-	e := &v.ver.Index.Files[i]
+	ev := v.ver.Index.File(i)
+	e := &ev
 	if e.Type != layout.TypeFile {
 		return nil, &fs.PathError{Op: "open", Path: e.Path, Err: errors.New("not a regular file")}
 	}
@@ -320,8 +315,8 @@ func (v *Volume) fetchAhead(k int) {
 func (v *Volume) PrefetchHeaders(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(v.opt.Jobs)
-	for i := range v.ver.Index.Files {
-		e := &v.ver.Index.Files[i]
+	for i := range v.ver.Index.Len() {
+		e := v.ver.Index.File(i)
 		if e.Type != layout.TypeFile || !isSafetensors(e.Path) {
 			continue
 		}
@@ -344,19 +339,19 @@ func (v *Volume) PrefetchHeaders(ctx context.Context) error {
 // trying every chunk.
 func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) error {
 	var idx []int
-	for i := range v.ver.Index.Files {
-		e := &v.ver.Index.Files[i]
+	x := v.ver.Index
+	for i := range x.Len() {
+		e := x.File(i)
 		if e.Type == layout.TypeFile && e.Size > 0 && (match == nil || match(e.Path)) {
 			idx = append(idx, i)
 		}
 	}
-	files := v.ver.Index.Files
 	sort.SliceStable(idx, func(a, b int) bool {
-		fa, fb := &files[idx[a]], &files[idx[b]]
-		if sa, sb := isSafetensors(fa.Path), isSafetensors(fb.Path); sa != sb {
+		pa, pb := x.Path(idx[a]), x.Path(idx[b])
+		if sa, sb := isSafetensors(pa), isSafetensors(pb); sa != sb {
 			return !sa
 		}
-		return fa.Path < fb.Path
+		return pa < pb
 	})
 	seen := make(map[int]bool)
 	g, gctx := errgroup.WithContext(ctx)
@@ -364,12 +359,12 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 	var mu sync.Mutex
 	var first error
 	for _, i := range idx {
-		for _, x := range files[i].Extents {
-			if seen[x.Chunk] {
+		for _, ext := range x.File(i).Extents {
+			if seen[ext.Chunk] {
 				continue
 			}
-			seen[x.Chunk] = true
-			k := x.Chunk
+			seen[ext.Chunk] = true
+			k := ext.Chunk
 			g.Go(func() error {
 				if gctx.Err() != nil {
 					return gctx.Err()

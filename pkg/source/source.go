@@ -252,7 +252,8 @@ func Verify(s Source, x *layout.Index) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var bad []string
-	for _, f := range x.Files {
+	for fi := range x.Len() {
+		f := x.File(fi)
 		o := r.files[f.Path]
 		if f.Type != layout.TypeFile || o == nil || o.want.algo != algoSHA256 {
 			continue

@@ -51,7 +51,8 @@ func push(t *testing.T, src Source) (*layout.PushResult, error) {
 func checkIndex(t *testing.T, x *layout.Index, want map[string][]byte) {
 	t.Helper()
 	got := map[string]digest.Digest{}
-	for _, f := range x.Files {
+	for fi := range x.Len() {
+		f := x.File(fi)
 		if f.Type == layout.TypeFile {
 			got[f.Path] = f.Digest
 			if f.Mode != 0o644 {
@@ -90,7 +91,8 @@ func TestHubSyncsPinnedCommitVerifiedAndTokenOnlyToHub(t *testing.T) {
 		t.Errorf("revision %q, want %q", src.Revision(), hub.commit)
 	}
 	dirs := map[string]bool{}
-	for _, f := range res.Index.Files {
+	for fi := range res.Index.Len() {
+		f := res.Index.File(fi)
 		if f.Type == layout.TypeDir {
 			dirs[f.Path] = true
 		}

@@ -72,8 +72,9 @@ func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Detai
 }
 
 func files(x *layout.Index) []FileInfo {
-	out := make([]FileInfo, len(x.Files))
-	for i, f := range x.Files {
+	out := make([]FileInfo, x.Len())
+	for i := range x.Len() {
+		f := x.File(i)
 		out[i] = FileInfo{Path: f.Path, Type: f.Type, Size: f.Size, Mode: f.Mode, Target: f.Target, digest: f.Digest}
 		if f.Digest != "" {
 			out[i].SHA256 = f.Digest.Encoded()

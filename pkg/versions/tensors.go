@@ -214,8 +214,9 @@ func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorD
 // tensor name. fetched holds the chunks read so far, shared by both sides.
 func tensorsOf(ctx context.Context, src content.Fetcher, v *layout.Version, fetched map[digest.Digest][]byte) (map[string]tensor, error) {
 	out := map[string]tensor{}
-	for i := range v.Index.Files {
-		f := &v.Index.Files[i]
+	for i := range v.Index.Len() {
+		fv := v.Index.File(i)
+		f := &fv
 		if f.Type != layout.TypeFile || !strings.HasSuffix(f.Path, ".safetensors") {
 			continue
 		}

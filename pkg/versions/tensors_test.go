@@ -76,7 +76,8 @@ func TestCompareTensors(t *testing.T) {
 	// Only the header chunks were fetched, besides the manifests and indexes.
 	va2, _ := layout.Open(ctx, tg, va.Root)
 	hdrEnd := int64(0)
-	for _, f := range va2.Index.Files {
+	for fi := range va2.Index.Len() {
+		f := va2.Index.File(fi)
 		if f.Path == "m.safetensors" {
 			hdrEnd = f.Extents[0].Length
 		}

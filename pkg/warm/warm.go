@@ -83,7 +83,8 @@ func Open(ctx context.Context, cache *lazy.Cache, ref, patterns string, opt Opti
 	}
 	tg := &Target{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: src}
 	seen := map[int]bool{}
-	for _, f := range ver.Index.Files {
+	for fi := range ver.Index.Len() {
+		f := ver.Index.File(fi)
 		if f.Type != layout.TypeFile || (match != nil && !match(f.Path)) {
 			continue
 		}
