@@ -63,7 +63,7 @@ func chunkingOf(t *testing.T, reg *registry, repo, ref string) chunking {
 		return chunkingOf(t, reg, repo, m.Manifests[0].Digest)
 	}
 	for _, l := range m.Layers {
-		if l.MediaType == mtFileIndex {
+		if l.MediaType == mtFileIndex || l.MediaType == mtTopIndex {
 			var idx fileIndex
 			mustJSON(t, getBlob(t, reg, repo, l.Digest), &idx)
 			return idx.Chunking

@@ -21,6 +21,8 @@ const (
 	mtEmpty         = "application/vnd.oci.empty.v1+json"
 	mtVolume        = "application/vnd.bdnvol.volume.v1"
 	mtFileIndex     = "application/vnd.bdnvol.index.v1+json"
+	mtTopIndex      = "application/vnd.bdnvol.index.v2+json"
+	mtPiece         = "application/vnd.bdnvol.index.piece.v2+json"
 	mtChunk         = "application/vnd.bdnvol.chunk.v1"
 	emptyDigest     = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 	manifestAccepts = mtManifest + ", " + mtIndex

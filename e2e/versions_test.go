@@ -285,7 +285,7 @@ func TestVersionsTagsRollbackHistoryDiff(t *testing.T) {
 			} `json:"files"`
 		}
 		mustJSON(t, []byte(mustRun(t, "inspect", "--json", repo+":v2").stdout), &in)
-		if in.Digest != v2.Digest || in.FormatVersion != 1 || !slices.Equal(in.Tags, []string{"v2"}) ||
+		if in.Digest != v2.Digest || in.FormatVersion != 2 || !slices.Equal(in.Tags, []string{"v2"}) ||
 			int64(len(in.Files)) != v2.Files || int64(in.Chunks) != v2.Chunks || in.UniqueBytes < v2.Bytes {
 			t.Errorf("inspect: %+v (push said %+v)", in, v2)
 		}
