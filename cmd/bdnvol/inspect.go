@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io/fs"
 	"strings"
@@ -49,12 +48,12 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 		images = append(images, ref.Pinned(v.Digest))
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(struct {
+		return versions.WriteJSON(g.stdout, struct {
 			Reference string `json:"reference"`
 			*versions.Details
 			Signature signature.Status `json:"signature"`
 			Images    []string         `json:"images"`
-		}{ref.Pinned(d.Digest), d, sig, images})
+		}{ref.Pinned(d.Digest), d, sig, images}, d)
 	}
 	w := g.stdout
 	fmt.Fprintf(w, "reference: %s\n", ref.Pinned(d.Digest))
@@ -65,7 +64,7 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Fprintf(w, "tags:      %s\n", strings.Join(termsafe.Names(d.Tags), " "))
 	fmt.Fprintf(w, "signed:    %s\n", sig)
-	fmt.Fprintf(w, "files:     %d, %s\n", len(d.Files), units.Bytes(d.Bytes))
+	fmt.Fprintf(w, "files:     %d, %s\n", d.Files.Len(), units.Bytes(d.Bytes))
 	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, units.Bytes(d.UniqueBytes))
 	for _, im := range images {
 		fmt.Fprintf(w, "image:     %s\n", im)
@@ -73,7 +72,11 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODE\tSIZE\tSHA256\tPATH")
-	for _, f := range d.Files {
+	n := 0
+	for f := range d.Files.All() {
+		if n++; n%4096 == 0 {
+			tw.Flush() // a tabwriter holds its lines until flushed
+		}
 		path := termsafe.Name(f.Path)
 		if f.Type == layout.TypeSymlink {
 			path += " -> " + termsafe.Name(f.Target)

@@ -1,8 +1,13 @@
 package versions
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -33,7 +38,7 @@ type Details struct {
 	Sealed        *time.Time    `json:"sealed,omitempty"`
 	SealedTag     string        `json:"sealed_tag,omitempty"`
 	Tags          []string      `json:"tags"`
-	Files         []FileInfo    `json:"files"`
+	Files         FileList      `json:"files"`
 	Bytes         int64         `json:"bytes"`        // file bytes
 	Chunks        int           `json:"chunks"`       // distinct chunks
 	UniqueBytes   int64         `json:"unique_bytes"` // bytes of the distinct chunks
@@ -49,7 +54,7 @@ func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Detai
 	d := &Details{
 		Digest:        desc.Digest,
 		FormatVersion: v.Index.Version,
-		Files:         files(v.Index),
+		Files:         FileList{x: v.Index},
 		Bytes:         v.Index.Bytes(),
 	}
 	d.Chunks, d.UniqueBytes = uniqueChunks(v.Index.Chunks)
@@ -71,16 +76,99 @@ func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Detai
 	return d, nil
 }
 
-func files(x *layout.Index) []FileInfo {
-	out := make([]FileInfo, x.Len())
-	for i := range x.Len() {
-		f := x.File(i)
-		out[i] = FileInfo{Path: f.Path, Type: f.Type, Size: f.Size, Mode: f.Mode, Target: f.Target, digest: f.Digest}
-		if f.Digest != "" {
-			out[i].SHA256 = f.Digest.Encoded()
+// FileList is the entries of an inspected version, read from its index on
+// demand: a version of a million files is not held as a million FileInfos.
+type FileList struct {
+	x *layout.Index
+	// placeholder makes MarshalJSON write filesPlaceholder, for WriteJSON.
+	placeholder bool
+}
+
+// Len returns the number of entries.
+func (l FileList) Len() int {
+	if l.x == nil {
+		return 0
+	}
+	return l.x.Len()
+}
+
+// At returns entry i.
+func (l FileList) At(i int) FileInfo { return fileInfo(l.x.File(i)) }
+
+// All yields the entries in path order.
+func (l FileList) All() iter.Seq[FileInfo] {
+	return func(yield func(FileInfo) bool) {
+		for i := range l.Len() {
+			if !yield(l.At(i)) {
+				return
+			}
 		}
 	}
-	return out
+}
+
+// MarshalJSON encodes the entries as a JSON array.
+func (l FileList) MarshalJSON() ([]byte, error) {
+	if l.placeholder {
+		return []byte(filesPlaceholder), nil
+	}
+	var buf bytes.Buffer
+	if err := l.writeJSON(&buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func (l FileList) writeJSON(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	bw.WriteByte('[')
+	for i := range l.Len() {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		b, err := json.Marshal(l.At(i))
+		if err != nil {
+			return err
+		}
+		bw.Write(b)
+	}
+	bw.WriteByte(']')
+	return bw.Flush()
+}
+
+// filesPlaceholder stands for the file list in WriteJSON's first pass; no
+// path or name of a version can contain NUL.
+const filesPlaceholder = `"\u0000bdnvol-files"`
+
+// WriteJSON writes v, a value holding d, as json.Encoder.Encode would, but
+// streams d's file list instead of building it in memory.
+func WriteJSON(w io.Writer, v any, d *Details) error {
+	d.Files.placeholder = true
+	b, err := json.Marshal(v)
+	d.Files.placeholder = false
+	if err != nil {
+		return err
+	}
+	before, after, ok := bytes.Cut(b, []byte(filesPlaceholder))
+	if !ok {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	}
+	if _, err := w.Write(before); err != nil {
+		return err
+	}
+	if err := d.Files.writeJSON(w); err != nil {
+		return err
+	}
+	_, err = w.Write(append(after, '\n'))
+	return err
+}
+
+func fileInfo(f layout.File) FileInfo {
+	fi := FileInfo{Path: f.Path, Type: f.Type, Size: f.Size, Mode: f.Mode, Target: f.Target, digest: f.Digest}
+	if f.Digest != "" {
+		fi.SHA256 = f.Digest.Encoded()
+	}
+	return fi
 }
 
 func uniqueChunks(cs []layout.Chunk) (int, int64) {
@@ -143,27 +231,26 @@ func Compare(ctx context.Context, a, b Side) (*Diff, error) {
 		return nil, err
 	}
 	d := &Diff{A: a.Desc.Digest, B: b.Desc.Digest, Added: []FileInfo{}, Removed: []FileInfo{}, Changed: []FileChange{}}
-	fa, fb := files(va.Index), files(vb.Index)
-	inA := make(map[string]FileInfo, len(fa))
-	for _, f := range fa {
-		inA[f.Path] = f
-	}
-	inB := make(map[string]bool, len(fb))
-	for _, f := range fb {
-		inB[f.Path] = true
-		old, ok := inA[f.Path]
+	// Both indexes are sorted by path: one merge, nothing held per file.
+	xa, xb := va.Index, vb.Index
+	i, j := 0, 0
+	for i < xa.Len() || j < xb.Len() {
 		switch {
-		case !ok:
-			d.Added = append(d.Added, f)
-		case old == f:
-			d.Unchanged++
+		case j >= xb.Len() || (i < xa.Len() && xa.Path(i) < xb.Path(j)):
+			d.Removed = append(d.Removed, fileInfo(xa.File(i)))
+			i++
+		case i >= xa.Len() || xb.Path(j) < xa.Path(i):
+			d.Added = append(d.Added, fileInfo(xb.File(j)))
+			j++
 		default:
-			d.Changed = append(d.Changed, FileChange{Path: f.Path, Type: f.Type, OldSize: old.Size, Size: f.Size})
-		}
-	}
-	for _, f := range fa {
-		if !inB[f.Path] {
-			d.Removed = append(d.Removed, f)
+			old, f := fileInfo(xa.File(i)), fileInfo(xb.File(j))
+			if old == f {
+				d.Unchanged++
+			} else {
+				d.Changed = append(d.Changed, FileChange{Path: f.Path, Type: f.Type, OldSize: old.Size, Size: f.Size})
+			}
+			i++
+			j++
 		}
 	}
 	chunksA := map[digest.Digest]bool{}

@@ -97,7 +97,7 @@ func TestPublishCheckFailureTagsNothing(t *testing.T) {
 	if !errors.Is(err, bad) || !strings.HasPrefix(err.Error(), "not tagged: ") {
 		t.Fatalf("err = %v", err)
 	}
-	if checked == nil || len(checked.Files) == 0 {
+	if checked == nil || checked.Len() == 0 {
 		t.Fatalf("check saw index %+v", checked)
 	}
 	tags, err := oci.ListTags(ctx, tg)

@@ -340,11 +340,11 @@ func TestInspectAndCompare(t *testing.T) {
 	if det.FormatVersion != layout.FormatVersion || !slices.Equal(det.Tags, []string{"prod", "v3"}) || det.Sealed == nil || !det.Sealed.Equal(t0.Add(2*time.Minute)) {
 		t.Fatalf("inspect: %+v", det)
 	}
-	if det.Chunks != vs[2].Chunks || det.UniqueBytes <= 0 || len(det.Files) != vs[2].Files {
+	if det.Chunks != vs[2].Chunks || det.UniqueBytes <= 0 || det.Files.Len() != vs[2].Files {
 		t.Fatalf("inspect counts: %+v", det)
 	}
 	var sawD bool
-	for _, f := range det.Files {
+	for f := range det.Files.All() {
 		if f.Path == "d.txt" {
 			sawD = f.Size == 1 && f.SHA256 == digest.FromString("d").Encoded() && f.Mode&0o777 == 0o644
 		}
