@@ -320,3 +320,43 @@ func FuzzDecodeIndexV2(f *testing.F) {
 		}
 	})
 }
+
+// TestCompactEntries: an opened index holds its entries compactly, and
+// reads back through Len, File, Path and Find exactly as built.
+func TestCompactEntries(t *testing.T) {
+	x := v2Index()
+	x.Chunks = append(x.Chunks, Chunk{Digest: digest.FromString("big"), Size: MaxChunkBytes})
+	x.Files = append(x.Files, File{Path: "d", Type: TypeFile, Mode: 0o600, Size: MaxChunkBytes - 1, Digest: digest.FromString("d"),
+		Extents: []Extent{{2, 1, MaxChunkBytes - 1}}})
+	want := append([]File{}, x.Files...)
+	if err := x.compact(); err != nil {
+		t.Fatal(err)
+	}
+	if x.Files != nil || x.Len() != len(want) {
+		t.Fatalf("compact index: Files %v, Len %d", x.Files, x.Len())
+	}
+	for i, f := range want {
+		got := x.File(i)
+		if got.Path != f.Path || got.Type != f.Type || got.Mode != f.Mode || got.Size != f.Size || got.Digest != f.Digest ||
+			got.Target != f.Target || len(got.Extents) != len(f.Extents) {
+			t.Fatalf("entry %d: %+v, want %+v", i, got, f)
+		}
+		for k := range f.Extents {
+			if got.Extents[k] != f.Extents[k] {
+				t.Fatalf("entry %d extent %d: %+v, want %+v", i, k, got.Extents[k], f.Extents[k])
+			}
+		}
+		if j, ok := x.Find(f.Path); !ok || j != i || x.Path(i) != f.Path {
+			t.Fatalf("Find(%q) = %d, %v", f.Path, j, ok)
+		}
+	}
+	if _, ok := x.Find("b/4"); ok {
+		t.Fatal("Find found a path the index lacks")
+	}
+	if err := x.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := x.Bytes(), int64(50+MaxChunkBytes-1); got != want {
+		t.Fatalf("Bytes = %d, want %d", got, want)
+	}
+}
