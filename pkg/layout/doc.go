@@ -15,7 +15,11 @@
 // # Index
 //
 // The file index: every path with its type, permission bits, size, SHA-256
-// and extents. It is a layer of the root (or first part) manifest.
+// and extents. In format version 1 it is one blob, the first layer of the
+// root (or first part) manifest; in format version 2 that layer is a small
+// top-level index listing pieces, the next layers, each a run of entries
+// with its own chunk table, so that an unchanged piece is not uploaded
+// again. An opened index holds its entries in a compact form.
 //
 // # Chunk
 //
