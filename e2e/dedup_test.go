@@ -64,7 +64,9 @@ func chunkingOf(t *testing.T, reg *registry, repo, ref string) chunking {
 	}
 	for _, l := range m.Layers {
 		if l.MediaType == mtFileIndex || l.MediaType == mtTopIndex {
-			var idx fileIndex
+			var idx struct {
+				Chunking chunking `json:"chunking"`
+			}
 			mustJSON(t, getBlob(t, reg, repo, l.Digest), &idx)
 			return idx.Chunking
 		}
