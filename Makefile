@@ -20,7 +20,8 @@ unit:
 # Short fuzz runs of the parsers that read untrusted input, and of pull into a
 # directory with planted links.
 fuzz:
-	$(GO) test -run='^$$' -fuzz=FuzzDecodeIndex -fuzztime=5s ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=5s ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=5s ./pkg/oci
