@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/csi"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/warm"
@@ -56,7 +56,7 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 	if dir == "" {
 		dir = defaultCSICacheDir
 	}
-	cache, err := lazy.OpenCache(filepath.Join(dir, "chunks"), int64(c.CacheSize))
+	cache, err := chunkcache.Open(filepath.Join(dir, "chunks"), int64(c.CacheSize))
 	if err != nil {
 		return err
 	}

@@ -13,10 +13,11 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -149,11 +150,11 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 			return err
 		}
 	}
-	cache, err := lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize))
+	cache, err := chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize))
 	if err != nil {
 		return err
 	}
-	var wrap func(string, string, lazy.Fetcher) lazy.Fetcher
+	var wrap func(string, string, content.Fetcher) content.Fetcher
 	var samples atomic.Pointer[[]metrics.MountSample]
 	if c.MetricsAddr != "" {
 		met := metrics.New()
@@ -229,7 +230,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 // mountOne resolves j's reference, opens the version and mounts it.
-func (c *MountCmd) mountOne(ctx context.Context, g *Globals, store mounts.Store, j mountJob, cache *lazy.Cache, wrap func(string, string, lazy.Fetcher) lazy.Fetcher) (*mounts.Served, error) {
+func (c *MountCmd) mountOne(ctx context.Context, g *Globals, store mounts.Store, j mountJob, cache *chunkcache.Cache, wrap func(string, string, content.Fetcher) content.Fetcher) (*mounts.Served, error) {
 	if j.ref.Layout != "" && len(c.Mirror) > 0 {
 		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", j.ref.Repo())
 	}
@@ -307,7 +308,7 @@ func (m MirrorFlags) check() error {
 
 // fetcher returns src wrapped with the mirrors configured for ref's
 // registry, and the mirror fetcher (nil when there are none).
-func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci.MirrorFetcher, error) {
+func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src content.Fetcher) (content.Fetcher, *oci.MirrorFetcher, error) {
 	if ref.Layout != "" && len(m.Mirror) > 0 {
 		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", ref.Repo())
 	}

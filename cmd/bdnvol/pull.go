@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
@@ -74,7 +74,7 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	var cache *lazy.Cache
+	var cache *chunkcache.Cache
 	if !c.NoCache {
 		// Without --cache nothing is added, so open with no bound: a
 		// smaller one than the mounts' would evict their chunks.
@@ -82,7 +82,7 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		if c.Cache {
 			max = int64(c.CacheSize)
 		}
-		if cache, err = lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), max); err != nil {
+		if cache, err = chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), max); err != nil {
 			return err
 		}
 		if c.Cache {
