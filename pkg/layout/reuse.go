@@ -2,8 +2,8 @@ package layout
 
 import (
 	"context"
-	"errors"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"os"
