@@ -19,6 +19,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -284,7 +285,7 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 	}
 	if !checked {
 		h := sha256.New()
-		if _, err := io.Copy(h, io.NewSectionReader(f, 0, desc.Size)); err != nil || digest.NewDigest(digest.SHA256, h) != desc.Digest {
+		if n, err := io.Copy(h, io.NewSectionReader(f, 0, desc.Size)); err != nil || verify.Digest("chunk", desc, digest.NewDigest(digest.SHA256, h), n) != nil {
 			f.Close()
 			c.corrupt.Add(1)
 			c.drop(desc.Digest)
@@ -455,7 +456,7 @@ func (c *Cache) readError(desc ocispec.Descriptor, n int64, err error) error {
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		c.corrupt.Add(1)
-		return &ChunkInvalidError{Want: desc.Digest, Size: n}
+		return verify.Digest("chunk", desc, "", n)
 	}
 	return fmt.Errorf("chunk %s: read after %d of %d bytes: %w", desc.Digest, n, desc.Size, err)
 }
@@ -463,14 +464,9 @@ func (c *Cache) readError(desc ocispec.Descriptor, n int64, err error) error {
 // checkFetched checks that rc has nothing past desc.Size and that got is
 // desc's digest.
 func (c *Cache) checkFetched(desc ocispec.Descriptor, rc io.Reader, got digest.Digest) error {
-	var one [1]byte
-	if m, _ := rc.Read(one[:]); m > 0 {
+	if err := verify.End("chunk", desc, rc, got, desc.Size); err != nil {
 		c.corrupt.Add(1)
-		return &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1}
-	}
-	if got != desc.Digest {
-		c.corrupt.Add(1)
-		return &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size}
+		return err
 	}
 	c.fetches.Add(1)
 	c.fetchedBytes.Add(desc.Size)
@@ -606,7 +602,10 @@ func (f *cachedFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.
 		if err != nil {
 			return nil, err
 		}
-		return &verifyingReadCloser{VerifyReader: content.NewVerifyReader(rc, desc), c: rc}, nil
+		return struct {
+			io.Reader
+			io.Closer
+		}{verify.Reader(rc, "blob", desc), rc}, nil
 	}
 	ch, err := f.c.Load(ctx, f.src, desc)
 	if err != nil {
@@ -621,21 +620,3 @@ type chunkReadCloser struct {
 }
 
 func (r *chunkReadCloser) Close() error { return r.ch.Close() }
-
-// verifyingReadCloser fails at EOF when the bytes read do not match.
-type verifyingReadCloser struct {
-	*content.VerifyReader
-	c io.Closer
-}
-
-func (r *verifyingReadCloser) Read(p []byte) (int, error) {
-	n, err := r.VerifyReader.Read(p)
-	if err == io.EOF {
-		if verr := r.Verify(); verr != nil {
-			return n, verr
-		}
-	}
-	return n, err
-}
-
-func (r *verifyingReadCloser) Close() error { return r.c.Close() }
