@@ -73,7 +73,7 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
 	var cuts []int64
 	cdc := true
-	if isSafetensors(e.Path) {
+	if IsSafetensors(e.Path) {
 		if hdrEnd, ts, err := ReadSafetensorsHeader(ra, e.Size); err == nil {
 			// The header says where every tensor is: cut there, and
 			// at fixed offsets inside big tensors, with no rolling hash.

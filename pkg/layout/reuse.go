@@ -233,7 +233,7 @@ func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int,
 	size := info.Size()
 	var cuts []int64
 	cdc := true
-	if isSafetensors(rel) {
+	if IsSafetensors(rel) {
 		if hdrEnd, ts, err := ReadSafetensorsHeader(fh, size); err == nil {
 			cuts, cdc = tensorBoundaries(hdrEnd, ts, size, p), false
 		}

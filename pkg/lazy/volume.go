@@ -324,7 +324,7 @@ func (v *Volume) PrefetchHeaders(ctx context.Context) error {
 	g.SetLimit(v.opt.Jobs)
 	for i := range v.ver.Index.Files {
 		e := &v.ver.Index.Files[i]
-		if e.Type != layout.TypeFile || !isSafetensors(e.Path) {
+		if e.Type != layout.TypeFile || !layout.IsSafetensors(e.Path) {
 			continue
 		}
 		g.Go(func() error {
@@ -355,7 +355,7 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 	files := v.ver.Index.Files
 	sort.SliceStable(idx, func(a, b int) bool {
 		fa, fb := &files[idx[a]], &files[idx[b]]
-		if sa, sb := isSafetensors(fa.Path), isSafetensors(fb.Path); sa != sb {
+		if sa, sb := layout.IsSafetensors(fa.Path), layout.IsSafetensors(fb.Path); sa != sb {
 			return !sa
 		}
 		return fa.Path < fb.Path
@@ -427,8 +427,6 @@ func MatchGlobs(patterns string) (func(string) bool, error) {
 		return false
 	}, nil
 }
-
-func isSafetensors(p string) bool { return strings.HasSuffix(p, ".safetensors") }
 
 // File is a regular file of a Volume: an io.ReaderAt over its extents.
 type File struct {
@@ -556,7 +554,7 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		return
 	}
 	var regions []region
-	if isSafetensors(f.e.Path) {
+	if layout.IsSafetensors(f.e.Path) {
 		regions = f.regions(ctx)
 	}
 	end := off + n
