@@ -218,11 +218,8 @@ func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 		return h, nil
 	}
 	v.mu.Unlock()
-	if v.opt.FetchTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, v.opt.FetchTimeout)
-		defer cancel()
-	}
+	ctx, cancel := v.fetchContext(ctx)
+	defer cancel()
 	desc := v.ver.Chunks[k]
 	rf, ranged := v.src.(rangeSource)
 	if split && ranged && desc.Size >= splitMin && v.opt.Jobs > 1 && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
@@ -376,12 +373,8 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 				if gctx.Err() != nil {
 					return gctx.Err()
 				}
-				fctx := gctx
-				if v.opt.FetchTimeout > 0 {
-					var cancel context.CancelFunc
-					fctx, cancel = context.WithTimeout(gctx, v.opt.FetchTimeout)
-					defer cancel()
-				}
+				fctx, cancel := v.fetchContext(gctx)
+				defer cancel()
 				ch, err := v.opt.Cache.Load(fctx, v.src, v.ver.Chunks[k])
 				if err != nil {
 					mu.Lock()
