@@ -18,8 +18,9 @@ import (
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // ErrInvalidLayout is wrapped when a file of an OCI layout (index.json,
@@ -543,11 +544,8 @@ func (s *layoutStore) ingest(desc ocispec.Descriptor, r io.Reader) error {
 		return err
 	}
 	tmp := f.Name()
-	vr := content.NewVerifyReader(r, desc)
-	_, err = io.Copy(f, vr)
-	if err == nil {
-		err = vr.Verify()
-	}
+	vr := verify.Reader(r, "blob", desc)
+	_, err = io.Copy(f, vr) // nil only once vr verified every byte
 	if err == nil {
 		err = f.Chmod(0o444)
 	}
@@ -650,8 +648,8 @@ func (s *layoutStore) fetchManifest(desc ocispec.Descriptor) ([]byte, error) {
 	if _, err := io.ReadFull(f, b); err != nil {
 		return nil, fmt.Errorf("%s: manifest %s: %w", s.root, desc.Digest, err)
 	}
-	if digest.FromBytes(b) != desc.Digest {
-		return nil, fmt.Errorf("%s: manifest %s: %w", s.root, desc.Digest, content.ErrMismatchedDigest)
+	if err := verify.Bytes("manifest", b, desc); err != nil {
+		return nil, fmt.Errorf("%s: %w", s.root, err)
 	}
 	return b, nil
 }
