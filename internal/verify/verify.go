@@ -26,26 +26,29 @@ var ErrDigestMismatch = errors.New("content does not match its digest")
 // many, or another digest. It wraps ErrDigestMismatch (and matches oras-go's
 // content.ErrMismatchedDigest, the same condition).
 type Error struct {
-	What string        // the object, for the message: "chunk", "manifest", a path; may be empty
+	What string        // the object, for the message: "chunk", "manifest", "file a/b"; empty when the caller names it
 	Want digest.Digest // the digest the bytes must have
 	Size int64         // the size the bytes must have
 	Got  digest.Digest // the digest of the bytes received; empty when the size was wrong
 	Read int64         // the bytes received; Size+1 means more than Size
 }
 
-// Error describes the mismatch, naming the object and both digests or sizes.
+// Error describes the mismatch, naming the object when What is set (a
+// caller that leaves it empty names the object in its own wrapping).
 func (e *Error) Error() string {
-	name := string(e.Want)
-	if e.What != "" {
-		name = e.What + " " + name
-	}
+	var msg string
 	switch {
 	case e.Read > e.Size:
-		return fmt.Sprintf("%s: %v: more than %d bytes", name, ErrDigestMismatch, e.Size)
+		msg = fmt.Sprintf("%v: more than %d bytes", ErrDigestMismatch, e.Size)
 	case e.Read < e.Size:
-		return fmt.Sprintf("%s: %v: %d of %d bytes", name, ErrDigestMismatch, e.Read, e.Size)
+		msg = fmt.Sprintf("%v: %d of %d bytes", ErrDigestMismatch, e.Read, e.Size)
+	default:
+		msg = fmt.Sprintf("%v: got %s (%d bytes)", ErrDigestMismatch, e.Got, e.Read)
 	}
-	return fmt.Sprintf("%s: %v: got %s (%d bytes)", name, ErrDigestMismatch, e.Got, e.Read)
+	if e.What == "" {
+		return msg
+	}
+	return e.What + " " + string(e.Want) + ": " + msg
 }
 
 // Unwrap returns ErrDigestMismatch.

@@ -183,9 +183,9 @@ func TestErrorMessages(t *testing.T) {
 	}{
 		{Error{What: "chunk", Want: d, Size: 4, Read: 2}, "chunk " + d.String() + ": content does not match its digest: 2 of 4 bytes"},
 		{Error{What: "chunk", Want: d, Size: 4, Read: 5}, "more than 4 bytes"},
-		{Error{Want: d, Size: 4, Read: 4, Got: digest.FromString("b")}, d.String() + ": content does not match its digest: got " + digest.FromString("b").String()},
+		{Error{Want: d, Size: 4, Read: 4, Got: digest.FromString("b")}, "content does not match its digest: got " + digest.FromString("b").String() + " (4 bytes)"},
 	} {
-		if msg := tc.e.Error(); !strings.Contains(msg, tc.want) {
+		if msg := tc.e.Error(); !strings.Contains(msg, tc.want) || tc.e.What == "" && strings.Contains(msg, d.String()) {
 			t.Errorf("message %q, want it to contain %q", msg, tc.want)
 		}
 	}

@@ -266,7 +266,7 @@ func fetchAll(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor)
 		attempts = 1
 	}
 	for attempt := 1; ; attempt++ {
-		b, err := verify.Fetch(ctx, src, desc.MediaType, desc)
+		b, err := verify.Fetch(ctx, src, "", desc) // the callers name the object
 		if err == nil {
 			return b, nil
 		}
