@@ -13,8 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 )
 
 // The states of a warm list entry.
@@ -335,17 +337,5 @@ func writeAtomic(path string, b []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".status-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return atomicfile.WriteFile(path, b, 0o600)
 }
