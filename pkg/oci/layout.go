@@ -20,6 +20,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
 	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
@@ -344,26 +345,7 @@ func (s *layoutStore) write(ctx context.Context, fn func(*layoutIndex) (bool, er
 // replace writes b to the layout file name through a temporary file and a
 // rename, so that readers see the old file or the new one, never a part.
 func (s *layoutStore) replace(name string, b []byte) error {
-	f, err := os.CreateTemp(s.root, "."+name+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, s.path(name))
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(s.path(name), b, 0o644); err != nil {
 		return fmt.Errorf("%s: write %s: %w", s.root, name, err)
 	}
 	return nil
