@@ -88,7 +88,7 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 		go warmer.Run(ctx)
 	}
 	if c.MetricsAddr != "" {
-		if err := serveMetrics(ctx, c.MetricsAddr, met, warmer, log); err != nil {
+		if err := metrics.Serve(ctx, c.MetricsAddr, met, warmer, log); err != nil {
 			return err
 		}
 	}
