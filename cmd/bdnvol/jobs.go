@@ -30,29 +30,6 @@ type JobsListCmd struct {
 	JSON bool `name:"json" help:"Print a JSON array."`
 }
 
-// jobJSON is one job as jobs --json prints it.
-type jobJSON struct {
-	ID            string        `json:"id"`
-	Source        string        `json:"source"`
-	Destination   string        `json:"destination"`
-	State         jobs.State    `json:"state"`
-	Reason        string        `json:"reason,omitempty"`
-	Progress      jobs.Progress `json:"progress"`
-	PID           int           `json:"pid,omitempty"`
-	Attempts      int           `json:"attempts"`
-	Reference     string        `json:"reference,omitempty"`
-	Commit        string        `json:"commit,omitempty"`
-	BytesUploaded int64         `json:"bytes_uploaded,omitempty"`
-	Created       time.Time     `json:"created"`
-	Updated       time.Time     `json:"updated"`
-}
-
-func toJobJSON(j *jobs.Job) jobJSON {
-	return jobJSON{ID: j.ID, Source: j.Spec.Source, Destination: j.Spec.Destination, State: j.State, Reason: j.Reason,
-		Progress: j.Progress, PID: j.PID, Attempts: j.Attempts, Reference: j.Reference, Commit: j.Commit,
-		BytesUploaded: j.BytesUploaded, Created: j.Created, Updated: j.Updated}
-}
-
 // progressText renders a job's progress in a few words.
 func progressText(j *jobs.Job) string {
 	p := j.Progress
@@ -78,9 +55,9 @@ func (c *JobsListCmd) Run(g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		out := make([]jobJSON, 0, len(js))
+		out := make([]jobs.Summary, 0, len(js))
 		for _, j := range js {
-			out = append(out, toJobJSON(j))
+			out = append(out, j.Summary())
 		}
 		return json.NewEncoder(g.stdout).Encode(out)
 	}

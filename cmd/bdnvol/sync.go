@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"time"
 
-	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -91,30 +88,12 @@ func startDetached(store *jobs.Store, id string) error {
 	return store.Spawn(id, exec.Command(exe, "jobs", "run", id))
 }
 
-// runJob runs job id in this process and records how it ends. In the
-// foreground, log lines also go to stderr and the reference (or JSON) to
-// stdout.
+// runJob runs job id in this process. In the foreground, log lines also go
+// to stderr with a progress line, and the reference (or JSON) to stdout.
 func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreground, asJSON bool) error {
-	logw := g.stderr
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(logw, "%s %s\n", time.Now().UTC().Format(time.RFC3339), termsafe.Text(fmt.Sprintf(format, args...)))
-	}
-	var logFile *os.File
-	defer func() {
-		if logFile != nil {
-			logFile.Close()
-		}
-	}()
 	start := time.Now()
 	var out *syncOutput
-	var workErr error
-	j, err := store.Run(ctx, id, func(ctx context.Context, j *jobs.Job, r *jobs.Reporter) (jobs.Result, error) {
-		if foreground {
-			if f, err := os.OpenFile(store.LogPath(j.ID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
-				logFile, logw = f, io.MultiWriter(g.stderr, f)
-			}
-		}
-		logf("job %s attempt %d: sync %s to %s", j.ID, j.Attempts, j.Spec.Source, j.Spec.Destination)
+	_, err := store.RunLogged(ctx, id, g.stderr, foreground, func(ctx context.Context, j *jobs.Job, r *jobs.Reporter, logf jobs.Logf) (jobs.Result, error) {
 		counters := &layout.Counters{}
 		r.Sample(func(p *jobs.Progress) {
 			p.Total, p.Processed, p.Sent = counters.Total.Load(), counters.Processed.Load(), counters.Sent.Load()
@@ -123,31 +102,19 @@ func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreg
 		if foreground {
 			stopBar = startProgress(g.stderr, "sync", counters)
 		}
-		out, workErr = syncVersion(ctx, j, counters, r.SetPhase, logf)
+		var err error
+		out, err = syncVersion(ctx, j, counters, r.SetPhase, logf)
 		stopBar()
-		if workErr != nil {
-			return jobs.Result{}, workErr
+		if err != nil {
+			return jobs.Result{}, err
 		}
-		return jobs.Result{Reference: out.Reference, Digest: out.Digest, Commit: out.Commit, BytesUploaded: out.BytesUploaded}, nil
+		out.Job, out.Seconds = j.ID, time.Since(start).Seconds()
+		return jobs.Result{Reference: out.Reference, Digest: out.Digest, Commit: out.Commit, BytesUploaded: out.BytesUploaded,
+			Summary: fmt.Sprintf("sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs; %s",
+				out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds, out.Reference)}, nil
 	})
-	if j == nil {
+	if err != nil || !foreground {
 		return err
-	}
-	if workErr != nil {
-		logf("job %s: %v", id, err)
-		if errors.Is(err, jobs.ErrStopped) {
-			return fmt.Errorf("job %s stopped: %w; resume it with: bdnvol jobs resume %s", id, err, id)
-		}
-		return fmt.Errorf("job %s failed: %w; after fixing the cause, resume it with: bdnvol jobs resume %s", id, err, id)
-	}
-	if err != nil {
-		return err
-	}
-	out.Job, out.Seconds = j.ID, time.Since(start).Seconds()
-	logf("job %s: sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs; %s",
-		j.ID, out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds, out.Reference)
-	if !foreground {
-		return nil
 	}
 	if asJSON {
 		return json.NewEncoder(g.stdout).Encode(out)
@@ -157,7 +124,7 @@ func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreg
 }
 
 // syncVersion runs the sync of job j, logging what it does.
-func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, setPhase func(string, int), logf func(string, ...any)) (*syncOutput, error) {
+func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, setPhase func(string, int), logf jobs.Logf) (*syncOutput, error) {
 	spec := j.Spec
 	ref, err := oci.ParseRef(spec.Destination)
 	if err != nil {
