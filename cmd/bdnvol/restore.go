@@ -9,6 +9,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 )
 
@@ -34,7 +35,7 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 	if ref.Digest == "" {
 		return usageError{fmt.Errorf("%s: restore takes a digest (bdnvol versions --deleted lists them)", s)}
 	}
-	t, unlock, err := openLocked(ctx, g, ref, true)
+	t, unlock, err := oci.OpenLocked(ctx, ref, g.options(), true)
 	if err != nil {
 		return err
 	}
