@@ -201,12 +201,3 @@ func (m MirrorFlags) check() error {
 	}
 	return nil
 }
-
-// fetcher returns src wrapped with the mirrors configured for ref's
-// registry, and the mirror fetcher (nil when there are none).
-func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci.MirrorFetcher, error) {
-	if ref.Layout != "" && len(m.Mirror) > 0 {
-		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", ref.Repo())
-	}
-	return m.config(g).Fetcher(ref, src)
-}
