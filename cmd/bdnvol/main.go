@@ -14,7 +14,6 @@ import (
 	"syscall"
 
 	"github.com/alecthomas/kong"
-	"golang.org/x/term"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -100,12 +99,6 @@ func (g *Globals) cacheDir() string {
 		return filepath.Join(d, "bdnvol")
 	}
 	return filepath.Join(os.TempDir(), "bdnvol-cache")
-}
-
-// isTTY reports whether w is a terminal.
-func isTTY(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // VersionCmd prints the version.
