@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 )
 
@@ -28,20 +27,6 @@ func openJobs() (*jobs.Store, error) { return jobs.Open(jobs.DefaultDir()) }
 // JobsListCmd lists jobs.
 type JobsListCmd struct {
 	JSON bool `name:"json" help:"Print a JSON array."`
-}
-
-// progressText renders a job's progress in a few words.
-func progressText(j *jobs.Job) string {
-	p := j.Progress
-	switch {
-	case j.State == jobs.Succeeded:
-		return fmt.Sprintf("100%%, %s uploaded", units.Bytes(j.BytesUploaded))
-	case p.Total > 0:
-		return fmt.Sprintf("%.0f%% of %s, %s uploaded", 100*float64(p.Processed)/float64(p.Total), units.Bytes(p.Total), units.Bytes(p.Sent))
-	case p.Phase != "":
-		return p.Phase
-	}
-	return "-"
 }
 
 // Run lists the jobs.
@@ -68,7 +53,7 @@ func (c *JobsListCmd) Run(g *Globals) error {
 		if j.Reason != "" && j.State != jobs.Succeeded {
 			state += " (" + short(termsafe.Text(j.Reason), 60) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.Name(j.Spec.Source), termsafe.Name(j.Spec.Destination), state, progressText(j))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.Name(j.Spec.Source), termsafe.Name(j.Spec.Destination), state, j.ProgressText())
 	}
 	return tw.Flush()
 }
@@ -96,28 +81,15 @@ func (c *JobsWaitCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 func waitJob(ctx context.Context, g *Globals, store *jobs.Store, id string, timeout time.Duration) error {
-	j, err := store.Wait(ctx, id, timeout)
-	switch {
-	case j == nil:
+	j, err := store.WaitSucceeded(ctx, id, timeout)
+	if j == nil {
 		return usageError{err}
-	case errors.Is(err, jobs.ErrWaitTimeout):
-		return fmt.Errorf("job %s is still %s (%s) after %v\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
-			j.ID, j.State, progressText(j), timeout, j.ID, j.ID)
-	case err != nil && ctx.Err() != nil:
-		return fmt.Errorf("stopped waiting; job %s is still %s (%s)\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
-			j.ID, j.State, progressText(j), j.ID, j.ID)
-	case err != nil:
+	}
+	if err != nil {
 		return err
 	}
-	switch j.State {
-	case jobs.Succeeded:
-		fmt.Fprintln(g.stdout, j.Reference)
-		return nil
-	case jobs.Canceled:
-		return fmt.Errorf("job %s was canceled: %s; resume it with: bdnvol jobs resume %s", j.ID, j.Reason, j.ID)
-	default:
-		return fmt.Errorf("job %s failed: %s; resume it with: bdnvol jobs resume %s (log: bdnvol jobs logs %s)", j.ID, j.Reason, j.ID, j.ID)
-	}
+	fmt.Fprintln(g.stdout, j.Reference)
+	return nil
 }
 
 // JobsCancelCmd cancels a job.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
 )
 
 // Logf writes one line of a job's log.
@@ -85,4 +86,46 @@ func (j *Job) Summary() Summary {
 	return Summary{ID: j.ID, Source: j.Spec.Source, Destination: j.Spec.Destination, State: j.State, Reason: j.Reason,
 		Progress: j.Progress, PID: j.PID, Attempts: j.Attempts, Reference: j.Reference, Commit: j.Commit,
 		BytesUploaded: j.BytesUploaded, Created: j.Created, Updated: j.Updated}
+}
+
+// ProgressText is a job's progress in a few words, for people.
+func (j *Job) ProgressText() string {
+	p := j.Progress
+	switch {
+	case j.State == Succeeded:
+		return fmt.Sprintf("100%%, %s uploaded", units.Bytes(j.BytesUploaded))
+	case p.Total > 0:
+		return fmt.Sprintf("%.0f%% of %s, %s uploaded", 100*float64(p.Processed)/float64(p.Total), units.Bytes(p.Total), units.Bytes(p.Sent))
+	case p.Phase != "":
+		return p.Phase
+	}
+	return "-"
+}
+
+// WaitSucceeded waits for job id as Wait does, and returns it with no error
+// only when it SUCCEEDED; every error says what can be done next (wait
+// again, cancel, resume, read the log). It returns nil and the error when
+// no job is id.
+func (s *Store) WaitSucceeded(ctx context.Context, id string, timeout time.Duration) (*Job, error) {
+	j, err := s.Wait(ctx, id, timeout)
+	switch {
+	case j == nil:
+		return nil, err
+	case errors.Is(err, ErrWaitTimeout):
+		return j, fmt.Errorf("job %s is still %s (%s) after %v\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
+			j.ID, j.State, j.ProgressText(), timeout, j.ID, j.ID)
+	case err != nil && ctx.Err() != nil:
+		return j, fmt.Errorf("stopped waiting; job %s is still %s (%s)\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
+			j.ID, j.State, j.ProgressText(), j.ID, j.ID)
+	case err != nil:
+		return j, err
+	}
+	switch j.State {
+	case Succeeded:
+		return j, nil
+	case Canceled:
+		return j, fmt.Errorf("job %s was canceled: %s; resume it with: bdnvol jobs resume %s", j.ID, j.Reason, j.ID)
+	default:
+		return j, fmt.Errorf("job %s failed: %s; resume it with: bdnvol jobs resume %s (log: bdnvol jobs logs %s)", j.ID, j.Reason, j.ID, j.ID)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 var stamped = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ `)
@@ -90,5 +91,53 @@ func TestSummaryJSON(t *testing.T) {
 	if m["source"] != "hf://org/a" || m["destination"] != "oci:/x:a" || m["reference"] != "r@sha256:ab" || m["attempts"] != 2.0 ||
 		m["state"] != "QUEUED" || m["spec"] != nil || m["pid_start"] != nil {
 		t.Errorf("summary JSON %s", b)
+	}
+}
+
+func TestProgressText(t *testing.T) {
+	for _, c := range []struct {
+		j    Job
+		want string
+	}{
+		{Job{State: Succeeded, BytesUploaded: 2048}, "100%, 2.0 KiB uploaded"},
+		{Job{State: Running, Progress: Progress{Total: 4096, Processed: 1024, Sent: 512}}, "25% of 4.0 KiB, 512 B uploaded"},
+		{Job{State: Running, Progress: Progress{Phase: "listing"}}, "listing"},
+		{Job{State: Queued}, "-"},
+	} {
+		if got := c.j.ProgressText(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.j, got, c.want)
+		}
+	}
+}
+
+func TestWaitSucceededSaysWhatToDoNext(t *testing.T) {
+	s, j := newJob(t)
+	if got, err := s.WaitSucceeded(context.Background(), "nope", 0); got != nil || !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown job: %v, %v", got, err)
+	}
+	// Running in this process (so not interrupted): a timeout.
+	s.Update(j.ID, func(j *Job) error { j.State, j.PID = Running, os.Getpid(); return nil })
+	_, err := s.WaitSucceeded(context.Background(), j.ID, 10*time.Millisecond)
+	if err == nil || !strings.HasPrefix(err.Error(), "job "+j.ID+" is still RUNNING (-) after 10ms") ||
+		!strings.Contains(err.Error(), "wait again: bdnvol jobs wait "+j.ID) {
+		t.Fatalf("timeout: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.WaitSucceeded(ctx, j.ID, 0); err == nil || !strings.HasPrefix(err.Error(), "stopped waiting; job "+j.ID) {
+		t.Fatalf("canceled wait: %v", err)
+	}
+	s.Update(j.ID, func(j *Job) error { j.State, j.Reason = Failed, "boom"; return nil })
+	if _, err := s.WaitSucceeded(context.Background(), j.ID, 0); err == nil ||
+		err.Error() != "job "+j.ID+" failed: boom; resume it with: bdnvol jobs resume "+j.ID+" (log: bdnvol jobs logs "+j.ID+")" {
+		t.Fatalf("failed job: %v", err)
+	}
+	s.Update(j.ID, func(j *Job) error { j.State, j.Reason = Canceled, ReasonCanceled; return nil })
+	if _, err := s.WaitSucceeded(context.Background(), j.ID, 0); err == nil || !strings.HasPrefix(err.Error(), "job "+j.ID+" was canceled: ") {
+		t.Fatalf("canceled job: %v", err)
+	}
+	s.Update(j.ID, func(j *Job) error { j.State, j.Reference = Succeeded, "r@sha256:ab"; return nil })
+	if got, err := s.WaitSucceeded(context.Background(), j.ID, 0); err != nil || got.Reference != "r@sha256:ab" {
+		t.Fatalf("succeeded job: %+v, %v", got, err)
 	}
 }
