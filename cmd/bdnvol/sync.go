@@ -35,7 +35,7 @@ type syncOutput struct {
 	Job    string `json:"job"`
 	Source string `json:"source"`
 	Commit string `json:"commit,omitempty"`
-	pushOutput
+	versions.Report
 }
 
 // Run creates the job and runs it here, or in a detached process.
@@ -147,5 +147,5 @@ func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, se
 	if err != nil {
 		return nil, err
 	}
-	return &syncOutput{Source: spec.Source, Commit: res.Revision, pushOutput: newPushOutput(ref, res.PushResult, res.Tags)}, nil
+	return &syncOutput{Source: spec.Source, Commit: res.Revision, Report: res.Report(ref)}, nil
 }
