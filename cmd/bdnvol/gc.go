@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -126,27 +127,15 @@ func dash(s string) string {
 // directories in paths, standard input for "-" (read once, now), and the
 // bdnvol mounts running on this machine.
 func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
-	var files []string
-	var stdin []byte
-	for _, p := range paths {
-		if p != "-" {
-			files = append(files, p)
-			continue
-		}
-		if stdin != nil {
-			return nil, usageError{fmt.Errorf("--refs - given twice")}
-		}
-		b, err := io.ReadAll(os.Stdin)
-		if err != nil {
-			return nil, fmt.Errorf("refs: standard input: %w", err)
-		}
-		stdin = append([]byte{}, b...)
-	}
-	return retention.FileSources(repo, files, stdin, func() []retention.Reference {
+	sources, err := retention.PathSources(repo, paths, os.Stdin, func() []retention.Reference {
 		var refs []retention.Reference
 		for _, m := range g.mountStore().Serving() {
 			refs = append(refs, retention.Reference{Source: m.Mountpoint, Ref: m.Reference, Digest: m.Digest, Mount: true})
 		}
 		return refs
 	})
+	if errors.Is(err, retention.ErrStdinTwice) {
+		return nil, usageError{err}
+	}
+	return sources, err
 }

@@ -2,6 +2,8 @@ package mounts
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/bdnvol/bdnvol/internal/proc"
 )
@@ -52,4 +54,13 @@ func Targets(mp string) ([]Mount, error) {
 		return nil, fmt.Errorf("%s: not a bdnvol mount", mp)
 	}
 	return under, nil
+}
+
+// DefaultStore is where mounts record their state:
+// $XDG_RUNTIME_DIR/bdnvol/mounts, else mounts/ under cacheDir.
+func DefaultStore(cacheDir string) Store {
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return Store{Dir: filepath.Join(d, "bdnvol", "mounts")}
+	}
+	return Store{Dir: filepath.Join(cacheDir, "mounts")}
 }

@@ -88,3 +88,14 @@ func TestTargetsFindsAMountAndTheMountsUnderASpecRoot(t *testing.T) {
 		t.Errorf("Statuses = %+v; want both mounts served by this process", st)
 	}
 }
+
+func TestDefaultStore(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/7")
+	if got := DefaultStore("/c").Dir; got != "/run/user/7/bdnvol/mounts" {
+		t.Errorf("with XDG_RUNTIME_DIR: %s", got)
+	}
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	if got := DefaultStore("/c").Dir; got != "/c/mounts" {
+		t.Errorf("without XDG_RUNTIME_DIR: %s", got)
+	}
+}
