@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
@@ -40,14 +39,6 @@ func keyPassword(g *Globals) func() ([]byte, error) {
 	}
 }
 
-// signRepo is the name a signature payload gives the repository.
-func signRepo(ref oci.Ref) string {
-	if ref.Layout != "" {
-		return ref.Repo()
-	}
-	return ref.Registry + "/" + ref.Repository
-}
-
 // Run signs the version.
 func (c *SignCmd) Run(ctx context.Context, g *Globals) error {
 	s, err := signature.LoadPrivateKey(c.Key, keyPassword(g))
@@ -58,7 +49,7 @@ func (c *SignCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	e, err := signature.Sign(ctx, t, signRepo(ref), root.Desc, s)
+	e, err := signature.Sign(ctx, t, signature.RepoName(ref), root.Desc, s)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref.Pinned(root.Desc.Digest), err)
 	}
