@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -111,25 +110,13 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	var wrap func(string, string, lazy.Fetcher) lazy.Fetcher
-	var samples atomic.Pointer[[]metrics.MountSample]
-	if c.MetricsAddr != "" {
-		met := metrics.New()
-		met.Cache(cache)
-		met.Mounts(func() []metrics.MountSample {
-			if p := samples.Load(); p != nil {
-				return *p
-			}
-			return nil
-		})
-		if err := metrics.Serve(ctx, c.MetricsAddr, met, nil, slog.New(slog.NewTextHandler(g.stderr, nil))); err != nil {
-			return usageError{err}
-		}
-		wrap = met.Wrap
+	met, err := metrics.ServeMount(ctx, c.MetricsAddr, cache, slog.New(slog.NewTextHandler(g.stderr, nil)))
+	if err != nil {
+		return usageError{err}
 	}
 	return mounts.Run(ctx, targets, mounts.RunOptions{
 		Open: mounts.OpenOptions{
-			OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: wrap,
+			OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: met.Wrap(),
 		},
 		Serve: mounts.ServeOptions{
 			AllowOther: c.AllowOther, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Debug: c.Debug, Store: &store, Logf: g.logf,
@@ -140,14 +127,11 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 			var pinned, digests []string
 			for _, s := range all {
 				digests = append(digests, s.Volume.Root().Digest.String())
-			}
-			ss := metrics.Samples(digests)
-			samples.Store(&ss)
-			for _, s := range all {
 				fmt.Fprintf(g.stderr, "bdnvol: serving %s at %s\n", s.Pinned, s.Mountpoint)
 				fmt.Fprintln(g.stdout, s.Pinned)
 				pinned = append(pinned, s.Pinned)
 			}
+			met.SetMounts(digests)
 			ready(pinned)
 		},
 	})

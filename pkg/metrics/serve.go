@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 
+	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
@@ -43,4 +45,49 @@ func Samples(digests []string) []MountSample {
 		out[i].Pods = n[out[i].Digest]
 	}
 	return out
+}
+
+// MountMetrics are the metrics of one `bdnvol mount` process.
+type MountMetrics struct {
+	m       *Metrics
+	samples atomic.Pointer[[]MountSample]
+}
+
+// ServeMount serves the metrics of a mount process reading through cache
+// at addr until ctx ends. An empty addr serves nothing: the result is nil,
+// and its methods do nothing.
+func ServeMount(ctx context.Context, addr string, cache *lazy.Cache, log *slog.Logger) (*MountMetrics, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	mm := &MountMetrics{m: New()}
+	mm.m.Cache(cache)
+	mm.m.Mounts(func() []MountSample {
+		if p := mm.samples.Load(); p != nil {
+			return *p
+		}
+		return nil
+	})
+	if err := Serve(ctx, addr, mm.m, nil, log); err != nil {
+		return nil, err
+	}
+	return mm, nil
+}
+
+// Wrap returns the function that instruments registry fetchers; nil for
+// none.
+func (mm *MountMetrics) Wrap() func(source, host string, f lazy.Fetcher) lazy.Fetcher {
+	if mm == nil {
+		return nil
+	}
+	return mm.m.Wrap
+}
+
+// SetMounts records the digests served, one per mount.
+func (mm *MountMetrics) SetMounts(digests []string) {
+	if mm == nil {
+		return
+	}
+	ss := Samples(digests)
+	mm.samples.Store(&ss)
 }

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/bdnvol/bdnvol/pkg/lazy"
 )
 
 func TestSamplesCountsMountsPerDigest(t *testing.T) {
@@ -54,4 +56,37 @@ func TestServeMetricsUntilCanceled(t *testing.T) {
 		resp.Body.Close()
 	}
 	cancel()
+}
+
+func TestServeMountReportsTheMountsSet(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cache, err := lazy.OpenCache(t.TempDir(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No address: nothing served, and the nil result does nothing.
+	mm, err := ServeMount(context.Background(), "", cache, log)
+	if err != nil || mm != nil || mm.Wrap() != nil {
+		t.Fatalf("no address: %v, %v", mm, err)
+	}
+	mm.SetMounts([]string{"sha256:a"})
+
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if mm, err = ServeMount(ctx, addr, cache, log); err != nil || mm.Wrap() == nil {
+		t.Fatalf("ServeMount: %v", err)
+	}
+	mm.SetMounts([]string{"sha256:d1", "sha256:d1"})
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `bdnvol_pods{digest="sha256:d1"} 2`) || !strings.Contains(string(b), "bdnvol_cache_") {
+		t.Errorf("/metrics:\n%s", b)
+	}
 }
