@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -78,4 +79,20 @@ func Remove(ctx context.Context, ref oci.Ref, ociOpt oci.Options, opt RemoveOpti
 	out := &Removed{Digest: d, Pinned: ref.Pinned(d), Tombstone: rec.Tag, Tags: rec.Tags}
 	out.Views, out.ViewsErr = DeleteImageViews(ctx, t, d)
 	return out, nil
+}
+
+// RestoreRef brings back the deleted version ref names by digest (see
+// Restore), an OCI layout locked meanwhile. It returns the new protective
+// tag and a warning about what could not be brought back with it.
+func RestoreRef(ctx context.Context, ref oci.Ref, ociOpt oci.Options) (tag string, warn error, err error) {
+	t, unlock, err := oci.OpenLocked(ctx, ref, ociOpt, true)
+	if err != nil {
+		return "", nil, err
+	}
+	defer unlock()
+	tag, warn, err = Restore(ctx, t, ref.Digest, time.Now())
+	if errors.Is(err, ErrNoTombstone) {
+		return "", nil, fmt.Errorf("%s: %w (bdnvol versions --deleted lists what can be restored)", ref.Pinned(ref.Digest), ErrNoTombstone)
+	}
+	return tag, warn, err
 }

@@ -51,3 +51,29 @@ func TestRemoveRefusesANeededVersionUnlessForced(t *testing.T) {
 	}
 	r.intact(t, v[2])
 }
+
+func TestRestoreRefBringsARemovedVersionBack(t *testing.T) {
+	ctx := context.Background()
+	r := openLayout(t)
+	v := threeVersions(t, r)
+	d := v[0].Root.Digest
+	ref := oci.Ref{Layout: r.dir, Digest: d}
+	if _, _, err := RestoreRef(ctx, ref, oci.Options{}); !errors.Is(err, ErrNoTombstone) ||
+		!strings.HasPrefix(err.Error(), ref.Pinned(d)+": ") || !strings.Contains(err.Error(), "versions --deleted") {
+		t.Fatalf("restore of a live version: %v", err)
+	}
+	if _, err := Remove(ctx, ref, oci.Options{}, RemoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tag, warn, err := RestoreRef(ctx, ref, oci.Options{})
+	if err != nil || warn != nil || tag == "" {
+		t.Fatalf("RestoreRef = %q, %v, %v", tag, warn, err)
+	}
+	if !slices.Contains(r.list(t), d) {
+		t.Fatal("the restored version is not listed")
+	}
+	if d2, err := r.t.Resolve(ctx, tag); err != nil || d2.Digest != d {
+		t.Errorf("protective tag %s = %v, %v", tag, d2.Digest, err)
+	}
+	r.intact(t, v[0])
+}
