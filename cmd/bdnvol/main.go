@@ -15,7 +15,11 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -196,4 +200,31 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 		close(done)
 		cancel()
 	}
+}
+
+// mountStore is where mounts record their state.
+func (g *Globals) mountStore() mounts.Store { return mounts.DefaultStore(g.cacheDir()) }
+
+// logf prints one "bdnvol: " line to stderr.
+func (g *Globals) logf(format string, args ...any) {
+	fmt.Fprintf(g.stderr, "bdnvol: "+format+"\n", args...)
+}
+
+// Size is a byte count that parses suffixes such as KiB, MiB and GiB.
+type Size int64
+
+// UnmarshalText parses a size such as 4096, 64KiB or 8MiB.
+func (s *Size) UnmarshalText(b []byte) error {
+	n, err := units.ParseSize(string(b))
+	if err != nil {
+		return err
+	}
+	*s = Size(n)
+	return nil
+}
+
+// startProgress draws a progress line of c on w while work runs, if w is
+// a terminal; the returned function stops it and clears the line.
+func startProgress(w io.Writer, verb string, c *layout.Counters) func() {
+	return progress.Start(w, verb, func() (int64, int64, int64) { return c.Total.Load(), c.Processed.Load(), c.Sent.Load() })
 }

@@ -114,3 +114,18 @@ func openVersion(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target
 	root, err := versions.Resolve(ctx, t, ref)
 	return ref, t, root, err
 }
+
+// ResolveCmd prints the digest-pinned form of a reference.
+type ResolveCmd struct {
+	Ref string `arg:"" help:"HOST/REPO:TAG, HOST/REPO@DIGEST or oci:PATH[:TAG|@DIGEST]."`
+}
+
+// Run resolves the reference.
+func (c *ResolveCmd) Run(ctx context.Context, g *Globals) error {
+	ref, _, root, err := openVersion(ctx, g, c.Ref)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(g.stdout, ref.Pinned(root.Desc.Digest))
+	return nil
+}
