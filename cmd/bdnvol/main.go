@@ -8,14 +8,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
-	"syscall"
 
 	"github.com/alecthomas/kong"
 
 	"github.com/bdnvol/bdnvol/internal/progress"
+	"github.com/bdnvol/bdnvol/internal/signals"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -155,7 +154,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bdnvol:", err)
 		return exitUsage
 	}
-	ctx, stop := signalContext(stderr)
+	// A second SIGINT or SIGTERM exits at once (128 + signal number), for a
+	// command stuck where a context does not reach.
+	ctx, stop := signals.Context(func(s os.Signal) {
+		fmt.Fprintf(stderr, "bdnvol: %v again: exiting now\n", s)
+		os.Exit(signals.ExitCode(s))
+	})
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(); err != nil {
@@ -167,39 +171,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	return exitOK
-}
-
-// signalContext returns a context that the first SIGINT or SIGTERM cancels,
-// so the command stops cleanly. A second one exits at once (128 + signal
-// number), for a command stuck where a context does not reach.
-func signalContext(stderr io.Writer) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-sigs:
-			cancel()
-		case <-done:
-			return
-		}
-		select {
-		case s := <-sigs:
-			fmt.Fprintf(stderr, "bdnvol: %v again: exiting now\n", s)
-			code := 130
-			if n, ok := s.(syscall.Signal); ok {
-				code = 128 + int(n)
-			}
-			os.Exit(code)
-		case <-done:
-		}
-	}()
-	return ctx, func() {
-		signal.Stop(sigs)
-		close(done)
-		cancel()
-	}
 }
 
 // mountStore is where mounts record their state.
