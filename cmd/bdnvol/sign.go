@@ -3,11 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-
-	"golang.org/x/term"
 
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
@@ -19,29 +15,9 @@ type SignCmd struct {
 	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
 }
 
-// errNoPassword is returned when a key needs a password and none can be asked.
-var errNoPassword = errors.New("COSIGN_PASSWORD is not set and stdin is not a terminal")
-
-// keyPassword returns the password of cosign key files: COSIGN_PASSWORD
-// when set (also empty), else a prompt on the terminal.
-func keyPassword(g *Globals) func() ([]byte, error) {
-	return func() ([]byte, error) {
-		if p, ok := os.LookupEnv("COSIGN_PASSWORD"); ok {
-			return []byte(p), nil
-		}
-		if !term.IsTerminal(int(os.Stdin.Fd())) {
-			return nil, errNoPassword
-		}
-		fmt.Fprint(g.stderr, "Enter password for private key: ")
-		p, err := term.ReadPassword(int(os.Stdin.Fd()))
-		fmt.Fprintln(g.stderr)
-		return p, err
-	}
-}
-
 // Run signs the version.
 func (c *SignCmd) Run(ctx context.Context, g *Globals) error {
-	s, err := signature.LoadPrivateKey(c.Key, keyPassword(g))
+	s, err := signature.LoadPrivateKey(c.Key, signature.Password(g.stderr))
 	if err != nil {
 		return usageError{err}
 	}
