@@ -8,10 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
-
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
@@ -146,14 +143,11 @@ type MirrorFlags struct {
 // config turns the flags into the mirrors to use; each failing mirror is
 // reported once.
 func (m MirrorFlags) config(g *Globals) mounts.MirrorConfig {
-	var reported sync.Map
 	return mounts.MirrorConfig{
 		URLs: m.Mirror, HostsDir: m.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify,
-		OnError: func(mirror string, desc ocispec.Descriptor, err error) {
-			if _, seen := reported.LoadOrStore(mirror, true); !seen {
-				fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %v\n", mirror, err)
-			}
-		},
+		OnError: mounts.OncePerMirror(func(mirror string, err error) {
+			fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %v\n", mirror, err)
+		}),
 	}
 }
 
