@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -103,7 +103,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err := mounts.Prepare(store, targets, c.Spec != "", g.logf); err != nil {
 		return err
 	}
-	cache, err := lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize))
+	cache, err := chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize))
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -46,7 +46,7 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	cache, err := lazy.OpenCache(filepath.Join(c.CacheDir, "chunks"), c.CacheSize)
+	cache, err := chunkcache.Open(filepath.Join(c.CacheDir, "chunks"), c.CacheSize)
 	if err != nil {
 		return err
 	}

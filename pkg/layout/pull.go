@@ -47,7 +47,11 @@ type PullResult struct {
 	FilesReused   int   // files already present and verified
 	ChunksCopied  int64 // chunks copied from files already in the directory
 	BytesCopied   int64
-	FilesRemoved  int // files an earlier pull wrote that this version lacks
+	// ChunksCopiedUnhashed are the copied chunks taken, in the kernel and
+	// unhashed, from files an earlier pull wrote and that are unchanged
+	// since (by their stat keys in its record).
+	ChunksCopiedUnhashed int64
+	FilesRemoved         int // files an earlier pull wrote that this version lacks
 }
 
 // target is where part of a chunk goes: a range of a file being written.
@@ -207,7 +211,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	// are done: the old files are their source.
 	credited := make([]int64, len(x.Chunks)) // per chunk, file bytes counted as written
 	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
-	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes atomic.Int64
+	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks atomic.Int64
 	copying := true             // under readyMu: finished files wait in ready
 	var sources map[string]bool // paths local copies read from
 	finish := func(i int) error {
@@ -286,7 +290,12 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			lg.Go(func() error {
 				buf := bufs.Get().(*[]byte)
 				defer bufs.Put(buf)
-				err := streamChunk(lctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
+				err := loc.copyVouched(lctx, desc, ts, files, opt.Counters, &credited[k])
+				if errors.Is(err, errNotVouched) {
+					err = streamChunk(lctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
+				} else if err == nil {
+					vouchedChunks.Add(1)
+				}
 				var we writeError
 				if errors.As(err, &we) {
 					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Files[ts[0].file].Path, err)
@@ -339,6 +348,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	}
 	res.ChunksFetched, res.BytesFetched = fetchedChunks.Load(), fetchedBytes.Load()
 	res.ChunksCopied, res.BytesCopied = copiedChunks.Load(), copiedBytes.Load()
+	res.ChunksCopiedUnhashed = vouchedChunks.Load()
 	res.FilesRemoved = d.removeStale(x, previous)
 
 	for _, f := range x.Files {

@@ -8,17 +8,17 @@ import (
 	"io"
 
 	"github.com/opencontainers/go-digest"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
-// RangeFetcher is a Fetcher that can also fetch part of a blob, as the
+// rangeSource is a source that can also fetch part of a blob, as the
 // registry and OCI-layout targets of package oci can.
-type RangeFetcher interface {
-	Fetcher
-	// FetchRange returns the n bytes at off of the blob desc, unverified.
-	FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error)
+type rangeSource interface {
+	content.Fetcher
+	oci.RangeFetcher
 }
 
 // Edges: the first and last layout.EdgeBytes of a large chunk have their
@@ -113,7 +113,7 @@ func (v *Volume) edgeFor(k int, c layout.Chunk, lo, hi int64) (tail, ok bool) {
 	if !c.HasEdges() || v.edgeFailures.Load() >= maxEdgeFailures {
 		return false, false
 	}
-	if _, ok := v.src.(RangeFetcher); !ok {
+	if _, ok := v.src.(rangeSource); !ok {
 		return false, false
 	}
 	switch {
@@ -159,7 +159,7 @@ func (v *Volume) fetchEdge(ctx context.Context, k int, c layout.Chunk, tail bool
 		off, want = c.Size-layout.EdgeBytes, c.Tail
 	}
 	data, err := func() ([]byte, error) {
-		rc, err := v.src.(RangeFetcher).FetchRange(ctx, v.ver.Chunks[k], off, layout.EdgeBytes)
+		rc, err := v.src.(rangeSource).FetchRange(ctx, v.ver.Chunks[k], off, layout.EdgeBytes)
 		if err != nil {
 			return nil, err
 		}

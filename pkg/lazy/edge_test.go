@@ -15,6 +15,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -195,9 +196,9 @@ func newFixtureStore(t *testing.T, dir string, p layout.Params) pushed {
 	return pushed{store, res.Root}
 }
 
-func mustCache(t *testing.T) *Cache {
+func mustCache(t *testing.T) *chunkcache.Cache {
 	t.Helper()
-	c, err := OpenCache(t.TempDir(), 0)
+	c, err := chunkcache.Open(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

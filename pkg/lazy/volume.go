@@ -17,14 +17,16 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
+	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // Options configure a Volume. Zero values select defaults.
 type Options struct {
 	// Cache holds verified chunks; required.
-	Cache *Cache
+	Cache *chunkcache.Cache
 	// Jobs bounds the background chunk fetches (readahead, prefetch);
 	// <= 0 means 8.
 	Jobs int
@@ -67,7 +69,7 @@ const headerBudget = 2 * maxHeaderBytes
 // concurrent use. Close stops its background fetches.
 type Volume struct {
 	ver    *layout.Version
-	src    Fetcher
+	src    content.Fetcher
 	opt    Options
 	byPath map[string]int
 
@@ -92,14 +94,14 @@ type Volume struct {
 }
 
 type handle struct {
-	ch   Chunk
+	ch   chunkcache.Chunk
 	refs int
 	gone bool // dropped from handles: close when refs reach 0
 }
 
 // Open opens the version whose root is root, reading its manifests and
 // index through the cache, and returns it ready for reading.
-func Open(ctx context.Context, src Fetcher, root ocispec.Descriptor, opt Options) (*Volume, error) {
+func Open(ctx context.Context, src content.Fetcher, root ocispec.Descriptor, opt Options) (*Volume, error) {
 	if opt.Cache == nil {
 		return nil, ErrNoCache
 	}
@@ -111,7 +113,7 @@ func Open(ctx context.Context, src Fetcher, root ocispec.Descriptor, opt Options
 }
 
 // New returns a Volume reading the opened version ver from src.
-func New(ver *layout.Version, src Fetcher, opt Options) (*Volume, error) {
+func New(ver *layout.Version, src content.Fetcher, opt Options) (*Volume, error) {
 	if opt.Cache == nil {
 		return nil, ErrNoCache
 	}
@@ -222,7 +224,7 @@ func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 		defer cancel()
 	}
 	desc := v.ver.Chunks[k]
-	rf, ranged := v.src.(RangeFetcher)
+	rf, ranged := v.src.(rangeSource)
 	if split && ranged && desc.Size >= splitMin && v.opt.Jobs > 1 && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.
 		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, v.opt.Jobs, !v.rangesOK.Load()}, desc)
@@ -249,8 +251,8 @@ func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 
 // keep adds the loaded chunk k to the open handles, returning it with one
 // reference.
-func (v *Volume) keep(k int, ch Chunk) *handle {
-	if _, inMemory := ch.(memChunk); inMemory {
+func (v *Volume) keep(k int, ch chunkcache.Chunk) *handle {
+	if chunkcache.InMemory(ch) {
 		// Not stored (disk full): serve this read, keep no memory.
 		return &handle{ch: ch, refs: 1, gone: true}
 	}

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"sync/atomic"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
@@ -56,7 +58,7 @@ type MountMetrics struct {
 // ServeMount serves the metrics of a mount process reading through cache
 // at addr until ctx ends. An empty addr serves nothing: the result is nil,
 // and its methods do nothing.
-func ServeMount(ctx context.Context, addr string, cache *lazy.Cache, log *slog.Logger) (*MountMetrics, error) {
+func ServeMount(ctx context.Context, addr string, cache *chunkcache.Cache, log *slog.Logger) (*MountMetrics, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -76,7 +78,7 @@ func ServeMount(ctx context.Context, addr string, cache *lazy.Cache, log *slog.L
 
 // Wrap returns the function that instruments registry fetchers; nil for
 // none.
-func (mm *MountMetrics) Wrap() func(source, host string, f lazy.Fetcher) lazy.Fetcher {
+func (mm *MountMetrics) Wrap() func(source, host string, f content.Fetcher) content.Fetcher {
 	if mm == nil {
 		return nil
 	}

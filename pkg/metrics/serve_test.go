@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 )
 
 func TestSamplesCountsMountsPerDigest(t *testing.T) {
@@ -60,7 +60,7 @@ func TestServeMetricsUntilCanceled(t *testing.T) {
 
 func TestServeMountReportsTheMountsSet(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	cache, err := lazy.OpenCache(t.TempDir(), 1<<20)
+	cache, err := chunkcache.Open(t.TempDir(), 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

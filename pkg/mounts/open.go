@@ -8,7 +8,9 @@ import (
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -42,7 +44,7 @@ const mirrorTimeout = 5 * time.Second
 // Fetcher returns src wrapped with the mirrors configured for ref's
 // registry, and the mirror fetcher (nil when there are none). A local
 // layout has no mirrors.
-func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci.MirrorFetcher, error) {
+func (m MirrorConfig) Fetcher(ref oci.Ref, src content.Fetcher) (content.Fetcher, *oci.MirrorFetcher, error) {
 	if ref.Layout != "" {
 		return src, nil, nil
 	}
@@ -99,12 +101,12 @@ func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci
 type OpenOptions struct {
 	OCI          oci.Options
 	Mirrors      MirrorConfig
-	Cache        *lazy.Cache
+	Cache        *chunkcache.Cache
 	Jobs         int
 	FetchTimeout time.Duration
 	// Wrap, when set, wraps the registry's fetcher (source "registry",
 	// host the registry), for metrics.
-	Wrap func(source, host string, f lazy.Fetcher) lazy.Fetcher
+	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 	// Policy is checked right after the reference is resolved, before any
 	// of the version is read.
 	Policy signature.Policy
@@ -121,7 +123,7 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if err != nil {
 		return nil, "", err
 	}
-	var reg lazy.Fetcher = t
+	var reg content.Fetcher = t
 	if opt.Wrap != nil && ref.Layout == "" {
 		reg = opt.Wrap("registry", ref.Registry, reg)
 	}

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
@@ -104,7 +104,7 @@ func layoutVersion(t *testing.T) (oci.Ref, map[string]string) {
 func TestRunServesEveryTargetUntilCanceled(t *testing.T) {
 	requireFUSE(t)
 	ref, files := layoutVersion(t)
-	cache, err := lazy.OpenCache(t.TempDir(), 0)
+	cache, err := chunkcache.Open(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestRunUnmountsEarlierTargetsWhenOneFails(t *testing.T) {
 	missing.Tag = "nope"
 	ts := []Target{{Ref: ref, Mountpoint: t.TempDir()}, {Ref: missing, Mountpoint: t.TempDir()}}
 	t.Cleanup(func() { Detach(ts[0].Mountpoint) })
-	cache, err := lazy.OpenCache(t.TempDir(), 0)
+	cache, err := chunkcache.Open(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

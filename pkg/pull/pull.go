@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
@@ -87,7 +87,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 	if err != nil {
 		return nil, err
 	}
-	var cache *lazy.Cache
+	var cache *chunkcache.Cache
 	if opt.Cache != CacheOff {
 		// Without CacheFill nothing is added, so open with no bound: a
 		// smaller one than the mounts' would evict their chunks.
@@ -95,7 +95,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		if opt.Cache == CacheFill {
 			max = opt.CacheSize
 		}
-		if cache, err = lazy.OpenCache(filepath.Join(opt.CacheDir, "chunks"), max); err != nil {
+		if cache, err = chunkcache.Open(filepath.Join(opt.CacheDir, "chunks"), max); err != nil {
 			return nil, err
 		}
 		if opt.Cache == CacheFill {

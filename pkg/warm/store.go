@@ -15,7 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 )
 
@@ -63,7 +63,7 @@ func (r Record) Descriptors() []ocispec.Descriptor {
 type Store struct{ Dir string }
 
 // StoreOf returns the record store of cache c.
-func StoreOf(c *lazy.Cache) Store { return Store{Dir: filepath.Join(c.Dir(), "versions")} }
+func StoreOf(c *chunkcache.Cache) Store { return Store{Dir: filepath.Join(c.Dir(), "versions")} }
 
 func (s Store) path(d digest.Digest) string { return filepath.Join(s.Dir, d.Encoded()+".json") }
 

@@ -13,9 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/opencontainers/go-digest"
-
-	"github.com/bdnvol/bdnvol/pkg/lazy"
 )
 
 // The states of a warm list entry.
@@ -52,7 +51,7 @@ type Status struct {
 // WarmerOptions configure a Warmer.
 type WarmerOptions struct {
 	Options
-	Cache      *lazy.Cache
+	Cache      *chunkcache.Cache
 	ListFile   string // the warm list (a ConfigMap key mounted as a file)
 	StatusFile string // where the status is written; "" for none
 	// Bandwidth bounds the bytes per second fetched for warming; <= 0 for none.
@@ -291,7 +290,7 @@ func (w *Warmer) round(ctx context.Context) {
 	w.publish(st)
 }
 
-func cachedOf(c *lazy.Cache, t *Target) (int64, int) {
+func cachedOf(c *chunkcache.Cache, t *Target) (int64, int) {
 	if t == nil {
 		return 0, 0
 	}
