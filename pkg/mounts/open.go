@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -163,4 +164,15 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 		}
 		return v.Prefetch(ctx, m)
 	}, nil
+}
+
+// OncePerMirror returns a MirrorConfig.OnError that tells f of the first
+// failure of each mirror only.
+func OncePerMirror(f func(mirror string, err error)) func(string, ocispec.Descriptor, error) {
+	var seen sync.Map
+	return func(mirror string, _ ocispec.Descriptor, err error) {
+		if _, dup := seen.LoadOrStore(mirror, true); !dup {
+			f(mirror, err)
+		}
+	}
 }
