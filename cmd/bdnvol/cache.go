@@ -12,7 +12,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
@@ -30,8 +30,8 @@ type cacheFlags struct {
 	CacheSize Size `name:"cache-size" default:"10GiB" help:"Bound of the chunk cache (as bdnvol mount's and the mounter's)."`
 }
 
-func (f cacheFlags) open(g *Globals) (*lazy.Cache, error) {
-	return lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), int64(f.CacheSize))
+func (f cacheFlags) open(g *Globals) (*chunkcache.Cache, error) {
+	return chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), int64(f.CacheSize))
 }
 
 // CacheWarmCmd is `bdnvol cache warm`.
@@ -168,7 +168,7 @@ func (c *CacheGCCmd) Run(ctx context.Context, g *Globals) error {
 
 // holdVersion records the version s serves next to the cache, with a lease
 // on its mountpoint (see warm.Hold).
-func holdVersion(cache *lazy.Cache, s *mounts.Served, g *Globals) func() {
+func holdVersion(cache *chunkcache.Cache, s *mounts.Served, g *Globals) func() {
 	release, err := warm.Hold(cache, s.Volume.Version(), s.Pinned, s.Pinned, s.Mountpoint)
 	if err != nil {
 		g.logf("%s", termsafe.Text(err.Error()))

@@ -2,18 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"net/http"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/bdnvol/bdnvol/pkg/csi"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
-	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
-	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
 // CSICmd runs the Kubernetes CSI node plugin's two processes.
@@ -50,59 +43,19 @@ type CSIMounterCmd struct {
 
 // Run serves until SIGTERM, then unmounts everything.
 func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
-	log := slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter")
 	// The global --cache-dir names the node's chunk cache, shared by every mount.
 	dir := g.CacheDir
 	if dir == "" {
 		dir = defaultCSICacheDir
 	}
-	cache, err := lazy.OpenCache(filepath.Join(dir, "chunks"), int64(c.CacheSize))
-	if err != nil {
-		return err
-	}
-	met := metrics.New()
-	met.Cache(cache)
-	mirrors := mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}
-	var warmer *warm.Warmer
-	if c.WarmList != "" {
-		status := c.WarmStatus
-		if status == "" {
-			status = filepath.Join(c.StateDir, "warm-status.json")
-		}
-		warmer = warm.NewWarmer(warm.WarmerOptions{
-			Options: warm.Options{OCI: g.options(), Mirrors: mirrors, Wrap: met.Wrap},
-			Cache:   cache, ListFile: c.WarmList, StatusFile: status, Bandwidth: int64(c.WarmBandwidth),
-			ResolveInterval: c.WarmResolveInterval, Jobs: c.WarmJobs, Logger: log.With("component", "warm"),
-		})
-		met.Warm(warmer.Status)
-	}
-	m, err := csi.NewMounter(csi.MounterOptions{
-		MountsDir: c.MountsDir, Cache: cache, OCI: g.options(), Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
-		Mirrors: mirrors, Logger: log, Wrap: met.Wrap, Warmer: warmer,
+	return csi.ServeMounter(ctx, csi.MounterConfig{
+		Socket: c.MounterSocket, MountsDir: c.MountsDir, StateDir: c.StateDir, CacheDir: dir, CacheSize: int64(c.CacheSize),
+		OCI: g.options(), Mirrors: mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
+		Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
+		WarmList: c.WarmList, WarmStatus: c.WarmStatus, WarmBandwidth: int64(c.WarmBandwidth),
+		WarmResolveInterval: c.WarmResolveInterval, WarmJobs: c.WarmJobs,
+		MetricsAddr: c.MetricsAddr, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter"),
 	})
-	if err != nil {
-		return err
-	}
-	met.Mounts(func() []metrics.MountSample { return m.MountSamples(c.StateDir) })
-	if warmer != nil {
-		go warmer.Run(ctx)
-	}
-	if c.MetricsAddr != "" {
-		if err := serveMetrics(ctx, c.MetricsAddr, met, warmer, log); err != nil {
-			return err
-		}
-	}
-	l, err := csi.Listen(c.MounterSocket)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: m.Handler()}
-	go func() { <-ctx.Done(); srv.Close() }()
-	log.Info("serving", "socket", c.MounterSocket, "mounts_dir", c.MountsDir, "cache", cache.Dir(), "pid", os.Getpid())
-	if err := srv.Serve(l); err != nil && err != http.ErrServerClosed {
-		return err
-	}
-	return m.Close()
 }
 
 // CSINodeCmd is `bdnvol csi node`.
@@ -115,26 +68,9 @@ type CSINodeCmd struct {
 
 // Run serves the CSI services until SIGTERM.
 func (c *CSINodeCmd) Run(ctx context.Context, g *Globals) error {
-	log := slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node")
-	id := c.NodeID
-	if id == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return fmt.Errorf("node id: %w", err)
-		}
-		id = h
-	}
-	n, err := csi.NewNode(ctx, csi.NodeOptions{
-		NodeID: id, Version: version, StateDir: c.StateDir, Linger: c.Linger,
-		Mounter: csi.NewMounterClient(c.MounterSocket), OCI: g.options(), Logger: log,
+	return csi.ServeNode(ctx, c.Endpoint, csi.NodeOptions{
+		NodeID: c.NodeID, Version: version, StateDir: c.StateDir, Linger: c.Linger,
+		Mounter: csi.NewMounterClient(c.MounterSocket), OCI: g.options(),
+		Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node"),
 	})
-	if err != nil {
-		return err
-	}
-	l, err := csi.Listen(c.Endpoint)
-	if err != nil {
-		return err
-	}
-	log.Info("serving", "endpoint", c.Endpoint, "node_id", id, "pid", os.Getpid())
-	return n.Serve(ctx, l)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -44,15 +45,6 @@ type GCCmd struct {
 	BlobGrace     Duration `name:"blob-grace" default:"1h" help:"OCI layouts: leave unreachable blobs younger than this (a push may be running)."`
 }
 
-type gcOutput struct {
-	Repository string                `json:"repository"`
-	Applied    bool                  `json:"applied"`
-	Plan       *retention.Plan       `json:"plan"`
-	Results    []retention.Result    `json:"results,omitempty"`
-	Swept      *retention.Swept      `json:"swept,omitempty"`
-	References []retention.Reference `json:"references"`
-}
-
 // Run plans and applies.
 func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	ref, err := oci.ParseRef(c.Repo)
@@ -73,37 +65,16 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	t, unlock, err := openLocked(ctx, g, ref, c.Apply)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	in, err := retention.Snapshot(ctx, t, sources)
-	if err != nil {
-		return fmt.Errorf("%s: %w", ref.Repo(), err)
-	}
-	plan, err := retention.NewPlan(in, policy)
-	if err != nil {
-		return usageError{err}
-	}
-	out := gcOutput{Repository: ref.Repo(), Applied: c.Apply, Plan: plan, References: in.References}
-	if out.References == nil {
-		out.References = []retention.Reference{}
-	}
-	if !c.JSON {
-		printPlan(g.stdout, plan)
-	}
-	for _, w := range plan.Warnings {
-		fmt.Fprintln(g.stderr, "bdnvol: warning:", termsafe.Text(w.String()))
-	}
-	if !c.Apply {
-		if c.JSON {
-			return json.NewEncoder(g.stdout).Encode(out)
-		}
-		return nil
-	}
-	results, applyErr := retention.Apply(ctx, t, plan, retention.ApplyOptions{
-		Sources: sources,
+	rep, err := retention.GC(ctx, ref, g.options(), retention.GCOptions{
+		Policy: policy, Sources: sources, Apply: c.Apply, BlobGrace: time.Duration(c.BlobGrace),
+		Planned: func(plan *retention.Plan) {
+			if !c.JSON {
+				printPlan(g.stdout, plan)
+			}
+			for _, w := range plan.Warnings {
+				fmt.Fprintln(g.stderr, "bdnvol: warning:", termsafe.Text(w.String()))
+			}
+		},
 		OnResult: func(r retention.Result) {
 			switch {
 			case r.Done && r.Action == retention.ActionDelete:
@@ -115,25 +86,18 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 			}
 		},
 	})
-	out.Results = results
-	if out.Results == nil {
-		out.Results = []retention.Result{}
+	if rep == nil {
+		return err
 	}
-	if ref.Layout != "" && c.Purge && applyErr == nil {
-		sw, err := retention.SweepLayout(ctx, ref.Layout, time.Duration(c.BlobGrace))
-		if err != nil {
-			applyErr = fmt.Errorf("sweep %s: %w", ref.Repo(), err)
-		} else {
-			out.Swept = &sw
-			fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", sw.Blobs, units.Bytes(sw.Bytes))
-		}
+	if rep.Swept != nil {
+		fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", rep.Swept.Blobs, units.Bytes(rep.Swept.Bytes))
 	}
 	if c.JSON {
-		if err := json.NewEncoder(g.stdout).Encode(out); err != nil {
+		if err := json.NewEncoder(g.stdout).Encode(rep); err != nil {
 			return err
 		}
 	}
-	return applyErr
+	return err
 }
 
 // printPlan writes the plan as a table: one line per version, then one per
@@ -163,46 +127,15 @@ func dash(s string) string {
 // directories in paths, standard input for "-" (read once, now), and the
 // bdnvol mounts running on this machine.
 func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
-	var files []string
-	var stdin []byte
-	for _, p := range paths {
-		if p != "-" {
-			files = append(files, p)
-			continue
-		}
-		if stdin != nil {
-			return nil, usageError{fmt.Errorf("--refs - given twice")}
-		}
-		b, err := io.ReadAll(os.Stdin)
-		if err != nil {
-			return nil, fmt.Errorf("refs: standard input: %w", err)
-		}
-		stdin = append([]byte{}, b...)
-	}
-	return retention.FileSources(repo, files, stdin, func() []retention.Reference {
+	sources, err := retention.PathSources(repo, paths, os.Stdin, func() []retention.Reference {
 		var refs []retention.Reference
 		for _, m := range g.mountStore().Serving() {
 			refs = append(refs, retention.Reference{Source: m.Mountpoint, Ref: m.Reference, Digest: m.Digest, Mount: true})
 		}
 		return refs
 	})
-}
-
-// openLocked opens the repository ref names, first locking it when it is an
-// OCI layout and lock is set (a command that changes it); the returned
-// function releases the lock.
-func openLocked(ctx context.Context, g *Globals, ref oci.Ref, lock bool) (oci.Target, func(), error) {
-	unlock := func() {}
-	if lock {
-		var err error
-		if unlock, err = oci.LockLayout(ref); err != nil {
-			return nil, nil, err
-		}
+	if errors.Is(err, retention.ErrStdinTwice) {
+		return nil, usageError{err}
 	}
-	t, err := oci.Open(ctx, ref, g.options())
-	if err != nil {
-		unlock()
-		return nil, nil, err
-	}
-	return t, unlock, nil
+	return sources, err
 }

@@ -3,12 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
-
-	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -19,12 +16,6 @@ import (
 type HistoryCmd struct {
 	Ref  string `arg:"" help:"HOST/REPO:TAG or oci:PATH:TAG."`
 	JSON bool   `name:"json" help:"Print one JSON object instead of a table."`
-}
-
-type historyOutput struct {
-	Tag     string          `json:"tag"`
-	Current digest.Digest   `json:"current,omitempty"` // where the tag points now
-	Moves   []versions.Move `json:"moves"`             // oldest first
 }
 
 // Run prints the history.
@@ -40,28 +31,16 @@ func (c *HistoryCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	h, err := versions.ReadHistory(ctx, t, ref.Tag)
+	out, err := versions.ReadTagHistory(ctx, t, ref)
 	if err != nil {
-		return fmt.Errorf("%s: %w", ref, err)
-	}
-	out := historyOutput{Tag: ref.Tag, Moves: h.Moves}
-	cur, err := t.Resolve(ctx, ref.Tag)
-	switch {
-	case errors.Is(err, oci.ErrNotFound):
-	case err != nil:
-		return fmt.Errorf("%s: %w", ref, err)
-	default:
-		out.Current = cur.Digest
-	}
-	if len(h.Moves) == 0 && out.Current == "" {
-		return fmt.Errorf("%s: %w: no such tag and no recorded moves", ref, oci.ErrNotFound)
+		return err
 	}
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIME\tOP\tDIGEST\tPREVIOUS")
-	for _, m := range h.Moves {
+	for _, m := range out.Moves {
 		prev := "-"
 		if m.Previous != "" {
 			prev = termsafe.Name(m.Previous.String())
@@ -71,14 +50,10 @@ func (c *HistoryCmd) Run(ctx context.Context, g *Globals) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	var last digest.Digest
-	if n := len(h.Moves); n > 0 {
-		last = h.Moves[n-1].Digest
-	}
 	switch {
 	case out.Current == "":
 		fmt.Fprintf(g.stderr, "%s no longer exists\n", termsafe.Name(ref.Tag))
-	case out.Current != last:
+	case out.MovedOutside():
 		fmt.Fprintf(g.stderr, "%s points at %s now: it was moved without bdnvol, so that move is not recorded\n", termsafe.Name(ref.Tag), termsafe.Name(out.Current.String()))
 	}
 	return nil

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 )
 
@@ -30,43 +29,6 @@ type JobsListCmd struct {
 	JSON bool `name:"json" help:"Print a JSON array."`
 }
 
-// jobJSON is one job as jobs --json prints it.
-type jobJSON struct {
-	ID            string        `json:"id"`
-	Source        string        `json:"source"`
-	Destination   string        `json:"destination"`
-	State         jobs.State    `json:"state"`
-	Reason        string        `json:"reason,omitempty"`
-	Progress      jobs.Progress `json:"progress"`
-	PID           int           `json:"pid,omitempty"`
-	Attempts      int           `json:"attempts"`
-	Reference     string        `json:"reference,omitempty"`
-	Commit        string        `json:"commit,omitempty"`
-	BytesUploaded int64         `json:"bytes_uploaded,omitempty"`
-	Created       time.Time     `json:"created"`
-	Updated       time.Time     `json:"updated"`
-}
-
-func toJobJSON(j *jobs.Job) jobJSON {
-	return jobJSON{ID: j.ID, Source: j.Spec.Source, Destination: j.Spec.Destination, State: j.State, Reason: j.Reason,
-		Progress: j.Progress, PID: j.PID, Attempts: j.Attempts, Reference: j.Reference, Commit: j.Commit,
-		BytesUploaded: j.BytesUploaded, Created: j.Created, Updated: j.Updated}
-}
-
-// progressText renders a job's progress in a few words.
-func progressText(j *jobs.Job) string {
-	p := j.Progress
-	switch {
-	case j.State == jobs.Succeeded:
-		return fmt.Sprintf("100%%, %s uploaded", units.Bytes(j.BytesUploaded))
-	case p.Total > 0:
-		return fmt.Sprintf("%.0f%% of %s, %s uploaded", 100*float64(p.Processed)/float64(p.Total), units.Bytes(p.Total), units.Bytes(p.Sent))
-	case p.Phase != "":
-		return p.Phase
-	}
-	return "-"
-}
-
 // Run lists the jobs.
 func (c *JobsListCmd) Run(g *Globals) error {
 	store, err := openJobs()
@@ -78,9 +40,9 @@ func (c *JobsListCmd) Run(g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		out := make([]jobJSON, 0, len(js))
+		out := make([]jobs.Summary, 0, len(js))
 		for _, j := range js {
-			out = append(out, toJobJSON(j))
+			out = append(out, j.Summary())
 		}
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
@@ -91,7 +53,7 @@ func (c *JobsListCmd) Run(g *Globals) error {
 		if j.Reason != "" && j.State != jobs.Succeeded {
 			state += " (" + short(termsafe.Text(j.Reason), 60) + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.Name(j.Spec.Source), termsafe.Name(j.Spec.Destination), state, progressText(j))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.Name(j.Spec.Source), termsafe.Name(j.Spec.Destination), state, j.ProgressText())
 	}
 	return tw.Flush()
 }
@@ -119,28 +81,15 @@ func (c *JobsWaitCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 func waitJob(ctx context.Context, g *Globals, store *jobs.Store, id string, timeout time.Duration) error {
-	j, err := store.Wait(ctx, id, timeout)
-	switch {
-	case j == nil:
+	j, err := store.WaitSucceeded(ctx, id, timeout)
+	if j == nil {
 		return usageError{err}
-	case errors.Is(err, jobs.ErrWaitTimeout):
-		return fmt.Errorf("job %s is still %s (%s) after %v\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
-			j.ID, j.State, progressText(j), timeout, j.ID, j.ID)
-	case err != nil && ctx.Err() != nil:
-		return fmt.Errorf("stopped waiting; job %s is still %s (%s)\n  wait again: bdnvol jobs wait %s\n  cancel it:  bdnvol jobs cancel %s",
-			j.ID, j.State, progressText(j), j.ID, j.ID)
-	case err != nil:
+	}
+	if err != nil {
 		return err
 	}
-	switch j.State {
-	case jobs.Succeeded:
-		fmt.Fprintln(g.stdout, j.Reference)
-		return nil
-	case jobs.Canceled:
-		return fmt.Errorf("job %s was canceled: %s; resume it with: bdnvol jobs resume %s", j.ID, j.Reason, j.ID)
-	default:
-		return fmt.Errorf("job %s failed: %s; resume it with: bdnvol jobs resume %s (log: bdnvol jobs logs %s)", j.ID, j.Reason, j.ID, j.ID)
-	}
+	fmt.Fprintln(g.stdout, j.Reference)
+	return nil
 }
 
 // JobsCancelCmd cancels a job.

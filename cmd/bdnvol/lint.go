@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
@@ -28,13 +27,9 @@ func (c *LintCmd) Run(ctx context.Context, g *Globals) error {
 	res := newRefResolver(g)
 	all := []lintFinding{}
 	for _, file := range c.Files {
-		b, err := os.ReadFile(file)
+		fs, err := deploy.LintFile(ctx, file, res, deploy.LintOptions{All: c.All})
 		if err != nil {
 			return err
-		}
-		fs, err := deploy.Lint(ctx, b, res, deploy.LintOptions{All: c.All})
-		if err != nil {
-			return fmt.Errorf("%s: %w", file, err)
 		}
 		for _, f := range fs {
 			all = append(all, lintFinding{File: file, Finding: f})

@@ -8,15 +8,17 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
-	"syscall"
 
 	"github.com/alecthomas/kong"
-	"golang.org/x/term"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
+	"github.com/bdnvol/bdnvol/internal/signals"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -102,12 +104,6 @@ func (g *Globals) cacheDir() string {
 	return filepath.Join(os.TempDir(), "bdnvol-cache")
 }
 
-// isTTY reports whether w is a terminal.
-func isTTY(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && term.IsTerminal(int(f.Fd()))
-}
-
 // VersionCmd prints the version.
 type VersionCmd struct{}
 
@@ -158,7 +154,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bdnvol:", err)
 		return exitUsage
 	}
-	ctx, stop := signalContext(stderr)
+	// A second SIGINT or SIGTERM exits at once (128 + signal number), for a
+	// command stuck where a context does not reach.
+	ctx, stop := signals.Context(func(s os.Signal) {
+		fmt.Fprintf(stderr, "bdnvol: %v again: exiting now\n", s)
+		os.Exit(signals.ExitCode(s))
+	})
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(); err != nil {
@@ -172,35 +173,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// signalContext returns a context that the first SIGINT or SIGTERM cancels,
-// so the command stops cleanly. A second one exits at once (128 + signal
-// number), for a command stuck where a context does not reach.
-func signalContext(stderr io.Writer) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-sigs:
-			cancel()
-		case <-done:
-			return
-		}
-		select {
-		case s := <-sigs:
-			fmt.Fprintf(stderr, "bdnvol: %v again: exiting now\n", s)
-			code := 130
-			if n, ok := s.(syscall.Signal); ok {
-				code = 128 + int(n)
-			}
-			os.Exit(code)
-		case <-done:
-		}
-	}()
-	return ctx, func() {
-		signal.Stop(sigs)
-		close(done)
-		cancel()
+// mountStore is where mounts record their state.
+func (g *Globals) mountStore() mounts.Store { return mounts.DefaultStore(g.cacheDir()) }
+
+// logf prints one "bdnvol: " line to stderr.
+func (g *Globals) logf(format string, args ...any) {
+	fmt.Fprintf(g.stderr, "bdnvol: "+format+"\n", args...)
+}
+
+// Size is a byte count that parses suffixes such as KiB, MiB and GiB.
+type Size int64
+
+// UnmarshalText parses a size such as 4096, 64KiB or 8MiB.
+func (s *Size) UnmarshalText(b []byte) error {
+	n, err := units.ParseSize(string(b))
+	if err != nil {
+		return err
 	}
+	*s = Size(n)
+	return nil
+}
+
+// startProgress draws a progress line of c on w while work runs, if w is
+// a terminal; the returned function stops it and clears the line.
+func startProgress(w io.Writer, verb string, c *layout.Counters) func() {
+	return progress.Start(w, verb, func() (int64, int64, int64) { return c.Total.Load(), c.Processed.Load(), c.Sent.Load() })
 }

@@ -8,15 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
-	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/pkg/deploy"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -41,16 +35,9 @@ type MountCmd struct {
 	RequireSignature string `name:"require-signature" type:"path" placeholder:"KEY" help:"Refuse a version unless it carries a valid signature by this cosign public key (with --spec: for mounts whose deploy file names no key)."`
 }
 
-// mountJob is one version to mount at one mountpoint.
-type mountJob struct {
-	ref    oci.Ref
-	mp     string
-	policy signature.Policy
-}
-
-// jobs turns the arguments into what to mount, and the directory the
+// targets turns the arguments into what to mount, and the directory the
 // daemon's log is named after.
-func (c *MountCmd) jobs(g *Globals) ([]mountJob, string, error) {
+func (c *MountCmd) targets(g *Globals) ([]mounts.Target, string, error) {
 	if c.Spec == "" {
 		if c.Mountpoint == "" {
 			return nil, "", usageError{errors.New("expected REF MOUNTPOINT, or --spec FILE ROOT")}
@@ -67,7 +54,7 @@ func (c *MountCmd) jobs(g *Globals) ([]mountJob, string, error) {
 		if err != nil {
 			return nil, "", usageError{err}
 		}
-		return []mountJob{{ref, mp, policy}}, mp, nil
+		return []mounts.Target{{Ref: ref, Mountpoint: mp, Policy: policy}}, mp, nil
 	}
 	if c.Mountpoint != "" {
 		return nil, "", usageError{errors.New("with --spec, give only the root directory")}
@@ -76,36 +63,11 @@ func (c *MountCmd) jobs(g *Globals) ([]mountJob, string, error) {
 	if err != nil {
 		return nil, "", usageError{err}
 	}
-	b, err := os.ReadFile(c.Spec)
+	targets, err := mounts.FromSpec(c.Spec, root, c.RequireSignature, g.logf)
 	if err != nil {
 		return nil, "", usageError{err}
 	}
-	spec, err := deploy.Parse(b)
-	if err != nil {
-		return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
-	}
-	targets, err := spec.Targets(root)
-	if err != nil {
-		return nil, "", usageError{fmt.Errorf("%s: %w", c.Spec, err)}
-	}
-	var jobs []mountJob
-	for i, m := range targets {
-		key := spec.SignatureKey(i)
-		if key == "" {
-			key = c.RequireSignature
-		} else if !filepath.IsAbs(key) {
-			key = filepath.Join(filepath.Dir(c.Spec), key)
-		}
-		policy, err := signature.LoadPolicy(key)
-		if err != nil {
-			return nil, "", usageError{fmt.Errorf("%s: mount %s: %w", c.Spec, m.Path, err)}
-		}
-		if !m.ReadOnly {
-			fmt.Fprintf(g.stderr, "bdnvol: %s: %s is mounted read-only (bdnvol mounts are always read-only)\n", c.Spec, m.Path)
-		}
-		jobs = append(jobs, mountJob{m.Ref, m.Mountpoint, policy})
-	}
-	return jobs, root, nil
+	return targets, root, nil
 }
 
 func parseVersionRef(s string) (oci.Ref, error) {
@@ -121,7 +83,7 @@ func parseVersionRef(s string) (oci.Ref, error) {
 
 // Run mounts and serves until SIGINT, SIGTERM or `bdnvol umount`.
 func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
-	jobs, key, err := c.jobs(g)
+	targets, key, err := c.targets(g)
 	if err != nil {
 		return err
 	}
@@ -138,122 +100,38 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	ready, closeReady := mounts.Notifier()
 	defer closeReady()
-
-	for _, j := range jobs {
-		if c.Spec != "" {
-			if err := os.MkdirAll(j.mp, 0o755); err != nil && !mounts.NotConnected(j.mp) {
-				return fmt.Errorf("mountpoint: %w", err)
-			}
-		}
-		if err := store.Clear(j.mp, g.logf); err != nil {
-			return err
-		}
+	if err := mounts.Prepare(store, targets, c.Spec != "", g.logf); err != nil {
+		return err
 	}
-	cache, err := lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize))
+	cache, err := chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize))
 	if err != nil {
 		return err
 	}
-	var wrap func(string, string, lazy.Fetcher) lazy.Fetcher
-	var samples atomic.Pointer[[]metrics.MountSample]
-	if c.MetricsAddr != "" {
-		met := metrics.New()
-		met.Cache(cache)
-		met.Mounts(func() []metrics.MountSample {
-			if p := samples.Load(); p != nil {
-				return *p
-			}
-			return nil
-		})
-		if err := serveMetrics(ctx, c.MetricsAddr, met, nil, slog.New(slog.NewTextHandler(g.stderr, nil))); err != nil {
-			return usageError{err}
-		}
-		wrap = met.Wrap
+	met, err := metrics.ServeMount(ctx, c.MetricsAddr, cache, slog.New(slog.NewTextHandler(g.stderr, nil)))
+	if err != nil {
+		return usageError{err}
 	}
-	var all []*mounts.Served
-	defer func() {
-		for _, s := range all {
-			s.Volume.Close()
-		}
-	}()
-	for _, j := range jobs {
-		s, err := c.mountOne(ctx, g, store, j, cache, wrap)
-		if err != nil {
+	return mounts.Run(ctx, targets, mounts.RunOptions{
+		Open: mounts.OpenOptions{
+			OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: met.Wrap(),
+		},
+		Serve: mounts.ServeOptions{
+			AllowOther: c.AllowOther, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Debug: c.Debug, Store: &store, Logf: g.logf,
+		},
+		Prefetch: prefetch, PrefetchName: c.Prefetch,
+		Hold: func(s *mounts.Served) func() { return holdVersion(cache, s, g) },
+		Ready: func(all []*mounts.Served) {
+			var pinned, digests []string
 			for _, s := range all {
-				s.Unmount()
+				digests = append(digests, s.Volume.Root().Digest.String())
+				fmt.Fprintf(g.stderr, "bdnvol: serving %s at %s\n", s.Pinned, s.Mountpoint)
+				fmt.Fprintln(g.stdout, s.Pinned)
+				pinned = append(pinned, s.Pinned)
 			}
-			return err
-		}
-		all = append(all, s)
-	}
-	perDigest := map[string]int{}
-	for _, s := range all {
-		perDigest[s.Volume.Root().Digest.String()]++
-		release := holdVersion(cache, s, g)
-		defer release()
-	}
-	var ss []metrics.MountSample
-	for d, n := range perDigest {
-		ss = append(ss, metrics.MountSample{Digest: d, Pods: n})
-	}
-	samples.Store(&ss)
-	var pinned []string
-	for _, s := range all {
-		fmt.Fprintf(g.stderr, "bdnvol: serving %s at %s\n", s.Pinned, s.Mountpoint)
-		fmt.Fprintln(g.stdout, s.Pinned)
-		pinned = append(pinned, s.Pinned)
-	}
-	ready(pinned)
-
-	var wg sync.WaitGroup
-	pctx, stopPrefetch := context.WithCancel(ctx)
-	defer func() { stopPrefetch(); wg.Wait() }()
-	if prefetch != nil {
-		for _, s := range all {
-			wg.Go(func() {
-				start := time.Now()
-				if err := prefetch(pctx, s.Volume); err != nil && pctx.Err() == nil {
-					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s: %s\n", termsafe.Text(s.Mountpoint), termsafe.Text(err.Error()))
-				} else if err == nil && c.Prefetch != "headers" {
-					fmt.Fprintf(g.stderr, "bdnvol: prefetch %s of %s done in %.1fs\n", c.Prefetch, s.Mountpoint, time.Since(start).Seconds())
-				}
-			})
-		}
-	}
-
-	// Serve until every mount is gone or a signal asks to stop.
-	if !mounts.Wait(ctx, all, func(s *mounts.Served) { fmt.Fprintf(g.stderr, "bdnvol: %s was unmounted\n", s.Mountpoint) }) {
-		return nil
-	}
-	stopPrefetch()
-	return mounts.UnmountAll(all, func(s *mounts.Served) { fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", s.Mountpoint) })
-}
-
-// mountOne resolves j's reference, opens the version and mounts it.
-func (c *MountCmd) mountOne(ctx context.Context, g *Globals, store mounts.Store, j mountJob, cache *lazy.Cache, wrap func(string, string, lazy.Fetcher) lazy.Fetcher) (*mounts.Served, error) {
-	if j.ref.Layout != "" && len(c.Mirror) > 0 {
-		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", j.ref.Repo())
-	}
-	vol, pinned, err := mounts.Open(ctx, j.ref, mounts.OpenOptions{
-		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: wrap,
-		Policy: j.policy,
+			met.SetMounts(digests)
+			ready(pinned)
+		},
 	})
-	if err != nil {
-		return nil, err
-	}
-	s, err := mounts.Serve(j.mp, vol, pinned, mounts.ServeOptions{
-		AllowOther: c.AllowOther,
-		UID:        uint32(os.Getuid()),
-		GID:        uint32(os.Getgid()),
-		Debug:      c.Debug,
-		Store:      &store,
-		CacheDir:   cache.Dir(),
-		Logf:       g.logf,
-	})
-	if err != nil {
-		vol.Close()
-		return nil, err
-	}
-	return s, nil
 }
 
 // MirrorFlags choose registry mirrors for content fetched by digest.
@@ -265,14 +143,11 @@ type MirrorFlags struct {
 // config turns the flags into the mirrors to use; each failing mirror is
 // reported once.
 func (m MirrorFlags) config(g *Globals) mounts.MirrorConfig {
-	var reported sync.Map
 	return mounts.MirrorConfig{
 		URLs: m.Mirror, HostsDir: m.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify,
-		OnError: func(mirror string, desc ocispec.Descriptor, err error) {
-			if _, seen := reported.LoadOrStore(mirror, true); !seen {
-				fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %v\n", mirror, err)
-			}
-		},
+		OnError: mounts.OncePerMirror(func(mirror string, err error) {
+			fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %v\n", mirror, err)
+		}),
 	}
 }
 
@@ -303,13 +178,4 @@ func (m MirrorFlags) check() error {
 		return usageError{err}
 	}
 	return nil
-}
-
-// fetcher returns src wrapped with the mirrors configured for ref's
-// registry, and the mirror fetcher (nil when there are none).
-func (m MirrorFlags) fetcher(g *Globals, ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci.MirrorFetcher, error) {
-	if ref.Layout != "" && len(m.Mirror) > 0 {
-		fmt.Fprintf(g.stderr, "bdnvol: %s is a local layout; --mirror is not used\n", ref.Repo())
-	}
-	return m.config(g).Fetcher(ref, src)
 }

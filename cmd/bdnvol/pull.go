@@ -4,14 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
-	"path/filepath"
-	"time"
 
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
-	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/pull"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
@@ -32,25 +28,8 @@ type PullCmd struct {
 	RequireSignature []string `name:"require-signature" type:"path" placeholder:"KEY" help:"Refuse the version unless it carries a valid signature by this cosign public key (repeatable: any one of them)."`
 }
 
-type pullOutput struct {
-	Digest        string  `json:"digest"`
-	Reference     string  `json:"reference"`
-	Files         int     `json:"files"`
-	Bytes         int64   `json:"bytes"`
-	ChunksFetched int64   `json:"chunks_fetched"`
-	BytesFetched  int64   `json:"bytes_fetched"`
-	FilesReused   int     `json:"files_reused"`
-	ChunksCopied  int64   `json:"chunks_copied"`
-	BytesCopied   int64   `json:"bytes_copied"`
-	FilesRemoved  int     `json:"files_removed"`
-	CacheHits     int64   `json:"cache_hits"`
-	MirrorHits    int64   `json:"mirror_hits"`
-	Seconds       float64 `json:"seconds"`
-}
-
 // Run pulls the version.
 func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
-	start := time.Now()
 	ref, err := parseVersionRef(c.Ref)
 	if err != nil {
 		return err
@@ -62,69 +41,21 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	t, err := oci.Open(ctx, ref, g.options())
-	if err != nil {
-		return err
-	}
-	desc, err := signature.Resolve(ctx, t, ref, policy)
-	if err != nil {
-		return err
-	}
-	src, mirrors, err := c.MirrorFlags.fetcher(g, ref, t)
-	if err != nil {
-		return err
-	}
-	var cache *lazy.Cache
-	if !c.NoCache {
-		// Without --cache nothing is added, so open with no bound: a
-		// smaller one than the mounts' would evict their chunks.
-		max := int64(math.MaxInt64)
-		if c.Cache {
-			max = int64(c.CacheSize)
-		}
-		if cache, err = lazy.OpenCache(filepath.Join(g.cacheDir(), "chunks"), max); err != nil {
-			return err
-		}
-		if c.Cache {
-			src = cache.Fetcher(src)
-		} else {
-			src = cache.ReadOnly(src)
-		}
-	}
-	v, err := layout.Open(ctx, src, desc)
-	if err != nil {
-		return fmt.Errorf("%s: %w", ref, err)
+	mode := pull.CacheRead
+	if c.Cache {
+		mode = pull.CacheFill
+	} else if c.NoCache {
+		mode = pull.CacheOff
 	}
 	counters := &layout.Counters{}
-	stop := startProgress(g.stderr, "pull", counters)
-	res, err := layout.Pull(ctx, src, v, c.Dir, layout.PullOptions{
-		Jobs:        c.Jobs,
-		Cache:       layout.OpenStatCache(g.cacheDir(), c.Dir, layout.Params{}),
-		Counters:    counters,
-		VerifyFiles: c.VerifyFiles,
+	out, err := pull.Pull(ctx, ref, c.Dir, pull.Options{
+		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Policy: policy,
+		CacheDir: g.cacheDir(), Cache: mode, CacheSize: int64(c.CacheSize),
+		Jobs: c.Jobs, VerifyFiles: c.VerifyFiles, Counters: counters, Logf: g.logf,
+		Progress: func() func() { return startProgress(g.stderr, "pull", counters) },
 	})
-	stop()
 	if err != nil {
-		return fmt.Errorf("pull %s: %w", ref.Pinned(desc.Digest), err)
-	}
-	out := pullOutput{
-		Digest:        desc.Digest.String(),
-		Reference:     ref.Pinned(desc.Digest),
-		Files:         res.Files,
-		Bytes:         res.Bytes,
-		ChunksFetched: res.ChunksFetched,
-		BytesFetched:  res.BytesFetched,
-		FilesReused:   res.FilesReused,
-		ChunksCopied:  res.ChunksCopied,
-		BytesCopied:   res.BytesCopied,
-		FilesRemoved:  res.FilesRemoved,
-		Seconds:       time.Since(start).Seconds(),
-	}
-	if cache != nil {
-		out.CacheHits = cache.Stats().Hits
-	}
-	if mirrors != nil {
-		out.MirrorHits = mirrors.Stats().Hits
+		return err
 	}
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)

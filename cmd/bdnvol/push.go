@@ -25,31 +25,6 @@ type PushCmd struct {
 	MaxLayers int      `name:"max-layers" hidden:"" help:"Layers per manifest before splitting into parts."`
 }
 
-type pushOutput struct {
-	Digest         string   `json:"digest"`
-	Reference      string   `json:"reference"`
-	Tags           []string `json:"tags"`
-	Files          int      `json:"files"`
-	Bytes          int64    `json:"bytes"`
-	Chunks         int      `json:"chunks"`
-	ChunksUploaded int64    `json:"chunks_uploaded"`
-	BytesUploaded  int64    `json:"bytes_uploaded"`
-	Seconds        float64  `json:"seconds"`
-}
-
-func newPushOutput(ref oci.Ref, res *layout.PushResult, tags []string) pushOutput {
-	return pushOutput{
-		Digest:         res.Root.Digest.String(),
-		Reference:      ref.Pinned(res.Root.Digest),
-		Tags:           tags,
-		Files:          res.Files,
-		Bytes:          res.Bytes,
-		Chunks:         res.Chunks,
-		ChunksUploaded: res.ChunksUploaded,
-		BytesUploaded:  res.BytesUploaded,
-	}
-}
-
 // Run pushes the directory.
 func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	start := time.Now()
@@ -95,7 +70,7 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("push %s: %w", ref, err)
 	}
-	out := newPushOutput(ref, res.PushResult, res.Tags)
+	out := res.Report(ref)
 	out.Seconds = time.Since(start).Seconds()
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/opencontainers/go-digest"
 
@@ -34,15 +32,7 @@ func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
 	if ref.Digest == "" {
 		return usageError{fmt.Errorf("%s: restore takes a digest (bdnvol versions --deleted lists them)", s)}
 	}
-	t, unlock, err := openLocked(ctx, g, ref, true)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	tag, warn, err := retention.Restore(ctx, t, ref.Digest, time.Now())
-	if errors.Is(err, retention.ErrNoTombstone) {
-		return fmt.Errorf("%s: %w (bdnvol versions --deleted lists what can be restored)", ref.Pinned(ref.Digest), retention.ErrNoTombstone)
-	}
+	tag, warn, err := retention.RestoreRef(ctx, ref, g.options())
 	if err != nil {
 		return err
 	}

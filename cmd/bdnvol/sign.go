@@ -3,13 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
 
-	"golang.org/x/term"
-
-	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
@@ -20,37 +15,9 @@ type SignCmd struct {
 	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
 }
 
-// errNoPassword is returned when a key needs a password and none can be asked.
-var errNoPassword = errors.New("COSIGN_PASSWORD is not set and stdin is not a terminal")
-
-// keyPassword returns the password of cosign key files: COSIGN_PASSWORD
-// when set (also empty), else a prompt on the terminal.
-func keyPassword(g *Globals) func() ([]byte, error) {
-	return func() ([]byte, error) {
-		if p, ok := os.LookupEnv("COSIGN_PASSWORD"); ok {
-			return []byte(p), nil
-		}
-		if !term.IsTerminal(int(os.Stdin.Fd())) {
-			return nil, errNoPassword
-		}
-		fmt.Fprint(g.stderr, "Enter password for private key: ")
-		p, err := term.ReadPassword(int(os.Stdin.Fd()))
-		fmt.Fprintln(g.stderr)
-		return p, err
-	}
-}
-
-// signRepo is the name a signature payload gives the repository.
-func signRepo(ref oci.Ref) string {
-	if ref.Layout != "" {
-		return ref.Repo()
-	}
-	return ref.Registry + "/" + ref.Repository
-}
-
 // Run signs the version.
 func (c *SignCmd) Run(ctx context.Context, g *Globals) error {
-	s, err := signature.LoadPrivateKey(c.Key, keyPassword(g))
+	s, err := signature.LoadPrivateKey(c.Key, signature.Password(g.stderr))
 	if err != nil {
 		return usageError{err}
 	}
@@ -58,7 +25,7 @@ func (c *SignCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	e, err := signature.Sign(ctx, t, signRepo(ref), root.Desc, s)
+	e, err := signature.Sign(ctx, t, signature.RepoName(ref), root.Desc, s)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref.Pinned(root.Desc.Digest), err)
 	}

@@ -3,20 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"time"
 
-	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/oci"
-	"github.com/bdnvol/bdnvol/pkg/source"
-	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // SyncCmd seals a remote source as a new version, as a job.
@@ -33,14 +25,6 @@ type SyncCmd struct {
 	JSON     bool     `name:"json" help:"Print one JSON object instead of the reference."`
 }
 
-// syncOutput is what a finished sync reports.
-type syncOutput struct {
-	Job    string `json:"job"`
-	Source string `json:"source"`
-	Commit string `json:"commit,omitempty"`
-	pushOutput
-}
-
 // Run creates the job and runs it here, or in a detached process.
 func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 	spec := jobs.Spec{
@@ -48,7 +32,7 @@ func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 		Endpoint: c.Endpoint, List: c.List, Tags: c.Tag, Jobs: c.Jobs,
 		PlainHTTP: g.PlainHTTP, InsecureSkipVerify: g.InsecureSkipVerify, CAFile: g.CAFile,
 	}
-	if err := checkSpec(ctx, spec); err != nil {
+	if err := jobs.CheckSync(ctx, spec, "bdnvol/"+version); err != nil {
 		return usageError{err}
 	}
 	store, err := jobs.Open(jobs.DefaultDir())
@@ -71,16 +55,6 @@ func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 	return runJob(ctx, g, store, j.ID, true, c.JSON)
 }
 
-// checkSpec refuses a bad source or destination before a job is created.
-func checkSpec(ctx context.Context, spec jobs.Spec) error {
-	return versions.CheckSync(ctx, spec.Source, spec.Destination, spec.Tags, sourceOptions(spec))
-}
-
-func sourceOptions(spec jobs.Spec) source.Options {
-	return source.Options{Include: spec.Include, Exclude: spec.Exclude, Endpoint: spec.Endpoint, List: spec.List,
-		UserAgent: "bdnvol/" + version}
-}
-
 // startDetached runs `bdnvol jobs run ID` in a new session, its output
 // going to the job's log.
 func startDetached(store *jobs.Store, id string) error {
@@ -91,94 +65,20 @@ func startDetached(store *jobs.Store, id string) error {
 	return store.Spawn(id, exec.Command(exe, "jobs", "run", id))
 }
 
-// runJob runs job id in this process and records how it ends. In the
-// foreground, log lines also go to stderr and the reference (or JSON) to
-// stdout.
+// runJob runs job id in this process. In the foreground, log lines also go
+// to stderr with a progress line, and the reference (or JSON) to stdout.
 func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreground, asJSON bool) error {
-	logw := g.stderr
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(logw, "%s %s\n", time.Now().UTC().Format(time.RFC3339), termsafe.Text(fmt.Sprintf(format, args...)))
+	opt := jobs.SyncOptions{UserAgent: "bdnvol/" + version, Log: g.stderr, Foreground: foreground}
+	if foreground {
+		opt.Progress = func(c *layout.Counters) func() { return startProgress(g.stderr, "sync", c) }
 	}
-	var logFile *os.File
-	defer func() {
-		if logFile != nil {
-			logFile.Close()
-		}
-	}()
-	start := time.Now()
-	var out *syncOutput
-	var workErr error
-	j, err := store.Run(ctx, id, func(ctx context.Context, j *jobs.Job, r *jobs.Reporter) (jobs.Result, error) {
-		if foreground {
-			if f, err := os.OpenFile(store.LogPath(j.ID), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
-				logFile, logw = f, io.MultiWriter(g.stderr, f)
-			}
-		}
-		logf("job %s attempt %d: sync %s to %s", j.ID, j.Attempts, j.Spec.Source, j.Spec.Destination)
-		counters := &layout.Counters{}
-		r.Sample(func(p *jobs.Progress) {
-			p.Total, p.Processed, p.Sent = counters.Total.Load(), counters.Processed.Load(), counters.Sent.Load()
-		})
-		stopBar := func() {}
-		if foreground {
-			stopBar = startProgress(g.stderr, "sync", counters)
-		}
-		out, workErr = syncVersion(ctx, j, counters, r.SetPhase, logf)
-		stopBar()
-		if workErr != nil {
-			return jobs.Result{}, workErr
-		}
-		return jobs.Result{Reference: out.Reference, Digest: out.Digest, Commit: out.Commit, BytesUploaded: out.BytesUploaded}, nil
-	})
-	if j == nil {
+	out, err := store.RunSync(ctx, id, opt)
+	if err != nil || !foreground {
 		return err
-	}
-	if workErr != nil {
-		logf("job %s: %v", id, err)
-		if errors.Is(err, jobs.ErrStopped) {
-			return fmt.Errorf("job %s stopped: %w; resume it with: bdnvol jobs resume %s", id, err, id)
-		}
-		return fmt.Errorf("job %s failed: %w; after fixing the cause, resume it with: bdnvol jobs resume %s", id, err, id)
-	}
-	if err != nil {
-		return err
-	}
-	out.Job, out.Seconds = j.ID, time.Since(start).Seconds()
-	logf("job %s: sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs; %s",
-		j.ID, out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds, out.Reference)
-	if !foreground {
-		return nil
 	}
 	if asJSON {
 		return json.NewEncoder(g.stdout).Encode(out)
 	}
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
-}
-
-// syncVersion runs the sync of job j, logging what it does.
-func syncVersion(ctx context.Context, j *jobs.Job, counters *layout.Counters, setPhase func(string, int), logf func(string, ...any)) (*syncOutput, error) {
-	spec := j.Spec
-	ref, err := oci.ParseRef(spec.Destination)
-	if err != nil {
-		return nil, err
-	}
-	g := &Globals{PlainHTTP: spec.PlainHTTP, InsecureSkipVerify: spec.InsecureSkipVerify, CAFile: spec.CAFile}
-	name := spec.Source // as the source names itself, once it is open
-	res, err := versions.Sync(ctx, spec.Source, ref, versions.SyncOptions{
-		Source: sourceOptions(spec), OCI: g.options(), Tags: spec.Tags, Jobs: spec.Jobs, Counters: counters,
-		OnListing: func(src string) { name = src; logf("listing %s", src) },
-		OnListed: func(files int, bytes int64, rev string) {
-			if rev != "" {
-				logf("%s is at commit %s", name, rev)
-			}
-			logf("%d files, %s to transfer", files, units.Bytes(bytes))
-			setPhase("transferring", files)
-		},
-		OnVerified: func() { setPhase("tagging", 0) },
-	})
-	if err != nil {
-		return nil, err
-	}
-	return &syncOutput{Source: spec.Source, Commit: res.Revision, pushOutput: newPushOutput(ref, res.PushResult, res.Tags)}, nil
 }

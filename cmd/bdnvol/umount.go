@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/bdnvol/bdnvol/internal/proc"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 )
@@ -26,18 +25,9 @@ func (c *UmountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	targets := []mounts.Mount{}
-	if m, ok := mounts.At(mp); ok {
-		targets = append(targets, m)
-	} else {
-		under, err := mounts.Under(mp)
-		if err != nil {
-			return err
-		}
-		if len(under) == 0 {
-			return fmt.Errorf("%s: not a bdnvol mount", mp)
-		}
-		targets = under
+	targets, err := mounts.Targets(mp)
+	if err != nil {
+		return err
 	}
 	store := g.mountStore()
 	for _, m := range targets {
@@ -60,29 +50,11 @@ type MountsCmd struct {
 	JSON bool `name:"json" help:"Print a JSON array instead of a table."`
 }
 
-type mountsOutput struct {
-	Mountpoint string `json:"mountpoint"`
-	Digest     string `json:"digest"`
-	Reference  string `json:"reference,omitempty"`
-	PID        int    `json:"pid,omitempty"`
-	Stale      bool   `json:"stale"`
-}
-
 // Run lists the mounts.
 func (c *MountsCmd) Run(g *Globals) error {
-	ms, err := mounts.List()
+	out, err := g.mountStore().Statuses()
 	if err != nil {
 		return err
-	}
-	store := g.mountStore()
-	out := []mountsOutput{}
-	for _, m := range ms {
-		o := mountsOutput{Mountpoint: m.Mountpoint, Digest: m.Digest}
-		if st, ok := store.Read(m.Mountpoint); ok && st.Digest == m.Digest {
-			o.Reference, o.PID = st.Reference, st.PID
-		}
-		o.Stale = mounts.NotConnected(m.Mountpoint) || (o.PID != 0 && !proc.Alive(o.PID, ""))
-		out = append(out, o)
 	}
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(out)

@@ -7,8 +7,8 @@ import (
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/signature"
+	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // VerifyCmd checks a version's signature, a directory against a version, or both.
@@ -21,14 +21,6 @@ type VerifyCmd struct {
 
 // errDiffers is returned (exit 1) when the directory differs from the version.
 var errDiffers = errors.New("differs from the version")
-
-type verifyOutput struct {
-	Digest      string              `json:"digest"`
-	Reference   string              `json:"reference"`
-	Dir         string              `json:"dir"`
-	OK          bool                `json:"ok"`
-	Differences []layout.Difference `json:"differences"`
-}
 
 // Run checks the signature (with --key), then the directory (with DIR).
 func (c *VerifyCmd) Run(ctx context.Context, g *Globals) error {
@@ -74,30 +66,21 @@ func (c *VerifyCmd) verifyDir(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	desc := root.Desc
-	v, err := layout.Open(ctx, t, desc)
+	out, err := versions.VerifyDir(ctx, t, ref, root, c.Dir)
 	if err != nil {
-		return fmt.Errorf("%s: %w", ref, err)
-	}
-	diffs, err := layout.VerifyDir(ctx, v, c.Dir)
-	if err != nil {
-		return fmt.Errorf("verify %s against %s: %w", c.Dir, ref.Pinned(desc.Digest), err)
-	}
-	out := verifyOutput{Digest: desc.Digest.String(), Reference: ref.Pinned(desc.Digest), Dir: c.Dir, OK: len(diffs) == 0, Differences: diffs}
-	if out.Differences == nil {
-		out.Differences = []layout.Difference{}
+		return err
 	}
 	if c.JSON {
 		if err := json.NewEncoder(g.stdout).Encode(out); err != nil {
 			return err
 		}
 	} else {
-		for _, d := range diffs {
+		for _, d := range out.Differences {
 			fmt.Fprintln(g.stdout, termsafe.Text(d.String()))
 		}
 	}
-	if len(diffs) > 0 {
-		return fmt.Errorf("%s: %w %s: %d differences", c.Dir, errDiffers, out.Reference, len(diffs))
+	if !out.OK {
+		return fmt.Errorf("%s: %w %s: %d differences", c.Dir, errDiffers, out.Reference, len(out.Differences))
 	}
 	if !c.JSON {
 		fmt.Fprintf(g.stderr, "%s matches %s\n", c.Dir, out.Reference)

@@ -14,6 +14,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 	"github.com/bdnvol/bdnvol/pkg/versions"
+	"github.com/opencontainers/go-digest"
 )
 
 // VersionsCmd lists the sealed versions of a volume.
@@ -28,37 +29,6 @@ type VersionsCmd struct {
 type signedVersion struct {
 	versions.Version
 	Signature signature.Status `json:"signature"`
-}
-
-// signatureStatuses tells for each version whether it is signed: one tag
-// list, then one small fetch per signed version (more with keys).
-func signatureStatuses(ctx context.Context, t oci.Target, vs []versions.Version, keyFiles []string) ([]signedVersion, error) {
-	p, err := signature.LoadPolicy(keyFiles...)
-	if err != nil {
-		return nil, usageError{err}
-	}
-	tags, err := oci.ListTags(ctx, t)
-	if err != nil {
-		return nil, err
-	}
-	have := map[string]bool{}
-	for _, tag := range tags {
-		have[tag] = true
-	}
-	out := make([]signedVersion, len(vs))
-	for i, v := range vs {
-		out[i] = signedVersion{Version: v}
-		tagged := have[signature.Tag(v.Digest)]
-		if !tagged && !p.Required() {
-			continue
-		}
-		desc, err := t.Resolve(ctx, v.Digest.String())
-		if err != nil {
-			return nil, err
-		}
-		out[i].Signature = signature.StatusOf(ctx, t, desc, tagged, p.Keys)
-	}
-	return out, nil
 }
 
 // Run lists the versions.
@@ -84,9 +54,21 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	for _, u := range l.Unreadable {
 		fmt.Fprintf(g.stderr, "bdnvol: warning: %s: skipped %s\n", ref.Repo(), termsafe.Text(u.Err.Error()))
 	}
-	vs, err := signatureStatuses(ctx, t, l.Versions, c.Key)
+	p, err := signature.LoadPolicy(c.Key...)
+	if err != nil {
+		return usageError{err}
+	}
+	ds := make([]digest.Digest, len(l.Versions))
+	for i, v := range l.Versions {
+		ds[i] = v.Digest
+	}
+	sigs, err := signature.Statuses(ctx, t, ds, p)
 	if err != nil {
 		return fmt.Errorf("%s: %w", ref.Repo(), err)
+	}
+	vs := make([]signedVersion, len(l.Versions))
+	for i, v := range l.Versions {
+		vs[i] = signedVersion{v, sigs[i]}
 	}
 	if c.JSON {
 		return json.NewEncoder(g.stdout).Encode(vs)
@@ -131,4 +113,19 @@ func openVersion(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target
 	}
 	root, err := versions.Resolve(ctx, t, ref)
 	return ref, t, root, err
+}
+
+// ResolveCmd prints the digest-pinned form of a reference.
+type ResolveCmd struct {
+	Ref string `arg:"" help:"HOST/REPO:TAG, HOST/REPO@DIGEST or oci:PATH[:TAG|@DIGEST]."`
+}
+
+// Run resolves the reference.
+func (c *ResolveCmd) Run(ctx context.Context, g *Globals) error {
+	ref, _, root, err := openVersion(ctx, g, c.Ref)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(g.stdout, ref.Pinned(root.Desc.Digest))
+	return nil
 }

@@ -15,10 +15,11 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/warm"
@@ -26,15 +27,15 @@ import (
 
 // MounterOptions configure a Mounter.
 type MounterOptions struct {
-	MountsDir    string      // where the per-digest FUSE mounts live
-	Cache        *lazy.Cache // the node's shared chunk cache
-	OCI          oci.Options // how registries are reached (Credentials is set per mount)
+	MountsDir    string            // where the per-digest FUSE mounts live
+	Cache        *chunkcache.Cache // the node's shared chunk cache
+	OCI          oci.Options       // how registries are reached (Credentials is set per mount)
 	Mirrors      mounts.MirrorConfig
 	Jobs         int           // concurrent background fetches per mount
 	FetchTimeout time.Duration // a read fails when a chunk takes longer
 	Logger       *slog.Logger
 	// Wrap instruments registry fetchers (metrics); nil for none.
-	Wrap func(source, host string, f lazy.Fetcher) lazy.Fetcher
+	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 	// Warmer, when set, is served at GET /v1/warm.
 	Warmer *warm.Warmer
 }

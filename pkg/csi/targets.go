@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 )
 
@@ -37,11 +38,7 @@ func (ts targets) write(t target) error {
 	if err != nil {
 		return err
 	}
-	p := ts.path(t.Path)
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("state of %s: %w", t.Path, err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err := atomicfile.WriteFile(ts.path(t.Path), b, 0o600); err != nil {
 		return fmt.Errorf("state of %s: %w", t.Path, err)
 	}
 	return nil

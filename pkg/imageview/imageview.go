@@ -24,6 +24,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -419,7 +420,7 @@ func (r *reader) chunk(ctx context.Context, k int) ([]byte, error) {
 		return nil, fmt.Errorf("chunk %d of %s: %w", k, r.ver.Root.Digest, layout.ErrInvalidIndex)
 	}
 	r.buf = nil
-	b, err := content.FetchAll(ctx, r.src, r.ver.Chunks[k])
+	b, err := verify.Fetch(ctx, r.src, "", r.ver.Chunks[k])
 	if err != nil {
 		return nil, fmt.Errorf("chunk %s of %s: %w", r.ver.Chunks[k].Digest, r.ver.Root.Digest, err)
 	}
@@ -445,8 +446,8 @@ func (r *reader) copyFile(ctx context.Context, w io.Writer, f layout.File) error
 		}
 		n += e.Length
 	}
-	if n != f.Size || (f.Size > 0 && digest.NewDigestFromBytes(digest.SHA256, h.Sum(nil)) != f.Digest) {
-		return fmt.Errorf("%s in %s: %w", f.Path, r.ver.Root.Digest, ErrCorrupt)
+	if err := verify.Digest("file "+f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, digest.NewDigest(digest.SHA256, h), n); err != nil {
+		return fmt.Errorf("%s: %w: %w", r.ver.Root.Digest, ErrCorrupt, err)
 	}
 	return nil
 }

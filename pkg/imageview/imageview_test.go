@@ -4,16 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -169,8 +172,8 @@ func TestBuildRefusesCorruptChunk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Build(ctx, bad, ver, []Dest{dst}, Options{}); err == nil {
-		t.Fatal("built an image from a corrupt chunk")
+	if _, err := Build(ctx, bad, ver, []Dest{dst}, Options{}); !errors.Is(err, verify.ErrDigestMismatch) || !strings.Contains(err.Error(), ver.Chunks[0].Digest.String()) {
+		t.Fatalf("build from a corrupt chunk: %v, want verify's mismatch naming %s", err, ver.Chunks[0].Digest)
 	}
 	if _, err := (Options{Root: "../x"}).withDefaults(); err == nil {
 		t.Error("accepted root ../x")
@@ -194,4 +197,26 @@ func (f badFetcher) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadClo
 	}
 	b[len(b)/2] ^= 1
 	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+// A file whose chunks are right but whose index digest is not is refused
+// as ErrCorrupt, with verify's error naming the file.
+func TestBuildRefusesWrongFileDigest(t *testing.T) {
+	ctx := context.Background()
+	tg, ver := pushVersion(t, map[string][]byte{"x.bin": fill(9, 100<<10)})
+	ver.Index.Files = ver.Index.AllFiles() // entries this test can change
+	for i := range ver.Index.Files {
+		if ver.Index.Files[i].Path == "x.bin" {
+			ver.Index.Files[i].Digest = digest.FromString("something else")
+		}
+	}
+	dst, err := oci.Open(ctx, oci.Ref{Layout: filepath.Join(t.TempDir(), "dst")}, oci.Options{CreateLayout: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Build(ctx, tg, ver, []Dest{dst}, Options{})
+	var ve *verify.Error
+	if !errors.Is(err, ErrCorrupt) || !errors.As(err, &ve) || ve.What != "file x.bin" {
+		t.Fatalf("build with a wrong file digest: %v, want ErrCorrupt and verify's error for file x.bin", err)
+	}
 }

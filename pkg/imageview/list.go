@@ -8,9 +8,9 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -66,7 +66,7 @@ func manifestAnnotations(ctx context.Context, t oci.Target, desc ocispec.Descrip
 	if desc.Size <= 0 || desc.Size > oci.MaxManifestBytes {
 		return nil, fmt.Errorf("manifest %s: %d bytes", desc.Digest, desc.Size)
 	}
-	b, err := content.FetchAll(ctx, t, desc)
+	b, err := verify.Fetch(ctx, t, "", desc)
 	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}

@@ -36,6 +36,8 @@ type Result struct {
 	Digest        string
 	Commit        string
 	BytesUploaded int64
+	// Summary is logged by RunLogged once the job is recorded SUCCEEDED.
+	Summary string
 }
 
 // Func is the work of a job: it gets the job as started and reports its

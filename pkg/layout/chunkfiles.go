@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"hash"
 	"io"
 	"runtime"
 
@@ -72,7 +73,7 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
 	var cuts []int64
 	cdc := true
-	if isSafetensors(e.Path) {
+	if IsSafetensors(e.Path) {
 		if hdrEnd, ts, err := ReadSafetensorsHeader(ra, e.Size); err == nil {
 			// The header says where every tensor is: cut there, and
 			// at fixed offsets inside big tensors, with no rolling hash.
@@ -80,9 +81,13 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 			cdc = false
 		}
 	}
-	fileHash := sha256.New()
+	// Each byte is hashed twice, for its chunk and for the file; the
+	// file's hash starts as a copy of its first chunk's state (the same
+	// bytes from the same start), and a chunk's head edge digest is the
+	// chunk's state after EdgeBytes, so neither is hashed again.
+	var fileHash hash.Hash // nil until the first chunk ends
 	chunkHash := sha256.New()
-	headHash := sha256.New()
+	var head digest.Digest // of the current chunk, once it has EdgeBytes
 	cut := newCutter(b.opt.Params)
 	var (
 		pos, start int64
@@ -94,10 +99,17 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		if n == 0 {
 			return nil
 		}
+		if fileHash == nil {
+			h, err := cloneHash(chunkHash)
+			if err != nil {
+				return err
+			}
+			fileHash = h
+		}
 		ch := Chunk{Digest: digest.NewDigest(digest.SHA256, chunkHash), Size: n}
 		chunkHash.Reset()
 		if n >= EdgeMinChunk {
-			ch.Head = digest.NewDigest(digest.SHA256, headHash)
+			ch.Head = head
 			tail := held
 			if tail == nil {
 				tail = make([]byte, EdgeBytes)
@@ -112,7 +124,7 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 			}
 			ch.Tail = digest.FromBytes(tail[len(tail)-EdgeBytes:])
 		}
-		headHash.Reset()
+		head = ""
 		cut.reset()
 		res.extents = append(res.extents, extentRef{chunk: ch, length: n})
 		job := chunkJob{Chunk: ch, src: []section{{path, start, n}}}
@@ -133,7 +145,6 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		n, rerr := io.ReadFull(f, buf)
 		if n > 0 {
 			data := buf[:n]
-			fileHash.Write(data)
 			for len(data) > 0 {
 				lim := len(data)
 				forced := false
@@ -148,9 +159,22 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 				if cdc {
 					k, end = cut.next(data[:lim])
 				}
-				chunkHash.Write(data[:k])
-				if in := pos - start; in < EdgeBytes {
-					headHash.Write(data[:min(int64(k), EdgeBytes-in)])
+				if fileHash != nil {
+					fileHash.Write(data[:k])
+				}
+				if in := pos - start; in < EdgeBytes && in+int64(k) >= EdgeBytes {
+					// The chunk reaches EdgeBytes in this piece: its state
+					// there is the head edge's digest.
+					h := int(EdgeBytes - in)
+					chunkHash.Write(data[:h])
+					hh, err := cloneHash(chunkHash)
+					if err != nil {
+						return err
+					}
+					head = digest.NewDigest(digest.SHA256, hh)
+					chunkHash.Write(data[h:k])
+				} else {
+					chunkHash.Write(data[:k])
 				}
 				if b.buffer != nil {
 					held = append(held, data[:k]...)
@@ -186,4 +210,13 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	}
 	b.opt.Cache.store(e.Path, cachedFile{Stat: e.Stat, Digest: res.digest, Chunks: chunks})
 	return nil
+}
+
+// cloneHash returns a copy of h's state.
+func cloneHash(h hash.Hash) (hash.Hash, error) {
+	c, ok := h.(hash.Cloner)
+	if !ok {
+		return nil, fmt.Errorf("layout: %T cannot be cloned", h)
+	}
+	return c.Clone()
 }

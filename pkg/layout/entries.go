@@ -132,7 +132,7 @@ func (e *entries) isDir(p string) bool {
 
 // Len returns the number of entries of the index.
 func (x *Index) Len() int {
-	if x.ent != nil {
+	if x.ent != nil && x.Files == nil {
 		return x.ent.len()
 	}
 	return len(x.Files)
@@ -140,7 +140,7 @@ func (x *Index) Len() int {
 
 // File returns entry i.
 func (x *Index) File(i int) File {
-	if x.ent != nil {
+	if x.ent != nil && x.Files == nil {
 		return x.ent.file(i)
 	}
 	return x.Files[i]
@@ -148,7 +148,7 @@ func (x *Index) File(i int) File {
 
 // Path returns the path of entry i.
 func (x *Index) Path(i int) string {
-	if x.ent != nil {
+	if x.ent != nil && x.Files == nil {
 		return x.ent.path(i)
 	}
 	return x.Files[i].Path
@@ -164,7 +164,7 @@ func (x *Index) Find(p string) (int, bool) {
 // AllFiles returns every entry as a File: the index in its expanded form,
 // which costs several times the memory of an opened index.
 func (x *Index) AllFiles() []File {
-	if x.ent == nil {
+	if x.ent == nil || x.Files != nil {
 		return x.Files
 	}
 	out := make([]File, x.Len())

@@ -73,7 +73,8 @@ type Index struct {
 	Chunks   []Chunk `json:"chunks"`
 	// Files are the entries of an index built in memory (by a push). An
 	// opened index holds them in a compact form instead and Files is nil:
-	// read entries with Len, File, Path and Find, which work on both.
+	// read entries with Len, File, Path and Find, which work on both. Set
+	// Files (to AllFiles, changed) to replace an opened index's entries.
 	Files []File `json:"files"`
 
 	ent *entries // the compact form, when not nil
@@ -142,7 +143,7 @@ func (e *Extent) UnmarshalJSON(b []byte) error {
 // Bytes returns the total size of the regular files of the index.
 func (x *Index) Bytes() int64 {
 	var n int64
-	if x.ent != nil {
+	if x.ent != nil && x.Files == nil {
 		for _, e := range x.ent.ext {
 			n += int64(e.length)
 		}
@@ -174,7 +175,7 @@ func (x *Index) Encode() ([]byte, error) {
 }
 
 func (x *Index) encode() ([]byte, error) {
-	if x.ent != nil {
+	if x.ent != nil && x.Files == nil {
 		y := *x
 		y.Files, y.ent = x.AllFiles(), nil
 		return y.encode()

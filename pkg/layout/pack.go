@@ -10,6 +10,9 @@ import (
 	"math/bits"
 
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // edgeHasher hashes the head and tail edges of a chunk of known size as
@@ -82,7 +85,7 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 					if data, err = b.readSmall(ctx, b.entries[m.idx].Path, m.size); err != nil {
 						return err
 					}
-					if digest.FromBytes(data) != m.dg {
+					if verify.Bytes(b.entries[m.idx].Path, data, ocispec.Descriptor{Digest: m.dg, Size: m.size}) != nil {
 						return fmt.Errorf("%s: %w", b.entries[m.idx].Path, ErrFileChanged)
 					}
 				}

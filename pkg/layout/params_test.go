@@ -29,5 +29,5 @@ var v1Params = Params{Min: DefaultParams.Min, Avg: DefaultParams.Avg, Max: Defau
 // expand turns an opened index into its expanded form, for tests that
 // change its entries.
 func expand(x *Index) {
-	x.Files, x.ent = x.AllFiles(), nil
+	x.Files = x.AllFiles()
 }

@@ -20,11 +20,13 @@ import (
 	"golang.org/x/sys/unix"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // ErrDigestMismatch is wrapped when fetched or written bytes do not match
-// their digest.
-var ErrDigestMismatch = errors.New("content does not match its digest")
+// their digest: it is verify.ErrDigestMismatch, the one sentinel.
+var ErrDigestMismatch = verify.ErrDigestMismatch
 
 // PullOptions configure Pull. Zero values select defaults.
 type PullOptions struct {
@@ -47,7 +49,11 @@ type PullResult struct {
 	FilesReused   int   // files already present and verified
 	ChunksCopied  int64 // chunks copied from files already in the directory
 	BytesCopied   int64
-	FilesRemoved  int // files an earlier pull wrote that this version lacks
+	// ChunksCopiedUnhashed are the copied chunks taken, in the kernel and
+	// unhashed, from files an earlier pull wrote and that are unchanged
+	// since (by their stat keys in its record).
+	ChunksCopiedUnhashed int64
+	FilesRemoved         int // files an earlier pull wrote that this version lacks
 }
 
 // target is where part of a chunk goes: a range of a file being written.
@@ -208,7 +214,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	// are done: the old files are their source.
 	credited := make([]int64, len(x.Chunks)) // per chunk, file bytes counted as written
 	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
-	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes atomic.Int64
+	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks atomic.Int64
 	copying := true             // under readyMu: finished files wait in ready
 	var sources map[string]bool // paths local copies read from
 	finish := func(i int) error {
@@ -287,7 +293,12 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			lg.Go(func() error {
 				buf := bufs.Get().(*[]byte)
 				defer bufs.Put(buf)
-				err := streamChunk(lctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
+				err := loc.copyVouched(lctx, desc, ts, files, opt.Counters, &credited[k])
+				if errors.Is(err, errNotVouched) {
+					err = streamChunk(lctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
+				} else if err == nil {
+					vouchedChunks.Add(1)
+				}
 				var we writeError
 				if errors.As(err, &we) {
 					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
@@ -340,6 +351,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	}
 	res.ChunksFetched, res.BytesFetched = fetchedChunks.Load(), fetchedBytes.Load()
 	res.ChunksCopied, res.BytesCopied = copiedChunks.Load(), copiedBytes.Load()
+	res.ChunksCopiedUnhashed = vouchedChunks.Load()
 	res.FilesRemoved = d.removeStale(x, previous)
 
 	for fi := range x.Len() {
@@ -387,10 +399,10 @@ func digestKnown(f *File, x *Index) error {
 			want = c.Digest
 		}
 	}
-	if want != "" && f.Digest != want {
-		return fmt.Errorf("%w: the index gives %s, its bytes are %s", ErrDigestMismatch, f.Digest, want)
+	if want == "" {
+		return nil
 	}
-	return nil
+	return verify.Digest("file "+f.Path+" in the index", ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, want, f.Size)
 }
 
 // fetchAttempts bounds the fetches of one chunk: a body cut short or
@@ -503,12 +515,8 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 			break
 		}
 	}
-	var one [1]byte
-	if n, _ := rc.Read(one[:]); n > 0 {
-		return fmt.Errorf("%w: more than %d bytes", ErrDigestMismatch, desc.Size)
-	}
-	if got := digest.NewDigest(digest.SHA256, h); got != desc.Digest {
-		return fmt.Errorf("%w: got %s", ErrDigestMismatch, got)
+	if err := verify.End("chunk", desc, rc, digest.NewDigest(digest.SHA256, h), off); err != nil {
+		return err
 	}
 	if err := open.close(); err != nil {
 		return writeError{err}
@@ -635,7 +643,7 @@ func (d *destDir) matchingFile(pfd int, f *File, cache *StatCache) (*os.File, er
 		return nil, nil
 	}
 	got, err := readerDigest(io.NewSectionReader(fh, 0, f.Size))
-	if err != nil || got != f.Digest {
+	if err != nil || verify.Digest(f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, got, f.Size) != nil {
 		fh.Close()
 		return nil, nil
 	}
@@ -740,7 +748,7 @@ func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, r
 		h := sha256.New()
 		n, err := io.CopyBuffer(h, io.NewSectionReader(fh, start, e.Length), buf)
 		read += n
-		if err == nil && n == e.Length && digest.NewDigest(digest.SHA256, h) == c.Digest {
+		if err == nil && verify.Digest("chunk", ocispec.Descriptor{Digest: c.Digest, Size: c.Size}, digest.NewDigest(digest.SHA256, h), n) == nil {
 			done[k] = true
 		}
 	}
@@ -769,9 +777,9 @@ func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) e
 		if err != nil {
 			return fmt.Errorf("%s: %w", f.Path, err)
 		}
-		if got != f.Digest {
+		if err := verify.Digest("file "+f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, got, f.Size); err != nil {
 			_ = unix.Unlinkat(pf.tmp.fd, pf.name, 0)
-			return fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, got, f.Digest)
+			return err
 		}
 	}
 	if err := fh.Chmod(os.FileMode(f.Mode)); err != nil {

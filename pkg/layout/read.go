@@ -11,6 +11,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // ErrNotVolume is wrapped when a manifest is not a bdnvol volume.
@@ -305,14 +307,11 @@ func fetchAll(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor)
 		attempts = 1
 	}
 	for attempt := 1; ; attempt++ {
-		b, err := content.FetchAll(ctx, src, desc)
+		b, err := verify.Fetch(ctx, src, "", desc) // the callers name the object
 		if err == nil {
 			return b, nil
 		}
 		if attempt >= attempts || !refetchable(ctx, err) {
-			if errors.Is(err, content.ErrMismatchedDigest) {
-				err = fmt.Errorf("%w: %v", ErrDigestMismatch, err)
-			}
 			return nil, err
 		}
 		select {

@@ -3,6 +3,7 @@ package layout
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -33,6 +34,10 @@ type localChunk struct {
 	d    *destDir
 	path string
 	off  int64
+	// vouched is the stat key an earlier pull recorded for the file at
+	// path after writing it from verified chunks: while the file still has
+	// it, its bytes are those chunks and are copied without hashing them.
+	vouched *StatKey
 }
 
 // Fetch opens the file, never following a symlink, and returns the chunk's
@@ -62,6 +67,70 @@ func (l localChunk) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Read
 	}{io.NewSectionReader(fh, l.off, desc.Size), fh}, nil
 }
 
+// errNotVouched is a local chunk whose file changed since the pull that
+// recorded it, or that cannot be copied in the kernel: it is copied the
+// hashed way instead.
+var errNotVouched = errors.New("not vouched for by the pull record")
+
+// copyVouched copies the chunk desc from a file an earlier pull wrote and
+// recorded (l.vouched) to its targets, in the kernel and without hashing:
+// the file's stat key, unchanged since that pull verified and wrote it,
+// before and after the copy, stands for its bytes. Any doubt returns
+// errNotVouched (nothing final was touched: targets are temporaries).
+func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts []target, files []*pullFile, c *Counters, credited *int64) error {
+	if l.vouched == nil {
+		return errNotVouched
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	pfd, err := l.d.openDir(parentOf(l.path))
+	if err != nil {
+		return errNotVouched
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Openat(pfd, path.Base(l.path), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return errNotVouched
+	}
+	src := os.NewFile(uintptr(fd), l.d.full(l.path))
+	defer src.Close()
+	same := func() bool {
+		info, err := src.Stat()
+		return err == nil && info.Mode().IsRegular() && statKey(info) == *l.vouched && info.Size() >= l.off+desc.Size
+	}
+	if !same() {
+		return errNotVouched
+	}
+	open := &openFiles{files: files}
+	defer open.close()
+	var written int64
+	for _, t := range ts {
+		dst, err := open.get(t.file)
+		if err != nil {
+			return writeError{err}
+		}
+		if err := copyRange(dst, t.fileOff, src, l.off+t.chunkOff, t.n); err != nil {
+			if errors.Is(err, errors.ErrUnsupported) {
+				return errNotVouched
+			}
+			return writeError{err}
+		}
+		if t.chunkOff+t.n > *credited {
+			written += t.chunkOff + t.n - max(t.chunkOff, *credited)
+		}
+	}
+	if !same() {
+		return errNotVouched // changed while we copied: hash it instead
+	}
+	if err := open.close(); err != nil {
+		return writeError{err}
+	}
+	*credited = max(*credited, desc.Size)
+	c.Processed.Add(written)
+	return nil
+}
+
 // localChunks finds, for the chunks still needed (byChunk), where their
 // bytes may already be in the destination: where an earlier pull wrote them
 // (previous records it), else at the same place in a file already at the
@@ -85,10 +154,15 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 	sort.Strings(paths)
 	for _, p := range paths {
 		var off int64
-		for _, e := range previous[p].Extents {
+		rec := previous[p]
+		var vouched *StatKey
+		if !rec.Racy {
+			vouched = &rec.Stat
+		}
+		for _, e := range rec.Extents {
 			if k, ok := needed[e.Digest]; ok && e.Digest != "" {
 				if _, found := out[k]; !found {
-					out[k] = localChunk{d, p, off}
+					out[k] = localChunk{d, p, off, vouched}
 				}
 			}
 			off += e.Length
@@ -117,7 +191,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 				size = d.regularSize(f.Path)
 			}
 			if start+c.Size <= size {
-				out[e.Chunk] = localChunk{d, f.Path, start}
+				out[e.Chunk] = localChunk{d: d, path: f.Path, off: start}
 			}
 		}
 	}
@@ -159,7 +233,7 @@ func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int,
 	size := info.Size()
 	var cuts []int64
 	cdc := true
-	if isSafetensors(rel) {
+	if IsSafetensors(rel) {
 		if hdrEnd, ts, err := ReadSafetensorsHeader(fh, size); err == nil {
 			cuts, cdc = tensorBoundaries(hdrEnd, ts, size, p), false
 		}
@@ -171,7 +245,7 @@ func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int,
 		if pos > start {
 			if k, ok := needed[digest.NewDigest(digest.SHA256, h)]; ok {
 				if _, found := out[k]; !found {
-					out[k] = localChunk{d, rel, start}
+					out[k] = localChunk{d: d, path: rel, off: start}
 				}
 			}
 		}

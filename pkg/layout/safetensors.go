@@ -119,8 +119,8 @@ func ParseSafetensorsHeader(hdr []byte, size int64) (int64, []Tensor, error) {
 	return start, ts, nil
 }
 
-// isSafetensors reports whether a path names a safetensors file.
-func isSafetensors(p string) bool { return strings.HasSuffix(p, ".safetensors") }
+// IsSafetensors reports whether a path names a safetensors file.
+func IsSafetensors(p string) bool { return strings.HasSuffix(p, ".safetensors") }
 
 // tensorBoundaries returns the cut points of a safetensors file: after the
 // header, around every tensor of at least p.Min bytes, after runs of small

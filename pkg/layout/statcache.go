@@ -22,7 +22,8 @@ import (
 // valid and remembers nothing.
 type StatCache struct {
 	path  string
-	since int64 // entries whose mtime is newer than this are not trusted
+	since int64            // entries whose mtime is newer than this are not trusted
+	now   func() time.Time // the clock Save marks racy entries by; time.Now if nil
 
 	mu    sync.Mutex
 	data  statCacheData
@@ -183,7 +184,11 @@ func (c *StatCache) Save() error {
 	if !c.dirty {
 		return nil
 	}
-	horizon := time.Now().Add(-racyMargin).UnixNano()
+	now := time.Now
+	if c.now != nil {
+		now = c.now
+	}
+	horizon := now().Add(-racyMargin).UnixNano()
 	for p, f := range c.data.Files {
 		if f.pulled {
 			f.Racy = f.Stat.Mtime >= horizon || f.Stat.Ctime >= horizon

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -133,5 +134,87 @@ func TestPullUpgradeWithoutState(t *testing.T) {
 	checkPulled(t, dst, f2, nil)
 	if b, _ := os.ReadFile(filepath.Join(dst, "old")); len(b) == 0 {
 		t.Error("a file no pull wrote was removed")
+	}
+}
+
+// TestPullUpgradeCopiesVouchedChunksUnhashed: chunks in files an earlier
+// pull wrote, unchanged since by their stat keys, are copied in the kernel
+// without hashing; a file changed since (even with its size and mtime put
+// back) is not trusted: its bytes are hashed, and the wrong ones fetched.
+func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
+	ctx := context.Background()
+	p := Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}
+	for _, tamper := range []bool{false, true} {
+		store, v1, v2, f1, f2 := upgradeVersions(t)
+		s1, _ := pushed(t, p, f1)
+		dst := t.TempDir()
+		statDir := t.TempDir()
+		cache := func() *StatCache {
+			c := OpenStatCache(filepath.Join(statDir, "statcache"), dst, Params{})
+			// As if the record were saved well after the files were
+			// written: none of them is racy.
+			c.now = func() time.Time { return time.Now().Add(time.Second) }
+			return c
+		}
+		if _, err := Pull(ctx, s1, v1, dst, PullOptions{Jobs: 2, Cache: cache()}); err != nil {
+			t.Fatal(err)
+		}
+		big := filepath.Join(dst, "big.bin")
+		if tamper {
+			// Same size, same mtime, different bytes in an unchanged chunk.
+			st, err := os.Stat(big)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := append([]byte(nil), f1["big.bin"]...)
+			b[10] ^= 0xff
+			if err := os.WriteFile(big, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(big, st.ModTime(), st.ModTime()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2, Cache: cache()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("tamper=%v: copied %d chunks (%d unhashed), fetched %d", tamper, res.ChunksCopied, res.ChunksCopiedUnhashed, res.ChunksFetched)
+		checkPulled(t, dst, f2, nil)
+		// The chunks v1's files hold that v2's changed files need: the
+		// record says where they are.
+		inV1 := map[digest.Digest]bool{}
+		for _, c := range v1.Chunks {
+			inV1[c.Digest] = true
+		}
+		sameFile := map[string]digest.Digest{}
+		for _, f := range v1.Index.AllFiles() {
+			sameFile[f.Path] = f.Digest
+		}
+		recorded := map[digest.Digest]bool{}
+		for _, f := range v2.Index.AllFiles() {
+			if f.Type != TypeFile || sameFile[f.Path] == f.Digest {
+				continue
+			}
+			for _, e := range f.Extents {
+				if c := v2.Chunks[e.Chunk]; inV1[c.Digest] {
+					recorded[c.Digest] = true
+				}
+			}
+		}
+		if !tamper && (len(recorded) == 0 || res.ChunksCopiedUnhashed != int64(len(recorded))) {
+			t.Errorf("%d chunks copied unhashed, want the %d that v1's recorded files hold", res.ChunksCopiedUnhashed, len(recorded))
+		}
+		if tamper {
+			if res.ChunksCopiedUnhashed != 0 {
+				t.Errorf("%d chunks copied unhashed from a file changed since the pull that recorded it", res.ChunksCopiedUnhashed)
+			}
+			if res.ChunksCopied == 0 {
+				t.Error("nothing copied (hashed) from the tampered file's intact chunks")
+			}
+			if fetchedBytes(store, v2) == 0 {
+				t.Error("the tampered chunk was not fetched")
+			}
+		}
 	}
 }

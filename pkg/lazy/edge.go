@@ -2,23 +2,23 @@ package lazy
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 
-	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
-// RangeFetcher is a Fetcher that can also fetch part of a blob, as the
+// rangeSource is a source that can also fetch part of a blob, as the
 // registry and OCI-layout targets of package oci can.
-type RangeFetcher interface {
-	Fetcher
-	// FetchRange returns the n bytes at off of the blob desc, unverified.
-	FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error)
+type rangeSource interface {
+	content.Fetcher
+	oci.RangeFetcher
 }
 
 // Edges: the first and last layout.EdgeBytes of a large chunk have their
@@ -35,7 +35,8 @@ const maxEdges = 64
 // stops them at once.
 const maxEdgeFailures = 3
 
-// errEdgeMismatch is an edge whose bytes do not match its digest.
+// errEdgeMismatch is an edge whose bytes do not match its digest; the
+// errors that wrap it also wrap verify's *Error (layout.ErrDigestMismatch).
 var errEdgeMismatch = errors.New("edge digest mismatch")
 
 type edgeKey struct {
@@ -113,7 +114,7 @@ func (v *Volume) edgeFor(k int, c layout.Chunk, lo, hi int64) (tail, ok bool) {
 	if !c.HasEdges() || v.edgeFailures.Load() >= maxEdgeFailures {
 		return false, false
 	}
-	if _, ok := v.src.(RangeFetcher); !ok {
+	if _, ok := v.src.(rangeSource); !ok {
 		return false, false
 	}
 	switch {
@@ -149,17 +150,14 @@ func (v *Volume) edgeAhead(k int, lo, hi int64) bool {
 
 // fetchEdge fetches an edge of chunk k by range and verifies it.
 func (v *Volume) fetchEdge(ctx context.Context, k int, c layout.Chunk, tail bool) ([]byte, error) {
-	if v.opt.FetchTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, v.opt.FetchTimeout)
-		defer cancel()
-	}
+	ctx, cancel := v.fetchContext(ctx)
+	defer cancel()
 	off, want := int64(0), c.Head
 	if tail {
 		off, want = c.Size-layout.EdgeBytes, c.Tail
 	}
 	data, err := func() ([]byte, error) {
-		rc, err := v.src.(RangeFetcher).FetchRange(ctx, v.ver.Chunks[k], off, layout.EdgeBytes)
+		rc, err := v.src.(rangeSource).FetchRange(ctx, v.ver.Chunks[k], off, layout.EdgeBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -168,9 +166,9 @@ func (v *Volume) fetchEdge(ctx context.Context, k int, c layout.Chunk, tail bool
 		if _, err := io.ReadFull(rc, buf); err != nil {
 			return nil, err
 		}
-		h := sha256.Sum256(buf)
-		if got := digest.NewDigestFromBytes(digest.SHA256, h[:]); got != want {
-			return nil, fmt.Errorf("%w: chunk %s at %d: got %s, want %s", errEdgeMismatch, c.Digest, off, got, want)
+		edge := ocispec.Descriptor{Digest: want, Size: layout.EdgeBytes}
+		if err := verify.Bytes(fmt.Sprintf("edge at %d of chunk %s", off, c.Digest), buf, edge); err != nil {
+			return nil, fmt.Errorf("%w: %w", errEdgeMismatch, err)
 		}
 		return buf, nil
 	}()

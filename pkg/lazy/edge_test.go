@@ -15,6 +15,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -195,11 +197,60 @@ func newFixtureStore(t *testing.T, dir string, p layout.Params) pushed {
 	return pushed{store, res.Root}
 }
 
-func mustCache(t *testing.T) *Cache {
+func mustCache(t *testing.T) *chunkcache.Cache {
 	t.Helper()
-	c, err := OpenCache(t.TempDir(), 0)
+	c, err := chunkcache.Open(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// A spoiled edge is refused with verify's error (so errors.Is finds
+// layout.ErrDigestMismatch) and counted as an edge failure; a good one is
+// served and resets the count.
+func TestFetchEdgeVerifies(t *testing.T) {
+	const mib = 1 << 20
+	p := layout.Params{Min: mib, Avg: 2 * mib, Max: 4 * mib}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "m.safetensors"), safetensors(t, 9, 5*mib+1234, 6*mib+777), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	store := newFixtureStore(t, dir, p)
+	fx := &rangeFake{fakeFetcher: &fakeFetcher{src: store.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, spoil: true}
+	v, err := Open(ctx, fx, store.root, Options{Cache: mustCache(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	k := -1
+	for i, c := range v.ver.Index.Chunks {
+		if c.Head != "" {
+			k = i
+			break
+		}
+	}
+	if k < 0 {
+		t.Fatal("no chunk has edges")
+	}
+	c := v.ver.Index.Chunks[k]
+	_, err = v.fetchEdge(ctx, k, c, true)
+	var ve *verify.Error
+	if !errors.Is(err, errEdgeMismatch) || !errors.Is(err, layout.ErrDigestMismatch) || !errors.As(err, &ve) || ve.Want != c.Tail {
+		t.Fatalf("spoiled tail edge: %v, want verify's error for %s wrapped in errEdgeMismatch", err, c.Tail)
+	}
+	if n := v.edgeFailures.Load(); n != 1 {
+		t.Fatalf("edge failures %d, want 1", n)
+	}
+	fx.mu.Lock()
+	fx.spoil = false
+	fx.mu.Unlock()
+	b, err := v.fetchEdge(ctx, k, c, false)
+	if err != nil || int64(len(b)) != layout.EdgeBytes || digest.FromBytes(b) != c.Head {
+		t.Fatalf("good head edge: %d bytes, %v", len(b), err)
+	}
+	if n := v.edgeFailures.Load(); n != 0 {
+		t.Fatalf("edge failures %d after a good edge, want 0", n)
+	}
 }

@@ -64,7 +64,7 @@ func TestPrefetchHostileHeadersAllocateLittle(t *testing.T) {
 	ctx := context.Background()
 	store, root, chunk, size := hostileHeaders(t, 16, 100<<20)
 	fetch := &fakeFetcher{src: store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
-	c := mustOpenCache(t, t.TempDir())
+	c := mustCache(t)
 	v, err := Open(ctx, fetch, root, Options{Cache: c})
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestReadHeaderLimits(t *testing.T) {
 	}{{maxHeaderBytes + 1, true}, {2 << 20, false}} {
 		store, root, _, _ := hostileHeaders(t, 1, tc.declared)
 		fetch := &fakeFetcher{src: store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
-		v, err := Open(ctx, fetch, root, Options{Cache: mustOpenCache(t, t.TempDir())})
+		v, err := Open(ctx, fetch, root, Options{Cache: mustCache(t)})
 		if err != nil {
 			t.Fatal(err)
 		}

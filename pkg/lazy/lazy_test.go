@@ -19,6 +19,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -153,7 +154,7 @@ func newFixture(t *testing.T) *fixture {
 func (fx *fixture) open(t *testing.T, cacheDir string, opt Options) *Volume {
 	t.Helper()
 	if opt.Cache == nil {
-		c, err := OpenCache(cacheDir, 0)
+		c, err := chunkcache.Open(cacheDir, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,7 +231,7 @@ func TestCorruptChunkNeverServedOrCached(t *testing.T) {
 
 	buf := make([]byte, len(want))
 	n, err := f.ReadAt(buf, 0)
-	var ce *ChunkInvalidError
+	var ce *chunkcache.ChunkInvalidError
 	if !errors.As(err, &ce) || !errors.Is(err, layout.ErrDigestMismatch) || ce.Want != bad {
 		t.Fatalf("read over a corrupt chunk: n=%d err=%v, want a ChunkInvalidError for %s", n, err, bad)
 	}
@@ -331,7 +332,7 @@ func TestSingleFlight(t *testing.T) {
 
 func TestEvictionKeepsBound(t *testing.T) {
 	fx := newFixture(t)
-	c, err := OpenCache(t.TempDir(), 200<<10)
+	c, err := chunkcache.Open(t.TempDir(), 200<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +358,7 @@ func TestEvictionKeepsBound(t *testing.T) {
 		t.Fatalf("%d bytes on disk, bound is %d", disk, 200<<10)
 	}
 	// Reopening indexes what is there and keeps the bound.
-	c2, err := OpenCache(c.Dir(), 100<<10)
+	c2, err := chunkcache.Open(c.Dir(), 100<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +370,7 @@ func TestEvictionKeepsBound(t *testing.T) {
 func TestStoreFailureStillServes(t *testing.T) {
 	fx := newFixture(t)
 	dir := t.TempDir()
-	c, err := OpenCache(dir, 0)
+	c, err := chunkcache.Open(dir, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,55 +468,5 @@ func TestTensorReadFetchesLittle(t *testing.T) {
 	_, b := fx.fetch.total()
 	if limit := (r.end - r.begin) + 2*testParams.Max; b > limit {
 		t.Fatalf("reading a %d-byte tensor fetched %d bytes, limit %d", r.end-r.begin, b, limit)
-	}
-}
-
-// A second cache over the same directory (another process) trusts a sealed
-// entry without hashing it, but an entry written since is hashed and, when
-// wrong, dropped rather than served.
-func TestCacheSealedEntries(t *testing.T) {
-	dir := t.TempDir()
-	data := []byte("verified chunk bytes")
-	desc := ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: digest.FromBytes(data), Size: int64(len(data))}
-	store := memory.New()
-	if err := store.Push(context.Background(), desc, bytes.NewReader(data)); err != nil {
-		t.Fatal(err)
-	}
-	c1, err := OpenCache(dir, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := c1.Load(context.Background(), store, desc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch.Close()
-	p := c1.path(desc.Digest)
-	f, _ := os.Open(p)
-	st, _ := f.Stat()
-	if !sealedEntry(f, st) {
-		t.Fatal("a stored entry carries no verification mark")
-	}
-	f.Close()
-	// Rewrite the entry with wrong bytes of the same size.
-	bad := bytes.ToUpper(data)
-	if err := os.WriteFile(p, bad, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c2, err := OpenCache(dir, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err = c2.Load(context.Background(), store, desc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	got := make([]byte, len(data))
-	if _, err := ch.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("served %q (%v), want %q", got, err, data)
-	}
-	if c2.Stats().Corrupt != 1 {
-		t.Fatalf("corrupt count %d, want the rewritten entry detected", c2.Stats().Corrupt)
 	}
 }

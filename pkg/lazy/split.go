@@ -23,7 +23,7 @@ const maxSplitParts = 8
 // serves their bytes in order. The bytes are unverified: the cache checks
 // the whole blob against its digest before anything is served from it.
 type splitFetcher struct {
-	RangeFetcher
+	rangeSource
 	parts int // most concurrent range requests
 	// probe: the source has not served a range yet, so the other parts
 	// start only once the first one is answered; a source without ranges
@@ -40,7 +40,7 @@ type partResult struct {
 // whole blob; blobs under splitMin are fetched in one request.
 func (s splitFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	if desc.Size < splitMin || s.parts < 2 {
-		return s.RangeFetcher.Fetch(ctx, desc)
+		return s.rangeSource.Fetch(ctx, desc)
 	}
 	n := int(min(int64(min(s.parts, maxSplitParts)), (desc.Size+splitPart-1)/splitPart))
 	size := (desc.Size + int64(n) - 1) / int64(n)

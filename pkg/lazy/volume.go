@@ -17,14 +17,16 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
+	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // Options configure a Volume. Zero values select defaults.
 type Options struct {
 	// Cache holds verified chunks; required.
-	Cache *Cache
+	Cache *chunkcache.Cache
 	// Jobs bounds the background chunk fetches (readahead, prefetch);
 	// <= 0 means 8.
 	Jobs int
@@ -67,7 +69,7 @@ const headerBudget = 2 * maxHeaderBytes
 // concurrent use. Close stops its background fetches.
 type Volume struct {
 	ver *layout.Version
-	src Fetcher
+	src content.Fetcher
 	opt Options
 
 	// bg is the lifetime of background fetches, cancelled by Close.
@@ -91,14 +93,14 @@ type Volume struct {
 }
 
 type handle struct {
-	ch   Chunk
+	ch   chunkcache.Chunk
 	refs int
 	gone bool // dropped from handles: close when refs reach 0
 }
 
 // Open opens the version whose root is root, reading its manifests and
 // index through the cache, and returns it ready for reading.
-func Open(ctx context.Context, src Fetcher, root ocispec.Descriptor, opt Options) (*Volume, error) {
+func Open(ctx context.Context, src content.Fetcher, root ocispec.Descriptor, opt Options) (*Volume, error) {
 	if opt.Cache == nil {
 		return nil, ErrNoCache
 	}
@@ -110,7 +112,7 @@ func Open(ctx context.Context, src Fetcher, root ocispec.Descriptor, opt Options
 }
 
 // New returns a Volume reading the opened version ver from src.
-func New(ver *layout.Version, src Fetcher, opt Options) (*Volume, error) {
+func New(ver *layout.Version, src content.Fetcher, opt Options) (*Volume, error) {
 	if opt.Cache == nil {
 		return nil, ErrNoCache
 	}
@@ -211,13 +213,10 @@ func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 		return h, nil
 	}
 	v.mu.Unlock()
-	if v.opt.FetchTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, v.opt.FetchTimeout)
-		defer cancel()
-	}
+	ctx, cancel := v.fetchContext(ctx)
+	defer cancel()
 	desc := v.ver.Chunks[k]
-	rf, ranged := v.src.(RangeFetcher)
+	rf, ranged := v.src.(rangeSource)
 	if split && ranged && desc.Size >= splitMin && v.opt.Jobs > 1 && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.
 		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, v.opt.Jobs, !v.rangesOK.Load()}, desc)
@@ -244,8 +243,8 @@ func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 
 // keep adds the loaded chunk k to the open handles, returning it with one
 // reference.
-func (v *Volume) keep(k int, ch Chunk) *handle {
-	if _, inMemory := ch.(memChunk); inMemory {
+func (v *Volume) keep(k int, ch chunkcache.Chunk) *handle {
+	if chunkcache.InMemory(ch) {
 		// Not stored (disk full): serve this read, keep no memory.
 		return &handle{ch: ch, refs: 1, gone: true}
 	}
@@ -317,7 +316,7 @@ func (v *Volume) PrefetchHeaders(ctx context.Context) error {
 	g.SetLimit(v.opt.Jobs)
 	for i := range v.ver.Index.Len() {
 		e := v.ver.Index.File(i)
-		if e.Type != layout.TypeFile || !isSafetensors(e.Path) {
+		if e.Type != layout.TypeFile || !layout.IsSafetensors(e.Path) {
 			continue
 		}
 		g.Go(func() error {
@@ -348,7 +347,7 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 	}
 	sort.SliceStable(idx, func(a, b int) bool {
 		pa, pb := x.Path(idx[a]), x.Path(idx[b])
-		if sa, sb := isSafetensors(pa), isSafetensors(pb); sa != sb {
+		if sa, sb := layout.IsSafetensors(pa), layout.IsSafetensors(pb); sa != sb {
 			return !sa
 		}
 		return pa < pb
@@ -369,12 +368,8 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 				if gctx.Err() != nil {
 					return gctx.Err()
 				}
-				fctx := gctx
-				if v.opt.FetchTimeout > 0 {
-					var cancel context.CancelFunc
-					fctx, cancel = context.WithTimeout(gctx, v.opt.FetchTimeout)
-					defer cancel()
-				}
+				fctx, cancel := v.fetchContext(gctx)
+				defer cancel()
 				ch, err := v.opt.Cache.Load(fctx, v.src, v.ver.Chunks[k])
 				if err != nil {
 					mu.Lock()
@@ -420,8 +415,6 @@ func MatchGlobs(patterns string) (func(string) bool, error) {
 		return false
 	}, nil
 }
-
-func isSafetensors(p string) bool { return strings.HasSuffix(p, ".safetensors") }
 
 // File is a regular file of a Volume: an io.ReaderAt over its extents.
 type File struct {
@@ -549,7 +542,7 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		return
 	}
 	var regions []region
-	if isSafetensors(f.e.Path) {
+	if layout.IsSafetensors(f.e.Path) {
 		regions = f.regions(ctx)
 	}
 	end := off + n

@@ -14,8 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"oras.land/oras-go/v2/content"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
@@ -69,23 +70,23 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // Cache exports the counters of the node's chunk cache: hits, misses,
 // bytes served and fetched (by registry and by mirror), evictions, size
 // and verification failures.
-func (m *Metrics) Cache(c *lazy.Cache) {
-	stat := func(f func(lazy.CacheStats) int64) func() float64 {
+func (m *Metrics) Cache(c *chunkcache.Cache) {
+	stat := func(f func(chunkcache.Stats) int64) func() float64 {
 		return func() float64 { return float64(f(c.Stats())) }
 	}
 	m.reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_hits_total", Help: "Chunk loads served from the node's cache."},
-			stat(func(s lazy.CacheStats) int64 { return s.Hits })),
+			stat(func(s chunkcache.Stats) int64 { return s.Hits })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_misses_total", Help: "Chunk loads that fetched the chunk (from a mirror or the registry) and verified it."},
-			stat(func(s lazy.CacheStats) int64 { return s.Fetches })),
+			stat(func(s chunkcache.Stats) int64 { return s.Fetches })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_served_bytes_total", Help: "Bytes of chunk loads served from the cache."},
-			stat(func(s lazy.CacheStats) int64 { return s.HitBytes })),
+			stat(func(s chunkcache.Stats) int64 { return s.HitBytes })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_evictions_total", Help: "Chunks evicted to keep the cache within its bound."},
-			stat(func(s lazy.CacheStats) int64 { return s.Evictions })),
+			stat(func(s chunkcache.Stats) int64 { return s.Evictions })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_verification_failures_total", Help: "Fetched chunks or cache entries whose bytes did not match their digest."},
-			stat(func(s lazy.CacheStats) int64 { return s.Corrupt })),
+			stat(func(s chunkcache.Stats) int64 { return s.Corrupt })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_store_errors_total", Help: "Verified chunks that could not be written to the cache (disk full)."},
-			stat(func(s lazy.CacheStats) int64 { return s.StoreErrors })),
+			stat(func(s chunkcache.Stats) int64 { return s.StoreErrors })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bdnvol_cache_size_bytes", Help: "Bytes in the node's chunk cache."},
 			func() float64 { return float64(c.Size()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bdnvol_cache_max_bytes", Help: "The bound of the node's chunk cache."},
@@ -98,7 +99,7 @@ func (m *Metrics) Cache(c *lazy.Cache) {
 // from registries and those from mirrors.
 type fetchedCollector struct {
 	m *Metrics
-	c *lazy.Cache
+	c *chunkcache.Cache
 }
 
 var fetchedDesc = prometheus.NewDesc("bdnvol_fetched_bytes_total",
@@ -118,13 +119,13 @@ func (f *fetchedCollector) Collect(ch chan<- prometheus.Metric) {
 
 // Wrap returns f instrumented as source ("registry") at host: fetch
 // latency, in-flight fetches, bytes and errors.
-func (m *Metrics) Wrap(source, host string, f lazy.Fetcher) lazy.Fetcher {
+func (m *Metrics) Wrap(source, host string, f content.Fetcher) content.Fetcher {
 	return &fetcher{m: m, src: f, source: source, host: host}
 }
 
 type fetcher struct {
 	m            *Metrics
-	src          lazy.Fetcher
+	src          content.Fetcher
 	source, host string
 }
 

@@ -8,11 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content/memory"
-
-	"github.com/bdnvol/bdnvol/pkg/lazy"
 )
 
 // TestCacheAndFetchCounters loads a chunk twice through an instrumented
@@ -26,7 +25,7 @@ func TestCacheAndFetchCounters(t *testing.T) {
 	if err := store.Push(ctx, d, bytes.NewReader(b)); err != nil {
 		t.Fatal(err)
 	}
-	c, err := lazy.OpenCache(t.TempDir(), 1<<20)
+	c, err := chunkcache.Open(t.TempDir(), 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

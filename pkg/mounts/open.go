@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -41,7 +44,7 @@ const mirrorTimeout = 5 * time.Second
 // Fetcher returns src wrapped with the mirrors configured for ref's
 // registry, and the mirror fetcher (nil when there are none). A local
 // layout has no mirrors.
-func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci.MirrorFetcher, error) {
+func (m MirrorConfig) Fetcher(ref oci.Ref, src content.Fetcher) (content.Fetcher, *oci.MirrorFetcher, error) {
 	if ref.Layout != "" {
 		return src, nil, nil
 	}
@@ -98,12 +101,12 @@ func (m MirrorConfig) Fetcher(ref oci.Ref, src lazy.Fetcher) (lazy.Fetcher, *oci
 type OpenOptions struct {
 	OCI          oci.Options
 	Mirrors      MirrorConfig
-	Cache        *lazy.Cache
+	Cache        *chunkcache.Cache
 	Jobs         int
 	FetchTimeout time.Duration
 	// Wrap, when set, wraps the registry's fetcher (source "registry",
 	// host the registry), for metrics.
-	Wrap func(source, host string, f lazy.Fetcher) lazy.Fetcher
+	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 	// Policy is checked right after the reference is resolved, before any
 	// of the version is read.
 	Policy signature.Policy
@@ -120,7 +123,7 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if err != nil {
 		return nil, "", err
 	}
-	var reg lazy.Fetcher = t
+	var reg content.Fetcher = t
 	if opt.Wrap != nil && ref.Layout == "" {
 		reg = opt.Wrap("registry", ref.Registry, reg)
 	}
@@ -161,4 +164,15 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 		}
 		return v.Prefetch(ctx, m)
 	}, nil
+}
+
+// OncePerMirror returns a MirrorConfig.OnError that tells f of the first
+// failure of each mirror only.
+func OncePerMirror(f func(mirror string, err error)) func(string, ocispec.Descriptor, error) {
+	var seen sync.Map
+	return func(mirror string, _ ocispec.Descriptor, err error) {
+		if _, dup := seen.LoadOrStore(mirror, true); !dup {
+			f(mirror, err)
+		}
+	}
 }

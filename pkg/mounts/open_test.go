@@ -2,9 +2,11 @@ package mounts
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 func TestPrefetcher(t *testing.T) {
@@ -50,5 +52,16 @@ func TestMirrorConfig(t *testing.T) {
 	_, mf, err = (MirrorConfig{URLs: []string{"https://mirror.example"}, HostsDir: "none"}).Fetcher(reg, nil)
 	if err != nil || mf == nil {
 		t.Errorf("Fetcher with a mirror = %v, %v; want a mirror fetcher", mf, err)
+	}
+}
+
+func TestOncePerMirror(t *testing.T) {
+	var told []string
+	f := OncePerMirror(func(m string, err error) { told = append(told, m+": "+err.Error()) })
+	for _, m := range []string{"a", "b", "a", "a", "b"} {
+		f(m, ocispec.Descriptor{}, errors.New("down"))
+	}
+	if len(told) != 2 || told[0] != "a: down" || told[1] != "b: down" {
+		t.Errorf("told %q", told)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 )
@@ -55,7 +56,7 @@ func testVolume(t *testing.T) (*lazy.Volume, map[string]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, err := lazy.OpenCache(t.TempDir(), 0)
+	cache, err := chunkcache.Open(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

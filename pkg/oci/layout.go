@@ -18,8 +18,10 @@ import (
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
+
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // ErrInvalidLayout is wrapped when a file of an OCI layout (index.json,
@@ -343,26 +345,7 @@ func (s *layoutStore) write(ctx context.Context, fn func(*layoutIndex) (bool, er
 // replace writes b to the layout file name through a temporary file and a
 // rename, so that readers see the old file or the new one, never a part.
 func (s *layoutStore) replace(name string, b []byte) error {
-	f, err := os.CreateTemp(s.root, "."+name+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, s.path(name))
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(s.path(name), b, 0o644); err != nil {
 		return fmt.Errorf("%s: write %s: %w", s.root, name, err)
 	}
 	return nil
@@ -543,11 +526,8 @@ func (s *layoutStore) ingest(desc ocispec.Descriptor, r io.Reader) error {
 		return err
 	}
 	tmp := f.Name()
-	vr := content.NewVerifyReader(r, desc)
-	_, err = io.Copy(f, vr)
-	if err == nil {
-		err = vr.Verify()
-	}
+	vr := verify.Reader(r, "blob", desc)
+	_, err = io.Copy(f, vr) // nil only once vr verified every byte
 	if err == nil {
 		err = f.Chmod(0o444)
 	}
@@ -650,8 +630,8 @@ func (s *layoutStore) fetchManifest(desc ocispec.Descriptor) ([]byte, error) {
 	if _, err := io.ReadFull(f, b); err != nil {
 		return nil, fmt.Errorf("%s: manifest %s: %w", s.root, desc.Digest, err)
 	}
-	if digest.FromBytes(b) != desc.Digest {
-		return nil, fmt.Errorf("%s: manifest %s: %w", s.root, desc.Digest, content.ErrMismatchedDigest)
+	if err := verify.Bytes("manifest", b, desc); err != nil {
+		return nil, fmt.Errorf("%s: %w", s.root, err)
 	}
 	return b, nil
 }

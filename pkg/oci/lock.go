@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"syscall"
@@ -25,4 +26,23 @@ func LockLayout(r Ref) (func(), error) {
 		return nil, fmt.Errorf("lock %s: %w", r.Repo(), err)
 	}
 	return func() { f.Close() }, nil
+}
+
+// OpenLocked opens the repository r names, first locking it (LockLayout)
+// when lock is set, for a command that changes it; the returned function
+// releases the lock.
+func OpenLocked(ctx context.Context, r Ref, opt Options, lock bool) (Target, func(), error) {
+	unlock := func() {}
+	if lock {
+		var err error
+		if unlock, err = LockLayout(r); err != nil {
+			return nil, nil, err
+		}
+	}
+	t, err := Open(ctx, r, opt)
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return t, unlock, nil
 }

@@ -14,6 +14,8 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // ErrMirror is wrapped by every error a mirror attempt reports through
@@ -267,14 +269,12 @@ func (f *MirrorFetcher) fetchFrom(ctx context.Context, m *mirror, desc ocispec.D
 		return nil, fmt.Errorf("%w %s: GET %s: %s", ErrMirror, m.name, desc.Digest, resp.Status)
 	}
 	if resp.ContentLength >= 0 && resp.ContentLength != desc.Size {
-		return nil, fmt.Errorf("%w %s: %s: answered %d bytes, want %d: %w", ErrMirror, m.name, desc.Digest,
-			resp.ContentLength, desc.Size, content.ErrMismatchedDigest)
+		return nil, fmt.Errorf("%w %s: answered %d bytes: %w", ErrMirror, m.name, resp.ContentLength,
+			verify.Digest("blob", desc, "", resp.ContentLength))
 	}
-	b, err := content.ReadAll(resp.Body, desc)
+	b, err := verify.ReadAll(resp.Body, "blob", desc)
 	if err != nil {
-		wrong := errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
-			errors.Is(err, content.ErrMismatchedDigest) || errors.Is(err, content.ErrTrailingData)
-		if !wrong && ctx.Err() == nil {
+		if !errors.Is(err, verify.ErrDigestMismatch) && ctx.Err() == nil {
 			m.markDown(f.opt.Cooldown) // the connection failed, not the bytes
 		}
 		return nil, fmt.Errorf("%w %s: %s: %w", ErrMirror, m.name, desc.Digest, err)

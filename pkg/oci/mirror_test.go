@@ -15,6 +15,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // testMirror serves blobs by digest under /v2/REPO/blobs/ and records the
@@ -155,6 +157,11 @@ func TestMirrorFallsBack(t *testing.T) {
 			if len(errs) == 0 {
 				t.Error("OnError was never called")
 			}
+			for _, err := range errs {
+				if tc.name == "corrupt" && !errors.Is(err, verify.ErrDigestMismatch) {
+					t.Errorf("corrupt answer: %v, want it to wrap verify.ErrDigestMismatch", err)
+				}
+			}
 			if st := mf.Stats(); st.Hits != 0 || st.Fallbacks != 3 {
 				t.Errorf("stats %+v, want 3 fallbacks and no hits", st)
 			}
@@ -238,7 +245,7 @@ func TestMirrorShortOrLongAnswerFallsBack(t *testing.T) {
 				t.Fatal(err)
 			}
 			fetchEach(t, mf, descs, blobs)
-			if src.total() != 1 || len(errs) != 1 || !errors.Is(errs[0], ErrMirror) ||
+			if src.total() != 1 || len(errs) != 1 || !errors.Is(errs[0], ErrMirror) || !errors.Is(errs[0], verify.ErrDigestMismatch) ||
 				!strings.Contains(errs[0].Error(), descs[0].Digest.String()) {
 				t.Errorf("source fetches %d, mirror errors %v; want one fallback and an error naming the digest", src.total(), errs)
 			}

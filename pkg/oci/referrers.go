@@ -12,6 +12,8 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // Referrers returns the manifests in t whose subject is subject, filtered
@@ -47,7 +49,7 @@ func Referrers(ctx context.Context, t Target, subject ocispec.Descriptor, artifa
 		if !isManifest(d.MediaType) || d.Size <= 0 || d.Size > MaxManifestBytes {
 			continue
 		}
-		b, err := content.FetchAll(ctx, pf, d)
+		b, err := verify.Fetch(ctx, pf, "", d)
 		if errors.Is(err, errdef.ErrNotFound) {
 			continue
 		}

@@ -2,6 +2,9 @@ package retention
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -48,4 +51,29 @@ func FileSources(repo oci.Ref, paths []string, stdin []byte, more func() []Refer
 		}
 		return refs, nil
 	}, nil
+}
+
+// ErrStdinTwice is returned when standard input is named twice as a source.
+var ErrStdinTwice = errors.New("--refs - given twice")
+
+// PathSources is FileSources of paths where "-" names stdin, read once,
+// now.
+func PathSources(repo oci.Ref, paths []string, stdin io.Reader, more func() []Reference) (Sources, error) {
+	var files []string
+	var in []byte
+	for _, p := range paths {
+		if p != "-" {
+			files = append(files, p)
+			continue
+		}
+		if in != nil {
+			return nil, ErrStdinTwice
+		}
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, fmt.Errorf("refs: standard input: %w", err)
+		}
+		in = append([]byte{}, b...)
+	}
+	return FileSources(repo, files, in, more)
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -55,5 +57,35 @@ func TestSnapshotAndFileSources(t *testing.T) {
 
 	if _, err := FileSources(repo, []string{filepath.Join(dir, "missing.yaml")}, nil, nil); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a missing refs file: %v", err)
+	}
+}
+
+func TestPathSourcesReadsStdinOnceForDash(t *testing.T) {
+	repo := oci.Ref{Registry: "r.example", Repository: "vol"}
+	d := "sha256:" + strings.Repeat("a", 64)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "k.yaml")
+	os.WriteFile(file, []byte("image: r.example/vol:v1\n"), 0o644)
+	stdin := strings.NewReader("image: r.example/vol@" + d + "\n")
+	sources, err := PathSources(repo, []string{file, "-"}, stdin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read at each call; stdin was read once, up front.
+	for range 2 {
+		refs, err := sources(context.Background())
+		if err != nil || len(refs) != 2 || refs[1].Source != "stdin:1" || refs[1].Digest.String() != d {
+			t.Fatalf("references %+v, %v", refs, err)
+		}
+	}
+	if _, err := PathSources(repo, []string{"-", "-"}, strings.NewReader(""), nil); !errors.Is(err, ErrStdinTwice) {
+		t.Errorf("stdin twice: %v", err)
+	}
+	// Without "-", stdin is not read.
+	if _, err := PathSources(repo, []string{file}, iotest.ErrReader(errors.New("read")), nil); err != nil {
+		t.Errorf("stdin read without -: %v", err)
+	}
+	if _, err := PathSources(repo, []string{"-"}, iotest.ErrReader(errors.New("broken")), nil); err == nil || !strings.Contains(err.Error(), "standard input: broken") {
+		t.Errorf("broken stdin: %v", err)
 	}
 }

@@ -15,9 +15,9 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2"
-	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -340,7 +340,7 @@ func fetchExact(ctx context.Context, t oci.Target, desc ocispec.Descriptor) ([]b
 	if desc.Size <= 0 || desc.Size > layout.MaxManifestBytes {
 		return nil, fmt.Errorf("%s: manifest of %d bytes", desc.Digest, desc.Size)
 	}
-	b, err := content.FetchAll(ctx, t, desc)
+	b, err := verify.Fetch(ctx, t, "", desc)
 	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}

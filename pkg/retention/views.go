@@ -8,9 +8,9 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -54,7 +54,7 @@ func dropFallbackIndex(ctx context.Context, t oci.Target, d digest.Digest, delet
 	if err != nil || desc.MediaType != ocispec.MediaTypeImageIndex || desc.Size <= 0 || desc.Size > oci.MaxManifestBytes {
 		return nil // not a referrers index: not ours to touch
 	}
-	b, err := content.FetchAll(ctx, t, desc)
+	b, err := verify.Fetch(ctx, t, "", desc)
 	if err != nil {
 		return nil
 	}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
 )
@@ -68,4 +70,32 @@ func (s Status) String() string {
 		return "key " + strings.Join(ids, ",")
 	}
 	return "yes"
+}
+
+// Statuses tells for each version of ds in t whether it is signed: one tag
+// list, then one small fetch per signed version (verifications with p's
+// keys; with a policy that requires a signature, unsigned versions are
+// checked too).
+func Statuses(ctx context.Context, t oci.Target, ds []digest.Digest, p Policy) ([]Status, error) {
+	tags, err := oci.ListTags(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, tag := range tags {
+		have[tag] = true
+	}
+	out := make([]Status, len(ds))
+	for i, d := range ds {
+		tagged := have[Tag(d)]
+		if !tagged && !p.Required() {
+			continue
+		}
+		desc, err := t.Resolve(ctx, d.String())
+		if err != nil {
+			return nil, err
+		}
+		out[i] = StatusOf(ctx, t, desc, tagged, p.Keys)
+	}
+	return out, nil
 }

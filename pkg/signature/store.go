@@ -16,6 +16,8 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // Media types and annotations of cosign signatures.
@@ -168,7 +170,7 @@ func fetchManifest(ctx context.Context, t content.Fetcher, d ocispec.Descriptor)
 	if d.Size <= 0 || d.Size > maxManifest {
 		return nil, fmt.Errorf("manifest %s of %d bytes", d.Digest, d.Size)
 	}
-	b, err := content.FetchAll(ctx, t, d)
+	b, err := verify.Fetch(ctx, t, "", d)
 	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", d.Digest, err)
 	}
@@ -235,7 +237,7 @@ func Find(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descript
 				e.Sig = nil
 			}
 			if l.Size > 0 && l.Size <= maxPayload {
-				if b, err := content.FetchAll(ctx, t, l); err == nil {
+				if b, err := verify.Fetch(ctx, t, "", l); err == nil {
 					e.Payload = b
 				}
 			}

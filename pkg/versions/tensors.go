@@ -13,6 +13,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -309,7 +310,7 @@ func (r *fileReader) ReadAt(p []byte, off int64) (int, error) {
 		b, ok := r.fetched[c.Digest]
 		if !ok {
 			var err error
-			b, err = content.FetchAll(r.ctx, r.src, ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: c.Digest, Size: c.Size})
+			b, err = verify.Fetch(r.ctx, r.src, "", ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: c.Digest, Size: c.Size})
 			if err != nil {
 				return n, fmt.Errorf("chunk %s: %w", c.Digest, err)
 			}

@@ -19,6 +19,7 @@ import (
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -72,7 +73,7 @@ func Stat(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*R
 	if desc.Size <= 0 || desc.Size > layout.MaxManifestBytes {
 		return nil, fmt.Errorf("%s: manifest of %d bytes: %w", desc.Digest, desc.Size, layout.ErrNotVolume)
 	}
-	b, err := content.FetchAll(ctx, src, desc)
+	b, err := verify.Fetch(ctx, src, "", desc)
 	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
 )
 
 // Hold records that the version ver is mounted at mountpoint: it protects
@@ -14,7 +14,7 @@ import (
 // on the mountpoint (so `bdnvol cache ls`, `rm` and `gc` in any process see
 // it in use). release drops all three. An error writing the record or the
 // lease is returned with a working release; the mount can go on.
-func Hold(cache *lazy.Cache, ver *layout.Version, ref, pinned, mountpoint string) (release func(), err error) {
+func Hold(cache *chunkcache.Cache, ver *layout.Version, ref, pinned, mountpoint string) (release func(), err error) {
 	store := StoreOf(cache)
 	rec, gerr := store.Get(ver.Root.Digest)
 	if gerr != nil || rec.Patterns != "" {

@@ -15,7 +15,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 )
 
@@ -63,7 +64,7 @@ func (r Record) Descriptors() []ocispec.Descriptor {
 type Store struct{ Dir string }
 
 // StoreOf returns the record store of cache c.
-func StoreOf(c *lazy.Cache) Store { return Store{Dir: filepath.Join(c.Dir(), "versions")} }
+func StoreOf(c *chunkcache.Cache) Store { return Store{Dir: filepath.Join(c.Dir(), "versions")} }
 
 func (s Store) path(d digest.Digest) string { return filepath.Join(s.Dir, d.Encoded()+".json") }
 
@@ -79,19 +80,7 @@ func (s Store) Put(r Record) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(s.Dir, ".record-*")
-	if err != nil {
-		return fmt.Errorf("record of %s: %w", r.Pinned, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("record of %s: %w", r.Pinned, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("record of %s: %w", r.Pinned, err)
-	}
-	if err := os.Rename(tmp.Name(), s.path(r.Root.Digest)); err != nil {
+	if err := atomicfile.WriteFile(s.path(r.Root.Digest), b, 0o600); err != nil {
 		return fmt.Errorf("record of %s: %w", r.Pinned, err)
 	}
 	return nil

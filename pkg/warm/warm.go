@@ -10,7 +10,9 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
@@ -29,7 +31,7 @@ type Options struct {
 	OCI     oci.Options
 	Mirrors mounts.MirrorConfig
 	// Wrap, when set, wraps the fetcher of a registry (as mounts.OpenOptions.Wrap).
-	Wrap func(source, host string, f lazy.Fetcher) lazy.Fetcher
+	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 }
 
 // Target is one version opened for warming: its index read (through the
@@ -41,13 +43,13 @@ type Target struct {
 	Need    []ocispec.Descriptor // unique chunks, in file order
 	// Patterns are the globs asked for ("" for every file).
 	Patterns string
-	src      lazy.Fetcher
+	src      content.Fetcher
 }
 
 // Open resolves ref (a tag becomes a digest now), reads its index through
 // cache and lists the chunks of the files patterns matches (every file when
 // patterns is "" or "all").
-func Open(ctx context.Context, cache *lazy.Cache, ref, patterns string, opt Options) (*Target, error) {
+func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, opt Options) (*Target, error) {
 	r, err := oci.ParseRef(ref)
 	if err != nil {
 		return nil, err
@@ -60,7 +62,7 @@ func Open(ctx context.Context, cache *lazy.Cache, ref, patterns string, opt Opti
 	if err != nil {
 		return nil, err
 	}
-	var reg lazy.Fetcher = t
+	var reg content.Fetcher = t
 	if opt.Wrap != nil && r.Layout == "" {
 		reg = opt.Wrap("registry", r.Registry, reg)
 	}
@@ -132,7 +134,7 @@ type FillOptions struct {
 // missing, and stops at the first failure (a registry that fails one chunk
 // mostly fails the next). Blobs already cached are checked, not fetched, so
 // a stopped fill resumes where it was.
-func (t *Target) Fill(ctx context.Context, cache *lazy.Cache, opt FillOptions) error {
+func (t *Target) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOptions) error {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 4
 	}
@@ -167,7 +169,7 @@ func (t *Target) Fill(ctx context.Context, cache *lazy.Cache, opt FillOptions) e
 
 // Cached returns the bytes of descs the cache holds and the number of
 // blobs missing.
-func Cached(cache *lazy.Cache, descs []ocispec.Descriptor) (bytes int64, missing int) {
+func Cached(cache *chunkcache.Cache, descs []ocispec.Descriptor) (bytes int64, missing int) {
 	for _, d := range descs {
 		if n, ok := cache.EntrySize(d.Digest); ok && n == d.Size {
 			bytes += d.Size
@@ -227,7 +229,7 @@ type WarmOptions struct {
 // versions mounted now do not fit together in the cache's bound. While it
 // runs, this process evicts neither their blobs nor those of mounted
 // versions. It returns nil only when every blob is cached and verified.
-func Warm(ctx context.Context, cache *lazy.Cache, refs []string, opt WarmOptions) ([]*Target, error) {
+func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmOptions) ([]*Target, error) {
 	store := StoreOf(cache)
 	used, _ := InUseBlobs(store)
 	need := map[digest.Digest]int64{}
@@ -286,7 +288,7 @@ type Entry struct {
 }
 
 // List returns what the cache holds of each recorded version.
-func List(cache *lazy.Cache) ([]Entry, error) {
+func List(cache *chunkcache.Cache) ([]Entry, error) {
 	store := StoreOf(cache)
 	recs, err := store.List()
 	if err != nil {
@@ -311,7 +313,7 @@ type Removed struct {
 // reference, a tag as recorded, or a digest) and their blobs that no
 // version in use and no other recorded version needs. A version a mount
 // holds is refused, naming it.
-func Remove(cache *lazy.Cache, ref string) (Removed, error) {
+func Remove(cache *chunkcache.Cache, ref string) (Removed, error) {
 	store := StoreOf(cache)
 	recs, err := store.List()
 	if err != nil {
@@ -339,7 +341,7 @@ var ErrInUse = errors.New("a running mount uses this version")
 
 // GC drops every recorded version no mount holds, and its blobs that
 // versions in use do not need.
-func GC(cache *lazy.Cache) (Removed, error) {
+func GC(cache *chunkcache.Cache) (Removed, error) {
 	store := StoreOf(cache)
 	recs, err := store.List()
 	if err != nil {
@@ -354,7 +356,7 @@ func GC(cache *lazy.Cache) (Removed, error) {
 	return removeRecords(cache, store, recs, drop)
 }
 
-func removeRecords(cache *lazy.Cache, store Store, all, drop []Record) (Removed, error) {
+func removeRecords(cache *chunkcache.Cache, store Store, all, drop []Record) (Removed, error) {
 	dropped := map[digest.Digest]bool{}
 	for _, r := range drop {
 		dropped[r.Root.Digest] = true

@@ -15,7 +15,8 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 )
 
 // The states of a warm list entry.
@@ -52,7 +53,7 @@ type Status struct {
 // WarmerOptions configure a Warmer.
 type WarmerOptions struct {
 	Options
-	Cache      *lazy.Cache
+	Cache      *chunkcache.Cache
 	ListFile   string // the warm list (a ConfigMap key mounted as a file)
 	StatusFile string // where the status is written; "" for none
 	// Bandwidth bounds the bytes per second fetched for warming; <= 0 for none.
@@ -291,7 +292,7 @@ func (w *Warmer) round(ctx context.Context) {
 	w.publish(st)
 }
 
-func cachedOf(c *lazy.Cache, t *Target) (int64, int) {
+func cachedOf(c *chunkcache.Cache, t *Target) (int64, int) {
 	if t == nil {
 		return 0, 0
 	}
@@ -336,17 +337,5 @@ func writeAtomic(path string, b []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".status-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return atomicfile.WriteFile(path, b, 0o600)
 }

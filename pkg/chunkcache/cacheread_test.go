@@ -1,10 +1,12 @@
-package lazy
+package chunkcache
 
 import (
 	"bytes"
 	"context"
 	"io"
 	"testing"
+
+	"oras.land/oras-go/v2/content"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -25,11 +27,11 @@ func TestCacheReadOnly(t *testing.T) {
 		descs, blobs[d.Digest] = append(descs, d), b
 	}
 	src := &fakeFetcher{src: store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
-	c, err := OpenCache(t.TempDir(), 0)
+	c, err := Open(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	read := func(f Fetcher, d ocispec.Descriptor) {
+	read := func(f content.Fetcher, d ocispec.Descriptor) {
 		t.Helper()
 		rc, err := f.Fetch(ctx, d)
 		if err != nil {

@@ -1,4 +1,4 @@
-package lazy
+package chunkcache
 
 import (
 	"bytes"
@@ -19,18 +19,9 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
-
-// Fetcher fetches a blob by descriptor. It is oras-go's content.Fetcher:
-// registry repositories, OCI layouts and memory stores all implement it.
-// The bytes it returns are not trusted; everything in this package verifies
-// them against desc.Digest before use.
-type Fetcher interface {
-	Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error)
-}
-
-var _ Fetcher = content.Fetcher(nil)
 
 // Chunk is the verified bytes of one chunk. Close releases it; a Chunk stays
 // readable after its cache entry is evicted.
@@ -39,15 +30,15 @@ type Chunk interface {
 	io.Closer
 }
 
-// DefaultCacheSize bounds a cache opened with a size <= 0.
-const DefaultCacheSize = 10 << 30
+// DefaultSize bounds a cache opened with a size <= 0.
+const DefaultSize = 10 << 30
 
-// tmpMaxAge is how old a temporary file must be before OpenCache removes it
+// tmpMaxAge is how old a temporary file must be before Open removes it
 // as the leftover of a crashed writer (a live writer may be using a newer one).
 const tmpMaxAge = time.Hour
 
-// CacheStats count what a Cache did since it was opened.
-type CacheStats struct {
+// Stats count what a Cache did since it was opened.
+type Stats struct {
 	Hits         int64 // loads served from disk or joined to another load
 	HitBytes     int64 // bytes of those loads
 	Fetches      int64 // blobs fetched from a Fetcher and verified
@@ -93,13 +84,13 @@ type call struct {
 	mem  []byte // the verified bytes, when they could not be stored
 }
 
-// OpenCache opens (creating it if needed) the cache directory dir, bounded
-// to maxBytes (DefaultCacheSize if <= 0). It indexes the entries already
+// Open opens (creating it if needed) the cache directory dir, bounded
+// to maxBytes (DefaultSize if <= 0). It indexes the entries already
 // there, oldest use first, evicts down to the bound, and removes temporary
 // files left by crashed writers.
-func OpenCache(dir string, maxBytes int64) (*Cache, error) {
+func Open(dir string, maxBytes int64) (*Cache, error) {
 	if maxBytes <= 0 {
-		maxBytes = DefaultCacheSize
+		maxBytes = DefaultSize
 	}
 	c := &Cache{
 		dir: dir, max: maxBytes,
@@ -162,8 +153,8 @@ func (c *Cache) Size() int64 {
 }
 
 // Stats returns the counters.
-func (c *Cache) Stats() CacheStats {
-	return CacheStats{
+func (c *Cache) Stats() Stats {
+	return Stats{
 		Hits: c.hits.Load(), HitBytes: c.hitBytes.Load(), Fetches: c.fetches.Load(), FetchedBytes: c.fetchedBytes.Load(),
 		Corrupt: c.corrupt.Load(), StoreErrors: c.storeErrors.Load(), Evictions: c.evictions.Load(),
 	}
@@ -194,7 +185,7 @@ func cacheable(desc ocispec.Descriptor) bool {
 // match desc are never returned or stored: the error is a
 // *ChunkInvalidError. If a verified blob cannot be stored (disk full), it is
 // still returned, from memory.
-func (c *Cache) Load(ctx context.Context, src Fetcher, desc ocispec.Descriptor) (Chunk, error) {
+func (c *Cache) Load(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (Chunk, error) {
 	if !cacheable(desc) {
 		return nil, fmt.Errorf("chunk %s: cannot cache a blob of %d bytes", desc.Digest, desc.Size)
 	}
@@ -294,7 +285,7 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 	}
 	if !checked {
 		h := sha256.New()
-		if _, err := io.Copy(h, io.NewSectionReader(f, 0, desc.Size)); err != nil || digest.NewDigest(digest.SHA256, h) != desc.Digest {
+		if n, err := io.Copy(h, io.NewSectionReader(f, 0, desc.Size)); err != nil || verify.Digest("chunk", desc, digest.NewDigest(digest.SHA256, h), n) != nil {
 			f.Close()
 			c.corrupt.Add(1)
 			c.drop(desc.Digest)
@@ -380,7 +371,7 @@ func (c *Cache) evictLocked(keep *list.Element) {
 // When the entry cannot be written (disk full), the blob is fetched again
 // into memory and returned from there, with mem set to its bytes for the
 // callers waiting on the same load.
-func (c *Cache) fetch(ctx context.Context, src Fetcher, desc ocispec.Descriptor) (ch Chunk, mem []byte, err error) {
+func (c *Cache) fetch(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (ch Chunk, mem []byte, err error) {
 	f, err := os.CreateTemp(c.tmpDir(), desc.Digest.Encoded()+"-*")
 	if err == nil {
 		if err = reserve(f, desc.Size); err == nil {
@@ -409,7 +400,7 @@ func (e *storeError) Error() string { return "cache write: " + e.err.Error() }
 
 // fetchToFile streams desc into the temporary file f, verifies it and
 // renames it into place. f is closed or returned as the chunk.
-func (c *Cache) fetchToFile(ctx context.Context, src Fetcher, desc ocispec.Descriptor, f *os.File) (Chunk, error) {
+func (c *Cache) fetchToFile(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, f *os.File) (Chunk, error) {
 	keep := false
 	defer func() {
 		if !keep {
@@ -439,7 +430,7 @@ func (c *Cache) fetchToFile(ctx context.Context, src Fetcher, desc ocispec.Descr
 }
 
 // fetchToMemory fetches desc into memory and verifies it.
-func (c *Cache) fetchToMemory(ctx context.Context, src Fetcher, desc ocispec.Descriptor) ([]byte, error) {
+func (c *Cache) fetchToMemory(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) ([]byte, error) {
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
 		return nil, fmt.Errorf("chunk %s: %w", desc.Digest, err)
@@ -465,7 +456,7 @@ func (c *Cache) readError(desc ocispec.Descriptor, n int64, err error) error {
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		c.corrupt.Add(1)
-		return &ChunkInvalidError{Want: desc.Digest, Size: n}
+		return verify.Digest("chunk", desc, "", n)
 	}
 	return fmt.Errorf("chunk %s: read after %d of %d bytes: %w", desc.Digest, n, desc.Size, err)
 }
@@ -473,14 +464,9 @@ func (c *Cache) readError(desc ocispec.Descriptor, n int64, err error) error {
 // checkFetched checks that rc has nothing past desc.Size and that got is
 // desc's digest.
 func (c *Cache) checkFetched(desc ocispec.Descriptor, rc io.Reader, got digest.Digest) error {
-	var one [1]byte
-	if m, _ := rc.Read(one[:]); m > 0 {
+	if err := verify.End("chunk", desc, rc, got, desc.Size); err != nil {
 		c.corrupt.Add(1)
-		return &ChunkInvalidError{Want: desc.Digest, Size: desc.Size + 1}
-	}
-	if got != desc.Digest {
-		c.corrupt.Add(1)
-		return &ChunkInvalidError{Want: desc.Digest, Got: got, Size: desc.Size}
+		return err
 	}
 	c.fetches.Add(1)
 	c.fetchedBytes.Add(desc.Size)
@@ -582,15 +568,22 @@ type memChunk struct{ *bytes.Reader }
 
 func (memChunk) Close() error { return nil }
 
+// InMemory reports whether ch is held in memory only, not in the cache (the
+// disk was full when it was loaded): keep it no longer than a read needs.
+func InMemory(ch Chunk) bool {
+	_, ok := ch.(memChunk)
+	return ok
+}
+
 // Fetcher returns a Fetcher that serves blobs from the cache, fetching
 // missing ones from src (for example to let `bdnvol pull` reuse chunks a
 // mount fetched). Blobs the cache cannot hold are fetched from src and
 // verified as they are read.
-func (c *Cache) Fetcher(src Fetcher) Fetcher { return &cachedFetcher{c: c, src: src} }
+func (c *Cache) Fetcher(src content.Fetcher) content.Fetcher { return &cachedFetcher{c: c, src: src} }
 
 type cachedFetcher struct {
 	c   *Cache
-	src Fetcher
+	src content.Fetcher
 }
 
 // Local reports whether the wrapped source reads local files.
@@ -609,7 +602,10 @@ func (f *cachedFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.
 		if err != nil {
 			return nil, err
 		}
-		return &verifyingReadCloser{VerifyReader: content.NewVerifyReader(rc, desc), c: rc}, nil
+		return struct {
+			io.Reader
+			io.Closer
+		}{verify.Reader(rc, "blob", desc), rc}, nil
 	}
 	ch, err := f.c.Load(ctx, f.src, desc)
 	if err != nil {
@@ -624,21 +620,3 @@ type chunkReadCloser struct {
 }
 
 func (r *chunkReadCloser) Close() error { return r.ch.Close() }
-
-// verifyingReadCloser fails at EOF when the bytes read do not match.
-type verifyingReadCloser struct {
-	*content.VerifyReader
-	c io.Closer
-}
-
-func (r *verifyingReadCloser) Read(p []byte) (int, error) {
-	n, err := r.VerifyReader.Read(p)
-	if err == io.EOF {
-		if verr := r.Verify(); verr != nil {
-			return n, verr
-		}
-	}
-	return n, err
-}
-
-func (r *verifyingReadCloser) Close() error { return r.c.Close() }

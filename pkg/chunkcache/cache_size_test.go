@@ -1,4 +1,4 @@
-package lazy
+package chunkcache
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ func TestWrongSizeKeepsVerifiedEntry(t *testing.T) {
 	if err := store.Push(ctx, desc, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
-	c1, err := OpenCache(dir, 1<<20)
+	c1, err := Open(dir, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestWrongSizeDamagedEntryDropped(t *testing.T) {
 
 func mustOpenCache(t *testing.T, dir string) *Cache {
 	t.Helper()
-	c, err := OpenCache(dir, 1<<20)
+	c, err := Open(dir, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

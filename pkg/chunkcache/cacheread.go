@@ -1,8 +1,10 @@
-package lazy
+package chunkcache
 
 import (
 	"context"
 	"io"
+
+	"oras.land/oras-go/v2/content"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
@@ -11,14 +13,14 @@ import (
 // (verified, as c.Fetcher does) and fetches the others from src without
 // storing them. An entry that turns out damaged is fetched again through
 // c, which replaces it.
-func (c *Cache) ReadOnly(src Fetcher) Fetcher {
+func (c *Cache) ReadOnly(src content.Fetcher) content.Fetcher {
 	return cacheReader{cache: c, src: src, filled: c.Fetcher(src)}
 }
 
 type cacheReader struct {
 	cache  *Cache
-	src    Fetcher
-	filled Fetcher
+	src    content.Fetcher
+	filled content.Fetcher
 }
 
 func (r cacheReader) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package lazy
+package chunkcache
 
 import "os"
 

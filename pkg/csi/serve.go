@@ -1,0 +1,120 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/metrics"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/warm"
+)
+
+// MounterConfig configures ServeMounter: the mounter process of a node.
+type MounterConfig struct {
+	Socket    string // the unix socket the node plugin calls
+	MountsDir string // where the per-digest FUSE mounts live
+	StateDir  string // where the node plugin records what it published
+	CacheDir  string // the node's chunk cache is CacheDir/chunks
+	CacheSize int64  // its bound
+
+	OCI          oci.Options
+	Mirrors      mounts.MirrorConfig
+	Jobs         int           // concurrent background fetches per mount
+	FetchTimeout time.Duration // a read fails when a chunk takes longer
+
+	WarmList            string // references to keep warm ("" for none)
+	WarmStatus          string // where the warm status is written ("" for STATE-DIR/warm-status.json)
+	WarmBandwidth       int64  // bytes per second warming may fetch (0: no bound)
+	WarmResolveInterval time.Duration
+	WarmJobs            int
+
+	MetricsAddr string // where /metrics and /warm are served ("" for nowhere)
+	Logger      *slog.Logger
+}
+
+// ServeMounter runs the mounter over one shared chunk cache, with its
+// warm list and metrics, until ctx ends; then it unmounts everything.
+func ServeMounter(ctx context.Context, c MounterConfig) error {
+	log := c.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cache, err := chunkcache.Open(filepath.Join(c.CacheDir, "chunks"), c.CacheSize)
+	if err != nil {
+		return err
+	}
+	met := metrics.New()
+	met.Cache(cache)
+	var warmer *warm.Warmer
+	if c.WarmList != "" {
+		status := c.WarmStatus
+		if status == "" {
+			status = filepath.Join(c.StateDir, "warm-status.json")
+		}
+		warmer = warm.NewWarmer(warm.WarmerOptions{
+			Options: warm.Options{OCI: c.OCI, Mirrors: c.Mirrors, Wrap: met.Wrap},
+			Cache:   cache, ListFile: c.WarmList, StatusFile: status, Bandwidth: c.WarmBandwidth,
+			ResolveInterval: c.WarmResolveInterval, Jobs: c.WarmJobs, Logger: log.With("component", "warm"),
+		})
+		met.Warm(warmer.Status)
+	}
+	m, err := NewMounter(MounterOptions{
+		MountsDir: c.MountsDir, Cache: cache, OCI: c.OCI, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
+		Mirrors: c.Mirrors, Logger: log, Wrap: met.Wrap, Warmer: warmer,
+	})
+	if err != nil {
+		return err
+	}
+	met.Mounts(func() []metrics.MountSample { return m.MountSamples(c.StateDir) })
+	if warmer != nil {
+		go warmer.Run(ctx)
+	}
+	if c.MetricsAddr != "" {
+		if err := metrics.Serve(ctx, c.MetricsAddr, met, warmer, log); err != nil {
+			return err
+		}
+	}
+	l, err := Listen(c.Socket)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: m.Handler()}
+	go func() { <-ctx.Done(); srv.Close() }()
+	log.Info("serving", "socket", c.Socket, "mounts_dir", c.MountsDir, "cache", cache.Dir(), "pid", os.Getpid())
+	if err := srv.Serve(l); err != nil && err != http.ErrServerClosed {
+		return err
+	}
+	return m.Close()
+}
+
+// ServeNode serves the CSI Identity and Node services at endpoint until
+// ctx ends. An empty opt.NodeID is the host name.
+func ServeNode(ctx context.Context, endpoint string, opt NodeOptions) error {
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opt.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("node id: %w", err)
+		}
+		opt.NodeID = h
+	}
+	n, err := NewNode(ctx, opt)
+	if err != nil {
+		return err
+	}
+	l, err := Listen(endpoint)
+	if err != nil {
+		return err
+	}
+	opt.Logger.Info("serving", "endpoint", endpoint, "node_id", opt.NodeID, "pid", os.Getpid())
+	return n.Serve(ctx, l)
+}

@@ -1,0 +1,138 @@
+// Package pull materialises a version in a directory: the reference
+// resolved under a signature policy, chunks fetched through mirrors and the
+// node's chunk cache, and the tree written by layout.Pull.
+package pull
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/signature"
+)
+
+// Options configure Pull.
+type Options struct {
+	OCI     oci.Options
+	Mirrors mounts.MirrorConfig
+	Policy  signature.Policy // checked right after the reference is resolved
+	// CacheDir holds the chunk cache (CacheDir/chunks) and the stat cache of
+	// the directories pulled into.
+	CacheDir string
+	// Cache is how the chunk cache is used: by default chunks already there
+	// are used and none is added (the directory holds every byte anyway).
+	Cache     CacheMode
+	CacheSize int64 // the chunk cache's bound with CacheFill
+	Jobs      int   // concurrent chunk fetches
+	// VerifyFiles checks every written file's SHA-256 before it is renamed
+	// into place.
+	VerifyFiles bool
+	Counters    *layout.Counters // progress; nil for none
+	// Progress (if set) is started once the version is open; the function
+	// it returns is called when the pull ends.
+	Progress func() func()
+	// Logf (if set) is told what the caller may want to show.
+	Logf func(format string, args ...any)
+}
+
+// CacheMode is how a pull uses the node's chunk cache.
+type CacheMode int
+
+// Cache modes.
+const (
+	CacheRead CacheMode = iota // use chunks already cached, add none
+	CacheFill                  // also add the chunks fetched
+	CacheOff                   // neither use nor fill the cache
+)
+
+// Result is what a pull did.
+type Result struct {
+	Digest        string  `json:"digest"`
+	Reference     string  `json:"reference"`
+	Files         int     `json:"files"`
+	Bytes         int64   `json:"bytes"`
+	ChunksFetched int64   `json:"chunks_fetched"`
+	BytesFetched  int64   `json:"bytes_fetched"`
+	FilesReused   int     `json:"files_reused"`
+	ChunksCopied  int64   `json:"chunks_copied"`
+	BytesCopied   int64   `json:"bytes_copied"`
+	FilesRemoved  int     `json:"files_removed"`
+	CacheHits     int64   `json:"cache_hits"`
+	MirrorHits    int64   `json:"mirror_hits"`
+	Seconds       float64 `json:"seconds"`
+}
+
+// Pull resolves ref (a tag becomes a digest now), checks opt.Policy, and
+// writes the version's tree into dir (created if missing).
+func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, error) {
+	start := time.Now()
+	t, err := oci.Open(ctx, ref, opt.OCI)
+	if err != nil {
+		return nil, err
+	}
+	desc, err := signature.Resolve(ctx, t, ref, opt.Policy)
+	if err != nil {
+		return nil, err
+	}
+	if ref.Layout != "" && len(opt.Mirrors.URLs) > 0 && opt.Logf != nil {
+		opt.Logf("%s is a local layout; --mirror is not used", ref.Repo())
+	}
+	src, mirrors, err := opt.Mirrors.Fetcher(ref, t)
+	if err != nil {
+		return nil, err
+	}
+	var cache *chunkcache.Cache
+	if opt.Cache != CacheOff {
+		// Without CacheFill nothing is added, so open with no bound: a
+		// smaller one than the mounts' would evict their chunks.
+		max := int64(math.MaxInt64)
+		if opt.Cache == CacheFill {
+			max = opt.CacheSize
+		}
+		if cache, err = chunkcache.Open(filepath.Join(opt.CacheDir, "chunks"), max); err != nil {
+			return nil, err
+		}
+		if opt.Cache == CacheFill {
+			src = cache.Fetcher(src)
+		} else {
+			src = cache.ReadOnly(src)
+		}
+	}
+	v, err := layout.Open(ctx, src, desc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ref, err)
+	}
+	stop := func() {}
+	if opt.Progress != nil {
+		stop = opt.Progress()
+	}
+	res, err := layout.Pull(ctx, src, v, dir, layout.PullOptions{
+		Jobs:        opt.Jobs,
+		Cache:       layout.OpenStatCache(opt.CacheDir, dir, layout.Params{}),
+		Counters:    opt.Counters,
+		VerifyFiles: opt.VerifyFiles,
+	})
+	stop()
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref.Pinned(desc.Digest), err)
+	}
+	out := &Result{
+		Digest: desc.Digest.String(), Reference: ref.Pinned(desc.Digest),
+		Files: res.Files, Bytes: res.Bytes, ChunksFetched: res.ChunksFetched, BytesFetched: res.BytesFetched,
+		FilesReused: res.FilesReused, ChunksCopied: res.ChunksCopied, BytesCopied: res.BytesCopied, FilesRemoved: res.FilesRemoved,
+		Seconds: time.Since(start).Seconds(),
+	}
+	if cache != nil {
+		out.CacheHits = cache.Stats().Hits
+	}
+	if mirrors != nil {
+		out.MirrorHits = mirrors.Stats().Hits
+	}
+	return out, nil
+}

@@ -1,0 +1,98 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// RemoveOptions configure Remove.
+type RemoveOptions struct {
+	// Sources are the references that keep the version, read right before
+	// it is deleted; nil for none.
+	Sources Sources
+	// Force deletes it even when a reference names it.
+	Force bool
+}
+
+// Removed is what Remove did.
+type Removed struct {
+	Digest    digest.Digest
+	Pinned    string   // REPO@DIGEST
+	Tombstone string   // the tombstone tag that makes it restorable
+	Tags      []string // the human tags it lost
+	// Views are its image views, deleted with it; ViewsErr says why some
+	// could not be (the version is deleted all the same).
+	Views    []ocispec.Descriptor
+	ViewsErr error
+}
+
+// Remove soft-deletes the version ref names, restorably, unless a
+// reference of opt.Sources (or a tag kept by no rule: none) still needs
+// it; then it deletes the version's image views. An OCI layout stays
+// locked meanwhile.
+func Remove(ctx context.Context, ref oci.Ref, ociOpt oci.Options, opt RemoveOptions) (*Removed, error) {
+	t, unlock, err := oci.OpenLocked(ctx, ref, ociOpt, true)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	root, err := versions.Resolve(ctx, t, ref)
+	if err != nil {
+		return nil, err
+	}
+	d := root.Desc.Digest
+	rec, err := SoftDelete(ctx, t, d, DeleteOptions{
+		Check: func(ctx context.Context, tags []string) error {
+			if opt.Force || opt.Sources == nil {
+				return nil
+			}
+			refs, err := opt.Sources(ctx)
+			if err != nil {
+				return err
+			}
+			var why []string
+			for _, r := range KeepReasons(Version{Digest: d, Tags: tags}, refs, Policy{}) {
+				why = append(why, r.Text)
+			}
+			if len(why) > 0 {
+				return fmt.Errorf("%s is still needed: %s; new replicas would fail to start without it (--force deletes it anyway)",
+					ref.Pinned(d), strings.Join(why, "; "))
+			}
+			return nil
+		},
+	})
+	if errors.Is(err, ErrNotLive) {
+		return nil, fmt.Errorf("%s: %w", ref.Pinned(d), err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := &Removed{Digest: d, Pinned: ref.Pinned(d), Tombstone: rec.Tag, Tags: rec.Tags}
+	out.Views, out.ViewsErr = DeleteImageViews(ctx, t, d)
+	return out, nil
+}
+
+// RestoreRef brings back the deleted version ref names by digest (see
+// Restore), an OCI layout locked meanwhile. It returns the new protective
+// tag and a warning about what could not be brought back with it.
+func RestoreRef(ctx context.Context, ref oci.Ref, ociOpt oci.Options) (tag string, warn error, err error) {
+	t, unlock, err := oci.OpenLocked(ctx, ref, ociOpt, true)
+	if err != nil {
+		return "", nil, err
+	}
+	defer unlock()
+	tag, warn, err = Restore(ctx, t, ref.Digest, time.Now())
+	if errors.Is(err, ErrNoTombstone) {
+		return "", nil, fmt.Errorf("%s: %w (bdnvol versions --deleted lists what can be restored)", ref.Pinned(ref.Digest), ErrNoTombstone)
+	}
+	return tag, warn, err
+}

@@ -1,0 +1,31 @@
+package versions
+
+import "github.com/bdnvol/bdnvol/pkg/oci"
+
+// Report is a published version as push and sync report it.
+type Report struct {
+	Digest         string   `json:"digest"`
+	Reference      string   `json:"reference"` // REPO@DIGEST
+	Tags           []string `json:"tags"`
+	Files          int      `json:"files"`
+	Bytes          int64    `json:"bytes"`
+	Chunks         int      `json:"chunks"`
+	ChunksUploaded int64    `json:"chunks_uploaded"`
+	BytesUploaded  int64    `json:"bytes_uploaded"`
+	Seconds        float64  `json:"seconds"`
+}
+
+// Report returns p, published in the repository ref names, as push and
+// sync report it (Seconds is left to the caller).
+func (p *Published) Report(ref oci.Ref) Report {
+	return Report{
+		Digest:         p.Root.Digest.String(),
+		Reference:      ref.Pinned(p.Root.Digest),
+		Tags:           p.Tags,
+		Files:          p.Files,
+		Bytes:          p.Bytes,
+		Chunks:         p.Chunks,
+		ChunksUploaded: p.ChunksUploaded,
+		BytesUploaded:  p.BytesUploaded,
+	}
+}
