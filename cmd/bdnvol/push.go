@@ -46,12 +46,9 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	params, err := layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)}.Completed()
+	params, err := versions.PushParams(ctx, t, ref.Tag, layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)})
 	if err != nil {
 		return usageError{err}
-	}
-	if params == (layout.Params{}) {
-		params = versions.PreviousParams(ctx, t, ref.Tag)
 	}
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "push", counters)

@@ -107,11 +107,7 @@ func openVersion(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target
 	if err != nil {
 		return ref, nil, nil, err
 	}
-	t, err := oci.Open(ctx, ref, g.options())
-	if err != nil {
-		return ref, nil, nil, err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	t, root, err := versions.Open(ctx, ref, g.options())
 	return ref, t, root, err
 }
 
