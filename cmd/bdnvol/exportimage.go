@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -49,7 +48,7 @@ func (c *ExportImageCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	fmt.Fprintf(g.stderr, "bdnvol: image view of %s: %d layers, %s (volume %s), uploaded %d layers, %s, in %s\n",
 		out.VolumeDigest, len(out.Layers), units.Bytes(out.ImageBytes), units.Bytes(out.VolumeBytes),

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -93,7 +92,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", rep.Swept.Blobs, units.Bytes(rep.Swept.Bytes))
 	}
 	if c.JSON {
-		if err := json.NewEncoder(g.stdout).Encode(rep); err != nil {
+		if err := g.printJSON(rep); err != nil {
 			return err
 		}
 	}

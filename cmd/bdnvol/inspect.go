@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io/fs"
 	"strings"
@@ -49,7 +48,7 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 		images = append(images, ref.Pinned(v.Digest))
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(struct {
+		return g.printJSON(struct {
 			Reference string `json:"reference"`
 			*versions.Details
 			Signature signature.Status `json:"signature"`

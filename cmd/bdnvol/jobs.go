@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"text/tabwriter"
@@ -44,7 +43,7 @@ func (c *JobsListCmd) Run(g *Globals) error {
 		for _, j := range js {
 			out = append(out, j.Summary())
 		}
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSOURCE\tDESTINATION\tSTATE\tPROGRESS")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
@@ -36,7 +35,7 @@ func (c *LintCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	}
 	if c.JSON {
-		if err := json.NewEncoder(g.stdout).Encode(all); err != nil {
+		if err := g.printJSON(all); err != nil {
 			return err
 		}
 	} else {

@@ -14,6 +14,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
+	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
 // MountCmd mounts a version read-only with FUSE.
@@ -80,7 +81,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 			AllowOther: c.AllowOther, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Debug: c.Debug, Store: &store, Logf: g.logf,
 		},
 		Prefetch: prefetch, PrefetchName: c.Prefetch,
-		Hold: func(s *mounts.Served) func() { return holdVersion(cache, s, g) },
+		Hold: warm.HoldServed(cache, g.logf),
 		Ready: func(all []*mounts.Served) {
 			var pinned, digests []string
 			for _, s := range all {

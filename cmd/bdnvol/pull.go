@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/internal/units"
@@ -58,7 +57,7 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	fmt.Fprintf(g.stderr, "pulled %d files, %s; fetched %d chunks, %s; copied %d chunks, %s, from files already there in %.1fs\n",
 		out.Files, units.Bytes(out.Bytes), out.ChunksFetched, units.Bytes(out.BytesFetched), out.ChunksCopied, units.Bytes(out.BytesCopied), out.Seconds)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -70,7 +69,7 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	out := res.Report(ref)
 	out.Seconds = time.Since(start).Seconds()
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	fmt.Fprintf(g.stderr, "sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs\n",
 		out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/pkg/jobs"
@@ -65,7 +64,7 @@ func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreg
 		return err
 	}
 	if asJSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"text/tabwriter"
@@ -57,7 +56,7 @@ func (c *MountsCmd) Run(g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "MOUNTPOINT\tDIGEST\tREFERENCE\tPID")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -71,7 +70,7 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 		vs[i] = signedVersion{v, sigs[i]}
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(vs)
+		return g.printJSON(vs)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS\tSIGNED")
@@ -89,7 +88,7 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 	}
 	ds := retention.Restorable(all)
 	if asJSON {
-		return json.NewEncoder(g.stdout).Encode(ds)
+		return g.printJSON(ds)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DIGEST\tDELETED\tSEALED\tBYTES\tFILES\tFORMER TAGS")
