@@ -16,32 +16,19 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/retention"
 )
 
-// Duration is a time.Duration flag that also accepts days ("7d").
-type Duration time.Duration
-
-// UnmarshalText parses 7d, 36h, 1d12h, 0s.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := retention.ParseDuration(string(b))
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
-
 // GCCmd plans, and with --apply carries out, the deletion of old versions
 // that nothing keeps.
 type GCCmd struct {
-	Repo          string   `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
-	KeepLast      int      `name:"keep-last" default:"3" help:"Keep the newest N versions."`
-	KeepTag       []string `name:"keep-tag" default:"*" help:"Keep versions with a human tag matching this glob (repeatable; default: any tag)."`
-	KeepWithin    Duration `name:"keep-within" default:"0s" help:"Keep versions pushed within this long (e.g. 7d, 36h)."`
-	Refs          []string `name:"refs" help:"YAML/JSON file or directory whose volume references keep versions; - reads standard input (repeatable)."`
-	Apply         bool     `help:"Carry the plan out (default: only print it)."`
-	JSON          bool     `name:"json" help:"Print the plan (and results) as JSON."`
-	Purge         bool     `help:"Also delete for real the versions deleted more than --restore-window ago."`
-	RestoreWindow Duration `name:"restore-window" default:"7d" help:"How long a deleted version stays restorable before --purge removes it."`
-	BlobGrace     Duration `name:"blob-grace" default:"1h" help:"OCI layouts: leave unreachable blobs younger than this (a push may be running)."`
+	Repo          string             `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
+	KeepLast      int                `name:"keep-last" default:"3" help:"Keep the newest N versions."`
+	KeepTag       []string           `name:"keep-tag" default:"*" help:"Keep versions with a human tag matching this glob (repeatable; default: any tag)."`
+	KeepWithin    retention.Duration `name:"keep-within" default:"0s" help:"Keep versions pushed within this long (e.g. 7d, 36h)."`
+	Refs          []string           `name:"refs" help:"YAML/JSON file or directory whose volume references keep versions; - reads standard input (repeatable)."`
+	Apply         bool               `help:"Carry the plan out (default: only print it)."`
+	JSON          bool               `name:"json" help:"Print the plan (and results) as JSON."`
+	Purge         bool               `help:"Also delete for real the versions deleted more than --restore-window ago."`
+	RestoreWindow retention.Duration `name:"restore-window" default:"7d" help:"How long a deleted version stays restorable before --purge removes it."`
+	BlobGrace     retention.Duration `name:"blob-grace" default:"1h" help:"OCI layouts: leave unreachable blobs younger than this (a push may be running)."`
 }
 
 // Run plans and applies.
@@ -127,11 +114,7 @@ func dash(s string) string {
 // bdnvol mounts running on this machine.
 func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
 	sources, err := retention.PathSources(repo, paths, os.Stdin, func() []retention.Reference {
-		var refs []retention.Reference
-		for _, m := range g.mountStore().Serving() {
-			refs = append(refs, retention.Reference{Source: m.Mountpoint, Ref: m.Reference, Digest: m.Digest, Mount: true})
-		}
-		return refs
+		return retention.MountReferences(g.mountStore().Serving())
 	})
 	if errors.Is(err, retention.ErrStdinTwice) {
 		return nil, usageError{err}
