@@ -14,6 +14,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
+	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // GCCmd plans, and with --apply carries out, the deletion of old versions
@@ -33,12 +34,9 @@ type GCCmd struct {
 
 // Run plans and applies.
 func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
-	ref, err := oci.ParseRef(c.Repo)
+	ref, err := versions.ParseRepo(c.Repo, "gc")
 	if err != nil {
 		return usageError{err}
-	}
-	if ref.Reference() != "" {
-		return usageError{fmt.Errorf("%s: gc takes a repository, without a tag or digest", c.Repo)}
 	}
 	policy := retention.Policy{
 		KeepLast: c.KeepLast, KeepTags: c.KeepTag, KeepWithin: time.Duration(c.KeepWithin),

@@ -27,17 +27,9 @@ type PushCmd struct {
 // Run pushes the directory.
 func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	start := time.Now()
-	ref, err := oci.ParseRef(c.Ref)
+	ref, err := versions.ParsePushRef(c.Ref, c.Tag)
 	if err != nil {
 		return usageError{err}
-	}
-	if ref.Digest != "" {
-		return usageError{fmt.Errorf("%s: push takes a tag, not a digest", c.Ref)}
-	}
-	for _, tag := range append([]string{ref.Tag}, c.Tag...) {
-		if err := versions.CheckTag(tag); err != nil {
-			return usageError{err}
-		}
 	}
 	opt := g.options()
 	opt.CreateLayout = true

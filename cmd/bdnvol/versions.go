@@ -32,12 +32,9 @@ type signedVersion struct {
 
 // Run lists the versions.
 func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
-	ref, err := oci.ParseRef(c.Repo)
+	ref, err := versions.ParseRepo(c.Repo, "versions")
 	if err != nil {
 		return usageError{err}
-	}
-	if ref.Reference() != "" {
-		return usageError{fmt.Errorf("%s: versions takes a repository, without a tag or digest", c.Repo)}
 	}
 	t, err := oci.Open(ctx, ref, g.options())
 	if err != nil {

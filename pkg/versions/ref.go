@@ -15,6 +15,13 @@ import (
 // version (neither a tag nor a digest).
 var ErrNoVersion = errors.New("name a tag or a digest")
 
+// ErrNotRepository is wrapped when a reference that should name only a
+// repository names a tag or a digest.
+var ErrNotRepository = errors.New("takes a repository, without a tag or digest")
+
+// ErrPushDigest is wrapped when the destination of a push names a digest.
+var ErrPushDigest = errors.New("push takes a tag, not a digest")
+
 // ErrBadTag is wrapped when a string is not a valid tag.
 var ErrBadTag = errors.New("bad tag")
 
@@ -26,6 +33,38 @@ func ParseRef(s string) (oci.Ref, error) {
 	}
 	if ref.Reference() == "" {
 		return ref, fmt.Errorf("%s: %w", s, ErrNoVersion)
+	}
+	return ref, nil
+}
+
+// ParseRepo parses s, which must name a repository only; verb (the
+// command) is named in the error.
+func ParseRepo(s, verb string) (oci.Ref, error) {
+	ref, err := oci.ParseRef(s)
+	if err != nil {
+		return ref, err
+	}
+	if ref.Reference() != "" {
+		return ref, fmt.Errorf("%s: %s %w", s, verb, ErrNotRepository)
+	}
+	return ref, nil
+}
+
+// ParsePushRef parses the destination of a push, HOST/REPO[:TAG] or
+// oci:PATH[:TAG], and checks that neither its tag nor the extra tags are
+// reserved (CheckTag).
+func ParsePushRef(s string, extra []string) (oci.Ref, error) {
+	ref, err := oci.ParseRef(s)
+	if err != nil {
+		return ref, err
+	}
+	if ref.Digest != "" {
+		return ref, fmt.Errorf("%s: %w", s, ErrPushDigest)
+	}
+	for _, tag := range append([]string{ref.Tag}, extra...) {
+		if err := CheckTag(tag); err != nil {
+			return ref, err
+		}
 	}
 	return ref, nil
 }

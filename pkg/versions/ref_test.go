@@ -80,3 +80,35 @@ func TestPushParams(t *testing.T) {
 		t.Error("min 10 accepted")
 	}
 }
+
+func TestParseRepo(t *testing.T) {
+	if ref, err := ParseRepo("reg.example/vol", "gc"); err != nil || ref.Repo() != "reg.example/vol" {
+		t.Errorf("repository: %+v, %v", ref, err)
+	}
+	err := func() error { _, err := ParseRepo("reg.example/vol:v1", "gc"); return err }()
+	if !errors.Is(err, ErrNotRepository) || err.Error() != "reg.example/vol:v1: gc takes a repository, without a tag or digest" {
+		t.Errorf("tagged: %v", err)
+	}
+	if _, err := ParseRepo("Not A Ref", "gc"); err == nil || errors.Is(err, ErrNotRepository) {
+		t.Errorf("bad reference: %v", err)
+	}
+}
+
+func TestParsePushRef(t *testing.T) {
+	if ref, err := ParsePushRef("reg.example/vol:main", []string{"stable"}); err != nil || ref.Tag != "main" {
+		t.Errorf("tagged: %+v, %v", ref, err)
+	}
+	if ref, err := ParsePushRef("reg.example/vol", nil); err != nil || ref.Tag != "" {
+		t.Errorf("untagged: %+v, %v", ref, err)
+	}
+	d := "reg.example/vol@sha256:" + strings.Repeat("c", 64)
+	if _, err := ParsePushRef(d, nil); !errors.Is(err, ErrPushDigest) || !strings.Contains(err.Error(), d) {
+		t.Errorf("digest: %v", err)
+	}
+	if _, err := ParsePushRef("reg.example/vol:main", []string{HistoryTagPrefix + "x"}); !errors.Is(err, ErrReservedTag) {
+		t.Errorf("reserved extra tag: %v", err)
+	}
+	if _, err := ParsePushRef("reg.example/vol:"+oci.SealedTagPrefix+"x", nil); !errors.Is(err, ErrReservedTag) {
+		t.Errorf("reserved tag: %v", err)
+	}
+}
