@@ -40,16 +40,10 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	mode := pull.CacheRead
-	if c.Cache {
-		mode = pull.CacheFill
-	} else if c.NoCache {
-		mode = pull.CacheOff
-	}
 	counters := &layout.Counters{}
 	out, err := pull.Pull(ctx, ref, c.Dir, pull.Options{
 		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Policy: policy,
-		CacheDir: g.cacheDir(), Cache: mode, CacheSize: int64(c.CacheSize),
+		CacheDir: g.cacheDir(), Cache: pull.CacheModeOf(c.Cache, c.NoCache), CacheSize: int64(c.CacheSize),
 		Jobs: c.Jobs, VerifyFiles: c.VerifyFiles, Counters: counters, Logf: g.logf,
 		Progress: func() func() { return startProgress(g.stderr, "pull", counters) },
 	})

@@ -51,10 +51,7 @@ func (c *VerifyCmd) verifySignature(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("%s: %w", ref.Pinned(root.Desc.Digest), err)
 	}
 	if c.JSON {
-		return g.printJSON(map[string]any{
-			"reference": ref.Pinned(v.Digest), "digest": v.Digest.String(), "key": v.KeyID,
-			"referrer": v.Entry.Referrer, "signature_manifest": v.Entry.Manifest.Digest.String(),
-		})
+		return g.printJSON(v.JSON(ref.Pinned(v.Digest)))
 	}
 	fmt.Fprintf(g.stdout, "verified %s: signed by key %s\n", ref.Pinned(v.Digest), v.KeyID)
 	return nil
