@@ -245,3 +245,113 @@ func TestSplitProbesFirst(t *testing.T) {
 		t.Errorf("%d whole fetches, want 1", whole)
 	}
 }
+
+// TestReaderFromFileStartKeepsJobsChunksInFlight: a reader that reads a
+// safetensors file from its start (cat, cp) through the header and a small
+// first tensor into a large one gets Jobs chunk fetches in flight as soon
+// as it is leadIn into the large tensor, not a window that doubles.
+func TestReaderFromFileStartKeepsJobsChunksInFlight(t *testing.T) {
+	const mib = 1 << 20
+	data := safetensors(t, 8, 3<<10, 15*mib, 15*mib)
+	px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	const jobs = 8
+	g := newGate(jobs)
+	gated := map[digest.Digest]bool{}
+	var off int64
+	for _, x := range ver.Index.Files[0].Extents {
+		if off >= 3*mib {
+			gated[ver.Chunks[x.Chunk].Digest] = true
+		}
+		off += x.Length
+	}
+	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, 256<<10)
+	for off := int64(0); off < int64(len(data)); off += int64(len(buf)) {
+		n, err := f.ReadAt(buf, off)
+		if err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("contents differ")
+	}
+	if m := g.maxInFlight(); m < jobs || g.stalled {
+		t.Errorf("at most %d chunk fetches in flight ahead of a reader from the file's start (stalled: %v), want %d (jobs)", m, g.stalled, jobs)
+	}
+}
+
+// TestReadaheadQueuesBehindJobs: while Jobs fetches ahead of a sequential
+// reader are on the link, as many more chunks wait behind them, so a fetch
+// that completes is followed at once by the next, whatever the reader does.
+func TestReadaheadQueuesBehindJobs(t *testing.T) {
+	const mib = 1 << 20
+	data := randBytes(9, 40*mib)
+	px, ver := pushOne(t, "data.bin", data, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	const jobs = 4
+	g := newGate(1 << 30) // opened by the test
+	gated := map[digest.Digest]bool{}
+	for _, c := range ver.Chunks[12:] {
+		gated[c.Digest] = true
+	}
+	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("data.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 128<<10)
+		for off := int64(0); off < int64(len(data)); off += int64(len(buf)) {
+			if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	// Wait for Jobs gated fetches on the link, then count the chunks
+	// requested: those on the link and those queued behind them.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		g.mu.Lock()
+		in := g.in
+		g.mu.Unlock()
+		if in >= jobs || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let readahead queue what it will
+	g.mu.Lock()
+	in := g.in
+	g.mu.Unlock()
+	v.mu.Lock()
+	requested := len(v.pending)
+	v.mu.Unlock()
+	g.once.Do(func() { close(g.open) })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if in != jobs {
+		t.Errorf("%d fetches on the link, want Jobs (%d)", in, jobs)
+	}
+	if requested < 2*jobs {
+		t.Errorf("%d chunks requested ahead of the reader, want %d (Jobs on the link and Jobs queued)", requested, 2*jobs)
+	}
+}

@@ -31,8 +31,8 @@ type Options struct {
 	// <= 0 means 8.
 	Jobs int
 	// Readahead is the most bytes fetched ahead of a sequential reader;
-	// 0 means Jobs chunks (at least 64 MiB), so that a reader gets the
-	// link's aggregate speed; < 0 disables readahead.
+	// 0 means 2*Jobs chunks, Jobs of them in flight, so that a reader gets
+	// the link's aggregate speed; < 0 disables readahead.
 	Readahead int64
 	// FetchTimeout bounds one chunk fetch; <= 0 means no bound beyond the
 	// caller's context.
@@ -571,6 +571,12 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	} else {
 		f.run, f.next = n, end
 	}
+	if seq && !f.streaming && len(regions) > 0 && f.next-f.run < regions[0].end && f.next > regions[0].end+leadIn {
+		// The run began in the header and went on more than leadIn past
+		// it, further than the kernel reads ahead after a header read:
+		// the reader reads the file from its start (cat, cp).
+		f.streaming = true
+	}
 	if seq && !f.streaming {
 		// On from one tensor into the next, and more than leadIn into it:
 		// the reader reads whole files (cat, cp, a full load). Less than
@@ -587,7 +593,7 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 			}
 		}
 	}
-	run, streaming := f.run, f.streaming
+	run, streaming, from := f.run, f.streaming, f.next-f.run
 	f.mu.Unlock()
 	if r, ok := tensorStart(regions, off, end); ok && !streaming && (off == r.begin || !seq) {
 		if cur, ok := regionAt(regions, off); ok && off != r.begin && cur.begin > 0 && cur.begin == f.wholeTensor() {
@@ -625,6 +631,13 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	if r, ok := regionAt(regions, end-1); ok && !streaming {
 		into := min(run, end-r.begin)
 		window = min(limit, max(0, into-leadIn))
+		if from < r.begin && into > leadIn {
+			// The run came in through the region's start (from the
+			// header, or from a small tensor) and went leadIn into it:
+			// the reader reads this tensor from its start, as a read at
+			// its start does, so fetch all of it now.
+			window = min(limit, r.end-end)
+		}
 		if end+window >= r.end {
 			window = r.end - end
 			if into > leadIn {
@@ -645,8 +658,13 @@ func (f *File) wholeTensor() int64 {
 	return f.whole
 }
 
+// aheadChunks is how many times Jobs chunks the default readahead covers:
+// Jobs fetches run and as many wait behind them, so that the link stays
+// busy while the reader catches up with the fetches that completed.
+const aheadChunks = 2
+
 // aheadLimit is the most bytes to read ahead of end: Readahead, or, when
-// that was left to its default, at least the next Jobs chunks.
+// that was left to its default, the next aheadChunks*Jobs chunks.
 func (f *File) aheadLimit(end int64) int64 {
 	limit := f.v.opt.Readahead
 	if !f.v.autoAhead {
@@ -656,8 +674,8 @@ func (f *File) aheadLimit(end int64) int64 {
 	if k < 0 || k >= len(f.starts) {
 		return limit
 	}
-	last := min(len(f.starts)-1, k+f.v.opt.Jobs)
-	return max(limit, f.starts[last]+f.e.Extents[last].Length-end)
+	last := min(len(f.starts)-1, k+aheadChunks*f.v.opt.Jobs)
+	return f.starts[last] + f.e.Extents[last].Length - end
 }
 
 // fetchRange starts background fetches of the chunks holding [from, to).
