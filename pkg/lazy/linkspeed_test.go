@@ -447,3 +447,61 @@ func TestHeaderInOneRoundTrip(t *testing.T) {
 		t.Errorf("the header's chunks came one after the other (at most %d fetches at once)", g.maxInFlight())
 	}
 }
+
+// TestStreamingReaderFetchesNextFile: a reader that reads a whole file
+// sequentially gets the first chunks of the next file fetched before it
+// opens it (at most Jobs of them); a reader of part of a file does not.
+func TestStreamingReaderFetchesNextFile(t *testing.T) {
+	const mib = 1 << 20
+	dir := t.TempDir()
+	a, b := randBytes(12, 12*mib), randBytes(13, 24*mib)
+	for name, data := range map[string][]byte{"a.bin": a, "b.bin": b} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px := newFixtureStore(t, dir, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	ver, err := layout.Open(context.Background(), px.store, px.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const jobs = 4
+	for _, whole := range []bool{true, false} {
+		ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
+		v, err := New(ver, ff, Options{Cache: mustCache(t), Jobs: jobs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := v.Open("a.bin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := int64(len(a))
+		if !whole {
+			n = 4 * mib
+		}
+		buf := make([]byte, 128<<10)
+		for off := int64(0); off < n; off += int64(len(buf)) {
+			if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
+				t.Fatal(err)
+			}
+		}
+		v.Close() // waits for the fetches ahead
+		nb, _ := v.byPath["b.bin"]
+		got := 0
+		for k, x := range ver.Index.Files[nb].Extents {
+			if ff.fetches[ver.Chunks[x.Chunk].Digest] > 0 {
+				if k >= jobs {
+					t.Errorf("whole %v: chunk %d of the next file fetched, want only its first %d", whole, k, jobs)
+				}
+				got++
+			}
+		}
+		switch {
+		case whole && got == 0:
+			t.Errorf("reading a whole file fetched none of the next file")
+		case !whole && got > 0:
+			t.Errorf("reading 4 MiB of a 12 MiB file fetched %d chunks of the next file", got)
+		}
+	}
+}

@@ -192,7 +192,7 @@ func (v *Volume) File(i int) (*File, error) {
 	if f, ok := v.files[i]; ok {
 		return f, nil
 	}
-	f := &File{v: v, e: e, starts: make([]int64, len(e.Extents))}
+	f := &File{v: v, e: e, idx: i, starts: make([]int64, len(e.Extents))}
 	var off int64
 	for k, x := range e.Extents {
 		f.starts[k] = off
@@ -435,6 +435,7 @@ func isSafetensors(p string) bool { return strings.HasSuffix(p, ".safetensors") 
 type File struct {
 	v      *Volume
 	e      *layout.File
+	idx    int     // index of e in the version's index
 	starts []int64 // file offset of each extent
 
 	mu   sync.Mutex
@@ -649,6 +650,27 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	f.fetchRange(end, min(f.e.Size, end+window))
 	if after >= 0 {
 		f.fetchPageAfter(after)
+	}
+	if (streaming || len(regions) == 0) && run >= leadIn && end+window >= f.e.Size {
+		// A reader going through the whole file is likely to read the
+		// next one too (cat, cp -r, a loader reading shards in order):
+		// the link stays busy across the boundary.
+		left := len(f.starts) - sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > end }) + 1
+		f.v.fetchNextFile(f.idx, f.v.opt.Jobs-left)
+	}
+}
+
+// fetchNextFile starts fetching the first n chunks of the regular file
+// after entry i of the index.
+func (v *Volume) fetchNextFile(i, n int) {
+	files := v.ver.Index.Files
+	for j := i + 1; j < len(files) && n > 0; j++ {
+		if e := &files[j]; e.Type == layout.TypeFile && e.Size > 0 {
+			for _, x := range e.Extents[:min(n, len(e.Extents))] {
+				v.fetchAhead(x.Chunk, 0)
+			}
+			return
+		}
 	}
 }
 
