@@ -654,9 +654,10 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	if (streaming || len(regions) == 0) && run >= leadIn && end+window >= f.e.Size {
 		// A reader going through the whole file is likely to read the
 		// next one too (cat, cp -r, a loader reading shards in order):
-		// the link stays busy across the boundary.
+		// the window goes on into it, for at most Jobs chunks, so the
+		// link stays busy across the boundary.
 		left := len(f.starts) - sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > end }) + 1
-		f.v.fetchNextFile(f.idx, f.v.opt.Jobs-left)
+		f.v.fetchNextFile(f.idx, min(f.v.opt.Jobs, aheadChunks*f.v.opt.Jobs-left))
 	}
 }
 
