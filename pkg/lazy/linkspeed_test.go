@@ -505,3 +505,39 @@ func TestStreamingReaderFetchesNextFile(t *testing.T) {
 		}
 	}
 }
+
+// TestHeaderProbeNeverFetchesLargeChunkWhole: reading the header reads the
+// head edge of the large chunk after it, at the same time, when the source
+// serves ranges; from a source without ranges it fetches none of it.
+func TestHeaderProbeNeverFetchesLargeChunkWhole(t *testing.T) {
+	const mib = 1 << 20
+	data := safetensors(t, 14, 5*mib, mib)
+	for _, refuse := range []bool{false, true} {
+		px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: mib, Avg: 2 * mib, Max: 4 * mib})
+		fx := &rangeFake{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, refuse: refuse}
+		v, err := New(ver, fx, Options{Cache: mustCache(t), Jobs: 8, Readahead: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := v.Open("model.safetensors")
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := f.e.Extents
+		if len(x) < 2 || x[0].Length >= headProbe || !ver.Index.Chunks[x[1].Chunk].HasEdges() {
+			t.Fatalf("premise: a small first chunk and a large one with edges after it: %+v", x)
+		}
+		if rs := f.regions(context.Background()); len(rs) != 3 {
+			t.Fatalf("refuse %v: %d regions, want the header and 2 tensors", refuse, len(rs))
+		}
+		v.Close()
+		d := ver.Chunks[x[1].Chunk].Digest
+		whole, rangeBytes := fx.blobStats(d)
+		if whole != 0 {
+			t.Errorf("refuse %v: the large chunk after the header fetched whole %d times", refuse, whole)
+		}
+		if !refuse && rangeBytes != layout.EdgeBytes {
+			t.Errorf("%d bytes of the large chunk fetched as ranges, want its head edge (%d)", rangeBytes, layout.EdgeBytes)
+		}
+	}
+}

@@ -833,8 +833,8 @@ func (f *File) readHeader(ctx context.Context, r io.ReaderAt) (int64, []layout.T
 // of the next), not one after the other.
 const headProbe = 64 << 10
 
-// headReader serves the first headProbe bytes of a file from one read
-// through raw, and reads the rest through raw.
+// headReader serves the first bytes of a file (up to headProbe) from one
+// round trip, and reads the rest through raw.
 type headReader struct {
 	raw  *rawReader
 	head []byte
@@ -844,15 +844,63 @@ type headReader struct {
 func (h *headReader) ReadAt(p []byte, off int64) (int, error) {
 	if !h.read {
 		h.read = true
-		buf := make([]byte, min(headProbe, h.raw.f.e.Size))
-		if n, err := h.raw.ReadAt(buf, 0); err == nil || err == io.EOF {
-			h.head = buf[:n]
-		}
+		h.head = h.raw.f.probe(h.raw.ctx)
 	}
 	if off >= 0 && off+int64(len(p)) <= int64(len(h.head)) {
 		return copy(p, h.head[off:]), nil
 	}
 	return h.raw.ReadAt(p, off)
+}
+
+// probe returns the first bytes of f, up to headProbe: those of its first
+// chunk and of the small chunks after it, and, fetched at the same time,
+// those in the head edge of the large chunk after them. A large chunk
+// without a usable edge is not fetched: the header may need none of it.
+// Nil when the chunks could not be read.
+func (f *File) probe(ctx context.Context) []byte {
+	n := min(headProbe, f.e.Size)
+	acc, k := f.e.Extents[0].Length, 1
+	for ; k < len(f.e.Extents) && acc < n; k++ {
+		x := f.e.Extents[k]
+		if f.v.ver.Index.Chunks[x.Chunk].Size > 2*layout.EdgeBytes {
+			break
+		}
+		acc += x.Length
+	}
+	if acc >= n || k == len(f.e.Extents) {
+		return f.probeRead(ctx, min(n, acc))
+	}
+	x := f.e.Extents[k]
+	c := f.v.ver.Index.Chunks[x.Chunk]
+	hi := x.Offset + min(x.Length, n-acc)
+	if _, ok := f.v.edgeFor(x.Chunk, c, x.Offset, hi); !ok {
+		return f.probeRead(ctx, acc)
+	}
+	type edgeResult struct {
+		data []byte
+		base int64
+		ok   bool
+	}
+	res := make(chan edgeResult, 1)
+	go func() {
+		data, base, ok := f.v.edge(ctx, x.Chunk, x.Offset, hi)
+		res <- edgeResult{data, base, ok}
+	}()
+	b := f.probeRead(ctx, acc)
+	e := <-res
+	if int64(len(b)) < acc || !e.ok {
+		return b
+	}
+	return append(b, e.data[x.Offset-e.base:hi-e.base]...)
+}
+
+// probeRead reads the first n bytes of f without readahead; nil on failure.
+func (f *File) probeRead(ctx context.Context, n int64) []byte {
+	buf := make([]byte, n)
+	if m, err := f.read(ctx, buf, 0, false); err == nil || err == io.EOF {
+		return buf[:m]
+	}
+	return nil
 }
 
 // rawReader reads a File without readahead, noting read failures.
