@@ -859,6 +859,9 @@ func (h *headReader) ReadAt(p []byte, off int64) (int, error) {
 // Nil when the chunks could not be read.
 func (f *File) probe(ctx context.Context) []byte {
 	n := min(headProbe, f.e.Size)
+	if len(f.e.Extents) == 0 || n <= 0 {
+		return nil
+	}
 	acc, k := f.e.Extents[0].Length, 1
 	for ; k < len(f.e.Extents) && acc < n; k++ {
 		x := f.e.Extents[k]
