@@ -183,5 +183,6 @@ func (v *Volume) fetchEdge(ctx context.Context, k int, c layout.Chunk, tail bool
 		return nil, err // unreachable source: the whole chunk fails too
 	}
 	v.edgeFailures.Store(0)
+	v.rangesOK.Store(true) // split fetches need not probe
 	return data, nil
 }

@@ -3,9 +3,11 @@ package lazy
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -243,5 +245,299 @@ func TestSplitProbesFirst(t *testing.T) {
 	}
 	if whole, _ := fx.total(); whole != 1 {
 		t.Errorf("%d whole fetches, want 1", whole)
+	}
+}
+
+// TestReaderFromFileStartKeepsJobsChunksInFlight: a reader that reads a
+// safetensors file from its start (cat, cp) through the header and a small
+// first tensor into a large one gets Jobs chunk fetches in flight as soon
+// as it is leadIn into the large tensor, not a window that doubles.
+func TestReaderFromFileStartKeepsJobsChunksInFlight(t *testing.T) {
+	const mib = 1 << 20
+	data := safetensors(t, 8, 3<<10, 15*mib, 15*mib)
+	px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	const jobs = 8
+	g := newGate(jobs)
+	gated := map[digest.Digest]bool{}
+	var off int64
+	for _, x := range ver.Index.File(0).Extents {
+		if off >= 3*mib {
+			gated[ver.Chunks[x.Chunk].Digest] = true
+		}
+		off += x.Length
+	}
+	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, 256<<10)
+	for off := int64(0); off < int64(len(data)); off += int64(len(buf)) {
+		n, err := f.ReadAt(buf, off)
+		if err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("contents differ")
+	}
+	if m := g.maxInFlight(); m < jobs || g.stalled {
+		t.Errorf("at most %d chunk fetches in flight ahead of a reader from the file's start (stalled: %v), want %d (jobs)", m, g.stalled, jobs)
+	}
+}
+
+// TestReadaheadQueuesBehindJobs: while Jobs fetches ahead of a sequential
+// reader are on the link, as many more chunks wait behind them, so a fetch
+// that completes is followed at once by the next, whatever the reader does.
+func TestReadaheadQueuesBehindJobs(t *testing.T) {
+	const mib = 1 << 20
+	data := randBytes(9, 40*mib)
+	px, ver := pushOne(t, "data.bin", data, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	const jobs = 4
+	g := newGate(1 << 30) // opened by the test
+	gated := map[digest.Digest]bool{}
+	for _, c := range ver.Chunks[12:] {
+		gated[c.Digest] = true
+	}
+	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("data.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 128<<10)
+		for off := int64(0); off < int64(len(data)); off += int64(len(buf)) {
+			if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	// Wait for Jobs gated fetches on the link, then count the chunks
+	// requested: those on the link and those queued behind them.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		g.mu.Lock()
+		in := g.in
+		g.mu.Unlock()
+		if in >= jobs || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let readahead queue what it will
+	g.mu.Lock()
+	in := g.in
+	g.mu.Unlock()
+	v.mu.Lock()
+	requested := len(v.pending)
+	v.mu.Unlock()
+	g.once.Do(func() { close(g.open) })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if in < jobs {
+		t.Errorf("%d fetches on the link, want Jobs (%d)", in, jobs)
+	}
+	if requested < 2*jobs {
+		t.Errorf("%d chunks requested ahead of the reader, want %d (Jobs on the link and Jobs queued)", requested, 2*jobs)
+	}
+}
+
+// TestTensorReadSplitsItsChunks: a read at the start of a tensor held by
+// fewer chunks than Jobs fetches all of them at once as range requests,
+// Jobs in all, not one connection per chunk; the bytes are right.
+func TestTensorReadSplitsItsChunks(t *testing.T) {
+	const mib = 1 << 20
+	data := safetensors(t, 10, 3<<10, 16*mib, 3<<10)
+	px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: 4 * mib, Avg: 8 * mib, Max: 8 * mib})
+	const jobs = 8
+	g := newGate(jobs)
+	ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
+	fetch := &gatedFetcher{fakeFetcher: ff, g: g, gated: map[digest.Digest]bool{}}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	v.rangesOK.Store(true) // as after the header's edge
+	f, err := v.Open("model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := f.regions(context.Background())
+	if len(rs) != 4 {
+		t.Fatalf("%d regions, want the header and 3 tensors", len(rs))
+	}
+	fetch.ranges = true // the tensor's ranges go through the gate
+	r := rs[2]
+	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > r.begin }) - 1
+	last := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] >= r.end })
+	if n := last - k; n < 2 || n >= jobs {
+		t.Fatalf("premise: the tensor spans %d chunks", n)
+	}
+	ff.reset()
+	got := make([]byte, r.end-r.begin)
+	for off := int64(0); off < int64(len(got)); off += mib {
+		end := min(off+mib, int64(len(got)))
+		if _, err := f.ReadAt(got[off:end], r.begin+off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, data[r.begin:r.end]) {
+		t.Fatal("tensor bytes differ")
+	}
+	if m := g.maxInFlight(); m < jobs || g.stalled {
+		t.Errorf("%d range requests in flight at once (stalled: %v), want %d (jobs)", m, g.stalled, jobs)
+	}
+	for i := k; i < last; i++ {
+		if n := ff.fetches[ver.Chunks[f.e.Extents[i].Chunk].Digest]; n != 0 {
+			t.Errorf("chunk %d of the tensor fetched whole %d times, want only ranges", i, n)
+		}
+	}
+}
+
+// TestHeaderInOneRoundTrip: a safetensors header that spans several chunks
+// is read with one round trip to the source (its length and its bytes
+// together), not the length first and the rest after it.
+func TestHeaderInOneRoundTrip(t *testing.T) {
+	sizes := make([]int, 400)
+	for i := range sizes {
+		sizes[i] = 64
+	}
+	data := safetensors(t, 11, sizes...)
+	px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: 4 << 10, Avg: 8 << 10, Max: 16 << 10})
+	g := newGate(2)
+	gated := map[digest.Digest]bool{}
+	for _, c := range ver.Chunks {
+		gated[c.Digest] = true
+	}
+	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated, ranges: true}
+	v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: 8, Readahead: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdrLen := int64(binary.LittleEndian.Uint64(data))
+	if first := f.e.Extents[0].Length; first >= 8+hdrLen {
+		t.Fatalf("premise: the header (%d bytes) spans chunks, the first has %d", 8+hdrLen, first)
+	}
+	if rs := f.regions(context.Background()); len(rs) != len(sizes)+1 {
+		t.Fatalf("%d regions, want the header and %d tensors", len(rs), len(sizes))
+	}
+	if g.stalled || g.maxInFlight() < 2 {
+		t.Errorf("the header's chunks came one after the other (at most %d fetches at once)", g.maxInFlight())
+	}
+}
+
+// TestStreamingReaderFetchesNextFile: a reader that reads a whole file
+// sequentially gets the first chunks of the next file fetched before it
+// opens it (at most Jobs of them); a reader of part of a file does not.
+func TestStreamingReaderFetchesNextFile(t *testing.T) {
+	const mib = 1 << 20
+	dir := t.TempDir()
+	a, b := randBytes(12, 12*mib), randBytes(13, 24*mib)
+	for name, data := range map[string][]byte{"a.bin": a, "b.bin": b} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px := newFixtureStore(t, dir, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	ver, err := layout.Open(context.Background(), px.store, px.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const jobs = 4
+	for _, whole := range []bool{true, false} {
+		ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
+		v, err := New(ver, ff, Options{Cache: mustCache(t), Jobs: jobs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := v.Open("a.bin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := int64(len(a))
+		if !whole {
+			n = 4 * mib
+		}
+		buf := make([]byte, 128<<10)
+		for off := int64(0); off < n; off += int64(len(buf)) {
+			if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
+				t.Fatal(err)
+			}
+		}
+		v.Close() // waits for the fetches ahead
+		nb, _ := v.Lookup("b.bin")
+		got := 0
+		for k, x := range ver.Index.File(nb).Extents {
+			if ff.fetches[ver.Chunks[x.Chunk].Digest] > 0 {
+				if k >= jobs {
+					t.Errorf("whole %v: chunk %d of the next file fetched, want only its first %d", whole, k, jobs)
+				}
+				got++
+			}
+		}
+		switch {
+		case whole && got == 0:
+			t.Errorf("reading a whole file fetched none of the next file")
+		case !whole && got > 0:
+			t.Errorf("reading 4 MiB of a 12 MiB file fetched %d chunks of the next file", got)
+		}
+	}
+}
+
+// TestHeaderProbeNeverFetchesLargeChunkWhole: reading the header reads the
+// head edge of the large chunk after it, at the same time, when the source
+// serves ranges; from a source without ranges it fetches none of it.
+func TestHeaderProbeNeverFetchesLargeChunkWhole(t *testing.T) {
+	const mib = 1 << 20
+	data := safetensors(t, 14, 5*mib, mib)
+	for _, refuse := range []bool{false, true} {
+		px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: mib, Avg: 2 * mib, Max: 4 * mib})
+		fx := &rangeFake{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, refuse: refuse}
+		v, err := New(ver, fx, Options{Cache: mustCache(t), Jobs: 8, Readahead: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := v.Open("model.safetensors")
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := f.e.Extents
+		if len(x) < 2 || x[0].Length >= headProbe || !ver.Index.Chunks[x[1].Chunk].HasEdges() {
+			t.Fatalf("premise: a small first chunk and a large one with edges after it: %+v", x)
+		}
+		if rs := f.regions(context.Background()); len(rs) != 3 {
+			t.Fatalf("refuse %v: %d regions, want the header and 2 tensors", refuse, len(rs))
+		}
+		v.Close()
+		d := ver.Chunks[x[1].Chunk].Digest
+		whole, rangeBytes := fx.blobStats(d)
+		if whole != 0 {
+			t.Errorf("refuse %v: the large chunk after the header fetched whole %d times", refuse, whole)
+		}
+		if !refuse && rangeBytes != layout.EdgeBytes {
+			t.Errorf("%d bytes of the large chunk fetched as ranges, want its head edge (%d)", rangeBytes, layout.EdgeBytes)
+		}
 	}
 }

@@ -31,8 +31,8 @@ type Options struct {
 	// <= 0 means 8.
 	Jobs int
 	// Readahead is the most bytes fetched ahead of a sequential reader;
-	// 0 means Jobs chunks (at least 64 MiB), so that a reader gets the
-	// link's aggregate speed; < 0 disables readahead.
+	// 0 means 2*Jobs chunks, Jobs of them in flight, so that a reader gets
+	// the link's aggregate speed; < 0 disables readahead.
 	Readahead int64
 	// FetchTimeout bounds one chunk fetch; <= 0 means no bound beyond the
 	// caller's context.
@@ -187,7 +187,7 @@ func (v *Volume) File(i int) (*File, error) {
 	if f, ok := v.files[i]; ok {
 		return f, nil
 	}
-	f := &File{v: v, e: e, starts: make([]int64, len(e.Extents))}
+	f := &File{v: v, e: e, idx: i, starts: make([]int64, len(e.Extents))}
 	var off int64
 	for k, x := range e.Extents {
 		f.starts[k] = off
@@ -201,11 +201,12 @@ func (v *Volume) File(i int) (*File, error) {
 // v.release. A reader waits for it: a large chunk is fetched as several
 // concurrent range requests when the source can serve ranges.
 func (v *Volume) chunk(ctx context.Context, k int) (*handle, error) {
-	return v.load(ctx, k, true)
+	return v.load(ctx, k, v.opt.Jobs)
 }
 
-// load is chunk; split allows a split fetch.
-func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
+// load is chunk, fetching a large chunk as up to parts concurrent range
+// requests (parts < 2: whole).
+func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 	v.mu.Lock()
 	if h, ok := v.handles[k]; ok {
 		h.refs++
@@ -217,9 +218,9 @@ func (v *Volume) load(ctx context.Context, k int, split bool) (*handle, error) {
 	defer cancel()
 	desc := v.ver.Chunks[k]
 	rf, ranged := v.src.(rangeSource)
-	if split && ranged && desc.Size >= splitMin && v.opt.Jobs > 1 && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
+	if parts > 1 && ranged && desc.Size >= splitMin && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.
-		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, v.opt.Jobs, !v.rangesOK.Load()}, desc)
+		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, parts, !v.rangesOK.Load()}, desc)
 		if err == nil {
 			v.splitFailures.Store(0)
 			v.rangesOK.Store(true)
@@ -280,8 +281,8 @@ func (v *Volume) release(h *handle) {
 }
 
 // fetchAhead loads chunk k in the background unless it is open or already
-// being loaded.
-func (v *Volume) fetchAhead(k int) {
+// being loaded, as up to parts concurrent range requests (see load).
+func (v *Volume) fetchAhead(k, parts int) {
 	v.mu.Lock()
 	if _, ok := v.handles[k]; ok || v.pending[k] || v.bg.Err() != nil {
 		v.mu.Unlock()
@@ -303,7 +304,7 @@ func (v *Volume) fetchAhead(k int) {
 			return
 		}
 		defer func() { <-v.sem }()
-		if h, err := v.load(v.bg, k, false); err == nil {
+		if h, err := v.load(v.bg, k, parts); err == nil {
 			v.release(h)
 		}
 	}()
@@ -420,6 +421,7 @@ func MatchGlobs(patterns string) (func(string) bool, error) {
 type File struct {
 	v      *Volume
 	e      *layout.File
+	idx    int     // index of e in the version's index
 	starts []int64 // file offset of each extent
 
 	mu   sync.Mutex
@@ -498,7 +500,7 @@ func (f *File) start(ctx context.Context, off int64, size int, ahead bool) (n, f
 	for k := first + 1; k < len(f.starts) && f.starts[k] < off+int64(n); k++ {
 		x := f.e.Extents[k]
 		if !f.v.edgeAhead(x.Chunk, x.Offset, x.Offset+min(x.Length, off+int64(n)-f.starts[k])) {
-			f.v.fetchAhead(x.Chunk)
+			f.v.fetchAhead(x.Chunk, 0)
 		}
 	}
 	return n, first, nil
@@ -557,6 +559,12 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	} else {
 		f.run, f.next = n, end
 	}
+	if seq && !f.streaming && len(regions) > 0 && f.next-f.run < regions[0].end && f.next > regions[0].end+leadIn {
+		// The run began in the header and went on more than leadIn past
+		// it, further than the kernel reads ahead after a header read:
+		// the reader reads the file from its start (cat, cp).
+		f.streaming = true
+	}
 	if seq && !f.streaming {
 		// On from one tensor into the next, and more than leadIn into it:
 		// the reader reads whole files (cat, cp, a full load). Less than
@@ -573,7 +581,7 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 			}
 		}
 	}
-	run, streaming := f.run, f.streaming
+	run, streaming, from := f.run, f.streaming, f.next-f.run
 	f.mu.Unlock()
 	if r, ok := tensorStart(regions, off, end); ok && !streaming && (off == r.begin || !seq) {
 		if cur, ok := regionAt(regions, off); ok && off != r.begin && cur.begin > 0 && cur.begin == f.wholeTensor() {
@@ -592,7 +600,7 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		// a page is read whole, so the page after the tensor is needed too
 		// (its chunk's head edge, when it has one).
 		to := end + min(f.aheadLimit(end), r.end-end)
-		f.fetchRange(end, min(f.e.Size, to))
+		f.fetchChunks(end, min(f.e.Size, to), true)
 		if to == r.end && r.end%pageSize != 0 {
 			f.fetchPageAfter(r.end)
 		}
@@ -611,6 +619,13 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	if r, ok := regionAt(regions, end-1); ok && !streaming {
 		into := min(run, end-r.begin)
 		window = min(limit, max(0, into-leadIn))
+		if from < r.begin && into > leadIn {
+			// The run came in through the region's start (from the
+			// header, or from a small tensor) and went leadIn into it:
+			// the reader reads this tensor from its start, as a read at
+			// its start does, so fetch all of it now.
+			window = min(limit, r.end-end)
+		}
 		if end+window >= r.end {
 			window = r.end - end
 			if into > leadIn {
@@ -622,6 +637,28 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	if after >= 0 {
 		f.fetchPageAfter(after)
 	}
+	if (streaming || len(regions) == 0) && run >= leadIn && end+window >= f.e.Size {
+		// A reader going through the whole file is likely to read the
+		// next one too (cat, cp -r, a loader reading shards in order):
+		// the window goes on into it, for at most Jobs chunks, so the
+		// link stays busy across the boundary.
+		left := len(f.starts) - sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > end }) + 1
+		f.v.fetchNextFile(f.idx, min(f.v.opt.Jobs, aheadChunks*f.v.opt.Jobs-left))
+	}
+}
+
+// fetchNextFile starts fetching the first n chunks of the regular file
+// after entry i of the index.
+func (v *Volume) fetchNextFile(i, n int) {
+	x := v.ver.Index
+	for j := i + 1; j < x.Len() && n > 0; j++ {
+		if e := x.File(j); e.Type == layout.TypeFile && e.Size > 0 {
+			for _, x := range e.Extents[:min(n, len(e.Extents))] {
+				v.fetchAhead(x.Chunk, 0)
+			}
+			return
+		}
+	}
 }
 
 // wholeTensor returns the start of the last tensor fetched whole.
@@ -631,8 +668,13 @@ func (f *File) wholeTensor() int64 {
 	return f.whole
 }
 
+// aheadChunks is how many times Jobs chunks the default readahead covers:
+// Jobs fetches run and as many wait behind them, so that the link stays
+// busy while the reader catches up with the fetches that completed.
+const aheadChunks = 2
+
 // aheadLimit is the most bytes to read ahead of end: Readahead, or, when
-// that was left to its default, at least the next Jobs chunks.
+// that was left to its default, the next aheadChunks*Jobs chunks.
 func (f *File) aheadLimit(end int64) int64 {
 	limit := f.v.opt.Readahead
 	if !f.v.autoAhead {
@@ -642,18 +684,37 @@ func (f *File) aheadLimit(end int64) int64 {
 	if k < 0 || k >= len(f.starts) {
 		return limit
 	}
-	last := min(len(f.starts)-1, k+f.v.opt.Jobs)
-	return max(limit, f.starts[last]+f.e.Extents[last].Length-end)
+	last := min(len(f.starts)-1, k+aheadChunks*f.v.opt.Jobs)
+	return f.starts[last] + f.e.Extents[last].Length - end
 }
 
 // fetchRange starts background fetches of the chunks holding [from, to).
 func (f *File) fetchRange(from, to int64) {
+	f.fetchChunks(from, to, false)
+}
+
+// fetchChunks starts background fetches of the chunks holding [from, to).
+// With split (a reader waits for all of them), fewer chunks than Jobs
+// share Jobs range requests between them, so that the bytes come over the
+// link's Jobs connections, not one connection per chunk.
+func (f *File) fetchChunks(from, to int64, split bool) {
 	if to <= from {
 		return
 	}
-	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > from }) - 1
-	for ; k < len(f.starts) && f.starts[k] < to; k++ {
-		f.v.fetchAhead(f.e.Extents[k].Chunk)
+	first := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > from }) - 1
+	last := first
+	for last < len(f.starts) && f.starts[last] < to {
+		last++
+	}
+	parts := 0
+	if n := last - first; split && n > 0 && f.v.rangesOK.Load() {
+		// Only once the source has served verified ranges: a reader that
+		// joins a background fetch shares its failure, and must not
+		// fail where a whole fetch would have served it.
+		parts = f.v.opt.Jobs / n
+	}
+	for k := first; k < last; k++ {
+		f.v.fetchAhead(f.e.Extents[k].Chunk, parts)
 	}
 }
 
@@ -709,7 +770,7 @@ func (f *File) regions(ctx context.Context) []region {
 	}
 	f.mu.Unlock()
 	r := &rawReader{ctx: ctx, f: f}
-	hdr, ts, err := f.readHeader(ctx, r)
+	hdr, ts, err := f.readHeader(ctx, &headReader{raw: r})
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.parsed {
@@ -750,6 +811,85 @@ func (f *File) readHeader(ctx context.Context, r io.ReaderAt) (int64, []layout.T
 	}
 	defer f.v.headers.Release(n)
 	return layout.ReadSafetensorsHeaderMax(r, f.e.Size, maxHeaderBytes)
+}
+
+// headProbe is how many bytes at a safetensors file's start are read at
+// once to learn the header's length: most headers are shorter, so their
+// length and bytes come in one round trip (their chunk and the head edge
+// of the next), not one after the other.
+const headProbe = 64 << 10
+
+// headReader serves the first bytes of a file (up to headProbe) from one
+// round trip, and reads the rest through raw.
+type headReader struct {
+	raw  *rawReader
+	head []byte
+	read bool
+}
+
+func (h *headReader) ReadAt(p []byte, off int64) (int, error) {
+	if !h.read {
+		h.read = true
+		h.head = h.raw.f.probe(h.raw.ctx)
+	}
+	if off >= 0 && off+int64(len(p)) <= int64(len(h.head)) {
+		return copy(p, h.head[off:]), nil
+	}
+	return h.raw.ReadAt(p, off)
+}
+
+// probe returns the first bytes of f, up to headProbe: those of its first
+// chunk and of the small chunks after it, and, fetched at the same time,
+// those in the head edge of the large chunk after them. A large chunk
+// without a usable edge is not fetched: the header may need none of it.
+// Nil when the chunks could not be read.
+func (f *File) probe(ctx context.Context) []byte {
+	n := min(headProbe, f.e.Size)
+	if len(f.e.Extents) == 0 || n <= 0 {
+		return nil
+	}
+	acc, k := f.e.Extents[0].Length, 1
+	for ; k < len(f.e.Extents) && acc < n; k++ {
+		x := f.e.Extents[k]
+		if f.v.ver.Index.Chunks[x.Chunk].Size > 2*layout.EdgeBytes {
+			break
+		}
+		acc += x.Length
+	}
+	if acc >= n || k == len(f.e.Extents) {
+		return f.probeRead(ctx, min(n, acc))
+	}
+	x := f.e.Extents[k]
+	c := f.v.ver.Index.Chunks[x.Chunk]
+	hi := x.Offset + min(x.Length, n-acc)
+	if _, ok := f.v.edgeFor(x.Chunk, c, x.Offset, hi); !ok {
+		return f.probeRead(ctx, acc)
+	}
+	type edgeResult struct {
+		data []byte
+		base int64
+		ok   bool
+	}
+	res := make(chan edgeResult, 1)
+	go func() {
+		data, base, ok := f.v.edge(ctx, x.Chunk, x.Offset, hi)
+		res <- edgeResult{data, base, ok}
+	}()
+	b := f.probeRead(ctx, acc)
+	e := <-res
+	if int64(len(b)) < acc || !e.ok {
+		return b
+	}
+	return append(b, e.data[x.Offset-e.base:hi-e.base]...)
+}
+
+// probeRead reads the first n bytes of f without readahead; nil on failure.
+func (f *File) probeRead(ctx context.Context, n int64) []byte {
+	buf := make([]byte, n)
+	if m, err := f.read(ctx, buf, 0, false); err == nil || err == io.EOF {
+		return buf[:m]
+	}
+	return nil
 }
 
 // rawReader reads a File without readahead, noting read failures.

@@ -1,8 +1,10 @@
 package mounts
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"time"
@@ -119,9 +121,16 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if err != nil {
 		return nil, "", err
 	}
-	desc, err := signature.Resolve(ctx, t, ref, opt.Policy)
+	// The manifest comes with the resolution (one round trip, not two):
+	// it goes into the cache, where the volume reads it.
+	desc, b, err := signature.ResolveBytes(ctx, t, ref, opt.Policy, layout.MaxManifestBytes)
 	if err != nil {
 		return nil, "", err
+	}
+	if b != nil && opt.Cache != nil {
+		if ch, err := opt.Cache.Load(ctx, bytesFetcher(b), desc); err == nil {
+			ch.Close()
+		}
 	}
 	var reg content.Fetcher = t
 	if opt.Wrap != nil && ref.Layout == "" {
@@ -175,4 +184,12 @@ func OncePerMirror(f func(mirror string, err error)) func(string, ocispec.Descri
 			f(mirror, err)
 		}
 	}
+}
+
+// bytesFetcher serves one blob whose bytes are already here; the cache
+// verifies them against the descriptor it asks for.
+type bytesFetcher []byte
+
+func (b bytesFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(b)), nil
 }

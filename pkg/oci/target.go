@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"time"
@@ -165,6 +166,41 @@ func Resolve(ctx context.Context, t Target, r Ref) (ocispec.Descriptor, error) {
 		return d, fmt.Errorf("%s: resolved to %s", r, d.Digest)
 	}
 	return d, nil
+}
+
+// ResolveBytes is Resolve that also returns the manifest's bytes, verified
+// against the descriptor, when the target sends them in the same request (a
+// registry's GET of the manifest, instead of a HEAD and a GET later). The
+// bytes are nil when it does not, or when the manifest is larger than
+// maxBytes.
+func ResolveBytes(ctx context.Context, t Target, r Ref, maxBytes int64) (ocispec.Descriptor, []byte, error) {
+	rf, ok := t.(registry.ReferenceFetcher)
+	if !ok || r.Reference() == "" {
+		d, err := Resolve(ctx, t, r)
+		return d, nil, err
+	}
+	d, rc, err := rf.FetchReference(ctx, r.Reference())
+	if err != nil {
+		if errors.Is(err, errdef.ErrNotFound) {
+			return d, nil, fmt.Errorf("%s: %w", r, errdef.ErrNotFound)
+		}
+		return d, nil, fmt.Errorf("%s: %w", r, err)
+	}
+	defer rc.Close()
+	if r.Digest != "" && d.Digest != r.Digest {
+		return d, nil, fmt.Errorf("%s: resolved to %s", r, d.Digest)
+	}
+	if d.Size < 0 || d.Size > maxBytes {
+		return d, nil, nil
+	}
+	b := make([]byte, d.Size)
+	if _, err := io.ReadFull(rc, b); err != nil {
+		return d, nil, fmt.Errorf("%s: manifest %s: %w", r, d.Digest, err)
+	}
+	if d.Digest.Validate() != nil || d.Digest.Algorithm().FromBytes(b) != d.Digest {
+		return d, nil, fmt.Errorf("%s: manifest %s: %w", r, d.Digest, content.ErrMismatchedDigest)
+	}
+	return d, b, nil
 }
 
 // TagBytes points tag at the manifest desc whose bytes are b, in one

@@ -50,6 +50,19 @@ func Resolve(ctx context.Context, t oci.Target, ref oci.Ref, p Policy) (ocispec.
 	return desc, nil
 }
 
+// ResolveBytes is Resolve that also returns the manifest's bytes when the
+// registry sends them with the resolution (see oci.ResolveBytes).
+func ResolveBytes(ctx context.Context, t oci.Target, ref oci.Ref, p Policy, maxBytes int64) (ocispec.Descriptor, []byte, error) {
+	desc, b, err := oci.ResolveBytes(ctx, t, ref, maxBytes)
+	if err != nil {
+		return desc, nil, err
+	}
+	if err := p.Check(ctx, t, desc); err != nil {
+		return ocispec.Descriptor{}, nil, fmt.Errorf("%s: %w", ref.Pinned(desc.Digest), err)
+	}
+	return desc, b, nil
+}
+
 // LoadPolicy returns the policy requiring a signature by one of the public
 // key files named; no names, no requirement.
 func LoadPolicy(paths ...string) (Policy, error) {
