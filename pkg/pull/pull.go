@@ -65,19 +65,21 @@ func CacheModeOf(fill, off bool) CacheMode {
 
 // Result is what a pull did.
 type Result struct {
-	Digest        string  `json:"digest"`
-	Reference     string  `json:"reference"`
-	Files         int     `json:"files"`
-	Bytes         int64   `json:"bytes"`
-	ChunksFetched int64   `json:"chunks_fetched"`
-	BytesFetched  int64   `json:"bytes_fetched"`
-	FilesReused   int     `json:"files_reused"`
-	ChunksCopied  int64   `json:"chunks_copied"`
-	BytesCopied   int64   `json:"bytes_copied"`
-	FilesRemoved  int     `json:"files_removed"`
-	CacheHits     int64   `json:"cache_hits"`
-	MirrorHits    int64   `json:"mirror_hits"`
-	Seconds       float64 `json:"seconds"`
+	Digest        string `json:"digest"`
+	Reference     string `json:"reference"`
+	Files         int    `json:"files"`
+	Bytes         int64  `json:"bytes"`
+	ChunksFetched int64  `json:"chunks_fetched"`
+	BytesFetched  int64  `json:"bytes_fetched"`
+	FilesReused   int    `json:"files_reused"`
+	ChunksCopied  int64  `json:"chunks_copied"`
+	BytesCopied   int64  `json:"bytes_copied"`
+	// ChunksCopiedUnhashed are copies an earlier pull's record vouched for.
+	ChunksCopiedUnhashed int64   `json:"chunks_copied_unhashed"`
+	FilesRemoved         int     `json:"files_removed"`
+	CacheHits            int64   `json:"cache_hits"`
+	MirrorHits           int64   `json:"mirror_hits"`
+	Seconds              float64 `json:"seconds"`
 }
 
 // Pull resolves ref (a tag becomes a digest now), checks opt.Policy, and
@@ -138,7 +140,8 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		Digest: desc.Digest.String(), Reference: ref.Pinned(desc.Digest),
 		Files: res.Files, Bytes: res.Bytes, ChunksFetched: res.ChunksFetched, BytesFetched: res.BytesFetched,
 		FilesReused: res.FilesReused, ChunksCopied: res.ChunksCopied, BytesCopied: res.BytesCopied, FilesRemoved: res.FilesRemoved,
-		Seconds: time.Since(start).Seconds(),
+		ChunksCopiedUnhashed: res.ChunksCopiedUnhashed,
+		Seconds:              time.Since(start).Seconds(),
 	}
 	if cache != nil {
 		out.CacheHits = cache.Stats().Hits
