@@ -18,12 +18,13 @@ import (
 // packing many small files is fetched whole and verified before any of its
 // files is written, so each file is written once, under its temporary
 // name, and renamed at once (no temporary waits for the rest of its chunk).
-const packBudget = 64 << 20
+const packBudget = 32 << 20
 
 // packed reports whether the chunk desc with targets ts is fetched whole
-// into memory: it holds more than one file and fits the budget.
+// into memory: it holds more than one file and is no larger than the
+// default largest chunk.
 func packed(desc ocispec.Descriptor, ts []target) bool {
-	return len(ts) > 1 && desc.Size <= packBudget/4
+	return len(ts) > 1 && desc.Size <= DefaultParams.Max
 }
 
 // fetchWhole fetches the chunk desc into buf (grown as needed), checking
