@@ -100,3 +100,21 @@ func TestPullPackedResumes(t *testing.T) {
 		t.Errorf("private directory left after success: %v", err)
 	}
 }
+
+// TestStatCacheEncodeRoundTrips: the cache written entry by entry reads
+// back as it was.
+func TestStatCacheEncodeRoundTrips(t *testing.T) {
+	dir := t.TempDir()
+	c := OpenStatCache(dir, "/data", DefaultParams)
+	c.data.Files["a \"quoted\"/ü"] = cachedFile{Stat: StatKey{Size: 3, Mtime: 1, Ctime: 2, Ino: 9}, Digest: emptyDigest, Chunks: []Chunk{{Digest: emptyDigest, Size: 3}}}
+	c.data.Files["b"] = cachedFile{Stat: StatKey{Size: 1}, Digest: emptyDigest, Extents: []pulledExtent{{Digest: emptyDigest, Length: 1}}}
+	c.data.Packs["k"] = Chunk{Digest: emptyDigest, Size: 7}
+	c.dirty = true
+	if err := c.Save(); err != nil {
+		t.Fatal(err)
+	}
+	got := OpenStatCache(dir, "/data", DefaultParams)
+	if fmt.Sprint(got.data) != fmt.Sprint(c.data) {
+		t.Errorf("read back %+v, wrote %+v", got.data, c.data)
+	}
+}
