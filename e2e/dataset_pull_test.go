@@ -110,8 +110,8 @@ func noPrivateDir(t testing.TB, dir string) {
 }
 
 // TestDatasetPull: a volume of 100,000 files of 1 KiB in 100 directories
-// pulls under a limit of 256 open files, from a registry and from an OCI
-// layout, bit-exact; a pull killed midway leaves only the temporaries of
+// pulls under a limit of 256 open files, from an OCI layout and (resumed)
+// from a registry, bit-exact; a pull killed midway leaves only the temporaries of
 // the files it was writing, and a second pull finishes it bit-exact; a
 // mount of the volume walks bit-exact.
 func TestDatasetPull(t *testing.T) {
@@ -124,16 +124,16 @@ func TestDatasetPull(t *testing.T) {
 	layout := "oci:" + filepath.Join(base, "layout")
 	push(t, layout, layout+":v1", src)
 
-	for name, ref := range map[string]string{"registry": repo + ":v1", "oci-layout": layout + ":v1"} {
-		t.Run("ulimit-256/"+name, func(t *testing.T) {
-			dst := filepath.Join(t.TempDir(), "dst")
-			if res := runLimited(t, 256, "pull", ref, dst); res.code != 0 {
-				t.Fatalf("pull under ulimit -n 256:\n%s", res)
-			}
-			compareTrees(t, src, dst)
-			noPrivateDir(t, dst)
-		})
-	}
+	// From the layout here; from the registry under the same limit in
+	// killed-then-resumed (whose second pull does all the rest).
+	t.Run("ulimit-256/oci-layout", func(t *testing.T) {
+		dst := filepath.Join(t.TempDir(), "dst")
+		if res := runLimited(t, 256, "pull", layout+":v1", dst); res.code != 0 {
+			t.Fatalf("pull under ulimit -n 256:\n%s", res)
+		}
+		compareTrees(t, src, dst)
+		noPrivateDir(t, dst)
+	})
 
 	t.Run("killed-then-resumed", func(t *testing.T) {
 		dst := filepath.Join(t.TempDir(), "dst")
