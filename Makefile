@@ -40,7 +40,7 @@ $(COSIGN):
 	cd / && GOBIN=$(dir $(COSIGN)) GOFLAGS= GOWORK=off $(GO) install github.com/sigstore/cosign/v2/cmd/cosign@$(COSIGN_VERSION)
 
 e2e: $(COSIGN)
-	cd e2e && BDNVOL_COSIGN=$(COSIGN) CI=$${CI:-true} $(GO) test -count=1 -timeout 15m ./...
+	cd e2e && BDNVOL_COSIGN=$(COSIGN) CI=$${CI:-true} $(GO) test -count=1 -timeout 25m ./...
 
 test: vet unit fuzz e2e
 
