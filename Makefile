@@ -45,7 +45,7 @@ e2e: $(COSIGN)
 test: vet unit fuzz e2e
 
 bench:
-	bash bench/bench.sh && bash bench/mount.sh && BENCH_LINK=1 bash bench/mount.sh
+	bash bench/bench.sh && bash bench/dataset.sh && bash bench/mount.sh && BENCH_LINK=1 bash bench/mount.sh
 
 # The main job on generated sample data, against the embedded OCI-layout
 # default: seal a small model, change it, push again, pull it back, compare.

@@ -3,6 +3,8 @@
 package atomicfile
 
 import (
+	"bufio"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -12,6 +14,15 @@ import (
 // in path's directory, syncs it and renames it over path. On failure path
 // is as it was and the temporary file is gone.
 func WriteFile(path string, b []byte, perm fs.FileMode) (err error) {
+	return Write(path, perm, func(w io.Writer) error {
+		_, err := w.Write(b)
+		return err
+	})
+}
+
+// Write is WriteFile with the bytes written by write, through a buffer,
+// so they need not all be in memory at once.
+func Write(path string, perm fs.FileMode, write func(w io.Writer) error) (err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return err
@@ -22,7 +33,11 @@ func WriteFile(path string, b []byte, perm fs.FileMode) (err error) {
 			os.Remove(f.Name())
 		}
 	}()
-	if _, err = f.Write(b); err != nil {
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if err = write(bw); err != nil {
+		return err
+	}
+	if err = bw.Flush(); err != nil {
 		return err
 	}
 	if err = f.Chmod(perm); err != nil {

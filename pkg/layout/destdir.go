@@ -49,7 +49,11 @@ type tmpDir struct {
 	fd     int
 	parent string // slash path under the destination of its parent directory
 	name   string
-	shared bool // the fixed name, kept after a failure so a re-run resumes
+	shared bool   // the fixed name, kept after a failure so a re-run resumes
+	full   string // its path, for messages
+	// names it held when opened: what an interrupted pull left (read
+	// once, so a file with no leftover costs no lookup)
+	names map[string]bool
 }
 
 func (t *tmpDir) rel() string { return path.Join(t.parent, t.name) }
@@ -179,32 +183,33 @@ func isRegular(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFRE
 func isSymlink(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFLNK }
 
 // ensureDir makes rel a real directory that this user can fill, replacing
-// a file or a symlink in its place (never following it).
-func (d *destDir) ensureDir(rel string) error {
+// a file or a symlink in its place (never following it). made reports
+// that it made the directory (empty, then).
+func (d *destDir) ensureDir(rel string) (made bool, err error) {
 	pfd, err := d.openDir(parentOf(rel))
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unix.Close(pfd)
 	base := path.Base(rel)
 	st, ok, err := lstatAt(pfd, base)
 	switch {
 	case err != nil:
-		return &os.PathError{Op: "lstat", Path: d.full(rel), Err: err}
+		return false, &os.PathError{Op: "lstat", Path: d.full(rel), Err: err}
 	case ok && isDir(&st):
 		if st.Mode&0o700 != 0o700 {
-			return d.chmodDirAt(pfd, rel, (uint32(st.Mode)&0o777)|0o700)
+			return false, d.chmodDirAt(pfd, rel, (uint32(st.Mode)&0o777)|0o700)
 		}
-		return nil
+		return false, nil
 	case ok:
 		if err := unix.Unlinkat(pfd, base, 0); err != nil {
-			return &os.PathError{Op: "remove", Path: d.full(rel), Err: err}
+			return false, &os.PathError{Op: "remove", Path: d.full(rel), Err: err}
 		}
 	}
 	if err := unix.Mkdirat(pfd, base, 0o755); err != nil {
-		return &os.PathError{Op: "mkdir", Path: d.full(rel), Err: err}
+		return false, &os.PathError{Op: "mkdir", Path: d.full(rel), Err: err}
 	}
-	return nil
+	return true, nil
 }
 
 // chmodDir sets the permission bits of the directory rel.
@@ -275,14 +280,9 @@ func readlinkAt(dfd int, name string) (string, error) {
 }
 
 // tmpFor returns the temporary directory for files of the directory pfd
-// (whose path is parent): the one of DIR, or, where parent is on another
+// (whose path is parent, on the device dev): the one of DIR, or, where parent is on another
 // file system (a mount point under DIR), one in parent.
-func (d *destDir) tmpFor(pfd int, parent string) (*tmpDir, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(pfd, &st); err != nil {
-		return nil, &os.PathError{Op: "stat", Path: d.full(parent), Err: err}
-	}
-	dev := uint64(st.Dev)
+func (d *destDir) tmpFor(pfd int, dev uint64, parent string) (*tmpDir, error) {
 	if dev == d.rootDev {
 		pfd, parent = d.root, ""
 	}
@@ -356,5 +356,47 @@ func (d *destDir) openPrivate(pfd int, parent, name string, shared bool) (*tmpDi
 		}
 		return nil, &os.PathError{Op: "lock", Path: d.full(rel), Err: err}
 	}
-	return &tmpDir{fd: fd, parent: parent, name: name, shared: shared}, nil
+	t := &tmpDir{fd: fd, parent: parent, name: name, shared: shared, full: d.full(rel)}
+	if shared {
+		// A descriptor of its own: reading moves the offset.
+		dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(fd)
+			return nil, &os.PathError{Op: "open", Path: t.full, Err: err}
+		}
+		dh := os.NewFile(uintptr(dup), t.full)
+		names, err := dh.Readdirnames(-1)
+		dh.Close()
+		if err != nil {
+			unix.Close(fd)
+			return nil, &os.PathError{Op: "readdir", Path: t.full, Err: err}
+		}
+		t.names = make(map[string]bool, len(names))
+		for _, n := range names {
+			t.names[n] = true
+		}
+	}
+	return t, nil
+}
+
+// isEmpty reports whether the destination holds nothing but bdnvol's own
+// names.
+func (d *destDir) isEmpty() bool {
+	fd, err := unix.Openat(d.root, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	f := os.NewFile(uintptr(fd), d.path)
+	defer f.Close()
+	for {
+		names, err := f.Readdirnames(64)
+		for _, n := range names {
+			if !strings.HasPrefix(n, ReservedPrefix) {
+				return false
+			}
+		}
+		if err != nil {
+			return err == io.EOF
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sys/unix"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
@@ -64,11 +66,9 @@ type target struct {
 }
 
 type pullFile struct {
-	path      string       // the entry's path, for messages
+	path      string       // the entry's path
 	size      int64        // the entry's size
 	tmp       *tmpDir      // where the temporary file is
-	name      string       // the temporary file's name in tmp
-	tmpPath   string       // its path, for messages
 	remaining atomic.Int64 // bytes not yet written from verified chunks
 
 	// The temporary file is created when the first chunk for it arrives,
@@ -85,23 +85,29 @@ func tmpName(p string) string {
 	return hex.EncodeToString(h[:16]) + ".part"
 }
 
+// name is the temporary file's name in pf.tmp.
+func (pf *pullFile) name() string { return tmpName(pf.path) }
+
+// tmpPath is the temporary file's path, for messages.
+func (pf *pullFile) tmpPath() string { return filepath.Join(pf.tmp.full, pf.name()) }
+
 // open opens the temporary file again, by name in the private directory,
 // and checks it is still the file this pull created.
 func (pf *pullFile) open(flags int) (*os.File, error) {
-	fd, err := unix.Openat(pf.tmp.fd, pf.name, flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(pf.tmp.fd, pf.name(), flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: pf.tmpPath, Err: err}
+		return nil, &os.PathError{Op: "open", Path: pf.tmpPath(), Err: err}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return nil, &os.PathError{Op: "stat", Path: pf.tmpPath, Err: err}
+		return nil, &os.PathError{Op: "stat", Path: pf.tmpPath(), Err: err}
 	}
 	if uint64(st.Dev) != pf.dev || uint64(st.Ino) != pf.ino {
 		unix.Close(fd)
-		return nil, fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath, ErrUnsafeDestination)
+		return nil, fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath(), ErrUnsafeDestination)
 	}
-	return os.NewFile(uintptr(fd), pf.tmpPath), nil
+	return os.NewFile(uintptr(fd), pf.tmpPath()), nil
 }
 
 // openWrite opens the temporary file for writing, creating it (empty, of
@@ -156,13 +162,18 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	res := &PullResult{Files: x.Len(), Bytes: x.Bytes()}
 	opt.Counters.Total.Store(res.Bytes)
 
-	// Directories first (parents sort before children), writable while we fill them.
+	// Directories first (parents sort before children), writable while we
+	// fill them. Nothing is at the names in one made now (or an empty
+	// destination), so they need no look.
+	made := map[string]bool{"": d.isEmpty()}
 	for fi := range x.Len() {
 		f := x.File(fi)
 		if f.Type == TypeDir {
-			if err := d.ensureDir(f.Path); err != nil {
+			m, err := d.ensureDir(f.Path)
+			if err != nil {
 				return nil, err
 			}
+			made[f.Path] = m
 		}
 	}
 	files := make([]*pullFile, x.Len())
@@ -171,6 +182,8 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	var ready []int
 	var readyMu sync.Mutex
 	buf := make([]byte, 1<<20)
+	dc := newDirFD(d)
+	defer dc.close()
 	for i := range x.Len() {
 		f := x.fileRef(i)
 		if f.Type != TypeFile {
@@ -182,7 +195,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		if err := digestKnown(f, x); err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
-		pf, done, err := d.prepareFile(f, x, opt.Cache, buf)
+		pf, done, err := d.prepareFile(f, x, opt.Cache, buf, dc, made[parentOf(f.Path)])
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
@@ -237,15 +250,90 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		}
 		return nil
 	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opt.Jobs)
 	attempts := fetchAttempts
 	if l, ok := src.(localSource); ok && l.Local() {
 		attempts = 1 // reading a local file again does not cure it
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(opt.Jobs)
+	dc.close()
+	// waits reports whether file i must wait for the local copies before
+	// it is renamed into place.
+	waits := func(i int) bool {
+		readyMu.Lock()
+		defer readyMu.Unlock()
+		return copying && sources[x.Path(i)]
+	}
+	packSem := semaphore.NewWeighted(packBudget)
+	packBufs := sync.Pool{New: func() any { return new([]byte) }}
+	// fetchPacked fetches chunk k whole, then writes each file that lies
+	// wholly in it straight to its temporary file and into place.
+	fetchPacked := func(k int) error {
+		desc, ts := v.Chunks[k], byChunk[k]
+		if err := packSem.Acquire(gctx, desc.Size); err != nil {
+			return err
+		}
+		defer packSem.Release(desc.Size)
+		bp := packBufs.Get().(*[]byte)
+		defer packBufs.Put(bp)
+		var data []byte
+		var err error
+		for attempt := 1; ; attempt++ {
+			data, err = fetchWhole(gctx, src, desc, bp, opt.Counters)
+			if err == nil || attempt >= attempts || !refetchable(gctx, err) {
+				break
+			}
+			select {
+			case <-gctx.Done():
+			case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
+		}
+		fetchedChunks.Add(1)
+		fetchedBytes.Add(desc.Size)
+		wdc := newDirFD(d)
+		defer wdc.close()
+		open := &openFiles{files: files}
+		defer open.close()
+		var rest []target // targets written through the temporary file
+		var n int64
+		for _, t := range ts {
+			f, pf := x.fileRef(t.file), files[t.file]
+			block := data[t.chunkOff : t.chunkOff+t.n]
+			n += t.n
+			if t.fileOff == 0 && t.n == f.Size && !waits(t.file) {
+				ok, err := d.writeWhole(pf, f, block, wdc, opt)
+				if err != nil {
+					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, f.Path, err)
+				}
+				if ok {
+					pf.remaining.Add(-t.n)
+					continue
+				}
+			}
+			fh, err := open.get(t.file)
+			if err == nil {
+				_, err = fh.WriteAt(block, t.fileOff)
+			}
+			if err != nil {
+				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, f.Path, err)
+			}
+			rest = append(rest, t)
+		}
+		if err := open.close(); err != nil {
+			return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
+		}
+		opt.Counters.Processed.Add(n)
+		return written(rest)
+	}
 	fetch := func(k int) {
 		desc, ts := v.Chunks[k], byChunk[k]
 		g.Go(func() error {
+			if packed(desc, ts) {
+				return fetchPacked(k)
+			}
 			buf := bufs.Get().(*[]byte)
 			defer bufs.Put(buf)
 			var err error
@@ -529,17 +617,20 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 // descriptor) and prepareFile returns a nil pullFile. Otherwise it creates
 // the temporary file, or reuses one left by an interrupted pull, and
 // reports which extents it already holds. Bytes at the final name that
-// match but have other links are copied, not modified in place.
-func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte) (*pullFile, []bool, error) {
+// match but have other links are copied, not modified in place. dc holds
+// the parent directory's descriptor; fresh says that directory was made by
+// this pull, so nothing is at the final name to look at.
+func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, dc *dirFD, fresh bool) (*pullFile, []bool, error) {
 	parent := parentOf(f.Path)
-	pfd, err := d.openDir(parent)
+	pfd, dev, err := dc.get(parent)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer unix.Close(pfd)
-	existing, err := d.matchingFile(pfd, f, cache)
-	if err != nil {
-		return nil, nil, err
+	var existing *os.File
+	if !fresh {
+		if existing, err = d.matchingFile(pfd, f, cache); err != nil {
+			return nil, nil, err
+		}
 	}
 	if existing != nil {
 		defer existing.Close()
@@ -560,19 +651,16 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte) (
 			return nil, nil, nil
 		}
 	}
-	tmp, err := d.tmpFor(pfd, parent)
+	tmp, err := d.tmpFor(pfd, dev, parent)
 	if err != nil {
 		return nil, nil, err
 	}
-	pf := &pullFile{path: f.Path, size: f.Size, tmp: tmp, name: tmpName(f.Path)}
-	pf.tmpPath = d.full(path.Join(tmp.rel(), pf.name))
+	pf := &pullFile{path: f.Path, size: f.Size, tmp: tmp}
 	done := make([]bool, len(f.Extents))
-	if existing == nil && f.Size > 0 {
+	if existing == nil && f.Size > 0 && !tmp.names[pf.name()] {
 		// The temporary file is created when the first chunk arrives,
 		// unless an interrupted pull left one to look at.
-		if _, ok, err := lstatAt(tmp.fd, pf.name); err != nil || !ok {
-			return pf, done, nil
-		}
+		return pf, done, nil
 	}
 	fh, leftover, err := pf.create()
 	if err != nil {
@@ -662,10 +750,19 @@ func nlink(info os.FileInfo) uint64 {
 // file with one link, owned by this user; anything else at its name is
 // removed first (never followed).
 func (pf *pullFile) create() (fh *os.File, leftover bool, err error) {
+	fd, leftover, err := pf.createFD()
+	if err != nil {
+		return nil, false, err
+	}
+	return os.NewFile(uintptr(fd), pf.tmpPath()), leftover, nil
+}
+
+// createFD is create, returning the descriptor.
+func (pf *pullFile) createFD() (fd int, leftover bool, err error) {
 	const create = unix.O_RDWR | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	fd, err := unix.Openat(pf.tmp.fd, pf.name, create, 0o600)
+	fd, err = unix.Openat(pf.tmp.fd, pf.name(), create, 0o600)
 	if errors.Is(err, unix.EEXIST) {
-		fd, err = unix.Openat(pf.tmp.fd, pf.name, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		fd, err = unix.Openat(pf.tmp.fd, pf.name(), unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if err == nil {
 			var st unix.Stat_t
 			if unix.Fstat(fd, &st) == nil && isRegular(&st) && st.Nlink == 1 && int(st.Uid) == os.Geteuid() {
@@ -675,22 +772,22 @@ func (pf *pullFile) create() (fh *os.File, leftover bool, err error) {
 			}
 		}
 		if !leftover {
-			if err := unix.Unlinkat(pf.tmp.fd, pf.name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-				return nil, false, &os.PathError{Op: "remove", Path: pf.tmpPath, Err: err}
+			if err := unix.Unlinkat(pf.tmp.fd, pf.name(), 0); err != nil && !errors.Is(err, unix.ENOENT) {
+				return -1, false, &os.PathError{Op: "remove", Path: pf.tmpPath(), Err: err}
 			}
-			fd, err = unix.Openat(pf.tmp.fd, pf.name, create, 0o600)
+			fd, err = unix.Openat(pf.tmp.fd, pf.name(), create, 0o600)
 		}
 	}
 	if err != nil {
-		return nil, false, &os.PathError{Op: "create", Path: pf.tmpPath, Err: err}
+		return -1, false, &os.PathError{Op: "create", Path: pf.tmpPath(), Err: err}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return nil, false, &os.PathError{Op: "stat", Path: pf.tmpPath, Err: err}
+		return -1, false, &os.PathError{Op: "stat", Path: pf.tmpPath(), Err: err}
 	}
 	pf.dev, pf.ino = uint64(st.Dev), uint64(st.Ino)
-	return os.NewFile(uintptr(fd), pf.tmpPath), leftover, nil
+	return fd, leftover, nil
 }
 
 // leftoverExtents reports which extents of f the temporary file fh, of
@@ -778,7 +875,7 @@ func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) e
 			return fmt.Errorf("%s: %w", f.Path, err)
 		}
 		if err := verify.Digest("file "+f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, got, f.Size); err != nil {
-			_ = unix.Unlinkat(pf.tmp.fd, pf.name, 0)
+			_ = unix.Unlinkat(pf.tmp.fd, pf.name(), 0)
 			return err
 		}
 	}
@@ -790,20 +887,8 @@ func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) e
 		return err
 	}
 	defer unix.Close(pfd)
-	base := path.Base(f.Path)
-	if st, ok, _ := lstatAt(pfd, base); ok && isDir(&st) {
-		// An empty directory goes; one with contents is the user's data.
-		if err := unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR); err != nil {
-			_ = unix.Unlinkat(pf.tmp.fd, pf.name, 0)
-			return fmt.Errorf("%s: a non-empty directory is in the place of a file", d.full(f.Path))
-		}
-	}
-	var st unix.Stat_t
-	if err := unix.Fstatat(pf.tmp.fd, pf.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || uint64(st.Dev) != pf.dev || uint64(st.Ino) != pf.ino {
-		return fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath, ErrUnsafeDestination)
-	}
-	if err := unix.Renameat(pf.tmp.fd, pf.name, pfd, base); err != nil {
-		return &os.LinkError{Op: "rename", Old: pf.tmpPath, New: d.full(f.Path), Err: err}
+	if err := d.renameInto(pf, pfd, f.Path); err != nil {
+		return err
 	}
 	if info, err := fh.Stat(); err == nil {
 		// Every byte came from a verified chunk (or a verified leftover).

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -196,16 +197,50 @@ func (c *StatCache) Save() error {
 			c.data.Files[p] = f
 		}
 	}
-	b, err := json.Marshal(&c.data)
-	if err != nil {
-		return err
-	}
 	if err := os.MkdirAll(filepath.Dir(c.path), 0o700); err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(c.path, b, 0o600); err != nil {
+	// Encoded entry by entry as it is written: a cache of a million files
+	// is not held a second time, as bytes.
+	if err := atomicfile.Write(c.path, 0o600, c.data.encode); err != nil {
 		return err
 	}
 	c.dirty = false
 	return nil
+}
+
+// encode writes d as the JSON object json.Marshal would give (keys in any
+// order), one entry at a time.
+func (d *statCacheData) encode(w io.Writer) error {
+	if err := encodeMap(w, `{"files":`, d.Files); err != nil {
+		return err
+	}
+	if err := encodeMap(w, `,"packs":`, d.Packs); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "}\n")
+	return err
+}
+
+func encodeMap[V any](w io.Writer, prefix string, m map[string]V) error {
+	if _, err := io.WriteString(w, prefix+"{"); err != nil {
+		return err
+	}
+	sep := ""
+	for k, v := range m {
+		kb, err := json.Marshal(k)
+		if err != nil {
+			return err
+		}
+		vb, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "%s%s:%s", sep, kb, vb); err != nil {
+			return err
+		}
+		sep = ","
+	}
+	_, err := io.WriteString(w, "}")
+	return err
 }

@@ -1,12 +1,14 @@
 package lazy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log"
 	"os"
 	"path"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -79,7 +81,57 @@ type dirNode struct {
 	uid, gid uint32
 }
 
-var _ = (fs.NodeGetattrer)((*dirNode)(nil))
+var (
+	_ = (fs.NodeGetattrer)((*dirNode)(nil))
+	_ = (fs.NodeOpendirHandler)((*dirNode)(nil))
+)
+
+// OpendirHandle lists the directory's children, and lets the kernel keep
+// the listing: the version is immutable, so a second listing of the
+// directory costs no request.
+func (d *dirNode) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	children := d.Children()
+	entries := make([]fuse.DirEntry, 0, len(children))
+	for name, ch := range children {
+		entries = append(entries, fuse.DirEntry{Name: name, Mode: ch.Mode(), Ino: ch.StableAttr().Ino})
+	}
+	slices.SortFunc(entries, func(a, b fuse.DirEntry) int { return cmp.Compare(a.Ino, b.Ino) })
+	return &dirList{entries: entries}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, fs.OK
+}
+
+// dirList is an open directory: its entries, in index order, and how many
+// were read.
+type dirList struct {
+	mu      sync.Mutex
+	entries []fuse.DirEntry
+	pos     int
+}
+
+var (
+	_ = (fs.FileReaddirenter)((*dirList)(nil))
+	_ = (fs.FileSeekdirer)((*dirList)(nil))
+)
+
+// Readdirent returns the next entry, or nil at the end.
+func (l *dirList) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pos >= len(l.entries) {
+		return nil, fs.OK
+	}
+	e := l.entries[l.pos]
+	l.pos++
+	e.Off = uint64(l.pos)
+	return &e, fs.OK
+}
+
+// Seekdir goes back (or on) to just after the off-th entry.
+func (l *dirList) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pos = int(min(off, uint64(len(l.entries))))
+	return fs.OK
+}
 
 func (d *dirNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	perm := uint32(0o755)

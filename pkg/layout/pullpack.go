@@ -1,0 +1,190 @@
+package layout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
+	"oras.land/oras-go/v2/content"
+)
+
+// packBudget bounds the bytes of chunks held in memory at once: a chunk
+// packing many small files is fetched whole and verified before any of its
+// files is written, so each file is written once, under its temporary
+// name, and renamed at once (no temporary waits for the rest of its chunk).
+const packBudget = 32 << 20
+
+// packed reports whether the chunk desc with targets ts is fetched whole
+// into memory: it holds more than one file and is no larger than the
+// default largest chunk.
+func packed(desc ocispec.Descriptor, ts []target) bool {
+	return len(ts) > 1 && desc.Size <= DefaultParams.Max
+}
+
+// fetchWhole fetches the chunk desc into buf (grown as needed), checking
+// its size and digest, and returns its bytes.
+func fetchWhole(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, buf *[]byte, c *Counters) ([]byte, error) {
+	rc, err := src.Fetch(ctx, desc)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	if int64(cap(*buf)) < desc.Size {
+		*buf = make([]byte, desc.Size)
+	}
+	data := (*buf)[:desc.Size]
+	var off int
+	for off < len(data) {
+		n, rerr := rc.Read(data[off:])
+		off += n
+		c.Sent.Add(int64(n))
+		if rerr != nil {
+			if off < len(data) {
+				if rerr == io.EOF {
+					rerr = io.ErrUnexpectedEOF
+				}
+				return nil, fmt.Errorf("read after %d of %d bytes: %w", off, desc.Size, rerr)
+			}
+			break
+		}
+	}
+	var one [1]byte
+	if n, _ := rc.Read(one[:]); n > 0 {
+		return nil, fmt.Errorf("%w: more than %d bytes", ErrDigestMismatch, desc.Size)
+	}
+	if got := digest.FromBytes(data); got != desc.Digest {
+		return nil, fmt.Errorf("%w: got %s", ErrDigestMismatch, got)
+	}
+	return data, nil
+}
+
+// dirFD holds the descriptor of one directory under the destination, the
+// one the last file was in: files come in path order, so most files of a
+// chunk share their directory with the file before.
+type dirFD struct {
+	d   *destDir
+	rel string
+	fd  int // -1 when none is held
+	dev uint64
+}
+
+func newDirFD(d *destDir) *dirFD { return &dirFD{d: d, fd: -1} }
+
+// get returns a descriptor of the directory rel (resolved as openDir does)
+// and its device.
+func (c *dirFD) get(rel string) (int, uint64, error) {
+	if c.fd >= 0 && c.rel == rel {
+		return c.fd, c.dev, nil
+	}
+	c.close()
+	fd, err := c.d.openDir(rel)
+	if err != nil {
+		return -1, 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, 0, &os.PathError{Op: "stat", Path: c.d.full(rel), Err: err}
+	}
+	c.fd, c.rel, c.dev = fd, rel, uint64(st.Dev)
+	return fd, c.dev, nil
+}
+
+func (c *dirFD) close() {
+	if c.fd >= 0 {
+		unix.Close(c.fd)
+		c.fd = -1
+	}
+}
+
+// writeWhole writes the verified bytes data, all of the file f, to its
+// temporary file, sets its mode and renames it into place. It reports false, writing nothing, when the
+// temporary file already exists (an interrupted pull left it): the caller
+// writes through it as for any file.
+func (d *destDir) writeWhole(pf *pullFile, f *File, data []byte, dc *dirFD, opt PullOptions) (bool, error) {
+	pf.mu.Lock()
+	defer pf.mu.Unlock()
+	if pf.created {
+		return false, nil
+	}
+	if opt.VerifyFiles {
+		if got := digest.FromBytes(data); got != f.Digest {
+			return true, fmt.Errorf("%s: %w: got %s, want %s", f.Path, ErrDigestMismatch, got, f.Digest)
+		}
+	}
+	fd, leftover, err := pf.createFD()
+	if err != nil {
+		return true, err
+	}
+	defer unix.Close(fd)
+	for off := 0; off < len(data); {
+		n, err := unix.Pwrite(fd, data[off:], int64(off))
+		if err != nil {
+			return true, writeError{&os.PathError{Op: "write", Path: pf.tmpPath(), Err: err}}
+		}
+		off += n
+	}
+	if leftover { // appeared since the pull looked: it may be longer
+		if err := unix.Ftruncate(fd, int64(len(data))); err != nil {
+			return true, writeError{&os.PathError{Op: "truncate", Path: pf.tmpPath(), Err: err}}
+		}
+	}
+	pf.created = true
+	if err := unix.Fchmod(fd, f.Mode); err != nil {
+		return true, &os.PathError{Op: "chmod", Path: pf.tmpPath(), Err: err}
+	}
+	pfd, _, err := dc.get(parentOf(f.Path))
+	if err != nil {
+		return true, err
+	}
+	if err := d.renameInto(pf, pfd, f.Path); err != nil {
+		return true, err
+	}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) == nil {
+		opt.Cache.storePulled(f.Path, cachedFile{Stat: unixStatKey(&st), Digest: f.Digest})
+	}
+	return true, nil
+}
+
+// renameInto renames the temporary file of pf to the final name of rel in
+// the directory pfd, checking right before that the temporary name is
+// still the file this pull created. An empty directory at the final name
+// goes; one with contents is the user's data and an error.
+func (d *destDir) renameInto(pf *pullFile, pfd int, rel string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(pf.tmp.fd, pf.name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || uint64(st.Dev) != pf.dev || uint64(st.Ino) != pf.ino {
+		return fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath(), ErrUnsafeDestination)
+	}
+	base := path.Base(rel)
+	err := unix.Renameat(pf.tmp.fd, pf.name(), pfd, base)
+	if errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
+		if st, ok, _ := lstatAt(pfd, base); ok && isDir(&st) {
+			if err := unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR); err != nil {
+				_ = unix.Unlinkat(pf.tmp.fd, pf.name(), 0)
+				return fmt.Errorf("%s: a non-empty directory is in the place of a file", d.full(rel))
+			}
+		}
+		err = unix.Renameat(pf.tmp.fd, pf.name(), pfd, base)
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: pf.tmpPath(), New: d.full(rel), Err: err}
+	}
+	return nil
+}
+
+// unixStatKey is the stat key of st.
+func unixStatKey(st *unix.Stat_t) StatKey {
+	return StatKey{
+		Size:  st.Size,
+		Mtime: st.Mtim.Sec*1e9 + st.Mtim.Nsec,
+		Ctime: st.Ctim.Sec*1e9 + st.Ctim.Nsec,
+		Ino:   uint64(st.Ino),
+	}
+}
