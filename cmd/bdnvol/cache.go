@@ -88,22 +88,9 @@ func (c *CacheLsCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		type row struct {
-			Ref      string `json:"ref"`
-			Pinned   string `json:"pinned"`
-			Patterns string `json:"patterns,omitempty"`
-			Cached   int64  `json:"cached"`
-			Total    int64  `json:"total"`
-			Complete bool   `json:"complete"`
-			InUse    bool   `json:"in_use"`
-		}
-		rows := make([]row, 0, len(es))
-		for _, e := range es {
-			rows = append(rows, row{e.Ref, e.Pinned, e.Patterns, e.Cached, e.Total, e.Complete, e.InUse})
-		}
 		enc := json.NewEncoder(g.stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+		return enc.Encode(es)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VERSION\tREF\tCACHED\tTOTAL\tCOMPLETE\tIN USE")
@@ -164,14 +151,4 @@ func (c *CacheGCCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Fprintf(g.stdout, "removed %d version(s): %d chunks, %s\n", len(r.Versions), r.Blobs, units.Bytes(r.Bytes))
 	return nil
-}
-
-// holdVersion records the version s serves next to the cache, with a lease
-// on its mountpoint (see warm.Hold).
-func holdVersion(cache *chunkcache.Cache, s *mounts.Served, g *Globals) func() {
-	release, err := warm.Hold(cache, s.Volume.Version(), s.Pinned, s.Pinned, s.Mountpoint)
-	if err != nil {
-		g.logf("%s", termsafe.Text(err.Error()))
-	}
-	return release
 }

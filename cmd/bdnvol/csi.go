@@ -22,9 +22,6 @@ type csiDirs struct {
 	MounterSocket string `name:"mounter-socket" default:"/var/lib/kubelet/plugins/csi.bdnvol.dev/mounter.sock" help:"The mounter's unix socket."`
 }
 
-// defaultCSICacheDir is the node's chunk cache when --cache-dir is not given.
-const defaultCSICacheDir = "/var/lib/bdnvol/cache"
-
 // CSIMounterCmd is `bdnvol csi mounter`.
 type CSIMounterCmd struct {
 	csiDirs      `embed:""`
@@ -44,12 +41,8 @@ type CSIMounterCmd struct {
 // Run serves until SIGTERM, then unmounts everything.
 func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 	// The global --cache-dir names the node's chunk cache, shared by every mount.
-	dir := g.CacheDir
-	if dir == "" {
-		dir = defaultCSICacheDir
-	}
 	return csi.ServeMounter(ctx, csi.MounterConfig{
-		Socket: c.MounterSocket, MountsDir: c.MountsDir, StateDir: c.StateDir, CacheDir: dir, CacheSize: int64(c.CacheSize),
+		Socket: c.MounterSocket, MountsDir: c.MountsDir, StateDir: c.StateDir, CacheDir: g.CacheDir, CacheSize: int64(c.CacheSize),
 		OCI: g.options(), Mirrors: mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
 		Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
 		WarmList: c.WarmList, WarmStatus: c.WarmStatus, WarmBandwidth: int64(c.WarmBandwidth),

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -38,7 +37,7 @@ func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(d)
+		return g.printJSON(d)
 	}
 	w := g.stdout
 	for _, f := range d.Added {
@@ -63,7 +62,7 @@ func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Sid
 		return err
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(d)
+		return g.printJSON(d)
 	}
 	w := g.stdout
 	for _, t := range d.Added {

@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/imageview"
-	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // ExportImageCmd builds the image view of a version.
@@ -25,22 +22,17 @@ type ExportImageCmd struct {
 // Run builds and pushes the image.
 func (c *ExportImageCmd) Run(ctx context.Context, g *Globals) error {
 	start := time.Now()
-	osName, arch, ok := strings.Cut(c.Platform, "/")
-	if !ok || osName == "" || arch == "" || strings.Contains(arch, "/") {
-		return usageError{fmt.Errorf("--platform %q: want OS/ARCH", c.Platform)}
+	osName, arch, err := imageview.ParsePlatform(c.Platform)
+	if err != nil {
+		return usageError{err}
 	}
 	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}
-	var dst oci.Ref
-	if c.ImageRef != "" {
-		if dst, err = oci.ParseRef(c.ImageRef); err != nil {
-			return usageError{err}
-		}
-		if dst.Digest != "" {
-			return usageError{fmt.Errorf("%s: an image reference takes a tag, not a digest", c.ImageRef)}
-		}
+	dst, err := imageview.ParseDestination(c.ImageRef)
+	if err != nil {
+		return usageError{err}
 	}
 	out, err := imageview.Export(ctx, t, ref, root.Desc, root.Bytes, dst, g.options(), imageview.Options{
 		Root: c.Root, LayerBytes: int64(c.LayerSize), OS: osName, Architecture: arch,
@@ -49,7 +41,7 @@ func (c *ExportImageCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	fmt.Fprintf(g.stderr, "bdnvol: image view of %s: %d layers, %s (volume %s), uploaded %d layers, %s, in %s\n",
 		out.VolumeDigest, len(out.Layers), units.Bytes(out.ImageBytes), units.Bytes(out.VolumeBytes),

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,44 +14,29 @@ import (
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
+	"github.com/bdnvol/bdnvol/pkg/versions"
 )
-
-// Duration is a time.Duration flag that also accepts days ("7d").
-type Duration time.Duration
-
-// UnmarshalText parses 7d, 36h, 1d12h, 0s.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := retention.ParseDuration(string(b))
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
 
 // GCCmd plans, and with --apply carries out, the deletion of old versions
 // that nothing keeps.
 type GCCmd struct {
-	Repo          string   `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
-	KeepLast      int      `name:"keep-last" default:"3" help:"Keep the newest N versions."`
-	KeepTag       []string `name:"keep-tag" default:"*" help:"Keep versions with a human tag matching this glob (repeatable; default: any tag)."`
-	KeepWithin    Duration `name:"keep-within" default:"0s" help:"Keep versions pushed within this long (e.g. 7d, 36h)."`
-	Refs          []string `name:"refs" help:"YAML/JSON file or directory whose volume references keep versions; - reads standard input (repeatable)."`
-	Apply         bool     `help:"Carry the plan out (default: only print it)."`
-	JSON          bool     `name:"json" help:"Print the plan (and results) as JSON."`
-	Purge         bool     `help:"Also delete for real the versions deleted more than --restore-window ago."`
-	RestoreWindow Duration `name:"restore-window" default:"7d" help:"How long a deleted version stays restorable before --purge removes it."`
-	BlobGrace     Duration `name:"blob-grace" default:"1h" help:"OCI layouts: leave unreachable blobs younger than this (a push may be running)."`
+	Repo          string             `arg:"" help:"Volume: HOST/REPO or oci:PATH."`
+	KeepLast      int                `name:"keep-last" default:"3" help:"Keep the newest N versions."`
+	KeepTag       []string           `name:"keep-tag" default:"*" help:"Keep versions with a human tag matching this glob (repeatable; default: any tag)."`
+	KeepWithin    retention.Duration `name:"keep-within" default:"0s" help:"Keep versions pushed within this long (e.g. 7d, 36h)."`
+	Refs          []string           `name:"refs" help:"YAML/JSON file or directory whose volume references keep versions; - reads standard input (repeatable)."`
+	Apply         bool               `help:"Carry the plan out (default: only print it)."`
+	JSON          bool               `name:"json" help:"Print the plan (and results) as JSON."`
+	Purge         bool               `help:"Also delete for real the versions deleted more than --restore-window ago."`
+	RestoreWindow retention.Duration `name:"restore-window" default:"7d" help:"How long a deleted version stays restorable before --purge removes it."`
+	BlobGrace     retention.Duration `name:"blob-grace" default:"1h" help:"OCI layouts: leave unreachable blobs younger than this (a push may be running)."`
 }
 
 // Run plans and applies.
 func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
-	ref, err := oci.ParseRef(c.Repo)
+	ref, err := versions.ParseRepo(c.Repo, "gc")
 	if err != nil {
 		return usageError{err}
-	}
-	if ref.Reference() != "" {
-		return usageError{fmt.Errorf("%s: gc takes a repository, without a tag or digest", c.Repo)}
 	}
 	policy := retention.Policy{
 		KeepLast: c.KeepLast, KeepTags: c.KeepTag, KeepWithin: time.Duration(c.KeepWithin),
@@ -93,7 +77,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", rep.Swept.Blobs, units.Bytes(rep.Swept.Bytes))
 	}
 	if c.JSON {
-		if err := json.NewEncoder(g.stdout).Encode(rep); err != nil {
+		if err := g.printJSON(rep); err != nil {
 			return err
 		}
 	}
@@ -128,11 +112,7 @@ func dash(s string) string {
 // bdnvol mounts running on this machine.
 func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
 	sources, err := retention.PathSources(repo, paths, os.Stdin, func() []retention.Reference {
-		var refs []retention.Reference
-		for _, m := range g.mountStore().Serving() {
-			refs = append(refs, retention.Reference{Source: m.Mountpoint, Ref: m.Reference, Digest: m.Digest, Mount: true})
-		}
-		return refs
+		return retention.MountReferences(g.mountStore().Serving())
 	})
 	if errors.Is(err, retention.ErrStdinTwice) {
 		return nil, usageError{err}

@@ -37,8 +37,7 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	_, terr := t.Resolve(ctx, signature.Tag(root.Desc.Digest))
-	sig := signature.StatusOf(ctx, t, root.Desc, terr == nil, p.Keys)
+	sig := signature.StatusOf(ctx, t, root.Desc, true, p.Keys) // true: StatusOf looks the signature tag up
 	views, err := imageview.List(ctx, t, d.Digest)
 	if err != nil {
 		fmt.Fprintf(g.stderr, "bdnvol: warning: %s: listing image views: %v\n", ref, err)

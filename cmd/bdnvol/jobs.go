@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"text/tabwriter"
@@ -44,25 +43,14 @@ func (c *JobsListCmd) Run(g *Globals) error {
 		for _, j := range js {
 			out = append(out, j.Summary())
 		}
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSOURCE\tDESTINATION\tSTATE\tPROGRESS")
 	for _, j := range js {
-		state := string(j.State)
-		if j.Reason != "" && j.State != jobs.Succeeded {
-			state += " (" + short(termsafe.Text(j.Reason), 60) + ")"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.Name(j.Spec.Source), termsafe.Name(j.Spec.Destination), state, j.ProgressText())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.Name(j.Spec.Source), termsafe.Name(j.Spec.Destination), j.StateText(), j.ProgressText())
 	}
 	return tw.Flush()
-}
-
-func short(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-1] + "…"
 }
 
 // JobsWaitCmd waits for a job.
@@ -145,14 +133,11 @@ func (c *JobsResumeCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	j, err := store.Requeue(c.ID)
-	if err != nil {
-		if j == nil {
-			return usageError{err}
-		}
-		return err
+	j, err := store.Resume(c.ID, "")
+	if j == nil {
+		return usageError{err}
 	}
-	if err := startDetached(store, j.ID); err != nil {
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(g.stderr, "bdnvol: resumed job %s; wait for it with: bdnvol jobs wait %s\n", j.ID, j.ID)

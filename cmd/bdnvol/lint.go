@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
@@ -17,26 +16,19 @@ type LintCmd struct {
 	JSON  bool     `name:"json" help:"Print the findings as a JSON array."`
 }
 
-type lintFinding struct {
-	File string `json:"file"`
-	deploy.Finding
-}
-
 // Run lints the files; it fails when there is any finding.
 func (c *LintCmd) Run(ctx context.Context, g *Globals) error {
 	res := newRefResolver(g)
-	all := []lintFinding{}
+	all := []deploy.Finding{}
 	for _, file := range c.Files {
 		fs, err := deploy.LintFile(ctx, file, res, deploy.LintOptions{All: c.All})
 		if err != nil {
 			return err
 		}
-		for _, f := range fs {
-			all = append(all, lintFinding{File: file, Finding: f})
-		}
+		all = append(all, fs...)
 	}
 	if c.JSON {
-		if err := json.NewEncoder(g.stdout).Encode(all); err != nil {
+		if err := g.printJSON(all); err != nil {
 			return err
 		}
 	} else {

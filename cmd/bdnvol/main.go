@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -175,6 +176,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // mountStore is where mounts record their state.
 func (g *Globals) mountStore() mounts.Store { return mounts.DefaultStore(g.cacheDir()) }
+
+// printJSON writes v to stdout as JSON, on one line.
+func (g *Globals) printJSON(v any) error { return json.NewEncoder(g.stdout).Encode(v) }
 
 // logf prints one "bdnvol: " line to stderr.
 func (g *Globals) logf(format string, args ...any) {

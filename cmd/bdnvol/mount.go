@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,7 +13,8 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
-	"github.com/bdnvol/bdnvol/pkg/signature"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
 // MountCmd mounts a version read-only with FUSE.
@@ -35,57 +35,19 @@ type MountCmd struct {
 	RequireSignature string `name:"require-signature" type:"path" placeholder:"KEY" help:"Refuse a version unless it carries a valid signature by this cosign public key (with --spec: for mounts whose deploy file names no key)."`
 }
 
-// targets turns the arguments into what to mount, and the directory the
-// daemon's log is named after.
-func (c *MountCmd) targets(g *Globals) ([]mounts.Target, string, error) {
-	if c.Spec == "" {
-		if c.Mountpoint == "" {
-			return nil, "", usageError{errors.New("expected REF MOUNTPOINT, or --spec FILE ROOT")}
-		}
-		ref, err := parseVersionRef(c.Ref)
-		if err != nil {
-			return nil, "", err
-		}
-		mp, err := filepath.Abs(c.Mountpoint)
-		if err != nil {
-			return nil, "", usageError{err}
-		}
-		policy, err := signature.LoadPolicy(c.RequireSignature)
-		if err != nil {
-			return nil, "", usageError{err}
-		}
-		return []mounts.Target{{Ref: ref, Mountpoint: mp, Policy: policy}}, mp, nil
-	}
-	if c.Mountpoint != "" {
-		return nil, "", usageError{errors.New("with --spec, give only the root directory")}
-	}
-	root, err := filepath.Abs(c.Ref)
-	if err != nil {
-		return nil, "", usageError{err}
-	}
-	targets, err := mounts.FromSpec(c.Spec, root, c.RequireSignature, g.logf)
-	if err != nil {
-		return nil, "", usageError{err}
-	}
-	return targets, root, nil
-}
-
 func parseVersionRef(s string) (oci.Ref, error) {
-	ref, err := oci.ParseRef(s)
+	ref, err := versions.ParseRef(s)
 	if err != nil {
 		return ref, usageError{err}
-	}
-	if ref.Reference() == "" {
-		return ref, usageError{fmt.Errorf("%s: name a tag or a digest", s)}
 	}
 	return ref, nil
 }
 
 // Run mounts and serves until SIGINT, SIGTERM or `bdnvol umount`.
 func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
-	targets, key, err := c.targets(g)
+	targets, key, err := mounts.FromArgs(c.Ref, c.Mountpoint, c.Spec, c.RequireSignature, g.logf)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	prefetch, err := mounts.Prefetcher(c.Prefetch)
 	if err != nil {
@@ -119,7 +81,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 			AllowOther: c.AllowOther, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Debug: c.Debug, Store: &store, Logf: g.logf,
 		},
 		Prefetch: prefetch, PrefetchName: c.Prefetch,
-		Hold: func(s *mounts.Served) func() { return holdVersion(cache, s, g) },
+		Hold: warm.HoldServed(cache, g.logf),
 		Ready: func(all []*mounts.Served) {
 			var pinned, digests []string
 			for _, s := range all {

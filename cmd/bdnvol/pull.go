@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/internal/units"
@@ -41,16 +40,10 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	mode := pull.CacheRead
-	if c.Cache {
-		mode = pull.CacheFill
-	} else if c.NoCache {
-		mode = pull.CacheOff
-	}
 	counters := &layout.Counters{}
 	out, err := pull.Pull(ctx, ref, c.Dir, pull.Options{
 		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Policy: policy,
-		CacheDir: g.cacheDir(), Cache: mode, CacheSize: int64(c.CacheSize),
+		CacheDir: g.cacheDir(), Cache: pull.CacheModeOf(c.Cache, c.NoCache), CacheSize: int64(c.CacheSize),
 		Jobs: c.Jobs, VerifyFiles: c.VerifyFiles, Counters: counters, Logf: g.logf,
 		Progress: func() func() { return startProgress(g.stderr, "pull", counters) },
 	})
@@ -58,7 +51,7 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	fmt.Fprintf(g.stderr, "pulled %d files, %s; fetched %d chunks, %s; copied %d chunks, %s, from files already there in %.1fs\n",
 		out.Files, units.Bytes(out.Bytes), out.ChunksFetched, units.Bytes(out.BytesFetched), out.ChunksCopied, units.Bytes(out.BytesCopied), out.Seconds)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -28,17 +27,9 @@ type PushCmd struct {
 // Run pushes the directory.
 func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	start := time.Now()
-	ref, err := oci.ParseRef(c.Ref)
+	ref, err := versions.ParsePushRef(c.Ref, c.Tag)
 	if err != nil {
 		return usageError{err}
-	}
-	if ref.Digest != "" {
-		return usageError{fmt.Errorf("%s: push takes a tag, not a digest", c.Ref)}
-	}
-	for _, tag := range append([]string{ref.Tag}, c.Tag...) {
-		if err := versions.CheckTag(tag); err != nil {
-			return usageError{err}
-		}
 	}
 	opt := g.options()
 	opt.CreateLayout = true
@@ -46,12 +37,9 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	params, err := layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)}.Completed()
+	params, err := versions.PushParams(ctx, t, ref.Tag, layout.Params{Min: int64(c.ChunkMin), Avg: int64(c.ChunkAvg), Max: int64(c.ChunkMax)})
 	if err != nil {
 		return usageError{err}
-	}
-	if params == (layout.Params{}) {
-		params = versions.PreviousParams(ctx, t, ref.Tag)
 	}
 	counters := &layout.Counters{}
 	stop := startProgress(g.stderr, "push", counters)
@@ -73,7 +61,7 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	out := res.Report(ref)
 	out.Seconds = time.Since(start).Seconds()
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	fmt.Fprintf(g.stderr, "sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs\n",
 		out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 )
@@ -18,19 +16,9 @@ type RestoreCmd struct {
 
 // Run restores the version with a new protective tag and no human tags.
 func (c *RestoreCmd) Run(ctx context.Context, g *Globals) error {
-	s := c.Ref
-	if c.Digest != "" {
-		s += "@" + c.Digest
-	}
-	if _, err := digest.Parse(s); err == nil {
-		return usageError{fmt.Errorf("%s: name the repository too: HOST/REPO@DIGEST or oci:PATH@DIGEST", s)}
-	}
-	ref, err := parseVersionRef(s)
+	ref, err := retention.ParseRestoreRef(c.Ref, c.Digest)
 	if err != nil {
-		return err
-	}
-	if ref.Digest == "" {
-		return usageError{fmt.Errorf("%s: restore takes a digest (bdnvol versions --deleted lists them)", s)}
+		return usageError{err}
 	}
 	tag, warn, err := retention.RestoreRef(ctx, ref, g.options())
 	if err != nil {

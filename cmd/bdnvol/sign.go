@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/pkg/signature"
@@ -30,10 +29,7 @@ func (c *SignCmd) Run(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("%s: %w", ref.Pinned(root.Desc.Digest), err)
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(map[string]string{
-			"reference": ref.Pinned(root.Desc.Digest), "digest": root.Desc.Digest.String(),
-			"key": e.KeyID, "signature_tag": signature.Tag(root.Desc.Digest), "signature_manifest": e.Manifest.Digest.String(),
-		})
+		return g.printJSON(e.SignedJSON(ref.Pinned(root.Desc.Digest), root.Desc.Digest))
 	}
 	fmt.Fprintf(g.stdout, "signed %s with key %s (%s)\n", ref.Pinned(root.Desc.Digest), e.KeyID, signature.Tag(root.Desc.Digest))
 	return nil

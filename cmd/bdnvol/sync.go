@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
 
 	"github.com/bdnvol/bdnvol/pkg/jobs"
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -44,7 +41,7 @@ func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.Detach {
-		if err := startDetached(store, j.ID); err != nil {
+		if err := store.Detach(j.ID, ""); err != nil {
 			return err
 		}
 		fmt.Fprintf(g.stderr, "bdnvol: started job %s; wait for it with: bdnvol jobs wait %s\n", j.ID, j.ID)
@@ -53,16 +50,6 @@ func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Fprintf(g.stderr, "bdnvol: job %s\n", j.ID)
 	return runJob(ctx, g, store, j.ID, true, c.JSON)
-}
-
-// startDetached runs `bdnvol jobs run ID` in a new session, its output
-// going to the job's log.
-func startDetached(store *jobs.Store, id string) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	return store.Spawn(id, exec.Command(exe, "jobs", "run", id))
 }
 
 // runJob runs job id in this process. In the foreground, log lines also go
@@ -77,7 +64,7 @@ func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreg
 		return err
 	}
 	if asJSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"oras.land/oras-go/v2/registry"
-
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -19,13 +17,8 @@ type TagCmd struct {
 
 // Run moves the tags.
 func (c *TagCmd) Run(ctx context.Context, g *Globals) error {
-	for _, tag := range c.Tags {
-		if err := (registry.Reference{Registry: "x", Repository: "x", Reference: tag}).ValidateReferenceAsTag(); err != nil {
-			return usageError{fmt.Errorf("bad tag %q", tag)}
-		}
-		if err := versions.CheckTag(tag); err != nil {
-			return usageError{err}
-		}
+	if err := versions.CheckTags(c.Tags...); err != nil {
+		return usageError{err}
 	}
 	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"text/tabwriter"
@@ -25,24 +24,14 @@ func (c *UmountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	targets, err := mounts.Targets(mp)
-	if err != nil {
-		return err
-	}
-	store := g.mountStore()
-	for _, m := range targets {
-		how, err := store.Unmount(ctx, m.Mountpoint, c.Timeout)
-		if err != nil {
-			return err
-		}
+	return g.mountStore().UnmountAll(ctx, mp, c.Timeout, func(m mounts.Mount, how mounts.Outcome) {
 		switch how {
 		case mounts.Stale:
 			fmt.Fprintf(g.stderr, "bdnvol: removed the stale mount at %s (%s)\n", m.Mountpoint, m.Digest)
 		case mounts.Unmounted:
 			fmt.Fprintf(g.stderr, "bdnvol: unmounted %s\n", m.Mountpoint)
 		}
-	}
-	return nil
+	})
 }
 
 // MountsCmd lists the bdnvol mounts on the machine.
@@ -57,7 +46,7 @@ func (c *MountsCmd) Run(g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(out)
+		return g.printJSON(out)
 	}
 	w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "MOUNTPOINT\tDIGEST\tREFERENCE\tPID")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -52,10 +51,7 @@ func (c *VerifyCmd) verifySignature(ctx context.Context, g *Globals) error {
 		return fmt.Errorf("%s: %w", ref.Pinned(root.Desc.Digest), err)
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(map[string]any{
-			"reference": ref.Pinned(v.Digest), "digest": v.Digest.String(), "key": v.KeyID,
-			"referrer": v.Entry.Referrer, "signature_manifest": v.Entry.Manifest.Digest.String(),
-		})
+		return g.printJSON(v.JSON(ref.Pinned(v.Digest)))
 	}
 	fmt.Fprintf(g.stdout, "verified %s: signed by key %s\n", ref.Pinned(v.Digest), v.KeyID)
 	return nil
@@ -71,7 +67,7 @@ func (c *VerifyCmd) verifyDir(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if c.JSON {
-		if err := json.NewEncoder(g.stdout).Encode(out); err != nil {
+		if err := g.printJSON(out); err != nil {
 			return err
 		}
 	} else {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -33,12 +32,9 @@ type signedVersion struct {
 
 // Run lists the versions.
 func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
-	ref, err := oci.ParseRef(c.Repo)
+	ref, err := versions.ParseRepo(c.Repo, "versions")
 	if err != nil {
 		return usageError{err}
-	}
-	if ref.Reference() != "" {
-		return usageError{fmt.Errorf("%s: versions takes a repository, without a tag or digest", c.Repo)}
 	}
 	t, err := oci.Open(ctx, ref, g.options())
 	if err != nil {
@@ -71,7 +67,7 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 		vs[i] = signedVersion{v, sigs[i]}
 	}
 	if c.JSON {
-		return json.NewEncoder(g.stdout).Encode(vs)
+		return g.printJSON(vs)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS\tSIGNED")
@@ -89,7 +85,7 @@ func listDeleted(ctx context.Context, g *Globals, t oci.Target, asJSON bool) err
 	}
 	ds := retention.Restorable(all)
 	if asJSON {
-		return json.NewEncoder(g.stdout).Encode(ds)
+		return g.printJSON(ds)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DIGEST\tDELETED\tSEALED\tBYTES\tFILES\tFORMER TAGS")
@@ -107,11 +103,7 @@ func openVersion(ctx context.Context, g *Globals, s string) (oci.Ref, oci.Target
 	if err != nil {
 		return ref, nil, nil, err
 	}
-	t, err := oci.Open(ctx, ref, g.options())
-	if err != nil {
-		return ref, nil, nil, err
-	}
-	root, err := versions.Resolve(ctx, t, ref)
+	t, root, err := versions.Open(ctx, ref, g.options())
 	return ref, t, root, err
 }
 

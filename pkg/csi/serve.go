@@ -21,7 +21,7 @@ type MounterConfig struct {
 	Socket    string // the unix socket the node plugin calls
 	MountsDir string // where the per-digest FUSE mounts live
 	StateDir  string // where the node plugin records what it published
-	CacheDir  string // the node's chunk cache is CacheDir/chunks
+	CacheDir  string // the node's chunk cache is CacheDir/chunks ("" for DefaultCacheDir)
 	CacheSize int64  // its bound
 
 	OCI          oci.Options
@@ -39,6 +39,17 @@ type MounterConfig struct {
 	Logger      *slog.Logger
 }
 
+// DefaultCacheDir is the node's cache directory when none is configured.
+const DefaultCacheDir = "/var/lib/bdnvol/cache"
+
+// chunksDir is where the node's chunk cache lives.
+func (c MounterConfig) chunksDir() string {
+	if c.CacheDir == "" {
+		return filepath.Join(DefaultCacheDir, "chunks")
+	}
+	return filepath.Join(c.CacheDir, "chunks")
+}
+
 // ServeMounter runs the mounter over one shared chunk cache, with its
 // warm list and metrics, until ctx ends; then it unmounts everything.
 func ServeMounter(ctx context.Context, c MounterConfig) error {
@@ -46,7 +57,7 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	cache, err := chunkcache.Open(filepath.Join(c.CacheDir, "chunks"), c.CacheSize)
+	cache, err := chunkcache.Open(c.chunksDir(), c.CacheSize)
 	if err != nil {
 		return err
 	}

@@ -119,3 +119,12 @@ func TestServeNodeDefaultsNodeIDToHostName(t *testing.T) {
 		t.Fatalf("ServeNode: %v", err)
 	}
 }
+
+func TestMounterConfigChunksDirDefaults(t *testing.T) {
+	if got, want := (MounterConfig{}).chunksDir(), "/var/lib/bdnvol/cache/chunks"; got != want {
+		t.Errorf("no cache dir: chunks in %s, want %s", got, want)
+	}
+	if got, want := (MounterConfig{CacheDir: "/srv/c"}).chunksDir(), "/srv/c/chunks"; got != want {
+		t.Errorf("cache dir /srv/c: chunks in %s, want %s", got, want)
+	}
+}

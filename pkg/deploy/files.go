@@ -55,7 +55,7 @@ func RefErrors(err error) []*RefError {
 	return out
 }
 
-// LintFile lints the YAML or JSON file (see Lint).
+// LintFile lints the YAML or JSON file (see Lint); each finding names it.
 func LintFile(ctx context.Context, file string, res Resolver, opt LintOptions) ([]Finding, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -64,6 +64,9 @@ func LintFile(ctx context.Context, file string, res Resolver, opt LintOptions) (
 	fs, err := Lint(ctx, b, res, opt)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	for i := range fs {
+		fs[i].File = file
 	}
 	return fs, nil
 }

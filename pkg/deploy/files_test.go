@@ -2,9 +2,11 @@ package deploy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -64,8 +66,12 @@ func TestLintFileNamesTheFile(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "x.yaml")
 	os.WriteFile(file, []byte("mounts:\n- source: reg.example/llama:prod\n  path: /m\n"), 0o644)
 	fs, err := LintFile(context.Background(), file, newFake(), LintOptions{})
-	if err != nil || len(fs) != 1 || fs[0].Line != 2 {
+	if err != nil || len(fs) != 1 || fs[0].Line != 2 || fs[0].File != file {
 		t.Fatalf("findings %+v, %v", fs, err)
+	}
+	b, _ := json.Marshal(fs[0])
+	if want := `{"file":` + strconv.Quote(file) + `,"line":2,"reference":"reg.example/llama:prod","reason":` + strconv.Quote(fs[0].Reason) + `}`; string(b) != want {
+		t.Errorf("JSON %s\nwant %s", b, want)
 	}
 	os.WriteFile(file, []byte("a: [\n"), 0o644)
 	if _, err := LintFile(context.Background(), file, newFake(), LintOptions{}); err == nil || !strings.HasPrefix(err.Error(), file+": ") {

@@ -300,6 +300,7 @@ func Pin(ctx context.Context, b []byte, res Resolver, opt PinOptions) ([]byte, [
 
 // Finding is one problem lint found.
 type Finding struct {
+	File   string `json:"file,omitempty"` // set by LintFile
 	Line   int    `json:"line"`
 	Ref    string `json:"reference"`
 	Reason string `json:"reason"`

@@ -102,6 +102,19 @@ func (j *Job) ProgressText() string {
 	return "-"
 }
 
+// StateText is a job's state for people, with the reason it did not
+// succeed (shortened to 60 characters, unsafe characters escaped).
+func (j *Job) StateText() string {
+	if j.Reason == "" || j.State == Succeeded {
+		return string(j.State)
+	}
+	reason := termsafe.Text(j.Reason)
+	if len(reason) > 60 {
+		reason = reason[:59] + "…"
+	}
+	return string(j.State) + " (" + reason + ")"
+}
+
 // WaitSucceeded waits for job id as Wait does, and returns it with no error
 // only when it SUCCEEDED; every error says what can be done next (wait
 // again, cancel, resume, read the log). It returns nil and the error when

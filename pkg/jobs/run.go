@@ -206,6 +206,29 @@ func (s *Store) Spawn(id string, cmd *exec.Cmd) error {
 	return err
 }
 
+// Detach starts `exe jobs run ID` (exe "" for this executable), the
+// process that runs job id, with Spawn.
+func (s *Store) Detach(id, exe string) error {
+	if exe == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("start job %s: %w", id, err)
+		}
+		exe = self
+	}
+	return s.Spawn(id, exec.Command(exe, "jobs", "run", id))
+}
+
+// Resume requeues job id (see Requeue) and detaches it (see Detach). It
+// returns nil and the error when no job is id.
+func (s *Store) Resume(id, exe string) (*Job, error) {
+	j, err := s.Requeue(id)
+	if err != nil {
+		return j, err
+	}
+	return j, s.Detach(j.ID, exe)
+}
+
 // Requeue makes a FAILED or CANCELED job QUEUED again, to be run anew. It
 // returns nil and the error when no job is id.
 func (s *Store) Requeue(id string) (*Job, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -221,5 +222,60 @@ func TestSpawnLogsOutputAndAProcessThatExitsEarlyReadsInterrupted(t *testing.T) 
 	}
 	if got, _ := s2.Get(k2.ID); got.State != Failed || !strings.Contains(got.Reason, "could not start") {
 		t.Fatalf("job of a process that did not start: %s (%s)", got.State, got.Reason)
+	}
+}
+
+func TestResumeRequeuesAndDetachesTheJobsRunCommand(t *testing.T) {
+	s, j := newJob(t)
+	if _, err := s.Run(context.Background(), j.ID, func(context.Context, *Job, *Reporter) (Result, error) {
+		return Result{}, errors.New("source said no")
+	}); err == nil {
+		t.Fatal("failing work succeeded")
+	}
+	exe := filepath.Join(t.TempDir(), "fake-bdnvol")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\necho args: \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Resume(j.ID[:6], exe)
+	if err != nil || got.ID != j.ID {
+		t.Fatalf("resume: %+v, %v", got, err)
+	}
+	waitFor(t, s, j.ID, func(j *Job) bool { return j.Done() })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, _ := os.ReadFile(s.LogPath(j.ID))
+		if strings.Contains(string(b), "args: jobs run "+j.ID) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("log holds %q, want the jobs run command", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, err := s.Resume("nope", exe); got != nil || !errors.Is(err, ErrNotFound) {
+		t.Fatalf("resume of no job: %v, %v", got, err)
+	}
+	_, k := newJob(t)
+	s2, _ := Open(t.TempDir())
+	k2, _ := s2.Create(k.Spec)
+	if got, err := s2.Resume(k2.ID, exe); got == nil || err == nil || !strings.Contains(err.Error(), "QUEUED") {
+		t.Fatalf("resume of a queued job: %v, %v", got, err)
+	}
+}
+
+func TestStateText(t *testing.T) {
+	long := strings.Repeat("x", 100) + "\x1b[31m"
+	for _, c := range []struct {
+		j    Job
+		want string
+	}{
+		{Job{State: Running}, "RUNNING"},
+		{Job{State: Succeeded, Reason: "ignored"}, "SUCCEEDED"},
+		{Job{State: Failed, Reason: "no \x1b"}, `FAILED (no \x1b)`},
+		{Job{State: Failed, Reason: long}, "FAILED (" + strings.Repeat("x", 59) + "…)"},
+	} {
+		if got := c.j.StateText(); got != c.want {
+			t.Errorf("%s (%q): %q, want %q", c.j.State, c.j.Reason, got, c.want)
+		}
 	}
 }

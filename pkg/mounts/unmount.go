@@ -19,6 +19,25 @@ const (
 	Stale                    // its process was gone; it was detached
 )
 
+// UnmountAll unmounts the bdnvol mount at mp, else every one under mp (see
+// Targets), one by one with Unmount; done (if not nil) is told of each.
+func (s Store) UnmountAll(ctx context.Context, mp string, timeout time.Duration, done func(Mount, Outcome)) error {
+	targets, err := Targets(mp)
+	if err != nil {
+		return err
+	}
+	for _, m := range targets {
+		how, err := s.Unmount(ctx, m.Mountpoint, timeout)
+		if err != nil {
+			return err
+		}
+		if done != nil {
+			done(m, how)
+		}
+	}
+	return nil
+}
+
 // Unmount removes the bdnvol mount at mp. A mount whose process is gone is
 // detached. A mount that shares its process with others (a spec) is
 // unmounted alone and the process serves on; otherwise the process is

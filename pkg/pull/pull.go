@@ -51,6 +51,18 @@ const (
 	CacheOff                   // neither use nor fill the cache
 )
 
+// CacheModeOf is the mode `--cache` (fill) or `--no-cache` (off) asks
+// for; fill wins; CacheRead without either.
+func CacheModeOf(fill, off bool) CacheMode {
+	switch {
+	case fill:
+		return CacheFill
+	case off:
+		return CacheOff
+	}
+	return CacheRead
+}
+
 // Result is what a pull did.
 type Result struct {
 	Digest        string  `json:"digest"`

@@ -120,3 +120,14 @@ func TestPullErrorsNameTheReference(t *testing.T) {
 		t.Errorf("logs for a layout with mirrors: %q", logs)
 	}
 }
+
+func TestCacheModeOf(t *testing.T) {
+	for _, c := range []struct {
+		fill, off bool
+		want      CacheMode
+	}{{false, false, CacheRead}, {true, false, CacheFill}, {false, true, CacheOff}, {true, true, CacheFill}} {
+		if got := CacheModeOf(c.fill, c.off); got != c.want {
+			t.Errorf("fill %v, off %v: %v, want %v", c.fill, c.off, got, c.want)
+		}
+	}
+}

@@ -279,6 +279,20 @@ func KeepReasons(v Version, refs []Reference, p Policy) []Reason {
 	return reasons
 }
 
+// Duration is a time.Duration that parses as ParseDuration does ("7d"):
+// a flag's type.
+type Duration time.Duration
+
+// UnmarshalText parses 7d, 36h, 1d12h, 0s.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
 // FormatDuration writes whole days as "7d" and anything else as
 // time.Duration does.
 func FormatDuration(d time.Duration) string {

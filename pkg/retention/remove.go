@@ -81,6 +81,32 @@ func Remove(ctx context.Context, ref oci.Ref, ociOpt oci.Options, opt RemoveOpti
 	return out, nil
 }
 
+// ErrNoRepository is wrapped when a version to restore is named by its
+// digest alone.
+var ErrNoRepository = errors.New("name the repository too: HOST/REPO@DIGEST or oci:PATH@DIGEST")
+
+// ErrNoDigest is wrapped when a version to restore is named by a tag.
+var ErrNoDigest = errors.New("restore takes a digest (bdnvol versions --deleted lists them)")
+
+// ParseRestoreRef parses the deleted version to restore: REPO@DIGEST, or
+// the repository s and the digest d apart (d "" when s holds both).
+func ParseRestoreRef(s, d string) (oci.Ref, error) {
+	if d != "" {
+		s += "@" + d
+	}
+	if _, err := digest.Parse(s); err == nil {
+		return oci.Ref{}, fmt.Errorf("%s: %w", s, ErrNoRepository)
+	}
+	ref, err := versions.ParseRef(s)
+	if err != nil {
+		return ref, err
+	}
+	if ref.Digest == "" {
+		return ref, fmt.Errorf("%s: %w", s, ErrNoDigest)
+	}
+	return ref, nil
+}
+
 // RestoreRef brings back the deleted version ref names by digest (see
 // Restore), an OCI layout locked meanwhile. It returns the new protective
 // tag and a warning about what could not be brought back with it.

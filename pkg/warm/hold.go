@@ -4,9 +4,24 @@ import (
 	"errors"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
 )
+
+// HoldServed returns the Hold of mounts.RunOptions for mounts over cache:
+// each version served is held (see Hold) under its pinned reference; an
+// error writing its record or lease is told to logf, and the mount goes on.
+func HoldServed(cache *chunkcache.Cache, logf func(format string, args ...any)) func(*mounts.Served) func() {
+	return func(s *mounts.Served) func() {
+		release, err := Hold(cache, s.Volume.Version(), s.Pinned, s.Pinned, s.Mountpoint)
+		if err != nil {
+			logf("%s", termsafe.Text(err.Error()))
+		}
+		return release
+	}
+}
 
 // Hold records that the version ver is mounted at mountpoint: it protects
 // every chunk of the version in cache (in this process: warming evicts none

@@ -2,6 +2,7 @@ package warm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -285,6 +286,20 @@ type Entry struct {
 	Total    int64 `json:"total"`
 	Complete bool  `json:"complete"`
 	InUse    bool  `json:"in_use"` // a mount holds it now
+}
+
+// MarshalJSON writes e as `bdnvol cache ls --json` prints it: the record's
+// references and globs with what the cache holds, without its chunk list.
+func (e Entry) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Ref      string `json:"ref"`
+		Pinned   string `json:"pinned"`
+		Patterns string `json:"patterns,omitempty"`
+		Cached   int64  `json:"cached"`
+		Total    int64  `json:"total"`
+		Complete bool   `json:"complete"`
+		InUse    bool   `json:"in_use"`
+	}{e.Ref, e.Pinned, e.Patterns, e.Cached, e.Total, e.Complete, e.InUse})
 }
 
 // List returns what the cache holds of each recorded version.

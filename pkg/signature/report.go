@@ -1,0 +1,21 @@
+package signature
+
+import "github.com/opencontainers/go-digest"
+
+// SignedJSON is what `bdnvol sign --json` prints of e, the signature just
+// made of the version d, whose digest-pinned reference is pinned.
+func (e Entry) SignedJSON(pinned string, d digest.Digest) map[string]string {
+	return map[string]string{
+		"reference": pinned, "digest": d.String(), "key": e.KeyID,
+		"signature_tag": Tag(d), "signature_manifest": e.Manifest.Digest.String(),
+	}
+}
+
+// JSON is what `bdnvol verify --key --json` prints of v, for the version
+// whose digest-pinned reference is pinned.
+func (v *Verified) JSON(pinned string) map[string]any {
+	return map[string]any{
+		"reference": pinned, "digest": v.Digest.String(), "key": v.KeyID,
+		"referrer": v.Entry.Referrer, "signature_manifest": v.Entry.Manifest.Digest.String(),
+	}
+}
