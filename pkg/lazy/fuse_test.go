@@ -3,10 +3,12 @@ package lazy
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -185,7 +188,7 @@ func errorsIs(err error, target syscall.Errno) bool {
 
 // rawFS drives the node tree as the kernel would, without a mount.
 type rawFS struct {
-	t  *testing.T
+	t  testing.TB
 	fs fuse.RawFileSystem
 }
 
@@ -326,5 +329,55 @@ func TestNodesAreMadeOnDemandAndForgotten(t *testing.T) {
 	}
 	if target, st := r.fs.Readlink(nil, &fuse.InHeader{NodeId: link}); !st.Ok() || string(target) != "../a/y/z" {
 		t.Errorf("readlink b/link = %q, %v", target, st)
+	}
+}
+
+// BenchmarkListTreeHeap lists every directory of a 100,000-file index the
+// way `ls -R` does over plain READDIR (a lookup per directory, a listing
+// of each) through the node tree, and reports the heap that stays: nodes
+// for the directories only, not one per entry (building every node up
+// front kept some 1.4 KB per entry).
+func BenchmarkListTreeHeap(b *testing.B) {
+	const n, perDir = 100_000, 1000
+	x := &layout.Index{Version: layout.FormatVersion, Chunking: layout.DefaultParams}
+	x.Chunks = []layout.Chunk{{Digest: digest.FromString("c"), Size: 1 << 10}}
+	for d := 0; d*perDir < n; d++ {
+		dir := fmt.Sprintf("shard-%05d", d)
+		x.Files = append(x.Files, layout.File{Path: dir, Type: layout.TypeDir, Mode: 0o755})
+		for i := d * perDir; i < (d+1)*perDir; i++ {
+			x.Files = append(x.Files, layout.File{Path: fmt.Sprintf("%s/sample-%08d.jpg", dir, i), Type: layout.TypeFile, Mode: 0o644,
+				Size: 1 << 10, Digest: digest.FromString("c"), Extents: []layout.Extent{{Chunk: 0, Offset: 0, Length: 1 << 10}}})
+		}
+	}
+	c, err := chunkcache.Open(b.TempDir(), 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	v, err := New(&layout.Version{Index: x}, memory.New(), Options{Cache: c})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer v.Close()
+	b.ResetTimer()
+	for range b.N {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		r := rawFS{t: b, fs: gofs.NewNodeFS(NewRoot(v, MountOptions{}), &gofs.Options{})}
+		entries := 0
+		for _, name := range r.list(1) {
+			id, _, st := r.lookup(1, name)
+			if !st.Ok() {
+				b.Fatalf("lookup %s: %v", name, st)
+			}
+			entries += 1 + len(r.list(id))
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if entries != x.Len() {
+			b.Fatalf("listed %d entries, want %d", entries, x.Len())
+		}
+		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(entries), "kept-B/entry")
+		runtime.KeepAlive(r)
 	}
 }
