@@ -10,7 +10,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
+	"strings"
 
 	"github.com/alecthomas/kong"
 
@@ -117,7 +119,33 @@ func (c *VersionCmd) Run(g *Globals) error {
 // usageError marks an error that should exit 2.
 type usageError struct{ error }
 
+// defaultMemoryLimit is the soft memory limit of the Go runtime, when
+// GOMEMLIMIT is unset, for the commands that hold indexes rather than
+// move data (memoryLimited): their heap (a diff of two million-file
+// versions: two indexes) is collected before it doubles. It is soft: a
+// command whose live data is larger still runs, with more GC. Push and
+// pull, whose speed matters and whose buffers come and go, keep the GC's
+// default pacing.
+const defaultMemoryLimit = 192 << 20
+
+// memoryLimited names the commands defaultMemoryLimit applies to.
+var memoryLimited = map[string]bool{"mount": true, "versions": true, "inspect": true, "diff": true, "history": true, "verify": true}
+
+// commandName returns the first argument that is not a flag: the command,
+// unless a global flag with a value comes first (then no limit is set).
+func commandName(args []string) string {
+	for _, a := range args {
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+	}
+	return ""
+}
+
 func main() {
+	if os.Getenv("GOMEMLIMIT") == "" && memoryLimited[commandName(os.Args[1:])] {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 	if p := os.Getenv("BDNVOL_CPUPROFILE"); p != "" {
 		if f, err := os.Create(p); err == nil {
 			if pprof.StartCPUProfile(f) == nil {
@@ -128,7 +156,16 @@ func main() {
 			}
 		}
 	}
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	code := run(os.Args[1:], os.Stdout, os.Stderr)
+	// BDNVOL_MEMPROFILE names a file for the allocation profile of the
+	// command, written as it ends (go tool pprof -sample_index=alloc_space).
+	if p := os.Getenv("BDNVOL_MEMPROFILE"); p != "" {
+		if f, err := os.Create(p); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(f, 0)
+			f.Close()
+		}
+	}
+	os.Exit(code)
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

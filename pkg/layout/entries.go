@@ -154,6 +154,14 @@ func (x *Index) Path(i int) string {
 	return x.Files[i].Path
 }
 
+// Kind returns the type of entry i: TypeFile, TypeDir or TypeSymlink.
+func (x *Index) Kind(i int) string {
+	if x.ent != nil && x.Files == nil {
+		return kindNames[x.ent.meta[i]>>16]
+	}
+	return x.Files[i].Type
+}
+
 // Find returns the entry at path p.
 func (x *Index) Find(p string) (int, bool) {
 	n := x.Len()

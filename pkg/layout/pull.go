@@ -304,7 +304,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			block := data[t.chunkOff : t.chunkOff+t.n]
 			n += t.n
 			if t.fileOff == 0 && t.n == f.Size && !waits(t.file) {
-				ok, err := d.writeWhole(pf, f, block, wdc, opt)
+				ok, err := d.writeWhole(x, pf, f, block, wdc, opt)
 				if err != nil {
 					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, f.Path, err)
 				}
@@ -457,14 +457,10 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			}
 		}
 	}
-	keep := make(map[string]bool, x.Len())
-	for fi := range x.Len() {
-		f := x.File(fi)
-		if f.Type == TypeFile {
-			keep[f.Path] = true
-		}
-	}
-	opt.Cache.prune(keep)
+	opt.Cache.prune(func(p string) bool {
+		i, ok := x.Find(p)
+		return ok && x.Kind(i) == TypeFile
+	})
 	if err := opt.Cache.Save(); err != nil {
 		return nil, fmt.Errorf("save stat cache: %w", err)
 	}
@@ -647,7 +643,7 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 					return nil, nil, err
 				}
 			}
-			cache.storePulled(f.Path, cachedFile{Stat: statKey(info), Digest: f.Digest, Extents: pulledExtents(f, x)})
+			cache.storePulled(x, f.Path, statKey(info), true)
 			return nil, nil, nil
 		}
 	}
@@ -892,7 +888,7 @@ func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) e
 	}
 	if info, err := fh.Stat(); err == nil {
 		// Every byte came from a verified chunk (or a verified leftover).
-		opt.Cache.storePulled(f.Path, cachedFile{Stat: statKey(info), Digest: f.Digest, Extents: pulledExtents(f, x)})
+		opt.Cache.storePulled(x, f.Path, statKey(info), true)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // smallFiles is a dataset-shaped tree: n files of size bytes in dirs
@@ -117,4 +120,58 @@ func TestStatCacheEncodeRoundTrips(t *testing.T) {
 	if fmt.Sprint(got.data) != fmt.Sprint(c.data) {
 		t.Errorf("read back %+v, wrote %+v", got.data, c.data)
 	}
+}
+
+// TestStatCachePulledRecordsCompact: a pull's records are held by entry
+// of the index, not as a map of records, and read back after a Save as
+// the records they stand for; prune drops them like others.
+func TestStatCachePulledRecordsCompact(t *testing.T) {
+	files := map[string][]byte{"d/a": []byte("aaaa"), "d/b": bytes.Repeat([]byte("b"), 300<<10), "e": []byte("e")}
+	_, v := pushed(t, Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}, files)
+	x := v.Index
+	dir := t.TempDir()
+	c := OpenStatCache(dir, "/pulled", DefaultParams)
+	c.data.Files["d/b"] = cachedFile{Stat: StatKey{Size: 9}, Digest: emptyDigest} // an earlier pull's
+	c.data.Files["gone"] = cachedFile{Stat: StatKey{Size: 1}, Digest: emptyDigest}
+	ka, kb, ke := StatKey{Size: 4, Mtime: 10, Ctime: 11, Ino: 1}, StatKey{Size: 300 << 10, Mtime: 20, Ctime: 21, Ino: 2}, StatKey{Size: 1, Mtime: 30, Ctime: 31, Ino: 3}
+	c.storePulled(x, "d/a", ka, false)
+	c.storePulled(x, "d/b", kb, true)
+	c.storePulled(x, "e", ke, true)
+	if len(c.data.Files) != 1 {
+		t.Errorf("%d records in the map after storing three pulled, want only the other one", len(c.data.Files))
+	}
+	if _, ok := c.lookup("d/a", ka); ok {
+		t.Error("a record of this pull is trusted before Save")
+	}
+	c.prune(func(p string) bool { return p != "e" && p != "gone" })
+	if err := c.Save(); err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := c.lookup("d/a", ka); !ok || f.Digest != digest.FromBytes(files["d/a"]) {
+		t.Errorf("after Save, lookup d/a = %+v, %v", f, ok)
+	}
+	got := OpenStatCache(dir, "/pulled", DefaultParams)
+	if len(got.data.Files) != 2 {
+		t.Fatalf("read back %d records, want d/a and d/b: %+v", len(got.data.Files), got.data.Files)
+	}
+	a, b := got.data.Files["d/a"], got.data.Files["d/b"]
+	if a.Stat != ka || a.Digest != digest.FromBytes(files["d/a"]) || a.Extents != nil || a.Racy {
+		t.Errorf("d/a read back as %+v", a)
+	}
+	fb := x.File(mustFind(t, x, "d/b"))
+	if b.Stat != kb || b.Digest != fb.Digest || fmt.Sprint(b.Extents) != fmt.Sprint(pulledExtents(&fb, x)) || len(b.Extents) < 2 {
+		t.Errorf("d/b read back as %+v, want the extents of %d chunks", b, len(fb.Extents))
+	}
+	if _, ok := got.data.Files["gone"]; ok {
+		t.Error("pruned record read back")
+	}
+}
+
+func mustFind(t *testing.T, x *Index, p string) int {
+	t.Helper()
+	i, ok := x.Find(p)
+	if !ok {
+		t.Fatalf("no entry %q", p)
+	}
+	return i
 }

@@ -100,11 +100,12 @@ func (c *dirFD) close() {
 	}
 }
 
-// writeWhole writes the verified bytes data, all of the file f, to its
-// temporary file, sets its mode and renames it into place. It reports false, writing nothing, when the
+// writeWhole writes the verified bytes data, all of the file f (an entry
+// of x), to its temporary file, sets its mode and renames it into place.
+// It reports false, writing nothing, when the
 // temporary file already exists (an interrupted pull left it): the caller
 // writes through it as for any file.
-func (d *destDir) writeWhole(pf *pullFile, f *File, data []byte, dc *dirFD, opt PullOptions) (bool, error) {
+func (d *destDir) writeWhole(x *Index, pf *pullFile, f *File, data []byte, dc *dirFD, opt PullOptions) (bool, error) {
 	pf.mu.Lock()
 	defer pf.mu.Unlock()
 	if pf.created {
@@ -145,7 +146,7 @@ func (d *destDir) writeWhole(pf *pullFile, f *File, data []byte, dc *dirFD, opt 
 	}
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) == nil {
-		opt.Cache.storePulled(f.Path, cachedFile{Stat: unixStatKey(&st), Digest: f.Digest})
+		opt.Cache.storePulled(x, f.Path, unixStatKey(&st), false)
 	}
 	return true, nil
 }

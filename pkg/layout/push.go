@@ -121,7 +121,7 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 			}
 		}
 	}
-	opt.Cache.prune(keep)
+	opt.Cache.prune(func(p string) bool { return keep[p] })
 
 	up := &uploader{dst: dst, src: src, seen: map[digest.Digest]bool{}, counters: opt.Counters, buffer: b.buffer}
 	if !allHit {

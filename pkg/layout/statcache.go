@@ -29,7 +29,21 @@ type StatCache struct {
 	mu    sync.Mutex
 	data  statCacheData
 	dirty bool
+	// The files a pull wrote or kept, held compactly: entries of index px
+	// by number, with their stat keys; digests and extents come from px
+	// when a record is needed (Save writes them as the other records).
+	px      *Index
+	pstat   []StatKey
+	pkind   []uint8 // pulledNone, pulledDigest or pulledWithExtents
+	horizon int64   // after a Save: what decided Racy for the pulled; 0 before
 }
+
+// What a compact pulled record holds besides its stat key.
+const (
+	pulledNone        = iota
+	pulledDigest      // the digest only (a file written whole from a pack)
+	pulledWithExtents // the digest and the extents
+)
 
 type statCacheData struct {
 	Files map[string]cachedFile `json:"files"`
@@ -95,23 +109,77 @@ func (c *StatCache) lookup(p string, k StatKey) (cachedFile, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f, ok := c.data.Files[p]
+	if !ok {
+		f, ok = c.pulledRecord(p)
+	}
 	if !ok || f.Stat != k || f.Racy || f.pulled {
 		return cachedFile{}, false
 	}
 	return f, true
 }
 
-// storePulled records a file a pull wrote or kept, whatever its age:
-// Save marks it racy if it changed too shortly before.
-func (c *StatCache) storePulled(p string, f cachedFile) {
+// storePulled records entry p of index x, which a pull wrote or kept with
+// stat key k, whatever its age: Save marks it racy if it changed too
+// shortly before. With extents, the record tells where the version's
+// chunks are in the file. The record is held compactly, by entry.
+func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents bool) {
 	if c == nil {
 		return
 	}
-	f.pulled = true
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.data.Files[p] = f
 	c.dirty = true
+	i, ok := x.Find(p)
+	if !ok || (c.px != nil && c.px != x) {
+		// Not an entry of the index held (cannot happen in one pull).
+		f := x.File(i)
+		rec := cachedFile{Stat: k, Digest: f.Digest, pulled: true}
+		if extents && ok {
+			rec.Extents = pulledExtents(&f, x)
+		}
+		c.data.Files[p] = rec
+		return
+	}
+	if c.px == nil {
+		c.px = x
+		c.pstat = make([]StatKey, x.Len())
+		c.pkind = make([]uint8, x.Len())
+	}
+	delete(c.data.Files, p) // an earlier pull's record, replaced
+	c.pstat[i] = k
+	c.pkind[i] = pulledDigest
+	if extents {
+		c.pkind[i] = pulledWithExtents
+	}
+}
+
+// pulledRecord returns the compact record of path p as a cachedFile.
+// Called with c.mu held.
+func (c *StatCache) pulledRecord(p string) (cachedFile, bool) {
+	if c.px == nil {
+		return cachedFile{}, false
+	}
+	i, ok := c.px.Find(p)
+	if !ok || c.pkind[i] == pulledNone {
+		return cachedFile{}, false
+	}
+	return c.pulledAt(i), true
+}
+
+// pulledAt returns compact record i as a cachedFile. Called with c.mu
+// held.
+func (c *StatCache) pulledAt(i int) cachedFile {
+	f := c.px.File(i)
+	rec := cachedFile{Stat: c.pstat[i], Digest: f.Digest}
+	if c.pkind[i] == pulledWithExtents {
+		rec.Extents = pulledExtents(&f, c.px)
+	}
+	if c.horizon == 0 {
+		rec.pulled = true
+	} else {
+		rec.Racy = rec.Stat.Mtime >= c.horizon || rec.Stat.Ctime >= c.horizon
+	}
+	return rec
 }
 
 // pulledFiles returns a copy of the entries that record a pull's extents.
@@ -125,6 +193,11 @@ func (c *StatCache) pulledFiles() map[string]cachedFile {
 	for p, f := range c.data.Files {
 		if f.Extents != nil || f.Chunks == nil {
 			out[p] = f
+		}
+	}
+	for i, k := range c.pkind {
+		if k != pulledNone {
+			out[c.px.Path(i)] = c.pulledAt(i)
 		}
 	}
 	return out
@@ -160,16 +233,22 @@ func (c *StatCache) storePack(key string, ch Chunk) {
 	c.dirty = true
 }
 
-// Prune drops entries for paths not in keep.
-func (c *StatCache) prune(keep map[string]bool) {
+// Prune drops entries for paths keep refuses.
+func (c *StatCache) prune(keep func(p string) bool) {
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for p := range c.data.Files {
-		if !keep[p] {
+		if !keep(p) {
 			delete(c.data.Files, p)
+			c.dirty = true
+		}
+	}
+	for i, k := range c.pkind {
+		if k != pulledNone && !keep(c.px.Path(i)) {
+			c.pkind[i] = pulledNone
 			c.dirty = true
 		}
 	}
@@ -190,6 +269,7 @@ func (c *StatCache) Save() error {
 		now = c.now
 	}
 	horizon := now().Add(-racyMargin).UnixNano()
+	c.horizon = horizon
 	for p, f := range c.data.Files {
 		if f.pulled {
 			f.Racy = f.Stat.Mtime >= horizon || f.Stat.Ctime >= horizon
@@ -202,23 +282,40 @@ func (c *StatCache) Save() error {
 	}
 	// Encoded entry by entry as it is written: a cache of a million files
 	// is not held a second time, as bytes.
-	if err := atomicfile.Write(c.path, 0o600, c.data.encode); err != nil {
+	if err := atomicfile.Write(c.path, 0o600, c.encode); err != nil {
 		return err
 	}
 	c.dirty = false
 	return nil
 }
 
-// encode writes d as the JSON object json.Marshal would give (keys in any
-// order), one entry at a time.
-func (d *statCacheData) encode(w io.Writer) error {
-	if err := encodeMap(w, `{"files":`, d.Files); err != nil {
+// encode writes the cache as the JSON object json.Marshal would give of
+// its data, with the compact records among the files (keys in any order),
+// one entry at a time. Called with c.mu held.
+func (c *StatCache) encode(w io.Writer) error {
+	if _, err := io.WriteString(w, `{"files":{`); err != nil {
 		return err
 	}
-	if err := encodeMap(w, `,"packs":`, d.Packs); err != nil {
+	sep, err := encodeEntries(w, "", c.data.Files)
+	if err != nil {
 		return err
 	}
-	_, err := io.WriteString(w, "}\n")
+	for i, k := range c.pkind {
+		if k == pulledNone {
+			continue
+		}
+		if err := encodeEntry(w, sep, c.px.Path(i), c.pulledAt(i)); err != nil {
+			return err
+		}
+		sep = ","
+	}
+	if _, err := io.WriteString(w, "}"); err != nil {
+		return err
+	}
+	if err := encodeMap(w, `,"packs":`, c.data.Packs); err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, "}\n")
 	return err
 }
 
@@ -226,21 +323,34 @@ func encodeMap[V any](w io.Writer, prefix string, m map[string]V) error {
 	if _, err := io.WriteString(w, prefix+"{"); err != nil {
 		return err
 	}
-	sep := ""
+	if _, err := encodeEntries(w, "", m); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "}")
+	return err
+}
+
+// encodeEntries writes the members of m, the first after sep; it returns
+// the separator for a next member.
+func encodeEntries[V any](w io.Writer, sep string, m map[string]V) (string, error) {
 	for k, v := range m {
-		kb, err := json.Marshal(k)
-		if err != nil {
-			return err
-		}
-		vb, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintf(w, "%s%s:%s", sep, kb, vb); err != nil {
-			return err
+		if err := encodeEntry(w, sep, k, v); err != nil {
+			return sep, err
 		}
 		sep = ","
 	}
-	_, err := io.WriteString(w, "}")
+	return sep, nil
+}
+
+func encodeEntry[V any](w io.Writer, sep, k string, v V) error {
+	kb, err := json.Marshal(k)
+	if err != nil {
+		return err
+	}
+	vb, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s%s:%s", sep, kb, vb)
 	return err
 }

@@ -1,15 +1,15 @@
 package lazy
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log"
 	"os"
-	"path"
-	"slices"
+	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,6 +50,10 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 		AllowOther:   opt.AllowOther,
 		MaxReadAhead: 1 << 20,
 		MaxWrite:     1 << 20,
+		// Plain READDIR: with READDIRPLUS the kernel looks up (and holds a
+		// node for) every entry listed, a million for `ls -R` of a
+		// dataset; without, only what is opened or stat'ed.
+		DisableReadDirPlus: true,
 		// Mount with the mount(2) call when allowed (root), so fusermount3
 		// is needed only by unprivileged users; go-fuse falls back to it.
 		DirectMount: true,
@@ -70,33 +74,124 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 // NewRoot returns the root node of a FUSE file system serving v, for
 // fs.Mount or fs.NewNodeFS.
 func NewRoot(v *Volume, opt MountOptions) fs.InodeEmbedder {
-	return &rootNode{dirNode: dirNode{v: v, idx: -1, uid: opt.UID, gid: opt.GID}}
+	return &rootNode{dirNode: dirNode{t: &tree{v: v, uid: opt.UID, gid: opt.GID}, idx: -1, mode: 0o755}}
+}
+
+// tree serves the entries of a volume as FUSE nodes made on demand: a
+// node is made when the kernel looks its name up, and dropped when the
+// kernel forgets it, so a mount holds nodes only for the entries in use,
+// whatever the number of files.
+type tree struct {
+	v        *Volume
+	uid, gid uint32
+}
+
+// ino returns the inode number of entry i (the root, -1, is 1).
+func ino(i int) uint64 { return uint64(i) + 2 }
+
+// children returns the entries under directory idx (-1: the root) as the
+// range [lo, hi) of the index: in a sorted index the paths under a
+// directory are contiguous, between dir+"/" and dir+"0".
+func (t *tree) children(idx int) (prefix string, lo, hi int) {
+	x := t.v.ver.Index
+	n := x.Len()
+	if idx < 0 {
+		return "", 0, n
+	}
+	prefix = x.Path(idx) + "/"
+	lo = sort.Search(n, func(i int) bool { return x.Path(i) >= prefix })
+	end := prefix[:len(prefix)-1] + "0" // '0' follows '/'
+	hi = lo + sort.Search(n-lo, func(i int) bool { return x.Path(lo+i) >= end })
+	return prefix, lo, hi
+}
+
+// list returns the entries directly in directory idx, in index order.
+// Entries inside a child directory are skipped a subtree at a time: they
+// run from child+"/" to child+"0", which need not follow the child
+// itself ("a", "a-b", "a/x", "a0").
+func (t *tree) list(idx int) []fuse.DirEntry {
+	x := t.v.ver.Index
+	prefix, lo, hi := t.children(idx)
+	var out []fuse.DirEntry
+	for i := lo; i < hi; {
+		name := x.Path(i)[len(prefix):]
+		if k := strings.IndexByte(name, '/'); k >= 0 {
+			end := prefix + name[:k] + "0"
+			i += sort.Search(hi-i, func(j int) bool { return x.Path(i+j) >= end })
+			continue
+		}
+		e := fuse.DirEntry{Name: name, Ino: ino(i), Mode: syscall.S_IFREG}
+		switch x.Kind(i) {
+		case layout.TypeDir:
+			e.Mode = syscall.S_IFDIR
+		case layout.TypeSymlink:
+			e.Mode = syscall.S_IFLNK
+		}
+		out = append(out, e)
+		i++
+	}
+	return out
+}
+
+// node returns a new node for entry i, and fills out with its attributes.
+func (t *tree) node(i int, out *fuse.Attr) (fs.InodeEmbedder, fs.StableAttr) {
+	e := t.v.ver.Index.File(i)
+	attr := fs.StableAttr{Ino: ino(i)}
+	var node fs.InodeEmbedder
+	switch e.Type {
+	case layout.TypeDir:
+		attr.Mode = syscall.S_IFDIR
+		d := &dirNode{t: t, idx: i, mode: e.Mode}
+		d.attr(out)
+		node = d
+	case layout.TypeSymlink:
+		attr.Mode = syscall.S_IFLNK
+		l := &linkNode{t: t, idx: i, size: uint32(len(e.Target))}
+		l.attr(out)
+		node = l
+	default:
+		attr.Mode = syscall.S_IFREG
+		f := &fileNode{t: t, idx: i, mode: e.Mode, size: e.Size}
+		f.attr(out)
+		node = f
+	}
+	return node, attr
 }
 
 // dirNode is a directory of the volume; idx -1 is the root.
 type dirNode struct {
 	fs.Inode
-	v        *Volume
-	idx      int
-	uid, gid uint32
+	t    *tree
+	idx  int
+	mode uint32
 }
 
 var (
 	_ = (fs.NodeGetattrer)((*dirNode)(nil))
+	_ = (fs.NodeLookuper)((*dirNode)(nil))
 	_ = (fs.NodeOpendirHandler)((*dirNode)(nil))
 )
+
+// Lookup finds name in the directory by binary search in the index, and
+// returns a node for it that lives while the kernel holds it.
+func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	p := name
+	if d.idx >= 0 {
+		p = d.t.v.ver.Index.Path(d.idx) + "/" + name
+	}
+	i, ok := d.t.v.ver.Index.Find(p)
+	if !ok || strings.Contains(name, "/") {
+		return nil, syscall.ENOENT
+	}
+	node, attr := d.t.node(i, &out.Attr)
+	return d.NewInode(ctx, node, attr), fs.OK
+}
 
 // OpendirHandle lists the directory's children, and lets the kernel keep
 // the listing: the version is immutable, so a second listing of the
 // directory costs no request.
 func (d *dirNode) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	children := d.Children()
-	entries := make([]fuse.DirEntry, 0, len(children))
-	for name, ch := range children {
-		entries = append(entries, fuse.DirEntry{Name: name, Mode: ch.Mode(), Ino: ch.StableAttr().Ino})
-	}
-	slices.SortFunc(entries, func(a, b fuse.DirEntry) int { return cmp.Compare(a.Ino, b.Ino) })
-	return &dirList{entries: entries}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, fs.OK
+	return &dirList{entries: d.t.list(d.idx)}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, fs.OK
 }
 
 // dirList is an open directory: its entries, in index order, and how many
@@ -134,72 +229,63 @@ func (l *dirList) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 }
 
 func (d *dirNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	perm := uint32(0o755)
-	if d.idx >= 0 {
-		perm = d.v.ver.Index.File(d.idx).Mode
-	}
-	out.Mode = syscall.S_IFDIR | perm
-	out.Nlink = 2
-	out.Uid, out.Gid = d.uid, d.gid
+	d.attr(&out.Attr)
 	return fs.OK
 }
 
-// rootNode is the mount root: it builds the tree and carries the digest.
+func (d *dirNode) attr(out *fuse.Attr) {
+	out.Mode = syscall.S_IFDIR | d.mode
+	out.Nlink = 2
+	out.Ino = ino(d.idx)
+	out.Uid, out.Gid = d.t.uid, d.t.gid
+}
+
+// linkNode is a symbolic link; its target is read from the index.
+type linkNode struct {
+	fs.Inode
+	t    *tree
+	idx  int
+	size uint32
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*linkNode)(nil))
+	_ = (fs.NodeReadlinker)((*linkNode)(nil))
+)
+
+func (l *linkNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	return []byte(l.t.v.ver.Index.File(l.idx).Target), fs.OK
+}
+
+func (l *linkNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	l.attr(&out.Attr)
+	return fs.OK
+}
+
+func (l *linkNode) attr(out *fuse.Attr) {
+	out.Mode = syscall.S_IFLNK | 0o777
+	out.Size = uint64(l.size)
+	out.Nlink = 1
+	out.Ino = ino(l.idx)
+	out.Uid, out.Gid = l.t.uid, l.t.gid
+}
+
+// rootNode is the mount root: it carries the digest.
 type rootNode struct {
 	dirNode
 }
 
 var (
-	_ = (fs.NodeOnAdder)((*rootNode)(nil))
 	_ = (fs.NodeGetxattrer)((*rootNode)(nil))
 	_ = (fs.NodeListxattrer)((*rootNode)(nil))
 	_ = (fs.NodeStatfser)((*rootNode)(nil))
 )
 
-// OnAdd builds the whole tree once, from the index, as persistent inodes.
-// Parents sort before their children in a valid index.
-func (r *rootNode) OnAdd(ctx context.Context) {
-	x := r.v.ver.Index
-	dirs := map[string]*fs.Inode{"": &r.Inode}
-	for i := range x.Len() {
-		e := x.File(i)
-		dir, name := path.Split(e.Path)
-		parent := dirs[path.Clean("/" + dir)[1:]]
-		if parent == nil {
-			continue // cannot happen in a validated index
-		}
-		attr := fs.StableAttr{Ino: uint64(i) + 2}
-		var node fs.InodeEmbedder
-		switch e.Type {
-		case layout.TypeDir:
-			attr.Mode = syscall.S_IFDIR
-			node = &dirNode{v: r.v, idx: i, uid: r.uid, gid: r.gid}
-		case layout.TypeSymlink:
-			attr.Mode = syscall.S_IFLNK
-			node = &fs.MemSymlink{Data: []byte(e.Target), Attr: fuse.Attr{Mode: syscall.S_IFLNK | 0o777, Size: uint64(len(e.Target)), Owner: fuse.Owner{Uid: r.uid, Gid: r.gid}}}
-		case layout.TypeFile:
-			f, err := r.v.File(i)
-			if err != nil {
-				continue
-			}
-			attr.Mode = syscall.S_IFREG
-			node = &fileNode{f: f, mode: e.Mode, uid: r.uid, gid: r.gid}
-		default:
-			continue
-		}
-		ch := parent.NewPersistentInode(ctx, node, attr)
-		parent.AddChild(name, ch, true)
-		if e.Type == layout.TypeDir {
-			dirs[e.Path] = ch
-		}
-	}
-}
-
 func (r *rootNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	if attr != XattrDigest {
 		return 0, fs.ENOATTR
 	}
-	val := r.v.Root().Digest.String()
+	val := r.t.v.Root().Digest.String()
 	if len(dest) < len(val) {
 		return uint32(len(val)), syscall.ERANGE
 	}
@@ -217,50 +303,99 @@ func (r *rootNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.
 func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	const bs = 4096
 	out.Bsize, out.Frsize = bs, bs
-	out.Blocks = uint64((r.v.ver.Index.Bytes() + bs - 1) / bs)
-	out.Files = uint64(r.v.ver.Index.Len())
+	out.Blocks = uint64((r.t.v.ver.Index.Bytes() + bs - 1) / bs)
+	out.Files = uint64(r.t.v.ver.Index.Len())
 	out.NameLen = 255
 	return fs.OK
 }
 
-// fileNode is a regular file: reads go to its File.
+// fileNode is a regular file: reads go to its File, made when the file is
+// first opened and dropped from the volume when the kernel forgets the
+// node.
 type fileNode struct {
 	fs.Inode
-	f        *File
-	mode     uint32
-	uid, gid uint32
+	t    *tree
+	idx  int
+	mode uint32
+	size int64
+	f    atomic.Pointer[File]
 }
 
 var (
 	_ = (fs.NodeGetattrer)((*fileNode)(nil))
 	_ = (fs.NodeOpener)((*fileNode)(nil))
 	_ = (fs.NodeReader)((*fileNode)(nil))
+	_ = (fs.NodeOnForgetter)((*fileNode)(nil))
 )
 
 func (n *fileNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.attr(&out.Attr)
+	return fs.OK
+}
+
+func (n *fileNode) attr(out *fuse.Attr) {
 	out.Mode = syscall.S_IFREG | n.mode
-	out.Size = uint64(n.f.Size())
+	out.Size = uint64(n.size)
 	out.Blocks = (out.Size + 511) / 512
 	out.Blksize = 1 << 20
 	out.Nlink = 1
-	out.Uid, out.Gid = n.uid, n.gid
-	return fs.OK
+	out.Ino = ino(n.idx)
+	out.Uid, out.Gid = n.t.uid, n.t.gid
+}
+
+// file returns the node's File, making it on first use.
+func (n *fileNode) file() (*File, error) {
+	if f := n.f.Load(); f != nil {
+		return f, nil
+	}
+	f, err := n.t.v.File(n.idx)
+	if err != nil {
+		return nil, err
+	}
+	if !n.f.CompareAndSwap(nil, f) {
+		return n.f.Load(), nil
+	}
+	return f, nil
 }
 
 func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0 {
 		return nil, 0, syscall.EROFS
 	}
+	if _, err := n.file(); err != nil {
+		return nil, 0, syscall.EIO
+	}
 	return nil, fuse.FOPEN_KEEP_CACHE, fs.OK
 }
 
 // Read serves verified bytes or fails with EIO; never wrong bytes.
 func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	r, err := n.f.readResult(ctx, dest, off)
+	f, err := n.file()
+	if err != nil {
+		return nil, syscall.EIO
+	}
+	r, err := f.readResult(ctx, dest, off)
 	if err != nil {
 		return nil, syscall.EIO
 	}
 	return r, fs.OK
+}
+
+// OnForget lets the volume drop the node's File once the kernel no
+// longer holds the node.
+func (n *fileNode) OnForget() {
+	if f := n.f.Load(); f != nil {
+		n.t.v.dropFile(n.idx, f)
+	}
+}
+
+// dropFile forgets File f of entry i, unless another took its place.
+func (v *Volume) dropFile(i int, f *File) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.files[i] == f {
+		delete(v.files, i)
+	}
 }
 
 // readResult answers a FUSE read of len(dest) bytes at off. A read inside
