@@ -11,9 +11,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bdnvol/bdnvol/internal/beneath"
 )
 
 // ReservedPrefix starts every name bdnvol keeps for itself in a directory it
@@ -33,10 +34,10 @@ var ErrUnsafeDestination = errors.New("unsafe destination")
 // destDir is the directory a pull writes into. Every path under it is
 // resolved from a descriptor of it, never through a symlink.
 type destDir struct {
-	root      int    // descriptor of the directory
-	path      string // the directory, for messages
-	rootDev   uint64
-	noOpenat2 atomic.Bool // openat2 is missing: resolve one element at a time
+	root    int    // descriptor of the directory
+	path    string // the directory, for messages
+	rootDev uint64
+	res     beneath.Resolver // opens paths under root, never through a symlink
 
 	mu   sync.Mutex
 	tmps map[uint64]*tmpDir // by device, so that a rename never crosses file systems
@@ -121,51 +122,20 @@ func (d *destDir) full(rel string) string {
 // directory descriptor, refusing symlinks anywhere on the way.
 func (d *destDir) openDir(rel string) (int, error) {
 	if rel == "" {
-		fd, err := unix.Openat(d.root, ".", dirOpenFlags, 0)
+		fd, err := unix.Openat(d.root, ".", beneath.DirFlags, 0)
 		if err != nil {
 			return -1, &os.PathError{Op: "open", Path: d.path, Err: err}
 		}
 		return fd, nil
 	}
-	fd, err := d.openBeneath(rel)
+	fd, err := d.res.Open(d.root, rel, beneath.DirFlags)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV) {
+		if beneath.Unsafe(err) {
 			err = fmt.Errorf("%w: a symlink or a file is in the path (%v)", ErrUnsafeDestination, err)
 		}
 		return -1, &os.PathError{Op: "open", Path: d.full(rel), Err: err}
 	}
 	return fd, nil
-}
-
-// openStepwise resolves rel one element at a time without following
-// symlinks: the fallback where openat2 is missing.
-func (d *destDir) openStepwise(rel string) (int, error) {
-	cur, err := unix.Openat(d.root, ".", dirOpenFlags, 0)
-	if err != nil {
-		return -1, err
-	}
-	for _, el := range strings.Split(rel, "/") {
-		if el == "" || el == "." || el == ".." {
-			unix.Close(cur)
-			return -1, unix.EINVAL
-		}
-		next, err := unix.Openat(cur, el, dirOpenFlags|unix.O_NOFOLLOW, 0)
-		unix.Close(cur)
-		if err != nil {
-			return -1, err
-		}
-		var st unix.Stat_t
-		if err := unix.Fstat(next, &st); err != nil {
-			unix.Close(next)
-			return -1, err
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			unix.Close(next)
-			return -1, unix.ENOTDIR
-		}
-		cur = next
-	}
-	return cur, nil
 }
 
 // lstatAt returns what is at name in the directory dfd, not following a

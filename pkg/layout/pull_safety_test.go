@@ -207,7 +207,7 @@ func TestPullPlantedLinks(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d.noOpenat2.Store(stepwise)
+				d.res.Stepwise.Store(stepwise)
 				_, err = pull(context.Background(), store, v, d, PullOptions{Jobs: 2})
 				d.close(err == nil)
 				if err != nil {

@@ -2,12 +2,14 @@ package layout
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bdnvol/bdnvol/internal/beneath"
 )
 
 // ReadAtCloser is a file opened for reading at any offset.
@@ -41,18 +43,28 @@ type dirSource string
 
 func (d dirSource) Walk(context.Context) ([]Entry, error) { return Walk(string(d)) }
 
-// Open opens the file at p without following a symlink or blocking on a
-// FIFO (either may have replaced the file since the walk) and refuses
+// sourceRes opens the files of directory sources.
+var sourceRes beneath.Resolver
+
+// Open opens the file at p relative to a descriptor of the root, following
+// no symlink on the way (a directory or the file itself may have been
+// swapped for one since the walk) and never blocking on a FIFO, and refuses
 // anything but a regular file.
 func (d dirSource) Open(_ context.Context, p string) (ReadAtCloser, error) {
 	full := filepath.Join(string(d), filepath.FromSlash(p))
-	f, err := os.OpenFile(full, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	root, err := unix.Open(string(d), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return nil, fmt.Errorf("%s: %w: became a symlink", full, ErrUnsupportedFile)
-		}
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: string(d), Err: err}
 	}
+	fd, err := sourceRes.Open(root, p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC)
+	unix.Close(root)
+	if err != nil {
+		if beneath.Unsafe(err) {
+			return nil, fmt.Errorf("%s: %w: it or a directory on its way became a symlink or a file since the walk (%v)", full, ErrUnsupportedFile, err)
+		}
+		return nil, &os.PathError{Op: "open", Path: full, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), full)
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
@@ -36,8 +36,10 @@ func (d Difference) String() string {
 // VerifyDir compares the directory dir with the version v: every entry's
 // type and permission bits, every file's size and SHA-256, every symlink's
 // target, and entries missing from dir or not in v. Names bdnvol keeps for
-// itself (ReservedPrefix) are not compared. It reads dir without following
-// symlinks and writes nothing.
+// itself (ReservedPrefix) are not compared. It reads dir through directory
+// descriptors, each opened from its parent's without following a symlink,
+// so a directory swapped for a symlink is never read through, and it
+// writes nothing.
 func VerifyDir(ctx context.Context, v *Version, dir string) ([]Difference, error) {
 	info, err := os.Stat(dir)
 	if err != nil {
@@ -46,92 +48,148 @@ func VerifyDir(ctx context.Context, v *Version, dir string) ([]Difference, error
 	if !info.IsDir() {
 		return nil, fmt.Errorf("%s: not a directory", dir)
 	}
-	var diffs []Difference
-	want := make(map[string]*File, v.Index.Len())
-	for i := range v.Index.Len() {
-		want[v.Index.Path(i)] = v.Index.fileRef(i)
-	}
-	seen := make(map[string]bool, len(want))
-	buf := make([]byte, 1<<20)
-	err = filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if cerr := ctx.Err(); cerr != nil {
-			return cerr
-		}
-		if p == dir {
-			return nil
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		if strings.HasPrefix(path.Base(rel), ReservedPrefix) {
-			if de.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		f, ok := want[rel]
-		if !ok {
-			diffs = append(diffs, Difference{Path: rel, Kind: "extra"})
-			if de.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		seen[rel] = true
-		info, err := de.Info()
-		if err != nil {
-			return err
-		}
-		got := typeOf(info.Mode())
-		if got != f.Type {
-			diffs = append(diffs, Difference{Path: rel, Kind: "type", Want: f.Type, Got: got})
-			if de.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if f.Type != TypeSymlink && uint32(info.Mode().Perm()) != f.Mode {
-			diffs = append(diffs, Difference{Path: rel, Kind: "mode", Want: fmt.Sprintf("%04o", f.Mode), Got: fmt.Sprintf("%04o", uint32(info.Mode().Perm()))})
-		}
-		switch f.Type {
-		case TypeSymlink:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			if target != f.Target {
-				diffs = append(diffs, Difference{Path: rel, Kind: "target", Want: f.Target, Got: target})
-			}
-		case TypeFile:
-			if info.Size() != f.Size {
-				diffs = append(diffs, Difference{Path: rel, Kind: "size", Want: fmt.Sprint(f.Size), Got: fmt.Sprint(info.Size())})
-				return nil
-			}
-			d, err := fileDigest(p, buf)
-			if err != nil {
-				return err
-			}
-			if d != f.Digest {
-				diffs = append(diffs, Difference{Path: rel, Kind: "digest", Want: f.Digest.String(), Got: d.String()})
-			}
-		}
-		return nil
-	})
+	root, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(root)
+	w := &dirVerifier{
+		dir:  dir,
+		want: make(map[string]*File, v.Index.Len()),
+		buf:  make([]byte, 1<<20),
+	}
+	for i := range v.Index.Len() {
+		w.want[v.Index.Path(i)] = v.Index.fileRef(i)
+	}
+	w.seen = make(map[string]bool, len(w.want))
+	if err := w.walk(ctx, root, ""); err != nil {
 		return nil, err
 	}
 	for fi := range v.Index.Len() {
 		f := v.Index.File(fi)
-		if !seen[f.Path] && !underMissing(f.Path, seen, want) {
-			diffs = append(diffs, Difference{Path: f.Path, Kind: "missing"})
+		if !w.seen[f.Path] && !underMissing(f.Path, w.seen, w.want) {
+			w.diffs = append(w.diffs, Difference{Path: f.Path, Kind: "missing"})
 		}
 	}
-	return diffs, nil
+	return w.diffs, nil
+}
+
+// verifyHook, when set (by tests), runs after VerifyDir has looked at the
+// entry p and before it reads it.
+var verifyHook func(p string)
+
+// dirVerifier is one run of VerifyDir.
+type dirVerifier struct {
+	dir   string
+	want  map[string]*File
+	seen  map[string]bool
+	diffs []Difference
+	buf   []byte
+}
+
+func (w *dirVerifier) full(rel string) string { return filepath.Join(w.dir, filepath.FromSlash(rel)) }
+
+// walk compares the entries of the directory dfd (rel under dir) in name
+// order, depth first.
+func (w *dirVerifier) walk(ctx context.Context, dfd int, rel string) error {
+	names, err := readNamesAt(dfd, w.full(rel))
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if strings.HasPrefix(name, ReservedPrefix) {
+			continue
+		}
+		p := path.Join(rel, name)
+		if err := w.entry(ctx, dfd, name, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// entry compares the entry name of the directory dfd, at p under dir.
+func (w *dirVerifier) entry(ctx context.Context, dfd int, name, p string) error {
+	f, ok := w.want[p]
+	if !ok {
+		w.diffs = append(w.diffs, Difference{Path: p, Kind: "extra"})
+		return nil
+	}
+	w.seen[p] = true
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "lstat", Path: w.full(p), Err: err}
+	}
+	got := typeOfStat(&st)
+	if got != f.Type {
+		w.diffs = append(w.diffs, Difference{Path: p, Kind: "type", Want: f.Type, Got: got})
+		return nil
+	}
+	if perm := uint32(st.Mode) & 0o777; f.Type != TypeSymlink && perm != f.Mode {
+		w.diffs = append(w.diffs, Difference{Path: p, Kind: "mode", Want: fmt.Sprintf("%04o", f.Mode), Got: fmt.Sprintf("%04o", perm)})
+	}
+	if verifyHook != nil {
+		verifyHook(p)
+	}
+	switch f.Type {
+	case TypeSymlink:
+		target, err := readlinkAt(dfd, name)
+		if err != nil {
+			return &os.PathError{Op: "readlink", Path: w.full(p), Err: err}
+		}
+		if target != f.Target {
+			w.diffs = append(w.diffs, Difference{Path: p, Kind: "target", Want: f.Target, Got: target})
+		}
+	case TypeFile:
+		if st.Size != f.Size {
+			w.diffs = append(w.diffs, Difference{Path: p, Kind: "size", Want: fmt.Sprint(f.Size), Got: fmt.Sprint(st.Size)})
+			return nil
+		}
+		d, err := fileDigestAt(dfd, name, w.full(p), w.buf)
+		if err != nil {
+			return err
+		}
+		if d != f.Digest {
+			w.diffs = append(w.diffs, Difference{Path: p, Kind: "digest", Want: f.Digest.String(), Got: d.String()})
+		}
+	case TypeDir:
+		sub, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return swappedError(w.full(p), err)
+		}
+		defer unix.Close(sub)
+		return w.walk(ctx, sub, p)
+	}
+	return nil
+}
+
+// swappedError describes err from opening full, which was just found to be
+// a directory or a regular file, without following a symlink.
+func swappedError(full string, err error) error {
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return fmt.Errorf("%s: %w: replaced by a symlink or another type while verifying (%v)", full, ErrUnsupportedFile, err)
+	}
+	return &os.PathError{Op: "open", Path: full, Err: err}
+}
+
+// readNamesAt returns the names in the directory dfd (full, for messages),
+// sorted.
+func readNamesAt(dfd int, full string) ([]string, error) {
+	fd, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: full, Err: err}
+	}
+	dh := os.NewFile(uintptr(fd), full)
+	defer dh.Close()
+	names, err := dh.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	return names, nil
 }
 
 // underMissing reports whether an ancestor of p is itself reported (missing
@@ -145,32 +203,34 @@ func underMissing(p string, seen map[string]bool, want map[string]*File) bool {
 	return false
 }
 
-func typeOf(m fs.FileMode) string {
+func typeOfStat(st *unix.Stat_t) string {
 	switch {
-	case m.IsRegular():
+	case isRegular(st):
 		return TypeFile
-	case m.IsDir():
+	case isDir(st):
 		return TypeDir
-	case m&fs.ModeSymlink != 0:
+	case isSymlink(st):
 		return TypeSymlink
 	}
 	return "other"
 }
 
-// fileDigest hashes the regular file p, opened without following a symlink
-// or blocking on a FIFO put in its place.
-func fileDigest(p string, buf []byte) (digest.Digest, error) {
-	fh, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+// fileDigestAt hashes the regular file name in the directory dfd (full, for
+// messages), opened without following a symlink or blocking on a FIFO put
+// in its place.
+func fileDigestAt(dfd int, name, full string, buf []byte) (digest.Digest, error) {
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", err
+		return "", swappedError(full, err)
 	}
+	fh := os.NewFile(uintptr(fd), full)
 	defer fh.Close()
 	info, err := fh.Stat()
 	if err != nil {
 		return "", err
 	}
 	if !info.Mode().IsRegular() {
-		return "", fmt.Errorf("%s: %w: not a regular file", p, errors.ErrUnsupported)
+		return "", fmt.Errorf("%s: %w: not a regular file", full, errors.ErrUnsupported)
 	}
 	h := sha256.New()
 	if _, err := io.CopyBuffer(h, fh, buf); err != nil {

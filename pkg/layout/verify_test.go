@@ -2,9 +2,11 @@ package layout
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -59,5 +61,33 @@ func TestVerifyDir(t *testing.T) {
 	want := []string{"d/b digest", "d/e missing", "extra extra", "gone missing", "m mode", "resized size", "s target"}
 	if !slices.Equal(got, want) {
 		t.Errorf("differences %q, want %q", got, want)
+	}
+}
+
+// TestVerifyDirRefusesSwappedDir: a directory swapped for a symlink to an
+// outside directory after VerifyDir found it a directory is not read
+// through: VerifyDir fails naming it, and neither compares nor lists what
+// the outside directory holds.
+func TestVerifyDirRefusesSwappedDir(t *testing.T) {
+	ctx := context.Background()
+	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"sub/f": []byte("inside-bytes")})
+	base := t.TempDir()
+	dst, outside := filepath.Join(base, "dst"), filepath.Join(base, "outside")
+	if _, err := Pull(ctx, store, v, dst, PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, outside, map[string][]byte{"f": []byte("secret-bytes"), "secret-name": nil})
+	verifyHook = func(p string) {
+		if p == "sub" {
+			swapTree(t, dst, outside)
+		}
+	}
+	defer func() { verifyHook = nil }()
+	diffs, err := VerifyDir(ctx, v, dst)
+	if !errors.Is(err, ErrUnsupportedFile) || !strings.Contains(err.Error(), filepath.Join(dst, "sub")) {
+		t.Errorf("verify: %v, want ErrUnsupportedFile naming sub", err)
+	}
+	if len(diffs) != 0 {
+		t.Errorf("differences reported from the outside directory: %v", diffs)
 	}
 }
