@@ -3,14 +3,18 @@ package oci
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -18,9 +22,11 @@ import (
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/internal/beneath"
 	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
@@ -104,9 +110,14 @@ func (s *layoutStore) path(elem ...string) string {
 // ensure creates what a layout needs to be written: the directory, the
 // oci-layout file, blobs/sha256 and index.json.
 func (s *layoutStore) ensure(ctx context.Context) error {
-	if err := os.MkdirAll(s.path(ocispec.ImageBlobsDir, digest.SHA256.String()), 0o755); err != nil {
+	if err := os.MkdirAll(s.root, 0o755); err != nil {
 		return err
 	}
+	fd, err := s.openDir(path.Join(ocispec.ImageBlobsDir, digest.SHA256.String()), true)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
 	return s.write(ctx, func(x *layoutIndex) (bool, error) {
 		err := s.checkLayoutFile()
 		if errors.Is(err, fs.ErrNotExist) {
@@ -424,6 +435,57 @@ func (s *layoutStore) blobPath(d digest.Digest) (string, error) {
 	return s.path(ocispec.ImageBlobsDir, d.Algorithm().String(), d.Encoded()), nil
 }
 
+// layoutRes opens directories under a layout's root.
+var layoutRes beneath.Resolver
+
+// openDir opens the directory rel (slash-separated) under the layout's root
+// without following a symlink on the way: a symlink or a file where a
+// directory has to be is an ErrInvalidLayout naming it. With create, missing
+// directories are made (mode 0755). The root itself may be a symlink: it is
+// the user's choice.
+func (s *layoutStore) openDir(rel string, create bool) (int, error) {
+	fd, err := unix.Open(s.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: s.root, Err: err}
+	}
+	if !create {
+		sub, err := layoutRes.Open(fd, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
+		unix.Close(fd)
+		if err != nil {
+			return -1, s.dirError(rel, err)
+		}
+		return sub, nil
+	}
+	done := ""
+	for _, el := range strings.Split(rel, "/") {
+		done = path.Join(done, el)
+		if err := unix.Mkdirat(fd, el, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+			unix.Close(fd)
+			return -1, &os.PathError{Op: "mkdir", Path: s.path(done), Err: err}
+		}
+		next, err := unix.Openat(fd, el, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			return -1, s.dirError(done, err)
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+// dirError describes err from opening the directory rel of the layout.
+func (s *layoutStore) dirError(rel string, err error) error {
+	if beneath.Unsafe(err) {
+		return fmt.Errorf("%s: %w: a symlink or a file is where a directory has to be (%v)", s.path(rel), ErrInvalidLayout, err)
+	}
+	return &os.PathError{Op: "open", Path: s.path(rel), Err: err}
+}
+
+// blobDir opens the directory of the blobs of algorithm d uses.
+func (s *layoutStore) blobDir(d digest.Digest, create bool) (int, error) {
+	return s.openDir(path.Join(ocispec.ImageBlobsDir, d.Algorithm().String()), create)
+}
+
 // openBlob opens the blob desc, checking it is a regular file of the size
 // desc says before anything reads it.
 func (s *layoutStore) openBlob(desc ocispec.Descriptor) (*os.File, error) {
@@ -460,20 +522,31 @@ func (s *layoutStore) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Re
 	}{io.LimitReader(f, desc.Size), f}, nil
 }
 
-// Exists reports whether the blob desc is stored: a regular file of its size.
+// Exists reports whether the blob desc is stored: a regular file of its
+// size, not a symlink, in a directory reached without following one (a
+// symlink or a file on the way is an error).
 func (s *layoutStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bool, error) {
 	p, err := s.blobPath(desc.Digest)
 	if err != nil {
 		return false, err
 	}
-	fi, err := os.Stat(p)
+	dfd, err := s.blobDir(desc.Digest, false)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return fi.Mode().IsRegular() && fi.Size() == desc.Size, nil
+	defer unix.Close(dfd)
+	var st unix.Stat_t
+	err = unix.Fstatat(dfd, desc.Digest.Encoded(), &st, unix.AT_SYMLINK_NOFOLLOW)
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	if err != nil {
+		return false, &os.PathError{Op: "lstat", Path: p, Err: err}
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == desc.Size, nil
 }
 
 // Push stores a blob, verifying its size and digest, and records a manifest
@@ -507,25 +580,30 @@ func (s *layoutStore) Push(ctx context.Context, desc ocispec.Descriptor, r io.Re
 	})
 }
 
-// ingest writes the blob desc to a temporary file, verifies it and renames
-// it into place.
+// ingest writes the blob desc to a new temporary file in ingest/, verifies
+// it and renames it into place, all relative to descriptors of the two
+// directories, each reached without following a symlink: a symlink planted
+// as ingest/ or blobs/<algorithm>/ is refused, one at the blob's name is
+// replaced.
 func (s *layoutStore) ingest(desc ocispec.Descriptor, r io.Reader) error {
-	target, err := s.blobPath(desc.Digest)
+	if _, err := s.blobPath(desc.Digest); err != nil {
+		return err
+	}
+	wrap := func(err error) error { return fmt.Errorf("%s: push %s: %w", s.root, desc.Digest, err) }
+	idir, err := s.openDir(ingestDir, true)
 	if err != nil {
-		return err
+		return wrap(err)
 	}
-	dir := s.path(ingestDir)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, desc.Digest.Encoded()+"_*")
+	defer unix.Close(idir)
+	bdir, err := s.blobDir(desc.Digest, true)
 	if err != nil {
-		return err
+		return wrap(err)
 	}
-	tmp := f.Name()
+	defer unix.Close(bdir)
+	f, name, err := createTempAt(idir, desc.Digest.Encoded()+"_", s.path(ingestDir))
+	if err != nil {
+		return wrap(err)
+	}
 	vr := verify.Reader(r, "blob", desc)
 	_, err = io.Copy(f, vr) // nil only once vr verified every byte
 	if err == nil {
@@ -535,13 +613,36 @@ func (s *layoutStore) ingest(desc ocispec.Descriptor, r io.Reader) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, target)
+		if err = unix.Renameat(idir, name, bdir, desc.Digest.Encoded()); err != nil {
+			err = &os.LinkError{Op: "rename", Old: s.path(ingestDir, name), New: s.path(ocispec.ImageBlobsDir, desc.Digest.Algorithm().String(), desc.Digest.Encoded()), Err: err}
+		}
 	}
 	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("%s: push %s: %w", s.root, desc.Digest, err)
+		_ = unix.Unlinkat(idir, name, 0)
+		return wrap(err)
 	}
 	return nil
+}
+
+// createTempAt creates a new file named prefix and random hex in the
+// directory dfd (dir, for messages), exclusively and never through a symlink.
+func createTempAt(dfd int, prefix, dir string) (*os.File, string, error) {
+	for range 10 {
+		var rnd [8]byte
+		if _, err := rand.Read(rnd[:]); err != nil {
+			return nil, "", err
+		}
+		name := prefix + hex.EncodeToString(rnd[:])
+		fd, err := unix.Openat(dfd, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		if errors.Is(err, unix.EEXIST) {
+			continue
+		}
+		if err != nil {
+			return nil, "", &os.PathError{Op: "create", Path: filepath.Join(dir, name), Err: err}
+		}
+		return os.NewFile(uintptr(fd), filepath.Join(dir, name)), name, nil
+	}
+	return nil, "", &os.PathError{Op: "create", Path: filepath.Join(dir, prefix+"*"), Err: fs.ErrExist}
 }
 
 func withoutRefName(ann map[string]string) map[string]string {
@@ -726,13 +827,18 @@ func (s *layoutStore) Delete(ctx context.Context, desc ocispec.Descriptor) error
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%s: %s: %w", s.root, desc.Digest, errdef.ErrNotFound)
+	dfd, err := s.blobDir(desc.Digest, false)
+	if err == nil {
+		err = unix.Unlinkat(dfd, desc.Digest.Encoded(), 0)
+		unix.Close(dfd)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			err = &os.PathError{Op: "remove", Path: p, Err: err}
 		}
-		return err
 	}
-	return nil
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s: %s: %w", s.root, desc.Digest, errdef.ErrNotFound)
+	}
+	return err
 }
 
 // Tags lists the tags in order, the unusable ones too (resolving one

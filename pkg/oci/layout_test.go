@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -477,5 +478,121 @@ func TestLayoutConcurrentTags(t *testing.T) {
 	}
 	if len(tags) != 17 {
 		t.Errorf("%d tags, want 17: %v", len(tags), tags)
+	}
+}
+
+// listTree returns every path under dir with its size, for checking that
+// nothing there changed.
+func listTree(t *testing.T, dir string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out[p] = fi.Size()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestLayoutWritersRefuseSymlinkedDirs: ingest/, blobs/ or blobs/sha256/
+// planted as a symlink to a directory outside the layout makes Push fail
+// with ErrInvalidLayout naming it, writing nothing outside; Delete removes
+// nothing outside either.
+func TestLayoutWritersRefuseSymlinkedDirs(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{ingestDir, "blobs", "blobs/sha256"} {
+		t.Run(name, func(t *testing.T) {
+			dir, _, ld := newLayout(t)
+			outside := t.TempDir()
+			p := filepath.Join(dir, filepath.FromSlash(name))
+			if err := os.Rename(p, filepath.Join(outside, "moved")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(filepath.Join(outside, "sha256"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			// What a symlinked blobs/sha256 would lead Delete to.
+			victim := filepath.Join(outside, ld.Digest.Encoded())
+			if err := os.WriteFile(victim, []byte("layer one"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(outside, "sha256", ld.Digest.Encoded()), []byte("layer one"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(outside, p); err != nil {
+				t.Fatal(err)
+			}
+			before := listTree(t, outside)
+			s, err := openLayout(ctx, dir, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			blob := []byte("a new blob")
+			err = s.Push(ctx, content.NewDescriptorFromBytes("application/octet-stream", blob), bytes.NewReader(blob))
+			if !errors.Is(err, ErrInvalidLayout) || !strings.Contains(err.Error(), p) {
+				t.Errorf("push: %v, want ErrInvalidLayout naming %s", err, p)
+			}
+			if name != ingestDir {
+				if err := s.Delete(ctx, ld); !errors.Is(err, ErrInvalidLayout) {
+					t.Errorf("delete: %v, want ErrInvalidLayout", err)
+				}
+				if _, err := s.Exists(ctx, ld); !errors.Is(err, ErrInvalidLayout) {
+					t.Errorf("exists: %v, want ErrInvalidLayout", err)
+				}
+			}
+			if after := listTree(t, outside); !maps.Equal(before, after) {
+				t.Errorf("outside the layout changed: %v -> %v", before, after)
+			}
+		})
+	}
+}
+
+// TestLayoutExistsRefusesSymlinkedBlob: a symlink (or another non-regular
+// file) of the right size at a blob's name is not the blob: Exists says
+// false, and Push stores the real blob in its place, leaving the symlink's
+// target alone.
+func TestLayoutExistsRefusesSymlinkedBlob(t *testing.T) {
+	ctx := context.Background()
+	dir, _, _ := newLayout(t)
+	blob := []byte("the real blob")
+	d := content.NewDescriptorFromBytes("application/octet-stream", blob)
+	decoy := filepath.Join(t.TempDir(), "decoy")
+	if err := os.WriteFile(decoy, []byte("a decoy blob!"), 0o644); err != nil { // same size
+		t.Fatal(err)
+	}
+	bp := filepath.Join(dir, "blobs", "sha256", d.Digest.Encoded())
+	if err := os.Symlink(decoy, bp); err != nil {
+		t.Fatal(err)
+	}
+	s, err := openLayout(ctx, dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Exists(ctx, d); ok || err != nil {
+		t.Errorf("exists of a symlinked blob: %v %v, want false", ok, err)
+	}
+	if err := s.Push(ctx, d, bytes.NewReader(blob)); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(bp); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("after push the blob is %v (%v), want a regular file", fi.Mode(), err)
+	}
+	if b, err := os.ReadFile(bp); err != nil || !bytes.Equal(b, blob) {
+		t.Errorf("blob holds %q (%v)", b, err)
+	}
+	if b, _ := os.ReadFile(decoy); string(b) != "a decoy blob!" {
+		t.Errorf("the decoy changed: %q", b)
+	}
+	if ok, err := s.Exists(ctx, d); !ok || err != nil {
+		t.Errorf("exists after push: %v %v", ok, err)
 	}
 }

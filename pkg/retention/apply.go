@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -277,6 +279,9 @@ type Swept struct {
 // layers, manifests, subject), except blobs modified less than minAge ago,
 // which a push still running may be about to reference. Only bdnvol, as the
 // layout's only writer, may do this; registries collect their own garbage.
+// It works through directory descriptors and follows no symlink: a symlink
+// as blobs/ is an error (wrapping oci.ErrInvalidLayout), one as an
+// algorithm's directory or a blob is left alone.
 func SweepLayout(ctx context.Context, dir string, minAge time.Duration) (Swept, error) {
 	var sw Swept
 	reach, err := oci.LayoutReachable(ctx, dir)
@@ -284,40 +289,100 @@ func SweepLayout(ctx context.Context, dir string, minAge time.Duration) (Swept, 
 		return sw, fmt.Errorf("nothing swept: %w", err)
 	}
 	root := filepath.Join(dir, ocispec.ImageBlobsDir)
-	algs, err := os.ReadDir(root)
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return sw, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	bfd, err := openDirNoFollow(dfd, ocispec.ImageBlobsDir, root)
+	unix.Close(dfd)
+	if err != nil {
+		return sw, err
+	}
+	defer unix.Close(bfd)
+	algs, err := namesAt(bfd, root)
 	if err != nil {
 		return sw, err
 	}
 	cutoff := time.Now().Add(-minAge)
 	for _, alg := range algs {
-		if !alg.IsDir() {
+		var st unix.Stat_t
+		if err := unix.Fstatat(bfd, alg, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}
-		ents, err := os.ReadDir(filepath.Join(root, alg.Name()))
+		adir := filepath.Join(root, alg)
+		afd, err := openDirNoFollow(bfd, alg, adir)
 		if err != nil {
 			return sw, err
 		}
-		for _, e := range ents {
-			if err := ctx.Err(); err != nil {
-				return sw, err
-			}
-			d := digest.NewDigestFromEncoded(digest.Algorithm(alg.Name()), e.Name())
-			if d.Validate() != nil || reach[d] || !e.Type().IsRegular() {
-				continue
-			}
-			fi, err := e.Info()
-			if err != nil {
-				continue
-			}
-			if minAge > 0 && fi.ModTime().After(cutoff) {
-				continue
-			}
-			if err := os.Remove(filepath.Join(root, alg.Name(), e.Name())); err != nil {
-				return sw, err
-			}
-			sw.Blobs++
-			sw.Bytes += fi.Size()
+		n, size, err := sweepAlg(ctx, afd, adir, digest.Algorithm(alg), reach, minAge, cutoff)
+		unix.Close(afd)
+		sw.Blobs += n
+		sw.Bytes += size
+		if err != nil {
+			return sw, err
 		}
 	}
 	return sw, nil
+}
+
+// sweepAlg removes the unreachable regular files old enough in the
+// directory afd (adir) of the blobs of algorithm alg.
+func sweepAlg(ctx context.Context, afd int, adir string, alg digest.Algorithm, reach map[digest.Digest]bool, minAge time.Duration, cutoff time.Time) (int, int64, error) {
+	names, err := namesAt(afd, adir)
+	if err != nil {
+		return 0, 0, err
+	}
+	var n int
+	var size int64
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return n, size, err
+		}
+		d := digest.NewDigestFromEncoded(alg, name)
+		if d.Validate() != nil || reach[d] {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(afd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		if minAge > 0 && time.Unix(st.Mtim.Unix()).After(cutoff) {
+			continue
+		}
+		if err := unix.Unlinkat(afd, name, 0); err != nil {
+			return n, size, &os.PathError{Op: "remove", Path: filepath.Join(adir, name), Err: err}
+		}
+		n++
+		size += st.Size
+	}
+	return n, size, nil
+}
+
+// openDirNoFollow opens the directory name in dfd (full, for messages)
+// without following a symlink.
+func openDirNoFollow(dfd int, name, full string) (int, error) {
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return -1, fmt.Errorf("%s: %w: a symlink or a file is where a directory has to be", full, oci.ErrInvalidLayout)
+	}
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: full, Err: err}
+	}
+	return fd, nil
+}
+
+// namesAt lists the directory dfd (full, for messages), sorted.
+func namesAt(dfd int, full string) ([]string, error) {
+	fd, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: full, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), full)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	return names, nil
 }

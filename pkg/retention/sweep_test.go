@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +63,52 @@ func TestSweepLayoutHostileIndex(t *testing.T) {
 	sw, err := SweepLayout(ctx, r.dir, 0)
 	if err != nil || sw.Blobs != 2 {
 		t.Fatalf("sweep of the honest layout: %+v %v, want the orphan and the huge blob", sw, err)
+	}
+}
+
+// TestSweepLayoutRefusesSymlinkedBlobs: blobs/ planted as a symlink to a
+// directory outside the layout makes the sweep fail with
+// oci.ErrInvalidLayout naming it, and nothing outside is removed; a symlink
+// at a blob's name is left alone, and so is its target.
+func TestSweepLayoutRefusesSymlinkedBlobs(t *testing.T) {
+	ctx := context.Background()
+	r := openLayout(t)
+	r.push(t, map[string][]byte{"a": pattern(1, 100<<10)}, time.Now(), 0, "v1")
+	blobs := filepath.Join(r.dir, "blobs")
+	outside := t.TempDir()
+	// An unreachable blob outside, where a followed blobs/ would lead.
+	victim := filepath.Join(outside, "sha256", digest.FromString("victim").Encoded())
+	if err := os.MkdirAll(filepath.Dir(victim), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(victim, []byte("victim"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A symlink at an unreachable blob name, to a file outside.
+	target := filepath.Join(outside, "target")
+	if err := os.WriteFile(target, []byte("target"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(blobs, "sha256", digest.FromString("link").Encoded())); err != nil {
+		t.Fatal(err)
+	}
+	sw, err := SweepLayout(ctx, r.dir, 0)
+	if err != nil || sw.Blobs != 0 {
+		t.Errorf("sweep with a symlinked blob: %+v %v, want nothing swept", sw, err)
+	}
+	if _, err := os.Stat(target); err != nil {
+		t.Errorf("a symlinked blob's target is gone: %v", err)
+	}
+	if err := os.Rename(blobs, filepath.Join(r.dir, "blobs.real")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, blobs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := SweepLayout(ctx, r.dir, 0); !errors.Is(err, oci.ErrInvalidLayout) || !strings.Contains(err.Error(), blobs) {
+		t.Errorf("sweep through a symlinked blobs/: %v, want oci.ErrInvalidLayout naming it", err)
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Errorf("a blob outside the layout was removed: %v", err)
 	}
 }
