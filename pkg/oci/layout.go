@@ -362,7 +362,8 @@ func (s *layoutStore) replace(name string, b []byte) error {
 	return nil
 }
 
-// parseIndex decodes index.json (nil: none) and sorts its descriptors into
+// parseIndex decodes index.json (nil: none), refusing a key given twice or
+// in another case than the format's (see checkKeys), and sorts its descriptors into
 // usable ones and the others, which are kept but never resolved.
 func parseIndex(root string, b []byte) (*layoutIndex, error) {
 	x := &layoutIndex{
@@ -374,6 +375,9 @@ func parseIndex(root string, b []byte) (*layoutIndex, error) {
 	if b != nil {
 		x.doc = ocispec.Index{}
 		if err := json.Unmarshal(b, &x.doc); err != nil {
+			return nil, fmt.Errorf("%s: %s: %w: %v", root, ocispec.ImageIndexFile, ErrInvalidLayout, err)
+		}
+		if err := checkKeys(b, indexKeys); err != nil {
 			return nil, fmt.Errorf("%s: %s: %w: %v", root, ocispec.ImageIndexFile, ErrInvalidLayout, err)
 		}
 	}

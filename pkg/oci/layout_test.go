@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"maps"
@@ -594,5 +595,50 @@ func TestLayoutExistsRefusesSymlinkedBlob(t *testing.T) {
 	}
 	if ok, err := s.Exists(ctx, d); !ok || err != nil {
 		t.Errorf("exists after push: %v %v", ok, err)
+	}
+}
+
+// TestLayoutIndexKeys: an index.json with a key twice or a key that matches
+// a field only when case is ignored (which encoding/json would take, the
+// last duplicate winning) is refused, at the top level, in a descriptor
+// and in its annotations; an honest index in any formatting, with keys in
+// any order and keys the format does not know, is read.
+func TestLayoutIndexKeys(t *testing.T) {
+	ctx := context.Background()
+	dir, md, _ := newLayout(t)
+	desc := func(extra string) string {
+		return fmt.Sprintf(`{"mediaType":%q,"digest":%q,"size":%d%s}`, md.MediaType, md.Digest, md.Size, extra)
+	}
+	tag := `,"annotations":{"org.opencontainers.image.ref.name":"v1"}`
+	for _, c := range []struct {
+		name, index, want string
+	}{
+		{"top-level key twice", `{"schemaVersion":2,"manifests":[` + desc(tag) + `],"manifests":[]}`, `"manifests" twice`},
+		{"top-level key in another case", `{"schemaVersion":2,"Manifests":[` + desc(tag) + `]}`, `"Manifests"`},
+		{"top-level key folded", `{"schemaVersion":2,"mediatype":"application/vnd.oci.image.index.v1+json","manifests":[]}`, `"mediatype"`},
+		{"descriptor key twice", `{"schemaVersion":2,"manifests":[` + desc(tag+`,"digest":"sha256:`+strings.Repeat("0", 64)+`"`) + `]}`, `"digest" twice in "manifests[0]"`},
+		{"descriptor key in another case", `{"schemaVersion":2,"manifests":[{"mediaType":"` + md.MediaType + `","Digest":"` + md.Digest.String() + `","size":` + fmt.Sprint(md.Size) + tag + `}]}`, `"Digest" in "manifests[0]" is not "digest"`},
+		{"annotation twice", `{"schemaVersion":2,"manifests":[` + desc(`,"annotations":{"org.opencontainers.image.ref.name":"v1","org.opencontainers.image.ref.name":"v2"}`) + `]}`, `twice in "manifests[0].annotations"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := os.WriteFile(filepath.Join(dir, ocispec.ImageIndexFile), []byte(c.index), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := openLayout(ctx, dir, false)
+			if !errors.Is(err, ErrInvalidLayout) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("open: %v, want ErrInvalidLayout saying %s", err, c.want)
+			}
+		})
+	}
+	honest := "{\n  \"manifests\": [\n    {\"size\": " + fmt.Sprint(md.Size) + ", \"digest\": \"" + md.Digest.String() + "\", \"mediaType\": \"" + md.MediaType + "\"" + tag + ", \"platform\": {\"os\": \"linux\", \"architecture\": \"amd64\"}, \"x-tool\": 1}\n  ],\n  \"schemaVersion\": 2, \"x-tool\": {\"a\": 1}\n}\n"
+	if err := os.WriteFile(filepath.Join(dir, ocispec.ImageIndexFile), []byte(honest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := openLayout(ctx, dir, false)
+	if err != nil {
+		t.Fatalf("open an honest, differently formatted index: %v", err)
+	}
+	if d, err := s.Resolve(ctx, "v1"); err != nil || d.Digest != md.Digest {
+		t.Errorf("resolve v1: %v %v", d.Digest, err)
 	}
 }
