@@ -726,6 +726,13 @@ func (d *destDir) matchingFile(pfd int, f *File, cache *StatCache) (*os.File, er
 		fh.Close()
 		return nil, nil
 	}
+	if holeIn(fh, 0, f.Size) {
+		// A pull writes every byte of a file; a sparse one was planted or
+		// copied sparse. Hashing it would read its declared size (of
+		// zeros, for the holes) for nothing: it is rewritten instead.
+		fh.Close()
+		return nil, nil
+	}
 	got, err := readerDigest(io.NewSectionReader(fh, 0, f.Size))
 	if err != nil || verify.Digest(f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, got, f.Size) != nil {
 		fh.Close()
@@ -846,6 +853,28 @@ func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, r
 		}
 	}
 	return done, read
+}
+
+// holeIn reports whether the file fh has a hole (a range never written,
+// which reads as zeros without being stored) in [off, off+n), asking the
+// file system with SEEK_HOLE and reading nothing. Where the file system
+// cannot tell, it reports false. It moves the file offset: callers read
+// with ReadAt.
+func holeIn(fh *os.File, off, n int64) bool {
+	if n <= 0 {
+		return false
+	}
+	sc, err := fh.SyscallConn()
+	if err != nil {
+		return false
+	}
+	hole := false
+	_ = sc.Control(func(fd uintptr) {
+		if h, err := unix.Seek(int(fd), off, unix.SEEK_HOLE); err == nil {
+			hole = h < off+n
+		}
+	})
+	return hole
 }
 
 // finishFile sets the mode of a file whose chunks are all written and

@@ -61,6 +61,11 @@ func (l localChunk) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Read
 		fh.Close()
 		return nil, fmt.Errorf("%s: no chunk %s at %d", l.d.full(l.path), desc.Digest, l.off)
 	}
+	if holeIn(fh, l.off, desc.Size) {
+		// Never written there: not worth reading (the chunk is fetched).
+		fh.Close()
+		return nil, fmt.Errorf("%s: no chunk %s at %d: a hole", l.d.full(l.path), desc.Digest, l.off)
+	}
 	return struct {
 		io.Reader
 		io.Closer
@@ -231,6 +236,11 @@ func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int,
 		return
 	}
 	size := info.Size()
+	if holeIn(fh, 0, size) {
+		// Not a file a pull wrote (it writes every byte), and cutting it
+		// would read its declared size, holes as zeros: not scanned.
+		return
+	}
 	var cuts []int64
 	cdc := true
 	if IsSafetensors(rel) {
