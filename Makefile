@@ -18,7 +18,8 @@ unit:
 	$(GO) test -count=1 ./...
 
 # Short fuzz runs of the parsers that read untrusted input, and of pull into a
-# directory with planted links.
+# directory with planted links (an honest push, and a layout built from the
+# fuzzer's bytes).
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=5s ./pkg/layout
@@ -26,6 +27,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=5s ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=5s ./pkg/oci
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=5s -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzPullLayout$$' -fuzztime=5s -fuzzminimizetime=50x ./pkg/layout
 
 # The cosign CLI the signature e2e tests run against, installed once into a
 # cache directory that later runs reuse (keep COSIGN_VERSION in step with

@@ -52,8 +52,9 @@ func addLayoutTag(t *testing.T, dir, tag, d string, n int64) {
 }
 
 // TestHostileNamesQuoted pushes files and symlinks whose names carry
-// terminal escape sequences and checks that inspect, diff and versions
-// print them quoted, never raw, while --json keeps the names as they are.
+// terminal escape sequences (and, in a layout, tags and a signature's
+// claimed key id) and checks that inspect, diff and versions print them
+// quoted, never raw, while --json keeps them as they are.
 func TestHostileNamesQuoted(t *testing.T) {
 	const (
 		title = "a\x1b]0;pwned\x07b.txt" // retitles the window
@@ -62,6 +63,8 @@ func TestHostileNamesQuoted(t *testing.T) {
 		c1    = "f\u009b31m.bin"         // a C1 CSI
 		crlf  = "g\r\nforged line"       // forges an output line
 		tgt   = "ok\x1b[31m.txt"         // a symlink target
+		// a key id a signature claims (short: the table shows 16 bytes)
+		hostileKey = "k\x1b]0;key\x07"
 	)
 	forTargets(t, func(t *testing.T, tg target) {
 		src1, src2 := t.TempDir(), t.TempDir()
@@ -119,12 +122,37 @@ func TestHostileNamesQuoted(t *testing.T) {
 			dir := filepath.Join(tg.root, "names")
 			m := layoutBlob(t, dir, v1.Digest)
 			addLayoutTag(t, dir, "v\x1b]0;tag\x07", v1.Digest, int64(len(m)))
+			// A signature whose layer claims a key id with escapes: a
+			// writer of the layout (or a registry) chooses that text.
+			sig, _ := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": mtManifest,
+				"config": map[string]any{"mediaType": "application/vnd.oci.empty.v1+json", "digest": emptyDigest, "size": 2},
+				"layers": []map[string]any{{"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json", "digest": emptyDigest, "size": 2,
+					"annotations": map[string]string{"dev.cosignproject.cosign/signature": "", "dev.bdnvol.signature/key": hostileKey}}}})
+			sd := digestOf(sig)
+			mustWrite(t, filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(sd, "sha256:")), sig)
+			addLayoutTag(t, dir, "sha256-"+strings.TrimPrefix(v1.Digest, "sha256:")+".sig", sd, int64(len(sig)))
 			for _, args := range [][]string{{"versions", repo}, {"inspect", repo + ":v1"}} {
 				res := mustRun(t, args...)
 				checkNoRawControl(t, res)
 				if !strings.Contains(res.stdout, `"v\x1b]0;tag\a"`) {
 					t.Errorf("%s does not show the tag quoted:\n%s", args[0], res.stdout)
 				}
+				if !strings.Contains(res.stdout, `key "k\x1b]0;key\a"`) {
+					t.Errorf("%s does not show the claimed key id quoted:\n%s", args[0], res.stdout)
+				}
+			}
+			var vs []struct {
+				Signature struct {
+					Claimed []string `json:"claimed_keys"`
+				} `json:"signature"`
+			}
+			mustJSON(t, []byte(mustRun(t, "versions", "--json", repo).stdout), &vs)
+			found := false
+			for _, v := range vs {
+				found = found || len(v.Signature.Claimed) == 1 && v.Signature.Claimed[0] == hostileKey
+			}
+			if !found {
+				t.Errorf("versions --json does not keep the claimed key id as it is: %+v", vs)
 			}
 		}
 	})

@@ -15,7 +15,7 @@ type DiffCmd struct {
 	A       string `arg:"" name:"ref-a" help:"The old version."`
 	B       string `arg:"" name:"ref-b" help:"The new version."`
 	JSON    bool   `name:"json" help:"Print one JSON object instead of text."`
-	Tensors bool   `name:"tensors" help:"Compare the tensors of safetensors files (dtype, shape, bytes), reading only headers and indexes."`
+	Tensors bool   `name:"tensors" help:"Compare the tensors of safetensors files (dtype, shape, bytes), reading only headers (of up to 16 MiB) and indexes."`
 	Resolve bool   `name:"resolve" help:"With --tensors: fetch the chunks that small tensors share, so that none is left undecided."`
 }
 

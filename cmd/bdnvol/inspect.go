@@ -40,7 +40,7 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	sig := signature.StatusOf(ctx, t, root.Desc, true, p.Keys) // true: StatusOf looks the signature tag up
 	views, err := imageview.List(ctx, t, d.Digest)
 	if err != nil {
-		fmt.Fprintf(g.stderr, "bdnvol: warning: %s: listing image views: %v\n", ref, err)
+		fmt.Fprintf(g.stderr, "bdnvol: warning: %s: listing image views: %s\n", ref, termsafe.Text(err.Error()))
 	}
 	images := []string{}
 	for _, v := range views {

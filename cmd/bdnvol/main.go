@@ -189,7 +189,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exit // --help
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "bdnvol:", err)
+		fmt.Fprintln(stderr, "bdnvol:", termsafe.Text(err.Error()))
 		return exitUsage
 	}
 	// A second SIGINT or SIGTERM exits at once (128 + signal number), for a
@@ -217,9 +217,11 @@ func (g *Globals) mountStore() mounts.Store { return mounts.DefaultStore(g.cache
 // printJSON writes v to stdout as JSON, on one line.
 func (g *Globals) printJSON(v any) error { return json.NewEncoder(g.stdout).Encode(v) }
 
-// logf prints one "bdnvol: " line to stderr.
+// logf prints one "bdnvol: " line to stderr. Library code logs through it
+// (retries, mirror and cache trouble), with errors that may carry registry
+// or volume text: characters a terminal would act on are escaped.
 func (g *Globals) logf(format string, args ...any) {
-	fmt.Fprintf(g.stderr, "bdnvol: "+format+"\n", args...)
+	fmt.Fprintln(g.stderr, "bdnvol:", termsafe.Text(fmt.Sprintf(format, args...)))
 }
 
 // Size is a byte count that parses suffixes such as KiB, MiB and GiB.

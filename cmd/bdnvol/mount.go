@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
@@ -108,7 +109,7 @@ func (m MirrorFlags) config(g *Globals) mounts.MirrorConfig {
 	return mounts.MirrorConfig{
 		URLs: m.Mirror, HostsDir: m.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify,
 		OnError: mounts.OncePerMirror(func(mirror string, err error) {
-			fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %v\n", mirror, err)
+			fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %s\n", termsafe.Text(mirror), termsafe.Text(err.Error()))
 		}),
 	}
 }

@@ -31,7 +31,7 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if rm.ViewsErr != nil {
-		fmt.Fprintf(g.stderr, "bdnvol: warning: %v\n", rm.ViewsErr)
+		fmt.Fprintf(g.stderr, "bdnvol: warning: %s\n", termsafe.Text(rm.ViewsErr.Error()))
 	} else if len(rm.Views) > 0 {
 		fmt.Fprintf(g.stderr, "bdnvol: deleted %d image view(s) of %s\n", len(rm.Views), rm.Digest)
 	}

@@ -22,19 +22,34 @@ const (
 	phBlobSize       = "@BS@"
 	phManifestDigest = "@MD@"
 	phManifestSize   = "@MS@"
+	phDataDigest     = "@DD@"
+	phDataSize       = "@DS@"
 )
 
-// buildFuzzLayout writes an OCI layout to dir: blob as is, manifest with
-// the blob's placeholders filled in, index.json with both's.
-func buildFuzzLayout(t *testing.T, dir string, index, manifest, blob []byte) {
+// buildFuzzLayout writes an OCI layout to dir: data as is, blob with the
+// data's placeholders filled in, manifest with the blob's and the data's,
+// index.json with all three's. The data blob (a chunk or an index piece) is
+// written only when there is one.
+func buildFuzzLayout(t *testing.T, dir string, index, manifest, blob []byte, data ...[]byte) {
 	t.Helper()
-	bd := digest.FromBytes(blob)
-	manifest = bytes.ReplaceAll(manifest, []byte(phBlobDigest), []byte(bd))
-	manifest = bytes.ReplaceAll(manifest, []byte(phBlobSize), []byte(strconv.Itoa(len(blob))))
-	md := digest.FromBytes(manifest)
-	for _, r := range [][2]string{{phBlobDigest, string(bd)}, {phBlobSize, strconv.Itoa(len(blob))}, {phManifestDigest, string(md)}, {phManifestSize, strconv.Itoa(len(manifest))}} {
-		index = bytes.ReplaceAll(index, []byte(r[0]), []byte(r[1]))
+	var dataBlob []byte
+	if len(data) > 0 {
+		dataBlob = data[0]
 	}
+	fill := func(b []byte, rs [][2]string) []byte {
+		for _, r := range rs {
+			b = bytes.ReplaceAll(b, []byte(r[0]), []byte(r[1]))
+		}
+		return b
+	}
+	dd := digest.FromBytes(dataBlob)
+	rs := [][2]string{{phDataDigest, string(dd)}, {phDataSize, strconv.Itoa(len(dataBlob))}}
+	blob = fill(blob, rs)
+	bd := digest.FromBytes(blob)
+	rs = append(rs, [2]string{phBlobDigest, string(bd)}, [2]string{phBlobSize, strconv.Itoa(len(blob))})
+	manifest = fill(manifest, rs)
+	md := digest.FromBytes(manifest)
+	index = fill(index, append(rs, [2]string{phManifestDigest, string(md)}, [2]string{phManifestSize, strconv.Itoa(len(manifest))}))
 	blobs := filepath.Join(dir, "blobs", "sha256")
 	if err := os.MkdirAll(blobs, 0o755); err != nil {
 		t.Fatal(err)
@@ -45,6 +60,9 @@ func buildFuzzLayout(t *testing.T, dir string, index, manifest, blob []byte) {
 		filepath.Join(blobs, bd.Encoded()):                                 blob,
 		filepath.Join(blobs, md.Encoded()):                                 manifest,
 		filepath.Join(blobs, ocispec.DescriptorEmptyJSON.Digest.Encoded()): []byte("{}"),
+	}
+	if len(data) > 0 {
+		files[filepath.Join(blobs, dd.Encoded())] = dataBlob
 	}
 	for p, b := range files {
 		if err := os.WriteFile(p, b, 0o644); err != nil {
@@ -149,6 +167,143 @@ func FuzzOpenLayout(f *testing.F) {
 				}
 			}
 			_, _ = tg.Predecessors(ctx, d)
+		}
+	})
+}
+
+// placeholders rewrites b with the placeholders of the descriptor of blob
+// (its digest, and its size where it follows the digest, as in a
+// descriptor, a chunk or a piece reference).
+func placeholders(b, blob []byte, ds, ss string) []byte {
+	d := digest.FromBytes(blob)
+	b = bytes.ReplaceAll(b, []byte(`"`+d+`","size":`+digest.Digest(strconv.Itoa(len(blob)))), []byte(`"`+ds+`","size":`+ss))
+	return bytes.ReplaceAll(b, []byte(d), []byte(ds))
+}
+
+// pullSeeds returns versions in placeholder form (index.json, manifest,
+// index blob, data blob) that pull: a version 1 volume whose files share
+// its one chunk, and a version 2 volume whose one piece is the data blob.
+func pullSeeds(t testing.TB) [][4][]byte {
+	index := []byte(`{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phManifestDigest + `","size":` + phManifestSize + `,"annotations":{"org.opencontainers.image.ref.name":"v1"}}]}`)
+	chunk := []byte("0123456789abcdef")
+	cd := digest.FromBytes(chunk)
+	x1 := &Index{Version: FormatVersion1, Chunking: v1Params, Chunks: []Chunk{{Digest: cd, Size: int64(len(chunk))}}, Files: []File{
+		{Path: "a", Type: TypeFile, Mode: 0o644, Size: 16, Digest: cd, Extents: []Extent{{0, 0, 16}}},
+		{Path: "d", Type: TypeDir, Mode: 0o755},
+		{Path: "d/e", Type: TypeFile, Mode: 0o600, Digest: digest.FromBytes(nil)},
+		{Path: "d/f", Type: TypeFile, Mode: 0o400, Size: 4, Digest: digest.FromBytes(chunk[4:8]), Extents: []Extent{{0, 4, 4}}},
+		{Path: "d/l", Type: TypeSymlink, Mode: 0o777, Target: "../a"},
+		{Path: "d/s", Type: TypeDir, Mode: 0o500},
+		{Path: "l", Type: TypeSymlink, Mode: 0o777, Target: "d"},
+	}}
+	s1, err := Seal(x1, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib := s1.Blobs[0].Data
+	man1 := placeholders(placeholders(s1.Root.Data, chunk, phDataDigest, phDataSize), ib, phBlobDigest, phBlobSize)
+	x2 := &Index{Version: FormatVersion, Chunking: DefaultParams, Chunks: []Chunk{}, Files: []File{
+		{Path: "d", Type: TypeDir, Mode: 0o750},
+		{Path: "d/e", Type: TypeFile, Mode: 0o644, Digest: digest.FromBytes(nil)},
+		{Path: "d/l", Type: TypeSymlink, Mode: 0o777, Target: "e"},
+	}}
+	s2, err := Seal(x2, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s2.Blobs) != 3 { // top, one piece, empty config
+		t.Fatalf("version 2 seed has %d blobs", len(s2.Blobs))
+	}
+	top, pc := s2.Blobs[0].Data, s2.Blobs[1].Data
+	man2 := placeholders(placeholders(s2.Root.Data, pc, phDataDigest, phDataSize), top, phBlobDigest, phBlobSize)
+	return [][4][]byte{
+		{index, man1, placeholders(ib, chunk, phDataDigest, phDataSize), chunk},
+		{index, man2, placeholders(top, pc, phDataDigest, phDataSize), pc},
+	}
+}
+
+func TestPullSeedsPull(t *testing.T) {
+	for i, s := range pullSeeds(t) {
+		for _, stepwise := range []bool{false, true} {
+			ctx := context.Background()
+			dir := t.TempDir()
+			buildFuzzLayout(t, dir, s[0], s[1], s[2], s[3])
+			tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := tg.Resolve(ctx, "v1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := Open(ctx, tg, d)
+			if err != nil {
+				t.Fatalf("seed %d does not open: %v", i, err)
+			}
+			m := pullMode{stepwise: stepwise, verifyFiles: stepwise}
+			dst, planted, err := pullPlanted(t, tg, v, indexPaths(v.Index), []byte{0, 0, 1, 2, 2, 3, 9, 4}, m)
+			if err != nil {
+				t.Fatalf("seed %d (%+v) does not pull: %v", i, m, err)
+			}
+			checkTree(t, dst, tg, v.Index, planted, m)
+		}
+	}
+}
+
+// indexPaths returns the paths of the entries of x.
+func indexPaths(x *Index) []string {
+	paths := make([]string, x.Len())
+	for i := range paths {
+		paths[i] = x.Path(i)
+	}
+	return paths
+}
+
+// FuzzPullLayout builds an OCI layout from the fuzzer's bytes (index.json,
+// a manifest, an index blob and a data blob) and pulls each version of it
+// that opens into a directory with links planted at the names the pull
+// uses, with openat2 or the stepwise fallback, checking each file's digest
+// or not: nothing outside the directory may change, and a pull either
+// fails or leaves exactly the version's tree.
+func FuzzPullLayout(f *testing.F) {
+	plants := [][]byte{{0, 0, 1, 2, 2, 3, 12, 4}, {3, 1, 5, 0, 7, 2, 2, 5}}
+	for i, s := range pullSeeds(f) {
+		for k, p := range plants {
+			f.Add(s[0], s[1], s[2], s[3], p, (i+k)%2 == 1, k == 1)
+		}
+	}
+	f.Fuzz(func(t *testing.T, index, manifest, blob, data, plants []byte, stepwise, verifyFiles bool) {
+		dir := t.TempDir()
+		buildFuzzLayout(t, dir, index, manifest, blob, data)
+		ctx := context.Background()
+		tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
+		if err != nil {
+			return
+		}
+		tags, err := oci.ListTags(ctx, tg)
+		if err != nil {
+			return
+		}
+		refs := append(tags, digest.FromBytes(blob).String())
+		for i, ref := range refs {
+			if i > 4 {
+				break
+			}
+			d, err := tg.Resolve(ctx, ref)
+			if err != nil {
+				continue
+			}
+			v, err := Open(ctx, tg, d)
+			if err != nil {
+				continue
+			}
+			m := pullMode{stepwise: stepwise, verifyFiles: verifyFiles}
+			dst, planted, err := pullPlanted(t, tg, v, indexPaths(v.Index), plants, m)
+			if err != nil {
+				t.Logf("pull refused: %v", err)
+				continue
+			}
+			checkTree(t, dst, tg, v.Index, planted, m)
 		}
 	})
 }

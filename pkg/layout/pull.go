@@ -76,6 +76,7 @@ type pullFile struct {
 	mu       sync.Mutex
 	created  bool
 	dev, ino uint64 // its identity: a file put in its place is refused
+	verified bool   // its bytes were copied from a file checked against its digest
 }
 
 // tmpName is the name of the temporary file of the entry p in a pull's
@@ -474,19 +475,25 @@ var emptyDigest = digest.FromBytes(nil)
 // must be, with no byte read: an empty file, or one whole chunk (whose
 // digest is the file's). Other files' digests are checked on request.
 func digestKnown(f *File, x *Index) error {
-	want := digest.Digest("")
-	switch {
-	case f.Size == 0:
-		want = emptyDigest
-	case len(f.Extents) == 1:
-		if e, c := f.Extents[0], x.Chunks[f.Extents[0].Chunk]; e.Offset == 0 && e.Length == c.Size {
-			want = c.Digest
-		}
-	}
+	want := derivedDigest(f, x)
 	if want == "" {
 		return nil
 	}
 	return verify.Digest("file "+f.Path+" in the index", ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, want, f.Size)
+}
+
+// derivedDigest returns the SHA-256 of the file where its chunks' digests
+// give it (an empty file, or one whole chunk), or "".
+func derivedDigest(f *File, x *Index) digest.Digest {
+	switch {
+	case f.Size == 0:
+		return emptyDigest
+	case len(f.Extents) == 1:
+		if e, c := f.Extents[0], x.Chunks[f.Extents[0].Chunk]; e.Offset == 0 && e.Length == c.Size {
+			return c.Digest
+		}
+	}
+	return ""
 }
 
 // fetchAttempts bounds the fetches of one chunk: a body cut short or
@@ -623,8 +630,9 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 		return nil, nil, err
 	}
 	var existing *os.File
+	var verified bool
 	if !fresh {
-		if existing, err = d.matchingFile(pfd, f, cache); err != nil {
+		if existing, verified, err = d.matchingFile(pfd, f, x, cache); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -643,7 +651,7 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 					return nil, nil, err
 				}
 			}
-			cache.storePulled(x, f.Path, statKey(info), true)
+			cache.storePulled(x, f.Path, statKey(info), true, verified)
 			return nil, nil, nil
 		}
 	}
@@ -651,7 +659,7 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 	if err != nil {
 		return nil, nil, err
 	}
-	pf := &pullFile{path: f.Path, size: f.Size, tmp: tmp}
+	pf := &pullFile{path: f.Path, size: f.Size, tmp: tmp, verified: verified}
 	done := make([]bool, len(f.Extents))
 	if existing == nil && f.Size > 0 && !tmp.names[pf.name()] {
 		// The temporary file is created when the first chunk arrives,
@@ -699,32 +707,39 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 
 // matchingFile returns the file at f's final name, open, if it is a
 // regular file that holds f's bytes; else nil. It never follows a symlink.
-func (d *destDir) matchingFile(pfd int, f *File, cache *StatCache) (*os.File, error) {
+// It reports whether the bytes were checked against f's digest (by it or by
+// the pull the cache vouches for), not only known to be f's chunks.
+func (d *destDir) matchingFile(pfd int, f *File, x *Index, cache *StatCache) (*os.File, bool, error) {
 	base := path.Base(f.Path)
 	st, ok, err := lstatAt(pfd, base)
 	if err != nil {
-		return nil, &os.PathError{Op: "lstat", Path: d.full(f.Path), Err: err}
+		return nil, false, &os.PathError{Op: "lstat", Path: d.full(f.Path), Err: err}
 	}
 	if !ok || !isRegular(&st) || st.Size != f.Size {
-		return nil, nil
+		return nil, false, nil
 	}
 	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil // replaced, or not readable: write it anew
+		return nil, false, nil // replaced, or not readable: write it anew
 	}
 	fh := os.NewFile(uintptr(fd), d.full(f.Path))
 	info, err := fh.Stat()
 	if err != nil || !info.Mode().IsRegular() || info.Size() != f.Size {
 		fh.Close()
-		return nil, nil
+		return nil, false, nil
 	}
 	key := statKey(info)
 	if c, ok := cache.lookup(f.Path, key); ok {
 		if c.Digest == f.Digest {
-			return fh, nil
+			return fh, true, nil
 		}
 		fh.Close()
-		return nil, nil
+		return nil, false, nil
+	}
+	if cache.sameExtents(f.Path, key, f, x) {
+		// Written from the same chunks: f's bytes, whatever its digest
+		// claims, which stays unchecked.
+		return fh, derivedDigest(f, x) != "", nil
 	}
 	if holeIn(fh, 0, f.Size) {
 		// A pull writes every byte of a file; a sparse one was planted or
@@ -736,9 +751,9 @@ func (d *destDir) matchingFile(pfd int, f *File, cache *StatCache) (*os.File, er
 	got, err := readerDigest(io.NewSectionReader(fh, 0, f.Size))
 	if err != nil || verify.Digest(f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, got, f.Size) != nil {
 		fh.Close()
-		return nil, nil
+		return nil, false, nil
 	}
-	return fh, nil
+	return fh, true, nil
 }
 
 func nlink(info os.FileInfo) uint64 {
@@ -916,8 +931,10 @@ func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) e
 		return err
 	}
 	if info, err := fh.Stat(); err == nil {
-		// Every byte came from a verified chunk (or a verified leftover).
-		opt.Cache.storePulled(x, f.Path, statKey(info), true)
+		// Every byte came from a verified chunk (or a verified leftover);
+		// the file's digest is checked only if asked for or implied.
+		verified := opt.VerifyFiles || pf.verified || derivedDigest(f, x) != ""
+		opt.Cache.storePulled(x, f.Path, statKey(info), true, verified)
 	}
 	return nil
 }

@@ -134,9 +134,9 @@ func TestStatCachePulledRecordsCompact(t *testing.T) {
 	c.data.Files["d/b"] = cachedFile{Stat: StatKey{Size: 9}, Digest: emptyDigest} // an earlier pull's
 	c.data.Files["gone"] = cachedFile{Stat: StatKey{Size: 1}, Digest: emptyDigest}
 	ka, kb, ke := StatKey{Size: 4, Mtime: 10, Ctime: 11, Ino: 1}, StatKey{Size: 300 << 10, Mtime: 20, Ctime: 21, Ino: 2}, StatKey{Size: 1, Mtime: 30, Ctime: 31, Ino: 3}
-	c.storePulled(x, "d/a", ka, false)
-	c.storePulled(x, "d/b", kb, true)
-	c.storePulled(x, "e", ke, true)
+	c.storePulled(x, "d/a", ka, false, true)
+	c.storePulled(x, "d/b", kb, true, true)
+	c.storePulled(x, "e", ke, true, true)
 	if len(c.data.Files) != 1 {
 		t.Errorf("%d records in the map after storing three pulled, want only the other one", len(c.data.Files))
 	}

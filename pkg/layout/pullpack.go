@@ -111,10 +111,10 @@ func (d *destDir) writeWhole(x *Index, pf *pullFile, f *File, data []byte, dc *d
 	if pf.created {
 		return false, nil
 	}
-	if opt.VerifyFiles {
-		if err := verify.Bytes("file "+f.Path, data, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}); err != nil {
-			return true, err
-		}
+	// Always checked, as the bytes are at hand: the stat cache records
+	// the digest as the file's, and a push trusts it.
+	if err := verify.Bytes("file "+f.Path, data, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}); err != nil {
+		return true, err
 	}
 	fd, leftover, err := pf.createFD()
 	if err != nil {
@@ -146,7 +146,7 @@ func (d *destDir) writeWhole(x *Index, pf *pullFile, f *File, data []byte, dc *d
 	}
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) == nil {
-		opt.Cache.storePulled(x, f.Path, unixStatKey(&st), false)
+		opt.Cache.storePulled(x, f.Path, unixStatKey(&st), false, true)
 	}
 	return true, nil
 }

@@ -14,6 +14,14 @@ import (
 // maxSafetensorsHeader bounds the JSON header a safetensors file may declare.
 const maxSafetensorsHeader = 100 << 20
 
+// SafetensorsHeaderLimit is the longest safetensors header that readers of
+// a sealed version (mount, diff --tensors) parse. The format allows 100 MB,
+// but a header costs about 100 bytes per tensor, so real checkpoints stay
+// far below: shards of the largest public models list a few thousand
+// tensors (well under 1 MiB of header). 16 MiB leaves room for some
+// 150,000 tensors in one file.
+const SafetensorsHeaderLimit = 16 << 20
+
 // Tensor is one tensor of a safetensors file: its name and byte range
 // relative to the start of the file.
 type Tensor struct {
@@ -57,12 +65,25 @@ const headerPiece = 1 << 20
 // ReadSafetensorsHeaderMax is ReadSafetensorsHeader for headers of at most
 // max bytes; a longer one is an error wrapping ErrHeaderTooLarge.
 func ReadSafetensorsHeaderMax(r io.ReaderAt, size, max int64) (int64, []Tensor, error) {
-	n, err := SafetensorsHeaderLen(r, size)
+	buf, err := ReadSafetensorsHeaderBytes(r, size, max)
 	if err != nil {
 		return 0, nil, err
 	}
+	return ParseSafetensorsHeader(buf, size)
+}
+
+// ReadSafetensorsHeaderBytes returns the JSON header (without its 8-byte
+// prefix) of a safetensors file of the given size, of at most max bytes (a
+// longer one is an error wrapping ErrHeaderTooLarge, before any of it is
+// read), reading it a piece at a time: memory grows with the bytes that
+// arrive, not with the length the prefix declares.
+func ReadSafetensorsHeaderBytes(r io.ReaderAt, size, max int64) ([]byte, error) {
+	n, err := SafetensorsHeaderLen(r, size)
+	if err != nil {
+		return nil, err
+	}
 	if n > max {
-		return 0, nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrHeaderTooLarge, n, max)
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrHeaderTooLarge, n, max)
 	}
 	var buf []byte
 	for int64(len(buf)) < n {
@@ -74,10 +95,10 @@ func ReadSafetensorsHeaderMax(r io.ReaderAt, size, max int64) (int64, []Tensor, 
 			if err == nil || err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
-			return 0, nil, fmt.Errorf("safetensors: header: %w", err)
+			return nil, fmt.Errorf("safetensors: header: %w", err)
 		}
 	}
-	return ParseSafetensorsHeader(buf, size)
+	return buf, nil
 }
 
 // ParseSafetensorsHeader parses the JSON header of a safetensors file of the

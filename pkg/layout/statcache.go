@@ -34,7 +34,7 @@ type StatCache struct {
 	// when a record is needed (Save writes them as the other records).
 	px      *Index
 	pstat   []StatKey
-	pkind   []uint8 // pulledNone, pulledDigest or pulledWithExtents
+	pkind   []uint8 // pulledNone, pulledDigest, pulledWithExtents or pulledUnverified
 	horizon int64   // after a Save: what decided Racy for the pulled; 0 before
 }
 
@@ -43,6 +43,7 @@ const (
 	pulledNone        = iota
 	pulledDigest      // the digest only (a file written whole from a pack)
 	pulledWithExtents // the digest and the extents
+	pulledUnverified  // the extents, and a digest the index claims but no one checked
 )
 
 type statCacheData struct {
@@ -57,6 +58,11 @@ type cachedFile struct {
 	// Extents, for a file a pull wrote, are where the version's chunks are
 	// in it: a later pull (an upgrade) copies them from there.
 	Extents []pulledExtent `json:"x,omitempty"`
+	// Unverified, for a file a pull wrote, says its digest is what the
+	// index claims and was not checked against its bytes, which are only
+	// known to be its extents' chunks: lookup does not return it, and a
+	// later pull trusts it only for a file with the same extents.
+	Unverified bool `json:"u,omitempty"`
 	// Racy is set when the file changed too shortly before the cache was
 	// saved for its stat key to prove it unchanged since: its digest is
 	// then not trusted, its extents are still a hint (copies are verified).
@@ -112,17 +118,44 @@ func (c *StatCache) lookup(p string, k StatKey) (cachedFile, bool) {
 	if !ok {
 		f, ok = c.pulledRecord(p)
 	}
-	if !ok || f.Stat != k || f.Racy || f.pulled {
+	if !ok || f.Stat != k || f.Racy || f.pulled || f.Unverified {
 		return cachedFile{}, false
 	}
 	return f, true
 }
 
+// sameExtents reports whether the cache records that the file at p, with
+// stat key k, was written by a pull from chunks that are, extent by extent,
+// the whole chunks of entry f of x: then it holds f's bytes, whatever f's
+// digest claims.
+func (c *StatCache) sameExtents(p string, k StatKey, f *File, x *Index) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	rec, ok := c.data.Files[p]
+	if !ok {
+		rec, ok = c.pulledRecord(p)
+	}
+	c.mu.Unlock()
+	if !ok || rec.Stat != k || rec.Racy || rec.pulled || len(rec.Extents) != len(f.Extents) || len(f.Extents) == 0 {
+		return false
+	}
+	for i, e := range pulledExtents(f, x) {
+		if e.Digest == "" || e != rec.Extents[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // storePulled records entry p of index x, which a pull wrote or kept with
 // stat key k, whatever its age: Save marks it racy if it changed too
 // shortly before. With extents, the record tells where the version's
-// chunks are in the file. The record is held compactly, by entry.
-func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents bool) {
+// chunks are in the file; verified says the pull checked the file's bytes
+// against its digest (or the digest follows from its chunks'), which
+// without extents it must have. The record is held compactly, by entry.
+func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents, verified bool) {
 	if c == nil {
 		return
 	}
@@ -133,7 +166,7 @@ func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents bool) {
 	if !ok || (c.px != nil && c.px != x) {
 		// Not an entry of the index held (cannot happen in one pull).
 		f := x.File(i)
-		rec := cachedFile{Stat: k, Digest: f.Digest, pulled: true}
+		rec := cachedFile{Stat: k, Digest: f.Digest, pulled: true, Unverified: !verified}
 		if extents && ok {
 			rec.Extents = pulledExtents(&f, x)
 		}
@@ -148,8 +181,11 @@ func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents bool) {
 	delete(c.data.Files, p) // an earlier pull's record, replaced
 	c.pstat[i] = k
 	c.pkind[i] = pulledDigest
-	if extents {
+	switch {
+	case extents && verified:
 		c.pkind[i] = pulledWithExtents
+	case extents:
+		c.pkind[i] = pulledUnverified
 	}
 }
 
@@ -171,9 +207,10 @@ func (c *StatCache) pulledRecord(p string) (cachedFile, bool) {
 func (c *StatCache) pulledAt(i int) cachedFile {
 	f := c.px.File(i)
 	rec := cachedFile{Stat: c.pstat[i], Digest: f.Digest}
-	if c.pkind[i] == pulledWithExtents {
+	if c.pkind[i] >= pulledWithExtents {
 		rec.Extents = pulledExtents(&f, c.px)
 	}
+	rec.Unverified = c.pkind[i] == pulledUnverified
 	if c.horizon == 0 {
 		rec.pulled = true
 	} else {

@@ -54,12 +54,9 @@ const seqSlack = 2 << 20
 const maxHandles = 64
 
 // maxHeaderBytes bounds the safetensors header a Volume reads to learn where
-// the tensors are. The format allows 100 MB, but a header costs about 100
-// bytes per tensor, so real checkpoints stay far below: shards of the
-// largest public models list a few thousand tensors (well under 1 MiB of
-// header). 16 MiB leaves room for some 150,000 tensors in one file. A
-// longer header is not parsed; the file is still read byte by byte.
-const maxHeaderBytes = 16 << 20
+// the tensors are (see layout.SafetensorsHeaderLimit). A longer header is
+// not parsed; the file is still read byte by byte.
+const maxHeaderBytes = layout.SafetensorsHeaderLimit
 
 // headerBudget bounds the header bytes a Volume reads and parses at once,
 // whatever the number of files and background jobs.

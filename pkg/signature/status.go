@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -56,16 +57,18 @@ func StatusOf(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Desc
 }
 
 // String is the short form for tables: "-", "yes", "key <id>" or "verified <id>".
+// A claimed id is the repository's text: one a terminal would act on is
+// quoted (termsafe.Name).
 func (s Status) String() string {
 	switch {
 	case s.Verified != "":
-		return "verified " + short(s.Verified)
+		return "verified " + termsafe.Name(short(s.Verified))
 	case !s.Signed:
 		return "-"
 	case len(s.Claimed) > 0:
 		ids := make([]string, len(s.Claimed))
 		for i, id := range s.Claimed {
-			ids[i] = short(id)
+			ids[i] = termsafe.Name(short(id))
 		}
 		return "key " + strings.Join(ids, ",")
 	}

@@ -48,3 +48,19 @@ func TestStatusesOfSignedAndUnsignedVersions(t *testing.T) {
 		t.Error("Statuses of a missing version succeeded")
 	}
 }
+
+// TestStatusStringQuotesClaimedKey: a key id claimed in a signature layer's
+// annotation is the repository's text; the table form quotes one that a
+// terminal would act on, and keeps a plain one as it is.
+func TestStatusStringQuotesClaimedKey(t *testing.T) {
+	cases := map[string]Status{
+		`key "k\x1b]0;x\a",0123456789abcdef`: {Signed: true, Claimed: []string{"k\x1b]0;x\x07", "0123456789abcdef0123"}},
+		`key "\r\nforged"`:                   {Signed: true, Claimed: []string{"\r\nforged"}},
+		`verified 0123456789abcdef`:          {Signed: true, Verified: "0123456789abcdef0123", Claimed: []string{"\x1b[2J"}},
+	}
+	for want, s := range cases {
+		if got := s.String(); got != want {
+			t.Errorf("%q: String() = %q, want %q", s.Claimed, got, want)
+		}
+	}
+}

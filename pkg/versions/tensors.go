@@ -17,8 +17,10 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
-// maxTensorHeader bounds the safetensors header a tensor diff reads.
-const maxTensorHeader = 100 << 20
+// keepBudget bounds the bytes of fetched chunks a tensor diff keeps to read
+// again (a header chunk both versions share, a chunk several undecided
+// tensors share); a chunk past it is fetched again if needed.
+const keepBudget = 16 << 20
 
 // TensorInfo is one tensor as a tensor diff reports it.
 type TensorInfo struct {
@@ -88,6 +90,8 @@ func sameBytes(a, b tensor) (bool, error) {
 	if a.Bytes != b.Bytes {
 		return false, nil
 	}
+	defer a.r.drop()
+	defer b.r.drop()
 	x, y := make([]byte, a.Bytes), make([]byte, b.Bytes)
 	if _, err := a.r.ReadAt(x, a.begin); err != nil {
 		return false, fmt.Errorf("%s: tensor %q: %w", a.File, a.Name, err)
@@ -131,7 +135,7 @@ func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorD
 	d := &TensorDiff{A: a.Desc.Digest, B: b.Desc.Digest, Files: []string{}, Added: []TensorInfo{}, Removed: []TensorInfo{}, Changed: []TensorChange{}, Undecided: []TensorInfo{}}
 	// Same bytes give the same chunks only under the same chunking.
 	sameChunking := va.Index.Chunking == vb.Index.Chunking
-	fetched := map[digest.Digest][]byte{}
+	fetched := &chunkMemo{seen: map[digest.Digest]bool{}, kept: map[digest.Digest][]byte{}}
 	ta, err := tensorsOf(ctx, a.Src, va, fetched)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", a.Desc.Digest, err)
@@ -140,7 +144,7 @@ func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorD
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", b.Desc.Digest, err)
 	}
-	d.HeaderChunks = len(fetched)
+	d.HeaderChunks = len(fetched.seen)
 	files := map[string]bool{}
 	for k, t := range tb {
 		files[t.File] = true
@@ -186,7 +190,7 @@ func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorD
 		d.Changed = append(d.Changed, TensorChange{TensorInfo: t.TensorInfo, OldDtype: old.Dtype, OldShape: old.Shape, OldBytes: old.Bytes, What: what})
 		d.ChangedBytes += t.Bytes
 	}
-	d.SharedChunks = len(fetched) - d.HeaderChunks
+	d.SharedChunks = len(fetched.seen) - d.HeaderChunks
 	for k, t := range ta {
 		files[t.File] = true
 		if _, ok := tb[k]; !ok {
@@ -212,8 +216,9 @@ func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorD
 }
 
 // tensorsOf reads the headers of v's safetensors files, keyed by file and
-// tensor name. fetched holds the chunks read so far, shared by both sides.
-func tensorsOf(ctx context.Context, src content.Fetcher, v *layout.Version, fetched map[digest.Digest][]byte) (map[string]tensor, error) {
+// tensor name. fetched is what was fetched so far, shared by both sides.
+// A header longer than layout.SafetensorsHeaderLimit is an error.
+func tensorsOf(ctx context.Context, src content.Fetcher, v *layout.Version, fetched *chunkMemo) (map[string]tensor, error) {
 	out := map[string]tensor{}
 	for i := range v.Index.Len() {
 		fv := v.Index.File(i)
@@ -222,16 +227,10 @@ func tensorsOf(ctx context.Context, src content.Fetcher, v *layout.Version, fetc
 			continue
 		}
 		r := &fileReader{ctx: ctx, src: src, v: v, f: f, fetched: fetched}
-		n, err := layout.SafetensorsHeaderLen(r, f.Size)
+		hdr, err := layout.ReadSafetensorsHeaderBytes(r, f.Size, layout.SafetensorsHeaderLimit)
+		r.drop()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
-		}
-		if n > maxTensorHeader {
-			return nil, fmt.Errorf("%s: %w: %d bytes", f.Path, layout.ErrHeaderTooLarge, n)
-		}
-		hdr := make([]byte, n)
-		if _, err := r.ReadAt(hdr, 8); err != nil {
-			return nil, fmt.Errorf("%s: header: %w", f.Path, err)
 		}
 		_, ranges, err := layout.ParseSafetensorsHeader(hdr, f.Size)
 		if err != nil {
@@ -280,6 +279,23 @@ func piecesOf(v *layout.Version, f *layout.File, begin, end int64) []piece {
 	return ps
 }
 
+// chunkMemo is what a tensor diff fetched: every chunk's digest, for the
+// counts, and the bytes of the first chunks up to keepBudget, to read again.
+type chunkMemo struct {
+	seen map[digest.Digest]bool
+	kept map[digest.Digest][]byte
+	size int64 // bytes in kept
+}
+
+// add records the fetched chunk d, keeping its bytes b if they fit.
+func (m *chunkMemo) add(d digest.Digest, b []byte) {
+	m.seen[d] = true
+	if _, ok := m.kept[d]; !ok && m.size+int64(len(b)) <= keepBudget {
+		m.kept[d] = b
+		m.size += int64(len(b))
+	}
+}
+
 // fileReader reads a file of a version by fetching (and verifying) the
 // whole chunks that hold the bytes asked for.
 type fileReader struct {
@@ -287,7 +303,33 @@ type fileReader struct {
 	src     content.Fetcher
 	v       *layout.Version
 	f       *layout.File
-	fetched map[digest.Digest][]byte
+	fetched *chunkMemo
+	// The chunk read last, while the header is read piece by piece or a
+	// tensor compared; drop lets it go.
+	last      []byte
+	lastChunk digest.Digest
+}
+
+// drop forgets the chunk read last.
+func (r *fileReader) drop() { r.last, r.lastChunk = nil, "" }
+
+// chunk returns the bytes of c: the chunk read last, a kept one, or
+// fetched.
+func (r *fileReader) chunk(c layout.Chunk) ([]byte, error) {
+	if r.last != nil && r.lastChunk == c.Digest {
+		return r.last, nil
+	}
+	b, ok := r.fetched.kept[c.Digest]
+	if !ok {
+		var err error
+		b, err = verify.Fetch(r.ctx, r.src, "", ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: c.Digest, Size: c.Size})
+		if err != nil {
+			return nil, fmt.Errorf("chunk %s: %w", c.Digest, err)
+		}
+		r.fetched.add(c.Digest, b)
+	}
+	r.last, r.lastChunk = b, c.Digest
+	return b, nil
 }
 
 // ReadAt reads len(p) bytes at off.
@@ -307,14 +349,9 @@ func (r *fileReader) ReadAt(p []byte, off int64) (int, error) {
 			continue
 		}
 		c := r.v.Index.Chunks[e.Chunk]
-		b, ok := r.fetched[c.Digest]
-		if !ok {
-			var err error
-			b, err = verify.Fetch(r.ctx, r.src, "", ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: c.Digest, Size: c.Size})
-			if err != nil {
-				return n, fmt.Errorf("chunk %s: %w", c.Digest, err)
-			}
-			r.fetched[c.Digest] = b
+		b, err := r.chunk(c)
+		if err != nil {
+			return n, err
 		}
 		in := want - pos
 		if e.Offset+e.Length > int64(len(b)) {

@@ -1,14 +1,25 @@
 package versions
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"io"
+	"runtime"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 type testTensor struct {
@@ -92,4 +103,113 @@ func TestCompareTensors(t *testing.T) {
 	if !sort.StringsAreSorted(names) {
 		t.Errorf("changed not sorted: %v", names)
 	}
+}
+
+// sealChunks stores chunks and a version whose one file per entry of files
+// is made of those chunks (by index, in order), and returns its root.
+func sealChunks(t *testing.T, tg oci.Target, chunks [][]byte, files map[string][]int) ocispec.Descriptor {
+	t.Helper()
+	ctx := context.Background()
+	x := &layout.Index{Version: layout.FormatVersion1, Chunking: smallParams}
+	for _, b := range chunks {
+		c := layout.Chunk{Digest: digest.FromBytes(b), Size: int64(len(b))}
+		if err := tg.Push(ctx, ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: c.Digest, Size: c.Size}, bytes.NewReader(b)); err != nil {
+			t.Fatal(err)
+		}
+		x.Chunks = append(x.Chunks, c)
+	}
+	names := make([]string, 0, len(files))
+	for p := range files {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	for _, p := range names {
+		f := layout.File{Path: p, Type: layout.TypeFile, Mode: 0o644, Digest: digest.FromString(p)}
+		for _, k := range files[p] {
+			f.Extents = append(f.Extents, layout.Extent{Chunk: k, Length: x.Chunks[k].Size})
+			f.Size += x.Chunks[k].Size
+		}
+		x.Files = append(x.Files, f)
+	}
+	s, err := layout.Seal(x, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Store(ctx, tg); err != nil {
+		t.Fatal(err)
+	}
+	return s.Root.Desc
+}
+
+// TestCompareTensorsHostileHeaderLength: a safetensors prefix declaring a
+// 90 MiB header (within the format's 100 MB, far past what real files use)
+// is refused, naming the file, before anything of that size is allocated.
+func TestCompareTensorsHostileHeaderLength(t *testing.T) {
+	tg := openLayout(t)
+	head := binary.LittleEndian.AppendUint64(nil, 90<<20)
+	head = append(head, bytes.Repeat([]byte(" "), 1<<20-8)...)
+	fill := bytes.Repeat([]byte("x"), 1<<20)
+	ext := []int{0}
+	for range 90 {
+		ext = append(ext, 1)
+	}
+	root := sealChunks(t, tg, [][]byte{head, fill}, map[string][]int{"m.safetensors": ext})
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := CompareTensors(context.Background(), Side{tg, root}, Side{tg, root}, TensorOptions{})
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, layout.ErrHeaderTooLarge) || !strings.Contains(err.Error(), "m.safetensors") {
+		t.Errorf("got %v, want %v naming m.safetensors", err, layout.ErrHeaderTooLarge)
+	}
+	if a := after.TotalAlloc - before.TotalAlloc; a > 8<<20 {
+		t.Errorf("allocated %d MiB for a header it refuses", a>>20)
+	}
+}
+
+// peakFetcher records the most heap in use when a fetch starts.
+type peakFetcher struct {
+	content.Fetcher
+	peak uint64
+}
+
+func (p *peakFetcher) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	p.peak = max(p.peak, m.HeapAlloc)
+	return p.Fetcher.Fetch(ctx, d)
+}
+
+// TestCompareTensorsKeepsFewChunks: the chunks read for headers are not
+// all held until the diff ends: with ten files each one 8 MiB chunk (its
+// header and its tensor), the heap stays far below their 80 MiB.
+func TestCompareTensorsKeepsFewChunks(t *testing.T) {
+	tg := openLayout(t)
+	var chunks [][]byte
+	files := map[string][]int{}
+	const n = 8<<20 - 128
+	for i := range 10 {
+		h := []byte(`{"t` + strconv.Itoa(i) + `":{"dtype":"U8","shape":[` + strconv.Itoa(n) + `],"data_offsets":[0,` + strconv.Itoa(n) + `]}}`)
+		b := append(binary.LittleEndian.AppendUint64(nil, uint64(len(h))), h...)
+		chunks = append(chunks, append(b, make([]byte, n)...))
+		files["m"+strconv.Itoa(i)+".safetensors"] = []int{i}
+	}
+	root := sealChunks(t, tg, chunks, files)
+	chunks = nil
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	src := &peakFetcher{Fetcher: tg}
+	d, err := CompareTensors(context.Background(), Side{src, root}, Side{src, root}, TensorOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Unchanged != 10 || d.HeaderChunks != 10 {
+		t.Errorf("%d unchanged, %d header chunks; want 10 and 10", d.Unchanged, d.HeaderChunks)
+	}
+	grew := int64(src.peak) - int64(base.HeapAlloc)
+	if grew > 40<<20 {
+		t.Errorf("heap grew by %d MiB while fetching", grew>>20)
+	}
+	t.Logf("heap grew by %d MiB while fetching", grew>>20)
 }
