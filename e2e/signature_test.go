@@ -313,6 +313,21 @@ func registryManifest(t testing.TB, reg *registry, name, ref string) []byte {
 
 func sigTag(d string) string { return strings.Replace(d, ":", "-", 1) + ".sig" }
 
+// tamperSignature flips a bit of the first signature in d's signature tag
+// manifest in name (the key id it claims stays).
+func tamperSignature(t testing.TB, reg *registry, name, d string) {
+	t.Helper()
+	var m map[string]any
+	mustJSON(t, registryManifest(t, reg, name, sigTag(d)), &m)
+	layer := m["layers"].([]any)[0].(map[string]any)
+	ann := layer["annotations"].(map[string]any)
+	sig, _ := base64.StdEncoding.DecodeString(ann["dev.cosignproject.cosign/signature"].(string))
+	sig[len(sig)/2] ^= 0x40
+	ann["dev.cosignproject.cosign/signature"] = base64.StdEncoding.EncodeToString(sig)
+	mb, _ := json.Marshal(m)
+	putManifest(t, reg, name, sigTag(d), "application/vnd.oci.image.manifest.v1+json", mb)
+}
+
 // TestRequireSignature: pull, mount and bdnvol.yaml mounts refuse an
 // unsigned version, one signed by another key, one whose signature names
 // another digest and one whose signature was tampered with, each before
@@ -342,15 +357,7 @@ func TestRequireSignature(t *testing.T) {
 	// The signature of good put under copied's tag; tampered's signature
 	// bytes changed.
 	putManifest(t, reg, name, sigTag(copied), "application/vnd.oci.image.manifest.v1+json", registryManifest(t, reg, name, sigTag(good)))
-	var m map[string]any
-	mustJSON(t, registryManifest(t, reg, name, sigTag(tampered)), &m)
-	layer := m["layers"].([]any)[0].(map[string]any)
-	ann := layer["annotations"].(map[string]any)
-	sig, _ := base64.StdEncoding.DecodeString(ann["dev.cosignproject.cosign/signature"].(string))
-	sig[len(sig)/2] ^= 0x40
-	ann["dev.cosignproject.cosign/signature"] = base64.StdEncoding.EncodeToString(sig)
-	mb, _ := json.Marshal(m)
-	putManifest(t, reg, name, sigTag(tampered), "application/vnd.oci.image.manifest.v1+json", mb)
+	tamperSignature(t, reg, name, tampered)
 
 	cases := []struct {
 		digest, why string
@@ -479,17 +486,25 @@ func TestSignatureCost(t *testing.T) {
 
 // TestCSIRequireSignature: the node plugin refuses to publish a version
 // without a valid signature by the key the volume attribute names (inline
-// PEM or a path on the node), before mounting it, and publishes a signed one.
+// PEM or a path on the node): unsigned, signed by another key, or with a
+// tampered signature, before mounting it; it publishes a signed one.
 func TestCSIRequireSignature(t *testing.T) {
 	keys := t.TempDir()
 	key, pub := keyPair(t, keys, "release")
+	otherKey, _ := keyPair(t, keys, "other")
 	reg := newDistribution(t)
-	repo := reg.Host + "/vols/signed"
+	name := "vols/signed"
+	repo := reg.Host + "/" + name
 	signed := pushJSON(t, repo+":v1", smallVolume(t, 21)).Digest
 	unsigned := pushJSON(t, repo+":v2", smallVolume(t, 22)).Digest
-	if res := signRun(t, "sign", "--key", key, repo+"@"+signed); res.code != 0 {
-		t.Fatalf("sign:\n%s", res)
+	other := pushJSON(t, repo+":v3", smallVolume(t, 23)).Digest
+	tampered := pushJSON(t, repo+":v4", smallVolume(t, 24)).Digest
+	for _, s := range []struct{ key, d string }{{key, signed}, {otherKey, other}, {key, tampered}} {
+		if res := signRun(t, "sign", "--key", s.key, repo+"@"+s.d); res.code != 0 {
+			t.Fatalf("sign:\n%s", res)
+		}
 	}
+	tamperSignature(t, reg, name, tampered)
 	n := startCSI(t, time.Minute)
 	publish := func(p pod, ref, require string) error {
 		req := &csi.NodePublishVolumeRequest{
@@ -512,12 +527,18 @@ func TestCSIRequireSignature(t *testing.T) {
 		return err
 	}
 	inline := string(mustRead(t, pub))
-	err := publish(n.newPod("unsigned"), repo+":v2", inline)
-	if codeOf(err) != codes.PermissionDenied || !strings.Contains(err.Error(), unsigned) || !strings.Contains(err.Error(), "no signature") {
-		t.Fatalf("publish of an unsigned version: %v", err)
-	}
-	if m := n.fuseMounts(); len(m) != 0 {
-		t.Fatalf("mounts after a refusal: %v", m)
+	for _, c := range []struct{ tag, d, why string }{
+		{"v2", unsigned, "no signature"},
+		{"v3", other, "signed by another key"},
+		{"v4", tampered, "tampered"},
+	} {
+		err := publish(n.newPod(c.tag), repo+":"+c.tag, inline)
+		if codeOf(err) != codes.PermissionDenied || !strings.Contains(err.Error(), c.d) || !strings.Contains(err.Error(), c.why) {
+			t.Fatalf("publish of %s: %v; want PermissionDenied naming %s and %q", c.tag, err, c.d, c.why)
+		}
+		if m := n.fuseMounts(); len(m) != 0 {
+			t.Fatalf("mounts after refusing %s: %v", c.tag, m)
+		}
 	}
 	if err := publish(n.newPod("bad-key"), repo+":v1", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"); codeOf(err) != codes.InvalidArgument {
 		t.Fatalf("publish with a broken inline key: %v", err)
