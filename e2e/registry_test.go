@@ -117,6 +117,13 @@ func newGGCR(t testing.TB) *registry {
 	return serve(t, ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0))))
 }
 
+// newGGCRReferrers starts go-containerregistry's in-memory registry with
+// the OCI 1.1 referrers API (newGGCR's answers it 404).
+func newGGCRReferrers(t testing.TB) *registry {
+	t.Helper()
+	return serve(t, ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0)), ggcr.WithReferrersSupport(true)))
+}
+
 func serve(t testing.TB, h http.Handler) *registry {
 	r := &registry{stats: newStats(), corrupt: map[string]bool{}}
 	r.srv = httptest.NewServer(r.middleware(h)) // listens on 127.0.0.1

@@ -131,11 +131,14 @@ func TestSignCosignInterop(t *testing.T) {
 	keys := t.TempDir()
 	key, pub := keyPair(t, keys, "release")
 	_, otherPub := keyPair(t, keys, "other")
-	for _, kind := range []string{"distribution", "ggcr"} {
+	// distribution has no referrers API (signatures go under the tag
+	// scheme only); ggcr-referrers serves it (bdnvol writes a referrer too).
+	for _, kind := range []string{"distribution", "ggcr-referrers"} {
 		t.Run(kind, func(t *testing.T) {
+			api := kind == "ggcr-referrers"
 			reg := newDistribution(t)
-			if kind == "ggcr" {
-				reg = newGGCR(t)
+			if api {
+				reg = newGGCRReferrers(t)
 			}
 			repo := reg.Host + "/models/sig"
 			v1 := pushJSON(t, repo+":v1", smallVolume(t, 1))
@@ -148,6 +151,13 @@ func TestSignCosignInterop(t *testing.T) {
 			if out, err := runCosign(t, "verify", "--key", pub, "--insecure-ignore-tlog=true",
 				"--allow-http-registry", "--allow-insecure-registry", pinned1); err != nil {
 				t.Fatalf("cosign verify of a bdnvol signature: %v\n%s", err, out)
+			}
+			if refs := sigReferrers(t, reg, "models/sig", v1.Digest); api && len(refs) != 1 {
+				t.Fatalf("signature referrers of %s listed by the referrers API: %v, want 1", v1.Digest, refs)
+			}
+			if out, err := runCosign(t, "verify", "--key", pub, "--insecure-ignore-tlog=true", "--experimental-oci11",
+				"--allow-http-registry", "--allow-insecure-registry", pinned1); err != nil {
+				t.Fatalf("cosign verify --experimental-oci11 of a bdnvol signature: %v\n%s", err, out)
 			}
 			if res := run(t, "verify", "--key", pub, repo+":v1"); res.code != 0 || !strings.Contains(res.stdout, "verified") {
 				t.Fatalf("bdnvol verify:\n%s", res)
@@ -225,8 +235,63 @@ func TestSignCosignInterop(t *testing.T) {
 					t.Errorf("versions: %s: %+v", x.Digest, x.Signature)
 				}
 			}
+			if !api {
+				return
+			}
+			// The referrer alone carries v1's signature: with v2's signature
+			// manifest copied over v1's signature tag, cosign's tag path
+			// fails, its OCI 1.1 path and bdnvol (which reads both) pass.
+			putManifest(t, reg, "models/sig", sigTag(v1.Digest), "application/vnd.oci.image.manifest.v1+json",
+				registryManifest(t, reg, "models/sig", sigTag(v2.Digest)))
+			if out, err := runCosign(t, "verify", "--key", pub, "--insecure-ignore-tlog=true",
+				"--allow-http-registry", "--allow-insecure-registry", pinned1); err == nil {
+				t.Fatalf("cosign verify by tag of a copied signature passed:\n%s", out)
+			}
+			if out, err := runCosign(t, "verify", "--key", pub, "--insecure-ignore-tlog=true", "--experimental-oci11",
+				"--allow-http-registry", "--allow-insecure-registry", pinned1); err != nil {
+				t.Fatalf("cosign verify --experimental-oci11 of bdnvol's referrer: %v\n%s", err, out)
+			}
+			res = run(t, "verify", "--key", pub, "--json", pinned1)
+			rv.Referrer = false
+			if res.code != 0 {
+				t.Fatalf("bdnvol verify with the tag's signature copied from another version:\n%s", res)
+			}
+			mustJSON(t, []byte(res.stdout), &rv)
+			if !rv.Referrer {
+				t.Errorf("signature of %s not verified from its referrer: %s", v1.Digest, res.stdout)
+			}
 		})
 	}
+}
+
+// sigReferrers lists the cosign signature referrers of d in name through
+// the registry's referrers API.
+func sigReferrers(t testing.TB, reg *registry, name, d string) []string {
+	t.Helper()
+	resp, err := http.Get(reg.URL + "/v2/" + name + "/referrers/" + d + "?artifactType=application/vnd.dev.cosign.artifact.sig.v1%2Bjson")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil
+	}
+	var idx struct {
+		Manifests []struct {
+			Digest       string `json:"digest"`
+			ArtifactType string `json:"artifactType"`
+		} `json:"manifests"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&idx); err != nil {
+		t.Fatalf("referrers of %s: %s: %v", d, resp.Status, err)
+	}
+	var out []string
+	for _, m := range idx.Manifests {
+		if m.ArtifactType == "application/vnd.dev.cosign.artifact.sig.v1+json" {
+			out = append(out, m.Digest)
+		}
+	}
+	return out
 }
 
 // registryManifest GETs a manifest of name by tag or digest.
@@ -247,6 +312,21 @@ func registryManifest(t testing.TB, reg *registry, name, ref string) []byte {
 }
 
 func sigTag(d string) string { return strings.Replace(d, ":", "-", 1) + ".sig" }
+
+// tamperSignature flips a bit of the first signature in d's signature tag
+// manifest in name (the key id it claims stays).
+func tamperSignature(t testing.TB, reg *registry, name, d string) {
+	t.Helper()
+	var m map[string]any
+	mustJSON(t, registryManifest(t, reg, name, sigTag(d)), &m)
+	layer := m["layers"].([]any)[0].(map[string]any)
+	ann := layer["annotations"].(map[string]any)
+	sig, _ := base64.StdEncoding.DecodeString(ann["dev.cosignproject.cosign/signature"].(string))
+	sig[len(sig)/2] ^= 0x40
+	ann["dev.cosignproject.cosign/signature"] = base64.StdEncoding.EncodeToString(sig)
+	mb, _ := json.Marshal(m)
+	putManifest(t, reg, name, sigTag(d), "application/vnd.oci.image.manifest.v1+json", mb)
+}
 
 // TestRequireSignature: pull, mount and bdnvol.yaml mounts refuse an
 // unsigned version, one signed by another key, one whose signature names
@@ -277,15 +357,7 @@ func TestRequireSignature(t *testing.T) {
 	// The signature of good put under copied's tag; tampered's signature
 	// bytes changed.
 	putManifest(t, reg, name, sigTag(copied), "application/vnd.oci.image.manifest.v1+json", registryManifest(t, reg, name, sigTag(good)))
-	var m map[string]any
-	mustJSON(t, registryManifest(t, reg, name, sigTag(tampered)), &m)
-	layer := m["layers"].([]any)[0].(map[string]any)
-	ann := layer["annotations"].(map[string]any)
-	sig, _ := base64.StdEncoding.DecodeString(ann["dev.cosignproject.cosign/signature"].(string))
-	sig[len(sig)/2] ^= 0x40
-	ann["dev.cosignproject.cosign/signature"] = base64.StdEncoding.EncodeToString(sig)
-	mb, _ := json.Marshal(m)
-	putManifest(t, reg, name, sigTag(tampered), "application/vnd.oci.image.manifest.v1+json", mb)
+	tamperSignature(t, reg, name, tampered)
 
 	cases := []struct {
 		digest, why string
@@ -414,17 +486,25 @@ func TestSignatureCost(t *testing.T) {
 
 // TestCSIRequireSignature: the node plugin refuses to publish a version
 // without a valid signature by the key the volume attribute names (inline
-// PEM or a path on the node), before mounting it, and publishes a signed one.
+// PEM or a path on the node): unsigned, signed by another key, or with a
+// tampered signature, before mounting it; it publishes a signed one.
 func TestCSIRequireSignature(t *testing.T) {
 	keys := t.TempDir()
 	key, pub := keyPair(t, keys, "release")
+	otherKey, _ := keyPair(t, keys, "other")
 	reg := newDistribution(t)
-	repo := reg.Host + "/vols/signed"
+	name := "vols/signed"
+	repo := reg.Host + "/" + name
 	signed := pushJSON(t, repo+":v1", smallVolume(t, 21)).Digest
 	unsigned := pushJSON(t, repo+":v2", smallVolume(t, 22)).Digest
-	if res := signRun(t, "sign", "--key", key, repo+"@"+signed); res.code != 0 {
-		t.Fatalf("sign:\n%s", res)
+	other := pushJSON(t, repo+":v3", smallVolume(t, 23)).Digest
+	tampered := pushJSON(t, repo+":v4", smallVolume(t, 24)).Digest
+	for _, s := range []struct{ key, d string }{{key, signed}, {otherKey, other}, {key, tampered}} {
+		if res := signRun(t, "sign", "--key", s.key, repo+"@"+s.d); res.code != 0 {
+			t.Fatalf("sign:\n%s", res)
+		}
 	}
+	tamperSignature(t, reg, name, tampered)
 	n := startCSI(t, time.Minute)
 	publish := func(p pod, ref, require string) error {
 		req := &csi.NodePublishVolumeRequest{
@@ -447,12 +527,18 @@ func TestCSIRequireSignature(t *testing.T) {
 		return err
 	}
 	inline := string(mustRead(t, pub))
-	err := publish(n.newPod("unsigned"), repo+":v2", inline)
-	if codeOf(err) != codes.PermissionDenied || !strings.Contains(err.Error(), unsigned) || !strings.Contains(err.Error(), "no signature") {
-		t.Fatalf("publish of an unsigned version: %v", err)
-	}
-	if m := n.fuseMounts(); len(m) != 0 {
-		t.Fatalf("mounts after a refusal: %v", m)
+	for _, c := range []struct{ tag, d, why string }{
+		{"v2", unsigned, "no signature"},
+		{"v3", other, "signed by another key"},
+		{"v4", tampered, "tampered"},
+	} {
+		err := publish(n.newPod(c.tag), repo+":"+c.tag, inline)
+		if codeOf(err) != codes.PermissionDenied || !strings.Contains(err.Error(), c.d) || !strings.Contains(err.Error(), c.why) {
+			t.Fatalf("publish of %s: %v; want PermissionDenied naming %s and %q", c.tag, err, c.d, c.why)
+		}
+		if m := n.fuseMounts(); len(m) != 0 {
+			t.Fatalf("mounts after refusing %s: %v", c.tag, m)
+		}
 	}
 	if err := publish(n.newPod("bad-key"), repo+":v1", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"); codeOf(err) != codes.InvalidArgument {
 		t.Fatalf("publish with a broken inline key: %v", err)
@@ -469,45 +555,79 @@ func TestCSIRequireSignature(t *testing.T) {
 
 // TestGCDeletesSignatures: rm keeps a deleted version's signature (restore
 // brings it back signed); gc --purge deletes it with the version and keeps
-// the kept versions' signatures.
+// the kept versions' signatures: the signature tag on distribution, the
+// tag's manifest and the OCI 1.1 referrer on a registry serving referrers.
 func TestGCDeletesSignatures(t *testing.T) {
 	keys := t.TempDir()
 	key, pub := keyPair(t, keys, "release")
-	reg := newDistribution(t)
-	name := "models/gcsig"
-	repo := reg.Host + "/" + name
-	var ds []string
-	for i := 0; i < 3; i++ {
-		d := pushJSON(t, fmt.Sprintf("%s:v%d", repo, i), smallVolume(t, 30+i)).Digest
-		if res := signRun(t, "sign", "--key", key, repo+"@"+d); res.code != 0 {
-			t.Fatalf("sign:\n%s", res)
-		}
-		ds = append(ds, d)
-	}
-	mustRun(t, "rm", repo+"@"+ds[0])
-	if res := run(t, "verify", "--key", pub, repo+"@"+ds[0]); res.code != 0 {
-		t.Fatalf("a soft-deleted version lost its signature:\n%s", res)
-	}
-	check := func(when string, want []bool) {
-		t.Helper()
-		tags := listTags(t, reg, name)
-		for i, d := range ds {
-			has := false
-			for _, tag := range tags {
-				has = has || tag == sigTag(d)
+	for _, kind := range []string{"distribution", "ggcr-referrers"} {
+		t.Run(kind, func(t *testing.T) {
+			api := kind == "ggcr-referrers"
+			reg := newDistribution(t)
+			if api {
+				reg = newGGCRReferrers(t)
 			}
-			if has != want[i] {
-				t.Errorf("%s: version %d (%s): signature tag present %v, want %v; tags %v", when, i, d, has, want[i], tags)
+			name := "models/gcsig"
+			repo := reg.Host + "/" + name
+			var ds []string
+			for i := 0; i < 3; i++ {
+				d := pushJSON(t, fmt.Sprintf("%s:v%d", repo, i), smallVolume(t, 30+i)).Digest
+				if res := signRun(t, "sign", "--key", key, repo+"@"+d); res.code != 0 {
+					t.Fatalf("sign:\n%s", res)
+				}
+				ds = append(ds, d)
 			}
-		}
+			mustRun(t, "rm", repo+"@"+ds[0])
+			if res := run(t, "verify", "--key", pub, repo+"@"+ds[0]); res.code != 0 {
+				t.Fatalf("a soft-deleted version lost its signature:\n%s", res)
+			}
+			check := func(when string, want []bool) {
+				t.Helper()
+				tags := listTags(t, reg, name)
+				for i, d := range ds {
+					if api {
+						// go-containerregistry's registry keeps a tag whose
+						// manifest is deleted by digest: check the manifests.
+						sig := manifestStatus(t, reg, name, sigTag(d)) == http.StatusOK &&
+							manifestStatus(t, reg, name, digestOfTag(t, reg, name, sigTag(d))) == http.StatusOK
+						refs := sigReferrers(t, reg, name, d)
+						if sig != want[i] || (len(refs) == 1) != want[i] || len(refs) > 1 {
+							t.Errorf("%s: version %d (%s): tag-scheme signature %v, signature referrers %v; want present %v", when, i, d, sig, refs, want[i])
+						}
+						continue
+					}
+					has := false
+					for _, tag := range tags {
+						has = has || tag == sigTag(d)
+					}
+					if has != want[i] {
+						t.Errorf("%s: version %d (%s): signature tag present %v, want %v; tags %v", when, i, d, has, want[i], tags)
+					}
+				}
+			}
+			check("after signing", []bool{true, true, true})
+			// The first run purges v0 (deleted by rm) and soft-deletes v1.
+			gc := []string{"gc", repo, "--keep-last", "1", "--keep-tag", "none", "--purge", "--restore-window", "0s", "--apply"}
+			mustRun(t, gc...)
+			check("after the first gc", []bool{false, true, true})
+			mustRun(t, gc...)
+			check("after the second gc", []bool{false, false, true})
+			if res := run(t, "verify", "--key", pub, repo+"@"+ds[2]); res.code != 0 {
+				t.Fatalf("the kept version's signature:\n%s", res)
+			}
+		})
 	}
-	// The first run purges v0 (deleted by rm) and soft-deletes v1.
-	gc := []string{"gc", repo, "--keep-last", "1", "--keep-tag", "none", "--purge", "--restore-window", "0s", "--apply"}
-	mustRun(t, gc...)
-	check("after the first gc", []bool{false, true, true})
-	mustRun(t, gc...)
-	check("after the second gc", []bool{false, false, true})
-	if res := run(t, "verify", "--key", pub, repo+"@"+ds[2]); res.code != 0 {
-		t.Fatalf("the kept version's signature:\n%s", res)
+}
+
+// digestOfTag is the digest a registry answers for name:tag ("" if none).
+func digestOfTag(t testing.TB, reg *registry, name, tag string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodHead, reg.URL+"/v2/"+name+"/manifests/"+tag, nil)
+	req.Header.Set("Accept", manifestAccepts)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
+	resp.Body.Close()
+	return resp.Header.Get("Docker-Content-Digest")
 }

@@ -31,6 +31,10 @@ func (c *SignCmd) Run(ctx context.Context, g *Globals) error {
 	if c.JSON {
 		return g.printJSON(e.SignedJSON(ref.Pinned(root.Desc.Digest), root.Desc.Digest))
 	}
-	fmt.Fprintf(g.stdout, "signed %s with key %s (%s)\n", ref.Pinned(root.Desc.Digest), e.KeyID, signature.Tag(root.Desc.Digest))
+	where := signature.Tag(root.Desc.Digest)
+	if e.ReferrerManifest.Digest != "" {
+		where += ", and referrer " + e.ReferrerManifest.Digest.String()
+	}
+	fmt.Fprintf(g.stdout, "signed %s with key %s (%s)\n", ref.Pinned(root.Desc.Digest), e.KeyID, where)
 	return nil
 }

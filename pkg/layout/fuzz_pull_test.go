@@ -193,7 +193,7 @@ func pullPlanted(t *testing.T, src content.Fetcher, v *Version, paths []string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.noOpenat2.Store(m.stepwise)
+	d.res.Stepwise.Store(m.stepwise)
 	_, err = pull(context.Background(), src, v, d, PullOptions{Jobs: 2, VerifyFiles: m.verifyFiles})
 	d.close(err == nil)
 	after := states(t, out)

@@ -746,7 +746,7 @@ func (d *destDir) matchingFile(pfd int, f *File, x *Index, cache *StatCache) (*o
 		// copied sparse. Hashing it would read its declared size (of
 		// zeros, for the holes) for nothing: it is rewritten instead.
 		fh.Close()
-		return nil, nil
+		return nil, false, nil
 	}
 	got, err := readerDigest(io.NewSectionReader(fh, 0, f.Size))
 	if err != nil || verify.Digest(f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, got, f.Size) != nil {

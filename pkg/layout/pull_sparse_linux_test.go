@@ -67,14 +67,14 @@ func TestMatchingFileSparse(t *testing.T) {
 	}
 	defer d.close(true)
 	before := readBytes(t)
-	fh, err := d.matchingFile(d.root, &File{Path: "big", Type: TypeFile, Mode: 0o644, Size: size, Digest: digest.FromString("big")}, nil)
+	fh, _, err := d.matchingFile(d.root, &File{Path: "big", Type: TypeFile, Mode: 0o644, Size: size, Digest: digest.FromString("big")}, nil, nil)
 	if err != nil || fh != nil {
 		t.Errorf("sparse file: %v %v, want no match", fh, err)
 	}
 	if n := readBytes(t) - before; n > 1<<20 {
 		t.Errorf("read %d bytes to look at a sparse file of %d", n, int64(size))
 	}
-	fh, err = d.matchingFile(d.root, &File{Path: "ok", Type: TypeFile, Mode: 0o644, Size: int64(len(ok)), Digest: digest.FromBytes(ok)}, nil)
+	fh, _, err = d.matchingFile(d.root, &File{Path: "ok", Type: TypeFile, Mode: 0o644, Size: int64(len(ok)), Digest: digest.FromBytes(ok)}, nil, nil)
 	if err != nil || fh == nil {
 		t.Fatalf("plain matching file: %v %v, want a match", fh, err)
 	}

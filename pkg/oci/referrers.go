@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
+	"net/http"
 	"slices"
 	"strings"
 
@@ -12,6 +14,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry"
+	"oras.land/oras-go/v2/registry/remote"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 )
@@ -83,4 +86,59 @@ func Referrers(ctx context.Context, t Target, subject ocispec.Descriptor, artifa
 func sortDescs(ds []ocispec.Descriptor) []ocispec.Descriptor {
 	slices.SortFunc(ds, func(a, b ocispec.Descriptor) int { return strings.Compare(string(a.Digest), string(b.Digest)) })
 	return slices.CompactFunc(ds, func(a, b ocispec.Descriptor) bool { return a.Digest == b.Digest })
+}
+
+// ReferrersProber is a target that can tell whether it serves the OCI 1.1
+// referrers API.
+type ReferrersProber interface {
+	// ServesReferrers asks for the referrers of subject and reports
+	// whether the answer came from the referrers API.
+	ServesReferrers(ctx context.Context, subject ocispec.Descriptor) (bool, error)
+}
+
+var _ ReferrersProber = (*repository)(nil)
+
+// ServesReferrers reports whether t serves the OCI 1.1 referrers API: true
+// for a registry that answers GET /v2/<name>/referrers/<subject> with an
+// image index, false for one that answers 404 (it has no such route) and
+// for targets that cannot be asked (an OCI layout, whose referrers
+// Referrers finds by scanning).
+func ServesReferrers(ctx context.Context, t any, subject ocispec.Descriptor) (bool, error) {
+	p, ok := t.(ReferrersProber)
+	if !ok {
+		return false, nil
+	}
+	return p.ServesReferrers(ctx, subject)
+}
+
+// ServesReferrers GETs the referrers of subject. The repository remembers
+// the answer, so that a manifest with a subject pushed afterwards is not
+// also indexed under the referrers tag schema where the registry lists it
+// by itself (oras-go decides that from the push's OCI-Subject header,
+// which some registries serving the API do not send).
+func (r *repository) ServesReferrers(ctx context.Context, subject ocispec.Descriptor) (bool, error) {
+	u := fmt.Sprintf("%s/v2/%s/referrers/%s", r.base, r.Reference.Repository, subject.Digest)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Accept", ocispec.MediaTypeImageIndex)
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("referrers of %s in %s: %w", subject.Digest, r.Reference, err)
+	}
+	defer drain(resp)
+	var ok bool
+	switch resp.StatusCode {
+	case http.StatusOK:
+		ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+		ok = ct == ocispec.MediaTypeImageIndex
+	case http.StatusNotFound:
+	default:
+		return false, fmt.Errorf("referrers of %s in %s: %w", subject.Digest, r.Reference, answerError("referrers GET", resp))
+	}
+	if err := r.Repository.SetReferrersCapability(ok); err != nil && !errors.Is(err, remote.ErrReferrersCapabilityAlreadySet) {
+		return ok, err
+	}
+	return ok, nil
 }

@@ -23,3 +23,12 @@ func TestSignedAndVerifiedJSON(t *testing.T) {
 		t.Errorf("verify JSON %s\nwant %s", b, want)
 	}
 }
+
+func TestSignedJSONReferrer(t *testing.T) {
+	d := digest.FromString("version")
+	r := digest.FromString("referrer")
+	e := Entry{KeyID: "k1", Manifest: ocispec.Descriptor{Digest: digest.FromString("m")}, ReferrerManifest: ocispec.Descriptor{Digest: r}}
+	if got := e.SignedJSON("reg.example/a@"+d.String(), d)["signature_referrer"]; got != r.String() {
+		t.Errorf("signature_referrer %q, want %s", got, r)
+	}
+}

@@ -9,10 +9,15 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	ggcr "github.com/google/go-containerregistry/pkg/registry"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
@@ -234,5 +239,96 @@ func TestPolicyFromValue(t *testing.T) {
 	err := Policy{Keys: []Verifier{b.Verifier()}}.Check(ctx, tg, v1)
 	if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrOtherKey) {
 		t.Fatalf("other key: %v", err)
+	}
+}
+
+// openRegistry starts go-containerregistry's registry, with or without the
+// referrers API, and pushes a version-like manifest to it.
+func openRegistry(t *testing.T, referrers bool) (oci.Target, ocispec.Descriptor) {
+	t.Helper()
+	ctx := context.Background()
+	srv := httptest.NewServer(ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0)), ggcr.WithReferrersSupport(referrers)))
+	t.Cleanup(srv.Close)
+	ref, err := oci.ParseRef(strings.TrimPrefix(srv.URL, "http://") + "/vol/sig:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := oci.Open(ctx, ref, oci.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}`)
+	d := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, b)
+	if err := pushIfMissing(ctx, tg, ocispec.DescriptorEmptyJSON, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := pushIfMissing(ctx, tg, d, b); err != nil {
+		t.Fatal(err)
+	}
+	return tg, d
+}
+
+// On a registry serving the referrers API, Sign stores the signature both
+// under the tag and as a cosign-style OCI 1.1 referrer, each verifying on
+// its own, and Delete removes both; without the API it writes the tag only.
+func TestSignReferrer(t *testing.T) {
+	ctx := context.Background()
+	a, _ := newKey(t, t.TempDir(), "a")
+	va := []Verifier{a.Verifier()}
+
+	tg, v := openRegistry(t, true)
+	e, err := Sign(ctx, tg, "vol/sig", v, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ReferrerManifest.Digest == "" {
+		t.Fatal("no referrer written on a registry serving the referrers API")
+	}
+	refs, err := oci.Referrers(ctx, tg, v, ArtifactTypeSignature)
+	if err != nil || len(refs) != 1 || refs[0].Digest != e.ReferrerManifest.Digest {
+		t.Fatalf("signature referrers %v (%v), want %s", refs, err, e.ReferrerManifest.Digest)
+	}
+	m, err := fetchManifest(ctx, tg, e.ReferrerManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ArtifactType != ArtifactTypeSignature || m.Config.MediaType != ArtifactTypeSignature ||
+		m.Subject == nil || m.Subject.Digest != v.Digest || len(m.Layers) != 1 ||
+		m.Layers[0].MediaType != MediaTypeSimpleSigning || m.Layers[0].Annotations[AnnotationSignature] == "" {
+		t.Fatalf("referrer manifest is not cosign's OCI 1.1 form: %+v", m)
+	}
+	es, err := Find(ctx, tg, v)
+	if err != nil || len(es) != 2 || es[0].Referrer || !es[1].Referrer {
+		t.Fatalf("found %+v (%v): want the tag's and the referrer's", es, err)
+	}
+	// The referrer's signature verifies on its own.
+	if err := a.Verifier().Verify(ctx, es[1].Payload, es[1].Sig); err != nil {
+		t.Fatalf("referrer signature: %v", err)
+	}
+	if d, err := signedDigest(es[1].Payload); err != nil || d != v.Digest {
+		t.Fatalf("referrer payload names %s (%v), want %s", d, err, v.Digest)
+	}
+	if _, err := Sign(ctx, tg, "vol/sig", v, a); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Delete(ctx, tg, v); err != nil || n != 3 {
+		t.Fatalf("delete: %d manifests (%v), want the tag's and 2 referrers", n, err)
+	}
+	if refs, err := oci.Referrers(ctx, tg, v, ""); err != nil || len(refs) != 0 {
+		t.Fatalf("referrers after delete: %v (%v)", refs, err)
+	}
+	if ok, err := tg.Exists(ctx, e.ReferrerManifest); ok || err != nil {
+		t.Fatalf("referrer %s after delete: exists %v (%v)", e.ReferrerManifest.Digest, ok, err)
+	}
+
+	tg, v = openRegistry(t, false)
+	if e, err = Sign(ctx, tg, "vol/sig", v, a); err != nil || e.ReferrerManifest.Digest != "" {
+		t.Fatalf("without the referrers API: referrer %q (%v)", e.ReferrerManifest.Digest, err)
+	}
+	if _, err := tg.Resolve(ctx, v.Digest.Algorithm().String()+"-"+v.Digest.Encoded()); !errors.Is(err, oci.ErrNotFound) {
+		t.Fatalf("referrers tag-schema index written without a referrer: %v", err)
+	}
+	if got, err := Verify(ctx, tg, v, va); err != nil || got.Entry.Referrer {
+		t.Fatalf("verify by tag: %+v, %v", got, err)
 	}
 }

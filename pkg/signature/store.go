@@ -18,6 +18,7 @@ import (
 	"oras.land/oras-go/v2/registry"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // Media types and annotations of cosign signatures.
@@ -71,10 +72,16 @@ type Entry struct {
 	KeyID    string             // the key id the signature claims; "" if none
 	Manifest ocispec.Descriptor // the manifest that holds it
 	Referrer bool               // found as an OCI 1.1 referrer, not by tag
+	// ReferrerManifest is, from Sign only, the OCI 1.1 referrer it also
+	// wrote; zero when the target does not serve the referrers API.
+	ReferrerManifest ocispec.Descriptor
 }
 
 // Sign signs version desc of repo (its name, as a reference without tag) with
-// s and stores the signature under the tag scheme, beside any already there.
+// s and stores the signature under the tag scheme, beside any already there,
+// which is where cosign (v2) looks by default. Where t serves the OCI 1.1
+// referrers API it also stores it as a referrer of desc, in the form cosign's
+// --registry-referrers-mode=oci-1-1 writes (see pushReferrer).
 func Sign(ctx context.Context, t oras.Target, repo string, desc ocispec.Descriptor, s Signer) (Entry, error) {
 	p, err := Payload(repo, desc.Digest)
 	if err != nil {
@@ -88,6 +95,16 @@ func Sign(ctx context.Context, t oras.Target, repo string, desc ocispec.Descript
 	layer.Annotations = map[string]string{
 		AnnotationSignature: base64.StdEncoding.EncodeToString(sig),
 		AnnotationKeyID:     s.Verifier().KeyID(),
+	}
+	var referrer ocispec.Descriptor
+	api, err := oci.ServesReferrers(ctx, t, desc)
+	if err != nil {
+		return Entry{}, fmt.Errorf("sign %s: %w", desc.Digest, err)
+	}
+	if api {
+		if referrer, err = pushReferrer(ctx, t, desc, layer, p); err != nil {
+			return Entry{}, err
+		}
 	}
 	tag := Tag(desc.Digest)
 	var layers []ocispec.Descriptor
@@ -133,7 +150,44 @@ func Sign(ctx context.Context, t oras.Target, repo string, desc ocispec.Descript
 	if err := t.Tag(ctx, md, tag); err != nil {
 		return Entry{}, fmt.Errorf("tag signature of %s as %s: %w", desc.Digest, tag, err)
 	}
-	return Entry{Payload: p, Sig: sig, KeyID: s.Verifier().KeyID(), Manifest: md}, nil
+	return Entry{Payload: p, Sig: sig, KeyID: s.Verifier().KeyID(), Manifest: md, ReferrerManifest: referrer}, nil
+}
+
+// pushReferrer stores the signature layer (payload p, its signature in the
+// layer's annotations) as an OCI 1.1 referrer of desc, as cosign's
+// --registry-referrers-mode=oci-1-1 does: an image manifest with subject
+// desc, artifactType ArtifactTypeSignature, and a config of that media type
+// (the registry lists its artifact type from either). It returns the
+// manifest's descriptor. A registry without the referrers API needs the
+// caller to keep the referrers tag-schema index (oras-go's repository does).
+func pushReferrer(ctx context.Context, t oras.Target, desc ocispec.Descriptor, layer ocispec.Descriptor, p []byte) (ocispec.Descriptor, error) {
+	if err := pushIfMissing(ctx, t, layer, p); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	cfg, err := imageConfig([]ocispec.Descriptor{layer})
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	cfgDesc := content.NewDescriptorFromBytes(ArtifactTypeSignature, cfg)
+	if err := pushIfMissing(ctx, t, cfgDesc, cfg); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	mb, err := json.Marshal(ocispec.Manifest{
+		Versioned:    specs.Versioned{SchemaVersion: 2},
+		MediaType:    ocispec.MediaTypeImageManifest,
+		ArtifactType: ArtifactTypeSignature,
+		Config:       cfgDesc,
+		Layers:       []ocispec.Descriptor{layer},
+		Subject:      &ocispec.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size},
+	})
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	md := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, mb)
+	if err := pushIfMissing(ctx, t, md, mb); err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("signature referrer of %s: %w", desc.Digest, err)
+	}
+	return md, nil
 }
 
 // imageConfig is the image config cosign's signature images carry: one

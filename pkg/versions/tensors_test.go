@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,6 +54,8 @@ func TestCompareTensors(t *testing.T) {
 		{"w.1", "F16", []int64{160, 128}, big(2)},
 		{"w.2", "F16", []int64{160, 128}, big(3)},
 		{"w.3", "F16", []int64{160, 128}, big(4)},
+		{"w.4", "F16", []int64{160, 128}, big(5)},
+		{"w.5", "F16", []int64{160, 128}, big(6)},
 	}
 	b := []testTensor{
 		a[0],
@@ -60,6 +63,8 @@ func TestCompareTensors(t *testing.T) {
 		{"w.2", "BF16", []int64{160, 128}, big(3)}, // dtype only
 		{"bias", "F16", []int64{20480}, big(8)},    // inserted
 		a[3],
+		// w.4 removed
+		{"w.5", "F16", []int64{128, 160}, big(6)}, // shape only (a transpose's header)
 	}
 	va := pushVersion(t, tg, map[string][]byte{"m.safetensors": safetensors(a), "x.txt": []byte("x")}, t0, "a")
 	vb := pushVersion(t, tg, map[string][]byte{"m.safetensors": safetensors(b), "x.txt": []byte("x")}, t0.Add(time.Minute), "b")
@@ -71,15 +76,24 @@ func TestCompareTensors(t *testing.T) {
 	if len(d.Added) != 1 || d.Added[0].Name != "bias" || d.AddedBytes != 40<<10 {
 		t.Errorf("added %+v", d.Added)
 	}
-	if len(d.Removed) != 0 {
-		t.Errorf("removed %+v", d.Removed)
+	if len(d.Removed) != 1 || d.Removed[0].Name != "w.4" || d.Removed[0].Dtype != "F16" || d.RemovedBytes != 40<<10 {
+		t.Errorf("removed %+v (%d bytes)", d.Removed, d.RemovedBytes)
 	}
 	got := map[string][]string{}
 	for _, c := range d.Changed {
 		got[c.Name] = c.What
 	}
-	if len(got) != 2 || len(got["w.1"]) != 1 || got["w.1"][0] != "bytes" || len(got["w.2"]) != 1 || got["w.2"][0] != "dtype" {
+	if len(got) != 3 || !slices.Equal(got["w.1"], []string{"bytes"}) || !slices.Equal(got["w.2"], []string{"dtype"}) ||
+		!slices.Equal(got["w.5"], []string{"shape"}) {
 		t.Errorf("changed %v", got)
+	}
+	for _, c := range d.Changed {
+		if c.Name == "w.5" && (!slices.Equal(c.OldShape, []int64{160, 128}) || !slices.Equal(c.Shape, []int64{128, 160}) || c.OldBytes != c.Bytes) {
+			t.Errorf("shape change %+v: want [160 128] -> [128 160], same size", c)
+		}
+	}
+	if d.ChangedBytes != 3*40<<10 {
+		t.Errorf("changed bytes %d, want %d", d.ChangedBytes, 3*40<<10)
 	}
 	if d.Unchanged != 2 || d.UnchangedBytes != 80<<10 {
 		t.Errorf("unchanged %d (%d bytes)", d.Unchanged, d.UnchangedBytes)
