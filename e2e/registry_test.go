@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/distribution/distribution/v3/configuration"
 	"github.com/distribution/distribution/v3/registry/handlers"
@@ -143,6 +144,22 @@ func (r *registry) Stats() stats {
 		s.Requests[k] = v
 	}
 	return s
+}
+
+// Settle waits until the registry has served nothing for a while (bounded),
+// so that a client's fetches in flight (a mount's readahead) are not
+// counted after a ResetStats that follows.
+func (r *registry) Settle(t *testing.T) {
+	t.Helper()
+	last, quiet := r.Stats().BlobBytesOut, 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && quiet < 3; {
+		time.Sleep(100 * time.Millisecond)
+		if n := r.Stats().BlobBytesOut; n == last {
+			quiet++
+		} else {
+			last, quiet = n, 0
+		}
+	}
 }
 
 // ResetStats zeroes the counters.
