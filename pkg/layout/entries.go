@@ -182,8 +182,22 @@ func (x *Index) AllFiles() []File {
 	return out
 }
 
-// compact moves the entries of x into their compact form.
+// compact moves the entries and the chunks of x into their compact form
+// (an empty chunk table stays as it is) and lets go of what only reading
+// the index needed.
 func (x *Index) compact() error {
+	if x.ch == nil && len(x.Chunks) > 0 {
+		t := newChunkTable()
+		for _, c := range x.Chunks {
+			if err := t.add(c); err != nil {
+				return err
+			}
+		}
+		x.ch, x.Chunks = t, nil
+	}
+	if x.ch != nil {
+		x.ch.find = chunkSet{}
+	}
 	if x.ent != nil {
 		return nil
 	}

@@ -245,17 +245,16 @@ func decodeTop(b []byte) (*topIndex, error) {
 // v2Reader assembles an Index from its pieces, checking each piece as it
 // comes against the top-level index and the pieces before it.
 type v2Reader struct {
-	top    *topIndex
-	x      *Index
-	next   int // index of the next piece
-	global map[digest.Digest]int
+	top  *topIndex
+	x    *Index
+	next int // index of the next piece
 }
 
 func newV2Reader(top *topIndex) *v2Reader {
 	return &v2Reader{
-		top:    top,
-		x:      &Index{Version: FormatVersion, Chunking: top.Chunking, ent: newEntries(int(min(top.Entries, 1<<20)))},
-		global: map[digest.Digest]int{},
+		top: top,
+		x: &Index{Version: FormatVersion, Chunking: top.Chunking, ent: newEntries(int(min(top.Entries, 1<<20))),
+			ch: newChunkTable()},
 	}
 }
 
@@ -278,11 +277,12 @@ func (r *v2Reader) add(b []byte) error {
 	if err := checkChunks(p.Chunks); err != nil {
 		return fmt.Errorf("piece %s: %w", ref.Digest, err)
 	}
-	// Chunks are listed in order of first use in the piece, each used.
-	used := 0
+	// Chunks are listed in order of first use in the piece, each used;
+	// global[l] is the index's number of the piece's chunk l.
+	global := make([]int, 0, len(p.Chunks))
 	var bytes int64
 	x := r.x
-	ent := x.ent
+	ent, ch := x.ent, x.ch
 	for i := range p.Files {
 		f := &p.Files[i]
 		n := ent.len()
@@ -295,32 +295,34 @@ func (r *v2Reader) add(b []byte) error {
 		}
 		bytes += f.Size
 		for k, e := range f.Extents {
-			if e.Chunk > used {
-				return invalid("piece %s: %q uses chunk %d before chunk %d", ref.Digest, f.Path, e.Chunk, used)
+			if e.Chunk > len(global) {
+				return invalid("piece %s: %q uses chunk %d before chunk %d", ref.Digest, f.Path, e.Chunk, len(global))
 			}
-			if e.Chunk == used {
-				used++
-			}
-			c := p.Chunks[e.Chunk]
-			g, ok := r.global[c.Digest]
-			if !ok {
-				if len(x.Chunks) >= MaxChunks {
-					return invalid("more than %d chunks", MaxChunks)
+			if e.Chunk == len(global) {
+				c := p.Chunks[e.Chunk]
+				sum, _ := sha256Of(c.Digest) // checked by checkChunks
+				g, ok := ch.lookup(&sum)
+				if !ok {
+					if ch.len() >= MaxChunks {
+						return invalid("more than %d chunks", MaxChunks)
+					}
+					g = ch.len()
+					if err := ch.add(c); err != nil {
+						return err
+					}
+				} else if !ch.equal(g, c) {
+					return invalid("piece %s: chunk %s differs from its earlier listing", ref.Digest, c.Digest)
 				}
-				g = len(x.Chunks)
-				r.global[c.Digest] = g
-				x.Chunks = append(x.Chunks, c)
-			} else if x.Chunks[g] != c {
-				return invalid("piece %s: chunk %s differs from its earlier listing", ref.Digest, c.Digest)
+				global = append(global, g)
 			}
-			f.Extents[k].Chunk = g
+			f.Extents[k].Chunk = global[e.Chunk]
 		}
 		if err := ent.add(f); err != nil {
 			return err
 		}
 	}
-	if used != len(p.Chunks) {
-		return invalid("piece %s lists %d chunks and uses %d", ref.Digest, len(p.Chunks), used)
+	if len(global) != len(p.Chunks) {
+		return invalid("piece %s lists %d chunks and uses %d", ref.Digest, len(p.Chunks), len(global))
 	}
 	if bytes != ref.Bytes {
 		return invalid("piece %s holds %d bytes, the index says %d", ref.Digest, bytes, ref.Bytes)
@@ -334,8 +336,8 @@ func (r *v2Reader) done() (*Index, error) {
 	if r.next != len(r.top.Pieces) {
 		return nil, invalid("%d of %d index pieces", r.next, len(r.top.Pieces))
 	}
-	if int64(len(r.x.Chunks)) != r.top.Chunks {
-		return nil, invalid("pieces name %d chunks, the index says %d", len(r.x.Chunks), r.top.Chunks)
+	if int64(r.x.ch.len()) != r.top.Chunks {
+		return nil, invalid("pieces name %d chunks, the index says %d", r.x.ch.len(), r.top.Chunks)
 	}
 	return r.x, nil
 }

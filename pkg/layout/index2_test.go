@@ -84,8 +84,8 @@ func TestV2RoundTrip(t *testing.T) {
 	if got, err := v.Index.Encode(); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read back %s (%v), want %s", got, err, want)
 	}
-	if len(v.Chunks) != 2 || len(v.Meta) != 3+len(pieces) {
-		t.Fatalf("%d chunks, %d metadata blobs", len(v.Chunks), len(v.Meta))
+	if v.NumChunks() != 2 || len(v.Meta) != 3+len(pieces) {
+		t.Fatalf("%d chunks, %d metadata blobs", v.NumChunks(), len(v.Meta))
 	}
 	y, err := DecodeIndexV2(top, pieces)
 	if err != nil {

@@ -26,12 +26,11 @@ const maxParts = 20000
 // chunk descriptors holds about 35,000.
 const maxManifestLayers = 1 << 16
 
-// Version is a sealed version opened for reading: its root, its validated
-// index, and its chunk descriptors in index order.
+// Version is a sealed version opened for reading: its root and its
+// validated index, whose chunks it names as blobs with Chunk.
 type Version struct {
-	Root   ocispec.Descriptor
-	Index  *Index
-	Chunks []ocispec.Descriptor
+	Root  ocispec.Descriptor
+	Index *Index
 	// Meta are its manifests and metadata blobs: the root, the part
 	// manifests, their configs and the file index.
 	Meta []ocispec.Descriptor
@@ -133,12 +132,11 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 				v.Meta = append(v.Meta, l)
 				continue
 			}
-			if next >= len(x.Chunks) {
-				return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, len(x.Chunks))
+			if next >= x.NumChunks() {
+				return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, x.NumChunks())
 			}
-			c := x.Chunks[next]
-			if l.Digest != c.Digest || l.Size != c.Size || l.MediaType != MediaTypeChunk {
-				return fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, next+1, l.Digest, c.Digest)
+			if !x.chunkIs(next, l.Digest, l.Size) || l.MediaType != MediaTypeChunk {
+				return fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, next+1, l.Digest, x.ChunkDigest(next))
 			}
 			next++
 		}
@@ -165,18 +163,29 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 			return nil, fmt.Errorf("%s: %w", desc.Digest, err)
 		}
 	}
-	if next != len(x.Chunks) {
-		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, len(x.Chunks))
+	if next != x.NumChunks() {
+		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, x.NumChunks())
 	}
 	if err := x.compact(); err != nil {
 		return nil, fmt.Errorf("%s: %w", desc.Digest, err)
 	}
 	v.Index = x
-	v.Chunks = make([]ocispec.Descriptor, len(x.Chunks))
-	for i, c := range x.Chunks {
-		v.Chunks[i] = chunkDescriptor(c)
-	}
 	return v, nil
+}
+
+// NumChunks returns the number of chunks of the version.
+func (v *Version) NumChunks() int { return v.Index.NumChunks() }
+
+// Chunk returns the descriptor of the blob of chunk k of the index.
+func (v *Version) Chunk(k int) ocispec.Descriptor { return v.Index.ChunkDescriptor(k) }
+
+// ChunkDescriptors returns the descriptors of all the chunks, in index order.
+func (v *Version) ChunkDescriptors() []ocispec.Descriptor {
+	out := make([]ocispec.Descriptor, v.NumChunks())
+	for k := range out {
+		out[k] = v.Chunk(k)
+	}
+	return out
 }
 
 // fetchPart fetches the part manifest pd of the root index root.

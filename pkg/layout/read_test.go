@@ -96,8 +96,8 @@ func TestOpenParts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(v.Chunks) != 25 || v.Chunks[24].Digest != s.Chunks[24].Digest {
-		t.Fatalf("%d chunks", len(v.Chunks))
+	if v.NumChunks() != 25 || v.Chunk(24).Digest != s.Chunks[24].Digest {
+		t.Fatalf("%d chunks", v.NumChunks())
 	}
 	want := map[digest.Digest]bool{s.Root.Desc.Digest: true}
 	for _, b := range append(append([]Blob{}, s.Blobs...), s.Parts...) {

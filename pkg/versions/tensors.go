@@ -268,7 +268,7 @@ func piecesOf(v *layout.Version, f *layout.File, begin, end int64) []piece {
 	for _, e := range f.Extents {
 		s, t := max(pos, begin), min(pos+e.Length, end)
 		if s < t {
-			c := v.Index.Chunks[e.Chunk]
+			c := v.Index.Chunk(e.Chunk)
 			off := e.Offset + s - pos
 			ps = append(ps, piece{chunk: c.Digest, off: off, length: t - s, whole: off == 0 && t-s == c.Size})
 		}
@@ -306,7 +306,7 @@ func (r *fileReader) ReadAt(p []byte, off int64) (int, error) {
 			pos += e.Length
 			continue
 		}
-		c := r.v.Index.Chunks[e.Chunk]
+		c := r.v.Index.Chunk(e.Chunk)
 		b, ok := r.fetched[c.Digest]
 		if !ok {
 			var err error
