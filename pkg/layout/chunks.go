@@ -248,13 +248,13 @@ func (x *Index) AllChunks() []Chunk {
 	return out
 }
 
-// chunkIs reports whether chunk k has the digest d and the size size,
-// without building its digest.
-func (x *Index) chunkIs(k int, d digest.Digest, size int64) bool {
+// chunkIs reports whether chunk k has the SHA-256 digest whose bytes are
+// sum, and the size size, without building its digest.
+func (x *Index) chunkIs(k int, sum *[sha256Len]byte, size int64) bool {
 	if x.ch == nil || x.Chunks != nil {
-		return x.Chunks[k].Digest == d && x.Chunks[k].Size == size
+		have, _ := sha256Of(x.Chunks[k].Digest) // checked by Validate
+		return have == *sum && x.Chunks[k].Size == size
 	}
 	r := x.ch.rec(k)
-	sum, ok := sha256Of(d) // a chunk's digest is in the canonical form
-	return ok && sum == r.sum && int64(r.size) == size
+	return r.sum == *sum && int64(r.size) == size
 }
