@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"reflect"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -176,6 +177,14 @@ func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error)
 // strictDecode decodes b into v refusing unknown fields and trailing data,
 // then checks that b is v's canonical encoding.
 func strictDecode(b []byte, v any, what string) error {
+	// A canonical encoding has no unknown field and no trailing data, so
+	// json.Unmarshal, which holds no copy of b, decodes it to what the
+	// strict decoder would. Anything else is decoded again strictly, for
+	// the error.
+	if json.Unmarshal(b, v) == nil && canonicalIs(v, b) {
+		return nil
+	}
+	reflect.ValueOf(v).Elem().SetZero()
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -184,18 +193,58 @@ func strictDecode(b []byte, v any, what string) error {
 	if dec.More() {
 		return fmt.Errorf("%w: %s: trailing data", ErrInvalidIndex, what)
 	}
-	canon, err := canonicalJSON(v)
+	c, err := canonCompare(v, b)
 	if err != nil {
 		return err
 	}
-	if !bytes.Equal(canon, b) {
-		at := 0
-		for at < len(b) && at < len(canon) && b[at] == canon[at] {
-			at++
-		}
+	if at, ok := c.result(); !ok {
 		return fmt.Errorf("%w: %s not in the canonical encoding (differs at byte %d)", ErrInvalidIndex, what, at)
 	}
 	return nil
+}
+
+// canonCompare compares the canonical encoding of v with b as it is
+// written, without holding it.
+func canonCompare(v any, b []byte) (*canonCheck, error) {
+	c := &canonCheck{b: b, at: -1}
+	enc := json.NewEncoder(c)
+	enc.SetEscapeHTML(false)
+	return c, enc.Encode(v)
+}
+
+// canonicalIs reports whether b is the canonical encoding of v.
+func canonicalIs(v any, b []byte) bool {
+	c, err := canonCompare(v, b)
+	_, ok := c.result()
+	return err == nil && ok
+}
+
+// canonCheck compares what a json.Encoder writes, less its final newline,
+// with b.
+type canonCheck struct {
+	b  []byte
+	n  int // bytes written
+	at int // the first written byte that differs from b, -1 while none
+}
+
+func (c *canonCheck) Write(p []byte) (int, error) {
+	for i := 0; c.at < 0 && i < len(p); i++ {
+		if pos := c.n + i; pos >= len(c.b) || c.b[pos] != p[i] {
+			c.at = pos
+		}
+	}
+	c.n += len(p)
+	return len(p), nil
+}
+
+// result reports whether the encoding was b and, if not, the first byte at
+// which they differ (or the length of the shorter).
+func (c *canonCheck) result() (int, bool) {
+	end := c.n - 1 // the length of the encoding
+	if c.at >= 0 && c.at < end {
+		return c.at, false
+	}
+	return min(end, len(c.b)), end == len(c.b)
 }
 
 // decodeTop parses and checks a top-level index of format version 2.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -320,5 +321,39 @@ func TestCompactEntries(t *testing.T) {
 	}
 	if got, want := x.Bytes(), int64(50+MaxChunkBytes-1); got != want {
 		t.Fatalf("Bytes = %d, want %d", got, want)
+	}
+}
+
+// TestStrictDecodeCanonical: an encoding other than the canonical one is
+// refused, naming the first byte that differs from it (or the length of
+// the shorter), however it differs.
+func TestStrictDecodeCanonical(t *testing.T) {
+	type doc struct {
+		A int    `json:"a"`
+		B string `json:"b"`
+	}
+	for _, in := range []string{
+		`{"a":1,"b":"x"}`,
+		`{"a":1,"b":"x"} `,
+		`{"a":1, "b":"x"}`,
+		`{"b":"x","a":1}`,
+		`{"a":1,"b":"\u0078"}`,
+		`{"A":1,"b":"x"}`,
+		`{"a":1}`,
+		`{"a":1,"b":"x","b":"x"}`,
+	} {
+		var d doc
+		err := strictDecode([]byte(in), &d, "doc")
+		canon, _ := canonicalJSON(d)
+		at := 0
+		for at < len(in) && at < len(canon) && in[at] == canon[at] {
+			at++
+		}
+		switch {
+		case string(canon) == in && err != nil:
+			t.Errorf("%s: %v", in, err)
+		case string(canon) != in && (err == nil || !strings.Contains(err.Error(), "differs at byte "+strconv.Itoa(at)+")")):
+			t.Errorf("%s: %v, want a difference at byte %d", in, err, at)
+		}
 	}
 }
