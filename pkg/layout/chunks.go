@@ -2,6 +2,8 @@ package layout
 
 import (
 	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"hash/maphash"
 
@@ -12,13 +14,20 @@ import (
 // chunkTable is the compact in-memory form of an opened index's chunks:
 // digests as bytes, in blocks of a fixed size, so that it grows without
 // copying and without trusting a declared count. About 104 bytes a chunk
-// with edges, against about 300 for a []Chunk (three digest strings each).
+// with edges (40 when their digests are not kept), against about 300 for
+// a []Chunk (three digest strings each).
 type chunkTable struct {
-	recs  [][]chunkRec // blocks of chunkBlock records
-	edges [][]byte     // blocks of chunkBlock edge records: head and tail digests
-	n     int          // chunks
-	ne    int          // chunks with edges
-	find  chunkSet     // chunk indices by digest, while the index is read
+	recs [][]chunkRec // blocks of chunkBlock records
+	// edges are blocks of chunkBlock edge records: the head and tail
+	// digests or, when skipEdges and only while the index is read, a keyed
+	// fingerprint of both, which a second listing of the chunk is checked
+	// against.
+	edges     [][]byte
+	skipEdges bool
+	key       [sha256Len]byte // the fingerprint's key, at random
+	n         int             // chunks
+	ne        int             // chunks with edges
+	find      chunkSet        // chunk indices by digest, while the index is read
 }
 
 // chunkRec is one chunk of a chunkTable.
@@ -30,22 +39,47 @@ type chunkRec struct {
 
 const chunkBlock = 4096
 
-func newChunkTable() *chunkTable { return &chunkTable{find: newChunkSet()} }
+func newChunkTable(skipEdges bool) *chunkTable {
+	t := &chunkTable{find: newChunkSet(), skipEdges: skipEdges}
+	if skipEdges {
+		rand.Read(t.key[:])
+	}
+	return t
+}
 
 func (t *chunkTable) len() int { return t.n }
 
 func (t *chunkTable) rec(k int) *chunkRec { return &t.recs[k/chunkBlock][k%chunkBlock] }
 
+// fingerprintLen is the length of an edge fingerprint: under a secret
+// random key, a second listing with other edges matches with probability
+// 2^-64.
+const fingerprintLen = 8
+
 // edgeLen is the length of an edge record.
-func (t *chunkTable) edgeLen() int { return 2 * sha256Len }
+func (t *chunkTable) edgeLen() int {
+	if t.skipEdges {
+		return fingerprintLen
+	}
+	return 2 * sha256Len
+}
 
 // appendEdgeRecord appends to dst the edge record of c, which has edges:
-// the bytes of its head and tail digests.
+// the bytes of its head and tail digests or, when skipEdges, the first
+// fingerprintLen bytes of the SHA-256 of the key and both.
 func (t *chunkTable) appendEdgeRecord(dst []byte, c Chunk) ([]byte, bool) {
 	h, ok1 := sha256Of(c.Head)
 	tl, ok2 := sha256Of(c.Tail)
 	if !ok1 || !ok2 {
 		return dst, false
+	}
+	if t.skipEdges {
+		var b [3 * sha256Len]byte
+		copy(b[:], t.key[:])
+		copy(b[sha256Len:], h[:])
+		copy(b[2*sha256Len:], tl[:])
+		sum := sha256.Sum256(b[:])
+		return append(dst, sum[:fingerprintLen]...), true
 	}
 	return append(append(dst, h[:]...), tl[:]...), true
 }
@@ -134,10 +168,11 @@ func (t *chunkTable) equal(k int, c Chunk) bool {
 	return true
 }
 
+// chunk returns chunk k; without its edges when they are not kept.
 func (t *chunkTable) chunk(k int) Chunk {
 	r := t.rec(k)
 	c := Chunk{Digest: sha256Digest(&r.sum), Size: int64(r.size)}
-	if r.edge >= 0 {
+	if r.edge >= 0 && !t.skipEdges {
 		e := t.edgesOf(r)
 		c.Head, c.Tail = sha256Digest((*[sha256Len]byte)(e[:sha256Len])), sha256Digest((*[sha256Len]byte)(e[sha256Len:]))
 	}

@@ -183,11 +183,11 @@ func (x *Index) AllFiles() []File {
 }
 
 // compact moves the entries and the chunks of x into their compact form
-// (an empty chunk table stays as it is) and lets go of what only reading
-// the index needed.
-func (x *Index) compact() error {
+// (an empty chunk table stays as it is), without the chunks' edge digests
+// when skipEdges, and lets go of what only reading the index needed.
+func (x *Index) compact(skipEdges bool) error {
 	if x.ch == nil && len(x.Chunks) > 0 {
-		t := newChunkTable()
+		t := newChunkTable(skipEdges)
 		for _, c := range x.Chunks {
 			if err := t.add(c); err != nil {
 				return err
@@ -197,6 +197,9 @@ func (x *Index) compact() error {
 	}
 	if x.ch != nil {
 		x.ch.find = chunkSet{}
+		if x.ch.skipEdges {
+			x.ch.edges = nil // only a second listing of a chunk needed them
+		}
 	}
 	if x.ent != nil {
 		return nil

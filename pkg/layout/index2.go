@@ -128,7 +128,7 @@ func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error)
 		return nil, nil, err
 	}
 	t := topIndex{Version: FormatVersion, Chunking: x.Chunking, Piecing: pp,
-		Entries: int64(x.Len()), Bytes: x.Bytes(), Chunks: int64(len(x.Chunks)), Pieces: []PieceRef{}}
+		Entries: int64(x.Len()), Bytes: x.Bytes(), Chunks: int64(x.NumChunks()), Pieces: []PieceRef{}}
 	start := 0
 	for _, end := range cutPieces(x, pp) {
 		p := piece{Chunks: []Chunk{}, Files: make([]File, end-start)}
@@ -144,7 +144,7 @@ func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error)
 					if !ok {
 						l = len(p.Chunks)
 						local[e.Chunk] = l
-						p.Chunks = append(p.Chunks, x.Chunks[e.Chunk])
+						p.Chunks = append(p.Chunks, x.Chunk(e.Chunk))
 					}
 					exts[k] = Extent{Chunk: l, Offset: e.Offset, Length: e.Length}
 				}
@@ -299,11 +299,13 @@ type v2Reader struct {
 	next int // index of the next piece
 }
 
-func newV2Reader(top *topIndex) *v2Reader {
+// newV2Reader reads an index whose top-level index is top, keeping the
+// chunks' edge digests unless skipEdges.
+func newV2Reader(top *topIndex, skipEdges bool) *v2Reader {
 	return &v2Reader{
 		top: top,
 		x: &Index{Version: FormatVersion, Chunking: top.Chunking, ent: newEntries(int(min(top.Entries, 1<<20))),
-			ch: newChunkTable()},
+			ch: newChunkTable(skipEdges)},
 	}
 }
 
@@ -402,7 +404,7 @@ func DecodeIndexV2(top []byte, pieces [][]byte) (*Index, error) {
 	if len(pieces) != len(t.Pieces) {
 		return nil, invalid("%d pieces for the %d the index lists", len(pieces), len(t.Pieces))
 	}
-	r := newV2Reader(t)
+	r := newV2Reader(t, false)
 	for i, b := range pieces {
 		if digest.FromBytes(b) != t.Pieces[i].Digest || int64(len(b)) != t.Pieces[i].Size {
 			return nil, invalid("piece %d does not match %s", i, t.Pieces[i].Digest)

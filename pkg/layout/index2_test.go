@@ -292,7 +292,7 @@ func TestCompactEntries(t *testing.T) {
 	x.Files = append(x.Files, File{Path: "d", Type: TypeFile, Mode: 0o600, Size: MaxChunkBytes - 1, Digest: digest.FromString("d"),
 		Extents: []Extent{{2, 1, MaxChunkBytes - 1}}})
 	want := append([]File{}, x.Files...)
-	if err := x.compact(); err != nil {
+	if err := x.compact(false); err != nil {
 		t.Fatal(err)
 	}
 	if x.Files != nil || x.Len() != len(want) {

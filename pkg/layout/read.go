@@ -36,11 +36,26 @@ type Version struct {
 	Meta []ocispec.Descriptor
 }
 
+// OpenOptions configure OpenWith. The zero value opens a version as Open
+// does.
+type OpenOptions struct {
+	// SkipEdges leaves the chunks' edge digests out of the opened index
+	// (they are checked all the same): Chunk reports no edges, so a reader
+	// of the version fetches whole chunks. For readers that never fetch an
+	// edge (inspect, diff); it saves 64 of the 104 bytes a chunk takes.
+	SkipEdges bool
+}
+
 // Open fetches and validates the manifests and file index of the version
 // whose root is desc. Every byte fetched is verified against its digest.
 // Manifests are read one at a time and checked against the file index as
 // they come, so memory stays bounded by the index, whatever they list.
 func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*Version, error) {
+	return OpenWith(ctx, src, desc, OpenOptions{})
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, opt OpenOptions) (*Version, error) {
 	root, err := fetchManifest(ctx, src, desc, maxParts)
 	if err != nil {
 		return nil, err
@@ -104,7 +119,7 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 		if err != nil {
 			return nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
 		}
-		rd = newV2Reader(top)
+		rd = newV2Reader(top, opt.SkipEdges)
 		x = rd.x
 	} else if x, err = DecodeIndex(b); err != nil {
 		return nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
@@ -171,7 +186,7 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 	if next != x.NumChunks() {
 		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, x.NumChunks())
 	}
-	if err := x.compact(); err != nil {
+	if err := x.compact(opt.SkipEdges); err != nil {
 		return nil, fmt.Errorf("%s: %w", desc.Digest, err)
 	}
 	v.Index = x

@@ -47,7 +47,7 @@ type Details struct {
 // Inspect opens and verifies the version desc of t and describes it,
 // with the tags that point at it now.
 func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Details, error) {
-	v, err := layout.Open(ctx, t, desc)
+	v, err := layout.OpenWith(ctx, t, desc, layout.OpenOptions{SkipEdges: true}) // whole chunks at most
 	if err != nil {
 		return nil, err
 	}
@@ -220,11 +220,11 @@ type Side struct {
 // Compare opens and verifies versions a and b and compares them at file and
 // chunk level.
 func Compare(ctx context.Context, a, b Side) (*Diff, error) {
-	va, err := layout.Open(ctx, a.Src, a.Desc)
+	va, err := layout.OpenWith(ctx, a.Src, a.Desc, layout.OpenOptions{SkipEdges: true})
 	if err != nil {
 		return nil, err
 	}
-	vb, err := layout.Open(ctx, b.Src, b.Desc)
+	vb, err := layout.OpenWith(ctx, b.Src, b.Desc, layout.OpenOptions{SkipEdges: true})
 	if err != nil {
 		return nil, err
 	}
