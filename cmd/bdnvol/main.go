@@ -142,10 +142,16 @@ func commandName(args []string) string {
 	return ""
 }
 
-func main() {
-	if os.Getenv("GOMEMLIMIT") == "" && memoryLimited[commandName(os.Args[1:])] {
+// limitMemory sets defaultMemoryLimit when GOMEMLIMIT is unset and args
+// run one of the memoryLimited commands.
+func limitMemory(args []string) {
+	if os.Getenv("GOMEMLIMIT") == "" && memoryLimited[commandName(args)] {
 		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
+}
+
+func main() {
+	limitMemory(os.Args[1:])
 	if p := os.Getenv("BDNVOL_CPUPROFILE"); p != "" {
 		if f, err := os.Create(p); err == nil {
 			if pprof.StartCPUProfile(f) == nil {

@@ -224,3 +224,27 @@ func Fetch(ctx context.Context, src content.Fetcher, what string, desc ocispec.D
 	defer rc.Close()
 	return ReadAll(rc, what, desc)
 }
+
+// FetchTo fetches desc from src and hands its bytes to read as they come,
+// without holding them: read takes what it needs (it may stop early), and
+// FetchTo reads the rest. It returns an error unless the bytes were desc's;
+// what read made of them may be used only when it returns nil.
+func FetchTo(ctx context.Context, src content.Fetcher, what string, desc ocispec.Descriptor, read func(io.Reader)) error {
+	if err := check(what, desc); err != nil {
+		return err
+	}
+	rc, err := src.Fetch(ctx, desc)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	vr := Reader(rc, what, desc)
+	read(vr)
+	if _, err := io.Copy(io.Discard, vr); err != nil {
+		return err
+	}
+	if _, err := vr.Read(nil); err != io.EOF { // the verdict, kept by vr
+		return err
+	}
+	return nil
+}

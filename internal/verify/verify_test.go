@@ -215,3 +215,24 @@ func TestFetch(t *testing.T) {
 		t.Fatalf("fetch of an absent blob: %v, want the fetcher's error", err)
 	}
 }
+
+func TestFetchTo(t *testing.T) {
+	good, bad := []byte("good bytes"), []byte("bad bytes!")
+	want := descOf(good)
+	src := fetcher{want.Digest: good}
+	var got []byte
+	if err := FetchTo(context.Background(), src, "chunk", want, func(r io.Reader) { got, _ = io.ReadAll(r) }); err != nil || !bytes.Equal(got, good) {
+		t.Fatalf("fetch: %q, %v", got, err)
+	}
+	// A reader that stops early still gets the verdict on every byte.
+	src[want.Digest] = bad
+	err := FetchTo(context.Background(), src, "chunk", want, func(r io.Reader) { r.Read(make([]byte, 2)) })
+	mismatch(t, err, want, want.Size)
+	src[want.Digest] = good[:4]
+	if err := FetchTo(context.Background(), src, "chunk", want, func(io.Reader) {}); !errors.Is(err, ErrDigestMismatch) {
+		t.Fatalf("fetch of a short body: %v, want a mismatch", err)
+	}
+	if err := FetchTo(context.Background(), src, "chunk", descOf([]byte("absent")), func(io.Reader) { t.Error("read called") }); err == nil || errors.Is(err, ErrDigestMismatch) {
+		t.Fatalf("fetch of an absent blob: %v, want the fetcher's error", err)
+	}
+}

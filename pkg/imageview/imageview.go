@@ -416,13 +416,13 @@ func (r *reader) chunk(ctx context.Context, k int) ([]byte, error) {
 	if k == r.last {
 		return r.buf, nil
 	}
-	if k < 0 || k >= len(r.ver.Chunks) {
+	if k < 0 || k >= r.ver.NumChunks() {
 		return nil, fmt.Errorf("chunk %d of %s: %w", k, r.ver.Root.Digest, layout.ErrInvalidIndex)
 	}
 	r.buf = nil
-	b, err := verify.Fetch(ctx, r.src, "", r.ver.Chunks[k])
+	b, err := verify.Fetch(ctx, r.src, "", r.ver.Chunk(k))
 	if err != nil {
-		return nil, fmt.Errorf("chunk %s of %s: %w", r.ver.Chunks[k].Digest, r.ver.Root.Digest, err)
+		return nil, fmt.Errorf("chunk %s of %s: %w", r.ver.Chunk(k).Digest, r.ver.Root.Digest, err)
 	}
 	r.last, r.buf = k, b
 	return b, nil

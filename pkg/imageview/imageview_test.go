@@ -167,13 +167,13 @@ func TestBuildRefusesCorruptChunk(t *testing.T) {
 	tg, ver := pushVersion(t, map[string][]byte{"x.bin": fill(9, 100<<10)})
 	// Serve another chunk's bytes in place of the first: the fetch fails
 	// verification and nothing is pushed.
-	bad := badFetcher{Fetcher: tg, bad: ver.Chunks[0].Digest}
+	bad := badFetcher{Fetcher: tg, bad: ver.Chunk(0).Digest}
 	dst, err := oci.Open(ctx, oci.Ref{Layout: filepath.Join(t.TempDir(), "dst")}, oci.Options{CreateLayout: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Build(ctx, bad, ver, []Dest{dst}, Options{}); !errors.Is(err, verify.ErrDigestMismatch) || !strings.Contains(err.Error(), ver.Chunks[0].Digest.String()) {
-		t.Fatalf("build from a corrupt chunk: %v, want verify's mismatch naming %s", err, ver.Chunks[0].Digest)
+	if _, err := Build(ctx, bad, ver, []Dest{dst}, Options{}); !errors.Is(err, verify.ErrDigestMismatch) || !strings.Contains(err.Error(), ver.Chunk(0).Digest.String()) {
+		t.Fatalf("build from a corrupt chunk: %v, want verify's mismatch naming %s", err, ver.Chunk(0).Digest)
 	}
 	if _, err := (Options{Root: "../x"}).withDefaults(); err == nil {
 		t.Error("accepted root ../x")

@@ -182,8 +182,25 @@ func (x *Index) AllFiles() []File {
 	return out
 }
 
-// compact moves the entries of x into their compact form.
-func (x *Index) compact() error {
+// compact moves the entries and the chunks of x into their compact form
+// (an empty chunk table stays as it is), without the chunks' edge digests
+// when skipEdges, and lets go of what only reading the index needed.
+func (x *Index) compact(skipEdges bool) error {
+	if x.ch == nil && len(x.Chunks) > 0 {
+		t := newChunkTable(skipEdges)
+		for _, c := range x.Chunks {
+			if err := t.add(c); err != nil {
+				return err
+			}
+		}
+		x.ch, x.Chunks = t, nil
+	}
+	if x.ch != nil {
+		x.ch.find = chunkSet{}
+		if x.ch.skipEdges {
+			x.ch.edges = nil // only a second listing of a chunk needed them
+		}
+	}
 	if x.ent != nil {
 		return nil
 	}

@@ -242,7 +242,7 @@ func checkTree(t *testing.T, dst string, src content.Fetcher, x *Index, planted 
 			var want []byte
 			for _, e := range f.Extents {
 				if chunks[e.Chunk] == nil {
-					b, err := content.FetchAll(context.Background(), src, chunkDescriptor(x.Chunks[e.Chunk]))
+					b, err := content.FetchAll(context.Background(), src, chunkDescriptor(x.Chunk(e.Chunk)))
 					if err != nil {
 						t.Fatalf("%q: %v", f.Path, err)
 					}

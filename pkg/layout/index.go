@@ -68,16 +68,21 @@ var ErrInvalidIndex = errors.New("layout: invalid file index")
 
 // Index is the file index of a sealed version.
 type Index struct {
-	Version  int     `json:"version"`
-	Chunking Params  `json:"chunking"`
-	Chunks   []Chunk `json:"chunks"`
+	Version  int    `json:"version"`
+	Chunking Params `json:"chunking"`
+	// Chunks are the chunks of an index built in memory (by a push). An
+	// opened index holds them in a compact form instead and Chunks is nil:
+	// read them with NumChunks, Chunk, ChunkSize, ChunkDigest and
+	// ChunkDescriptor, which work on both.
+	Chunks []Chunk `json:"chunks"`
 	// Files are the entries of an index built in memory (by a push). An
 	// opened index holds them in a compact form instead and Files is nil:
 	// read entries with Len, File, Path and Find, which work on both. Set
 	// Files (to AllFiles, changed) to replace an opened index's entries.
 	Files []File `json:"files"`
 
-	ent *entries // the compact form, when not nil
+	ent *entries    // the compact entries, when not nil
+	ch  *chunkTable // the compact chunks, when not nil
 }
 
 // Chunk names one chunk blob of a version.
@@ -175,9 +180,10 @@ func (x *Index) Encode() ([]byte, error) {
 }
 
 func (x *Index) encode() ([]byte, error) {
-	if x.ent != nil && x.Files == nil {
+	if (x.ent != nil && x.Files == nil) || (x.ch != nil && x.Chunks == nil) {
 		y := *x
 		y.Files, y.ent = x.AllFiles(), nil
+		y.Chunks, y.ch = x.AllChunks(), nil
 		return y.encode()
 	}
 	var buf bytes.Buffer
@@ -250,10 +256,11 @@ func (x *Index) Validate() error {
 	if x.Len() > MaxEntries {
 		return invalid("%d entries exceed the limit of %d", x.Len(), MaxEntries)
 	}
-	if len(x.Chunks) > MaxChunks {
-		return invalid("%d chunks exceed the limit of %d", len(x.Chunks), MaxChunks)
+	if x.NumChunks() > MaxChunks {
+		return invalid("%d chunks exceed the limit of %d", x.NumChunks(), MaxChunks)
 	}
-	if err := checkChunks(x.Chunks); err != nil {
+	chunks := x.AllChunks()
+	if err := checkChunks(chunks); err != nil {
 		return err
 	}
 	dirs := make(map[string]struct{})
@@ -261,7 +268,7 @@ func (x *Index) Validate() error {
 	prev := ""
 	for i := range x.Len() {
 		f := x.File(i)
-		if err := checkEntry(i, &f, prev, x.Chunks, isDir); err != nil {
+		if err := checkEntry(i, &f, prev, chunks, isDir); err != nil {
 			return err
 		}
 		if f.Type == TypeDir {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"reflect"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -127,7 +128,7 @@ func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error)
 		return nil, nil, err
 	}
 	t := topIndex{Version: FormatVersion, Chunking: x.Chunking, Piecing: pp,
-		Entries: int64(x.Len()), Bytes: x.Bytes(), Chunks: int64(len(x.Chunks)), Pieces: []PieceRef{}}
+		Entries: int64(x.Len()), Bytes: x.Bytes(), Chunks: int64(x.NumChunks()), Pieces: []PieceRef{}}
 	start := 0
 	for _, end := range cutPieces(x, pp) {
 		p := piece{Chunks: []Chunk{}, Files: make([]File, end-start)}
@@ -143,7 +144,7 @@ func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error)
 					if !ok {
 						l = len(p.Chunks)
 						local[e.Chunk] = l
-						p.Chunks = append(p.Chunks, x.Chunks[e.Chunk])
+						p.Chunks = append(p.Chunks, x.Chunk(e.Chunk))
 					}
 					exts[k] = Extent{Chunk: l, Offset: e.Offset, Length: e.Length}
 				}
@@ -176,6 +177,14 @@ func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error)
 // strictDecode decodes b into v refusing unknown fields and trailing data,
 // then checks that b is v's canonical encoding.
 func strictDecode(b []byte, v any, what string) error {
+	// A canonical encoding has no unknown field and no trailing data, so
+	// json.Unmarshal, which holds no copy of b, decodes it to what the
+	// strict decoder would. Anything else is decoded again strictly, for
+	// the error.
+	if json.Unmarshal(b, v) == nil && canonicalIs(v, b) {
+		return nil
+	}
+	reflect.ValueOf(v).Elem().SetZero()
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -184,18 +193,58 @@ func strictDecode(b []byte, v any, what string) error {
 	if dec.More() {
 		return fmt.Errorf("%w: %s: trailing data", ErrInvalidIndex, what)
 	}
-	canon, err := canonicalJSON(v)
+	c, err := canonCompare(v, b)
 	if err != nil {
 		return err
 	}
-	if !bytes.Equal(canon, b) {
-		at := 0
-		for at < len(b) && at < len(canon) && b[at] == canon[at] {
-			at++
-		}
+	if at, ok := c.result(); !ok {
 		return fmt.Errorf("%w: %s not in the canonical encoding (differs at byte %d)", ErrInvalidIndex, what, at)
 	}
 	return nil
+}
+
+// canonCompare compares the canonical encoding of v with b as it is
+// written, without holding it.
+func canonCompare(v any, b []byte) (*canonCheck, error) {
+	c := &canonCheck{b: b, at: -1}
+	enc := json.NewEncoder(c)
+	enc.SetEscapeHTML(false)
+	return c, enc.Encode(v)
+}
+
+// canonicalIs reports whether b is the canonical encoding of v.
+func canonicalIs(v any, b []byte) bool {
+	c, err := canonCompare(v, b)
+	_, ok := c.result()
+	return err == nil && ok
+}
+
+// canonCheck compares what a json.Encoder writes, less its final newline,
+// with b.
+type canonCheck struct {
+	b  []byte
+	n  int // bytes written
+	at int // the first written byte that differs from b, -1 while none
+}
+
+func (c *canonCheck) Write(p []byte) (int, error) {
+	for i := 0; c.at < 0 && i < len(p); i++ {
+		if pos := c.n + i; pos >= len(c.b) || c.b[pos] != p[i] {
+			c.at = pos
+		}
+	}
+	c.n += len(p)
+	return len(p), nil
+}
+
+// result reports whether the encoding was b and, if not, the first byte at
+// which they differ (or the length of the shorter).
+func (c *canonCheck) result() (int, bool) {
+	end := c.n - 1 // the length of the encoding
+	if c.at >= 0 && c.at < end {
+		return c.at, false
+	}
+	return min(end, len(c.b)), end == len(c.b)
 }
 
 // decodeTop parses and checks a top-level index of format version 2.
@@ -245,17 +294,18 @@ func decodeTop(b []byte) (*topIndex, error) {
 // v2Reader assembles an Index from its pieces, checking each piece as it
 // comes against the top-level index and the pieces before it.
 type v2Reader struct {
-	top    *topIndex
-	x      *Index
-	next   int // index of the next piece
-	global map[digest.Digest]int
+	top  *topIndex
+	x    *Index
+	next int // index of the next piece
 }
 
-func newV2Reader(top *topIndex) *v2Reader {
+// newV2Reader reads an index whose top-level index is top, keeping the
+// chunks' edge digests unless skipEdges.
+func newV2Reader(top *topIndex, skipEdges bool) *v2Reader {
 	return &v2Reader{
-		top:    top,
-		x:      &Index{Version: FormatVersion, Chunking: top.Chunking, ent: newEntries(int(min(top.Entries, 1<<20)))},
-		global: map[digest.Digest]int{},
+		top: top,
+		x: &Index{Version: FormatVersion, Chunking: top.Chunking, ent: newEntries(int(min(top.Entries, 1<<20))),
+			ch: newChunkTable(skipEdges)},
 	}
 }
 
@@ -278,11 +328,12 @@ func (r *v2Reader) add(b []byte) error {
 	if err := checkChunks(p.Chunks); err != nil {
 		return fmt.Errorf("piece %s: %w", ref.Digest, err)
 	}
-	// Chunks are listed in order of first use in the piece, each used.
-	used := 0
+	// Chunks are listed in order of first use in the piece, each used;
+	// global[l] is the index's number of the piece's chunk l.
+	global := make([]int, 0, len(p.Chunks))
 	var bytes int64
 	x := r.x
-	ent := x.ent
+	ent, ch := x.ent, x.ch
 	for i := range p.Files {
 		f := &p.Files[i]
 		n := ent.len()
@@ -295,32 +346,34 @@ func (r *v2Reader) add(b []byte) error {
 		}
 		bytes += f.Size
 		for k, e := range f.Extents {
-			if e.Chunk > used {
-				return invalid("piece %s: %q uses chunk %d before chunk %d", ref.Digest, f.Path, e.Chunk, used)
+			if e.Chunk > len(global) {
+				return invalid("piece %s: %q uses chunk %d before chunk %d", ref.Digest, f.Path, e.Chunk, len(global))
 			}
-			if e.Chunk == used {
-				used++
-			}
-			c := p.Chunks[e.Chunk]
-			g, ok := r.global[c.Digest]
-			if !ok {
-				if len(x.Chunks) >= MaxChunks {
-					return invalid("more than %d chunks", MaxChunks)
+			if e.Chunk == len(global) {
+				c := p.Chunks[e.Chunk]
+				sum, _ := sha256Of(c.Digest) // checked by checkChunks
+				g, ok := ch.lookup(&sum)
+				if !ok {
+					if ch.len() >= MaxChunks {
+						return invalid("more than %d chunks", MaxChunks)
+					}
+					g = ch.len()
+					if err := ch.add(c); err != nil {
+						return err
+					}
+				} else if !ch.equal(g, c) {
+					return invalid("piece %s: chunk %s differs from its earlier listing", ref.Digest, c.Digest)
 				}
-				g = len(x.Chunks)
-				r.global[c.Digest] = g
-				x.Chunks = append(x.Chunks, c)
-			} else if x.Chunks[g] != c {
-				return invalid("piece %s: chunk %s differs from its earlier listing", ref.Digest, c.Digest)
+				global = append(global, g)
 			}
-			f.Extents[k].Chunk = g
+			f.Extents[k].Chunk = global[e.Chunk]
 		}
 		if err := ent.add(f); err != nil {
 			return err
 		}
 	}
-	if used != len(p.Chunks) {
-		return invalid("piece %s lists %d chunks and uses %d", ref.Digest, len(p.Chunks), used)
+	if len(global) != len(p.Chunks) {
+		return invalid("piece %s lists %d chunks and uses %d", ref.Digest, len(p.Chunks), len(global))
 	}
 	if bytes != ref.Bytes {
 		return invalid("piece %s holds %d bytes, the index says %d", ref.Digest, bytes, ref.Bytes)
@@ -334,8 +387,8 @@ func (r *v2Reader) done() (*Index, error) {
 	if r.next != len(r.top.Pieces) {
 		return nil, invalid("%d of %d index pieces", r.next, len(r.top.Pieces))
 	}
-	if int64(len(r.x.Chunks)) != r.top.Chunks {
-		return nil, invalid("pieces name %d chunks, the index says %d", len(r.x.Chunks), r.top.Chunks)
+	if int64(r.x.ch.len()) != r.top.Chunks {
+		return nil, invalid("pieces name %d chunks, the index says %d", r.x.ch.len(), r.top.Chunks)
 	}
 	return r.x, nil
 }
@@ -351,7 +404,7 @@ func DecodeIndexV2(top []byte, pieces [][]byte) (*Index, error) {
 	if len(pieces) != len(t.Pieces) {
 		return nil, invalid("%d pieces for the %d the index lists", len(pieces), len(t.Pieces))
 	}
-	r := newV2Reader(t)
+	r := newV2Reader(t, false)
 	for i, b := range pieces {
 		if digest.FromBytes(b) != t.Pieces[i].Digest || int64(len(b)) != t.Pieces[i].Size {
 			return nil, invalid("piece %d does not match %s", i, t.Pieces[i].Digest)

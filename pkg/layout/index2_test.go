@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -84,8 +85,8 @@ func TestV2RoundTrip(t *testing.T) {
 	if got, err := v.Index.Encode(); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read back %s (%v), want %s", got, err, want)
 	}
-	if len(v.Chunks) != 2 || len(v.Meta) != 3+len(pieces) {
-		t.Fatalf("%d chunks, %d metadata blobs", len(v.Chunks), len(v.Meta))
+	if v.NumChunks() != 2 || len(v.Meta) != 3+len(pieces) {
+		t.Fatalf("%d chunks, %d metadata blobs", v.NumChunks(), len(v.Meta))
 	}
 	y, err := DecodeIndexV2(top, pieces)
 	if err != nil {
@@ -291,7 +292,7 @@ func TestCompactEntries(t *testing.T) {
 	x.Files = append(x.Files, File{Path: "d", Type: TypeFile, Mode: 0o600, Size: MaxChunkBytes - 1, Digest: digest.FromString("d"),
 		Extents: []Extent{{2, 1, MaxChunkBytes - 1}}})
 	want := append([]File{}, x.Files...)
-	if err := x.compact(); err != nil {
+	if err := x.compact(false); err != nil {
 		t.Fatal(err)
 	}
 	if x.Files != nil || x.Len() != len(want) {
@@ -320,5 +321,39 @@ func TestCompactEntries(t *testing.T) {
 	}
 	if got, want := x.Bytes(), int64(50+MaxChunkBytes-1); got != want {
 		t.Fatalf("Bytes = %d, want %d", got, want)
+	}
+}
+
+// TestStrictDecodeCanonical: an encoding other than the canonical one is
+// refused, naming the first byte that differs from it (or the length of
+// the shorter), however it differs.
+func TestStrictDecodeCanonical(t *testing.T) {
+	type doc struct {
+		A int    `json:"a"`
+		B string `json:"b"`
+	}
+	for _, in := range []string{
+		`{"a":1,"b":"x"}`,
+		`{"a":1,"b":"x"} `,
+		`{"a":1, "b":"x"}`,
+		`{"b":"x","a":1}`,
+		`{"a":1,"b":"\u0078"}`,
+		`{"A":1,"b":"x"}`,
+		`{"a":1}`,
+		`{"a":1,"b":"x","b":"x"}`,
+	} {
+		var d doc
+		err := strictDecode([]byte(in), &d, "doc")
+		canon, _ := canonicalJSON(d)
+		at := 0
+		for at < len(in) && at < len(canon) && in[at] == canon[at] {
+			at++
+		}
+		switch {
+		case string(canon) == in && err != nil:
+			t.Errorf("%s: %v", in, err)
+		case string(canon) != in && (err == nil || !strings.Contains(err.Error(), "differs at byte "+strconv.Itoa(at)+")")):
+			t.Errorf("%s: %v, want a difference at byte %d", in, err, at)
+		}
 	}
 }

@@ -384,9 +384,9 @@ func TestPullRefetchesSpoiledChunks(t *testing.T) {
 		f    *flaky
 		ok   bool
 	}{
-		{"flipped once", &flaky{Fetcher: store, target: v.Chunks[1].Digest, bad: 1}, true},
-		{"cut twice", &flaky{Fetcher: store, target: v.Chunks[2].Digest, bad: 2, cut: true}, true},
-		{"flipped always", &flaky{Fetcher: store, target: v.Chunks[0].Digest, bad: 99}, false},
+		{"flipped once", &flaky{Fetcher: store, target: v.Chunk(1).Digest, bad: 1}, true},
+		{"cut twice", &flaky{Fetcher: store, target: v.Chunk(2).Digest, bad: 2, cut: true}, true},
+		{"flipped always", &flaky{Fetcher: store, target: v.Chunk(0).Digest, bad: 99}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := t.TempDir()
@@ -398,7 +398,7 @@ func TestPullRefetchesSpoiledChunks(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrDigestMismatch) || !strings.Contains(err.Error(), v.Chunks[0].Digest.String()) {
+			if !errors.Is(err, ErrDigestMismatch) || !strings.Contains(err.Error(), v.Chunk(0).Digest.String()) {
 				t.Fatalf("got %v, want a digest mismatch naming the chunk", err)
 			}
 			if rerr == nil {
@@ -444,8 +444,8 @@ func TestSealTebibyteVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(v.Chunks) != chunks || v.Index.Bytes() != 1<<40 {
-		t.Fatalf("opened %d chunks, %d bytes", len(v.Chunks), v.Index.Bytes())
+	if v.NumChunks() != chunks || v.Index.Bytes() != 1<<40 {
+		t.Fatalf("opened %d chunks, %d bytes", v.NumChunks(), v.Index.Bytes())
 	}
 }
 
@@ -458,7 +458,7 @@ func checkEdges(t *testing.T, store content.Fetcher, root ocispec.Descriptor) (w
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k, c := range v.Index.Chunks {
+	for k, c := range v.Index.AllChunks() {
 		if (c.Size >= EdgeMinChunk) != c.HasEdges() || (c.Head == "") != (c.Tail == "") {
 			t.Fatalf("chunk %d of %d bytes: head %q tail %q", k, c.Size, c.Head, c.Tail)
 		}
@@ -466,7 +466,7 @@ func checkEdges(t *testing.T, store content.Fetcher, root ocispec.Descriptor) (w
 			continue
 		}
 		withEdges++
-		b, err := content.FetchAll(ctx, store, v.Chunks[k])
+		b, err := content.FetchAll(ctx, store, v.Chunk(k))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -178,7 +178,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		}
 	}
 	files := make([]*pullFile, x.Len())
-	byChunk := make([][]target, len(x.Chunks))
+	byChunk := make([][]target, x.NumChunks())
 	previous := opt.Cache.pulledFiles() // what an earlier pull left here
 	var ready []int
 	var readyMu sync.Mutex
@@ -226,7 +226,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	// place) are copied from there, verified like fetched ones, while the
 	// others are fetched. No file is renamed into place until the copies
 	// are done: the old files are their source.
-	credited := make([]int64, len(x.Chunks)) // per chunk, file bytes counted as written
+	credited := make([]int64, x.NumChunks()) // per chunk, file bytes counted as written
 	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks atomic.Int64
 	copying := true             // under readyMu: finished files wait in ready
@@ -270,7 +270,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	// fetchPacked fetches chunk k whole, then writes each file that lies
 	// wholly in it straight to its temporary file and into place.
 	fetchPacked := func(k int) error {
-		desc, ts := v.Chunks[k], byChunk[k]
+		desc, ts := v.Chunk(k), byChunk[k]
 		if err := packSem.Acquire(gctx, desc.Size); err != nil {
 			return err
 		}
@@ -330,7 +330,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		return written(rest)
 	}
 	fetch := func(k int) {
-		desc, ts := v.Chunks[k], byChunk[k]
+		desc, ts := v.Chunk(k), byChunk[k]
 		g.Go(func() error {
 			if packed(desc, ts) {
 				return fetchPacked(k)
@@ -378,7 +378,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	go func() {
 		defer close(copies)
 		for k, loc := range local {
-			desc, ts := v.Chunks[k], byChunk[k]
+			desc, ts := v.Chunk(k), byChunk[k]
 			lg.Go(func() error {
 				buf := bufs.Get().(*[]byte)
 				defer bufs.Put(buf)
@@ -489,8 +489,8 @@ func derivedDigest(f *File, x *Index) digest.Digest {
 	case f.Size == 0:
 		return emptyDigest
 	case len(f.Extents) == 1:
-		if e, c := f.Extents[0], x.Chunks[f.Extents[0].Chunk]; e.Offset == 0 && e.Length == c.Size {
-			return c.Digest
+		if e := f.Extents[0]; e.Offset == 0 && e.Length == x.ChunkSize(e.Chunk) {
+			return x.ChunkDigest(e.Chunk)
 		}
 	}
 	return ""
@@ -844,10 +844,9 @@ func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, r
 	var off, hole, data int64 // [data, hole) is the data run around off, once known
 	hole = -1
 	for k, e := range f.Extents {
-		c := x.Chunks[e.Chunk]
 		start, end := off, off+e.Length
 		off = end
-		if e.Offset != 0 || e.Length != c.Size {
+		if e.Offset != 0 || e.Length != x.ChunkSize(e.Chunk) {
 			continue
 		}
 		if start >= hole {
@@ -863,7 +862,7 @@ func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, r
 		h := sha256.New()
 		n, err := io.CopyBuffer(h, io.NewSectionReader(fh, start, e.Length), buf)
 		read += n
-		if err == nil && verify.Digest("chunk", ocispec.Descriptor{Digest: c.Digest, Size: c.Size}, digest.NewDigest(digest.SHA256, h), n) == nil {
+		if err == nil && verify.Digest("chunk", x.ChunkDescriptor(e.Chunk), digest.NewDigest(digest.SHA256, h), n) == nil {
 			done[k] = true
 		}
 	}

@@ -16,8 +16,8 @@ func TestPullBoundedDescriptors(t *testing.T) {
 		files[fmt.Sprintf("d%02d/f%04d", i%30, i)] = randBytes(uint64(i), 512)
 	}
 	store, v := pushed(t, Params{Min: 512 << 10, Avg: 1 << 20, Max: 2 << 20}, files)
-	if len(v.Chunks) > 4 {
-		t.Fatalf("premise: small files packed into few chunks, got %d", len(v.Chunks))
+	if v.NumChunks() > 4 {
+		t.Fatalf("premise: small files packed into few chunks, got %d", v.NumChunks())
 	}
 	des, err := os.ReadDir("/proc/self/fd")
 	if err != nil {

@@ -48,7 +48,7 @@ func (c *corrupting) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCl
 func TestPullLocalSourceNotRefetched(t *testing.T) {
 	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"f": randBytes(3, 100<<10)})
 	for _, local := range []bool{true, false} {
-		c := &corrupting{Fetcher: store, target: v.Index.Chunks[0].Digest, local: local}
+		c := &corrupting{Fetcher: store, target: v.Index.Chunk(0).Digest, local: local}
 		_, err := Pull(context.Background(), c, v, t.TempDir(), PullOptions{Jobs: 1})
 		if !errors.Is(err, ErrDigestMismatch) {
 			t.Fatalf("local %v: err = %v, want %v", local, err, ErrDigestMismatch)

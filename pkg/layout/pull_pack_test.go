@@ -30,8 +30,8 @@ func smallFiles(n, dirs, size int) map[string][]byte {
 func TestPullPackedFewTemporaries(t *testing.T) {
 	files := smallFiles(3000, 30, 700)
 	store, v := pushed(t, Params{Min: 256 << 10, Avg: 512 << 10, Max: 1 << 20}, files)
-	if len(v.Chunks) < 2 || len(v.Chunks) > 8 {
-		t.Fatalf("premise: small files packed into a few chunks, got %d", len(v.Chunks))
+	if v.NumChunks() < 2 || v.NumChunks() > 8 {
+		t.Fatalf("premise: small files packed into a few chunks, got %d", v.NumChunks())
 	}
 	dst := t.TempDir()
 	var most atomic.Int64
@@ -60,7 +60,7 @@ func TestPullPackedFewTemporaries(t *testing.T) {
 	// Per job: the file being written, and a file that continues into
 	// another chunk.
 	if got := most.Load(); got > 8 {
-		t.Errorf("%d temporary files at once for %d files in %d chunks with 2 jobs", got, len(files), len(v.Chunks))
+		t.Errorf("%d temporary files at once for %d files in %d chunks with 2 jobs", got, len(files), v.NumChunks())
 	}
 	t.Logf("at most %d temporary files at once", most.Load())
 	checkPulled(t, dst, files, nil)
@@ -74,11 +74,11 @@ func TestPullPackedResumes(t *testing.T) {
 	ctx := context.Background()
 	files := smallFiles(2000, 20, 600)
 	store, v := pushed(t, Params{Min: 128 << 10, Avg: 256 << 10, Max: 512 << 10}, files)
-	if len(v.Chunks) < 3 {
-		t.Fatalf("premise: several chunks, got %d", len(v.Chunks))
+	if v.NumChunks() < 3 {
+		t.Fatalf("premise: several chunks, got %d", v.NumChunks())
 	}
 	dst := t.TempDir()
-	missing := v.Index.Chunks[len(v.Index.Chunks)/2].Digest
+	missing := v.Index.Chunk(v.Index.NumChunks() / 2).Digest
 	if _, err := Pull(ctx, failing{store, missing}, v, dst, PullOptions{Jobs: 2}); err == nil {
 		t.Fatal("pull with a missing chunk succeeded")
 	}

@@ -364,8 +364,8 @@ func TestPullResumes(t *testing.T) {
 	ctx := context.Background()
 	data := randBytes(21, 300<<10)
 	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"d/f.bin": data, "small": []byte("s")})
-	if len(v.Chunks) < 4 {
-		t.Fatalf("premise: several chunks, got %d", len(v.Chunks))
+	if v.NumChunks() < 4 {
+		t.Fatalf("premise: several chunks, got %d", v.NumChunks())
 	}
 	dst := t.TempDir()
 	var big File
@@ -374,7 +374,7 @@ func TestPullResumes(t *testing.T) {
 			big = f
 		}
 	}
-	last := v.Index.Chunks[big.Extents[len(big.Extents)-1].Chunk].Digest
+	last := v.Index.ChunkDigest(big.Extents[len(big.Extents)-1].Chunk)
 	if _, err := Pull(ctx, failing{store, last}, v, dst, PullOptions{Jobs: 1}); err == nil {
 		t.Fatal("pull with a missing chunk succeeded")
 	}
@@ -476,8 +476,8 @@ func TestPullProgressCountsOnce(t *testing.T) {
 	data := randBytes(31, 300<<10)
 	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"f.bin": data})
 	for _, fl := range []*flaky{
-		{Fetcher: store, target: v.Chunks[1].Digest, bad: 2, cut: true},
-		{Fetcher: store, target: v.Chunks[2].Digest, bad: 1},
+		{Fetcher: store, target: v.Chunk(1).Digest, bad: 2, cut: true},
+		{Fetcher: store, target: v.Chunk(2).Digest, bad: 1},
 	} {
 		c := &Counters{}
 		if _, err := Pull(ctx, fl, v, t.TempDir(), PullOptions{Jobs: 2, Counters: c}); err != nil {

@@ -217,7 +217,7 @@ func (b *builder) result(s *Sealed, up *uploader, metaBytes int64, existed bool)
 		Index:          s.Index,
 		Files:          s.Index.Len(),
 		Bytes:          s.Index.Bytes(),
-		Chunks:         len(s.Index.Chunks),
+		Chunks:         s.Index.NumChunks(),
 		ChunksUploaded: up.chunks.Load(),
 		BytesUploaded:  up.bytes.Load() + metaBytes,
 		Existed:        existed,

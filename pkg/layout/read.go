@@ -1,11 +1,11 @@
 package layout
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -26,15 +26,24 @@ const maxParts = 20000
 // chunk descriptors holds about 35,000.
 const maxManifestLayers = 1 << 16
 
-// Version is a sealed version opened for reading: its root, its validated
-// index, and its chunk descriptors in index order.
+// Version is a sealed version opened for reading: its root and its
+// validated index, whose chunks it names as blobs with Chunk.
 type Version struct {
-	Root   ocispec.Descriptor
-	Index  *Index
-	Chunks []ocispec.Descriptor
+	Root  ocispec.Descriptor
+	Index *Index
 	// Meta are its manifests and metadata blobs: the root, the part
 	// manifests, their configs and the file index.
 	Meta []ocispec.Descriptor
+}
+
+// OpenOptions configure OpenWith. The zero value opens a version as Open
+// does.
+type OpenOptions struct {
+	// SkipEdges leaves the chunks' edge digests out of the opened index
+	// (they are checked all the same): Chunk reports no edges, so a reader
+	// of the version fetches whole chunks. For readers that never fetch an
+	// edge (inspect, diff); it saves 64 of the 104 bytes a chunk takes.
+	SkipEdges bool
 }
 
 // Open fetches and validates the manifests and file index of the version
@@ -42,6 +51,11 @@ type Version struct {
 // Manifests are read one at a time and checked against the file index as
 // they come, so memory stays bounded by the index, whatever they list.
 func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*Version, error) {
+	return OpenWith(ctx, src, desc, OpenOptions{})
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, opt OpenOptions) (*Version, error) {
 	root, err := fetchManifest(ctx, src, desc, maxParts)
 	if err != nil {
 		return nil, err
@@ -58,7 +72,7 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 			return nil, fmt.Errorf("%s: %w: a manifest that lists manifests", desc.Digest, ErrInvalidIndex)
 		}
 	case ocispec.MediaTypeImageIndex:
-		if len(root.Layers) > 0 || len(root.Manifests) == 0 {
+		if root.NumLayers > 0 || len(root.Manifests) == 0 {
 			return nil, fmt.Errorf("%s: %w: %d part manifests", desc.Digest, ErrInvalidIndex, len(root.Manifests))
 		}
 		parts = root.Manifests
@@ -79,22 +93,22 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 	if first.Config.Digest != "" {
 		v.Meta = append(v.Meta, first.Config)
 	}
-	layers := first.Layers
-	if len(layers) == 0 || (layers[0].MediaType != MediaTypeIndex && layers[0].MediaType != MediaTypeIndexV2) {
+	ix := first.First
+	if first.NumLayers == 0 || (ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2) {
 		return nil, fmt.Errorf("%s: %w: first layer is not a file index", desc.Digest, ErrNotVolume)
 	}
-	v2 := layers[0].MediaType == MediaTypeIndexV2
+	v2 := ix.MediaType == MediaTypeIndexV2
 	limit := int64(MaxIndexBytes)
 	if v2 {
 		limit = MaxTopIndexBytes
 	}
-	if layers[0].Size <= 0 || layers[0].Size > limit {
-		return nil, fmt.Errorf("%s: %w: file index of %d bytes", desc.Digest, ErrInvalidIndex, layers[0].Size)
+	if ix.Size <= 0 || ix.Size > limit {
+		return nil, fmt.Errorf("%s: %w: file index of %d bytes", desc.Digest, ErrInvalidIndex, ix.Size)
 	}
-	v.Meta = append(v.Meta, layers[0])
-	b, err := fetchAll(ctx, src, layers[0])
+	v.Meta = append(v.Meta, ix)
+	b, err := fetchAll(ctx, src, ix)
 	if err != nil {
-		return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
+		return nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
 	}
 	var (
 		x  *Index
@@ -103,12 +117,12 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 	if v2 {
 		top, err := decodeTop(b)
 		if err != nil {
-			return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
+			return nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
 		}
-		rd = newV2Reader(top)
+		rd = newV2Reader(top, opt.SkipEdges)
 		x = rd.x
 	} else if x, err = DecodeIndex(b); err != nil {
-		return nil, fmt.Errorf("file index %s of %s: %w", layers[0].Digest, desc.Digest, err)
+		return nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
 	}
 	b = nil
 	// The layers after the index are the pieces (version 2), in the order
@@ -116,35 +130,39 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 	// piece is read when its layer comes, so every piece is known before the
 	// first chunk layer is checked.
 	next := 0
-	match := func(ls []ocispec.Descriptor) error {
-		for _, l := range ls {
-			if rd != nil && rd.next < len(rd.top.Pieces) {
-				p := rd.top.Pieces[rd.next]
-				if l.Digest != p.Digest || l.Size != p.Size || l.MediaType != MediaTypePiece {
-					return fmt.Errorf("%s: %w: layer %s does not match index piece %s", desc.Digest, ErrInvalidIndex, l.Digest, p.Digest)
-				}
-				pb, err := fetchAll(ctx, src, l)
-				if err != nil {
-					return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
-				}
-				if err := rd.add(pb); err != nil {
-					return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
-				}
-				v.Meta = append(v.Meta, l)
-				continue
+	match := func(ll layer) error {
+		if rd != nil && rd.next < len(rd.top.Pieces) {
+			l := ll.desc()
+			p := rd.top.Pieces[rd.next]
+			if l.Digest != p.Digest || l.Size != p.Size || l.MediaType != MediaTypePiece {
+				return fmt.Errorf("%s: %w: layer %s does not match index piece %s", desc.Digest, ErrInvalidIndex, l.Digest, p.Digest)
 			}
-			if next >= len(x.Chunks) {
-				return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, len(x.Chunks))
+			pb, err := fetchAll(ctx, src, l)
+			if err != nil {
+				return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
 			}
-			c := x.Chunks[next]
-			if l.Digest != c.Digest || l.Size != c.Size || l.MediaType != MediaTypeChunk {
-				return fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, next+1, l.Digest, c.Digest)
+			if err := rd.add(pb); err != nil {
+				return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
 			}
-			next++
+			v.Meta = append(v.Meta, l)
+			return nil
 		}
+		if next >= x.NumChunks() {
+			return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, x.NumChunks())
+		}
+		if sum, size, ok := ll.chunk(); !ok || !x.chunkIs(next, &sum, size) {
+			return fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, next+1, ll.desc().Digest, x.ChunkDigest(next))
+		}
+		next++
 		return nil
 	}
-	if err := match(layers[1:]); err != nil {
+	err = first.eachLayer(func(l layer) error {
+		if l.i == 0 {
+			return nil // the file index, read above
+		}
+		return match(l)
+	})
+	if err != nil {
 		return nil, err
 	}
 	for _, pd := range parts[min(1, len(parts)):] {
@@ -156,7 +174,7 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 		if part.Config.Digest != "" {
 			v.Meta = append(v.Meta, part.Config)
 		}
-		if err := match(part.Layers); err != nil {
+		if err := part.eachLayer(match); err != nil {
 			return nil, err
 		}
 	}
@@ -165,18 +183,29 @@ func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*V
 			return nil, fmt.Errorf("%s: %w", desc.Digest, err)
 		}
 	}
-	if next != len(x.Chunks) {
-		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, len(x.Chunks))
+	if next != x.NumChunks() {
+		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, x.NumChunks())
 	}
-	if err := x.compact(); err != nil {
+	if err := x.compact(opt.SkipEdges); err != nil {
 		return nil, fmt.Errorf("%s: %w", desc.Digest, err)
 	}
 	v.Index = x
-	v.Chunks = make([]ocispec.Descriptor, len(x.Chunks))
-	for i, c := range x.Chunks {
-		v.Chunks[i] = chunkDescriptor(c)
-	}
 	return v, nil
+}
+
+// NumChunks returns the number of chunks of the version.
+func (v *Version) NumChunks() int { return v.Index.NumChunks() }
+
+// Chunk returns the descriptor of the blob of chunk k of the index.
+func (v *Version) Chunk(k int) ocispec.Descriptor { return v.Index.ChunkDescriptor(k) }
+
+// ChunkDescriptors returns the descriptors of all the chunks, in index order.
+func (v *Version) ChunkDescriptors() []ocispec.Descriptor {
+	out := make([]ocispec.Descriptor, v.NumChunks())
+	for k := range out {
+		out[k] = v.Chunk(k)
+	}
+	return out
 }
 
 // fetchPart fetches the part manifest pd of the root index root.
@@ -191,28 +220,106 @@ func fetchPart(ctx context.Context, src content.Fetcher, root, pd ocispec.Descri
 	return part, nil
 }
 
-// manifestOrIndex holds the fields of a manifest or an index that Open reads.
+// manifestOrIndex holds the fields of a manifest or an index that Open
+// reads. A part manifest lists 20,000 layers: those that are plain chunk
+// descriptors (the chunk media type, a SHA-256 digest, a size, nothing
+// else) are held as 48-byte records, against some 250 bytes for an
+// ocispec.Descriptor; eachLayer gives them back as they were decoded.
 type manifestOrIndex struct {
 	MediaType    string
 	ArtifactType string
 	Config       ocispec.Descriptor
-	Layers       []ocispec.Descriptor
 	Manifests    []ocispec.Descriptor
+	NumLayers    int                // the number of layers
+	First        ocispec.Descriptor // the first layer, when there is one
+
+	layers []layerRec
+	others []ocispec.Descriptor // the layers that are not plain chunk descriptors
+}
+
+// layerBytes is about the smallest encoding of a chunk layer.
+const layerBytes = 128
+
+// layerRec is a layer of a manifestOrIndex: a plain chunk descriptor, or
+// an index into others.
+type layerRec struct {
+	sum   [sha256Len]byte
+	size  int64
+	other int32 // index in others, -1 for a plain chunk descriptor
+}
+
+// addLayer appends the next layer l.
+func (m *manifestOrIndex) addLayer(l ocispec.Descriptor) {
+	if m.NumLayers == 0 {
+		m.First = l
+	}
+	m.NumLayers++
+	if l.MediaType == MediaTypeChunk && l.URLs == nil && l.Annotations == nil && l.Data == nil && l.Platform == nil && l.ArtifactType == "" {
+		if sum, ok := sha256Of(l.Digest); ok {
+			m.layers = append(m.layers, layerRec{sum: sum, size: l.Size, other: -1})
+			return
+		}
+	}
+	m.layers = append(m.layers, layerRec{other: int32(len(m.others))})
+	m.others = append(m.others, l)
+}
+
+// eachLayer calls fn with each layer of m in order, stopping at its first
+// error.
+func (m *manifestOrIndex) eachLayer(fn func(layer) error) error {
+	for i := range m.layers {
+		if err := fn(layer{m, i}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// layer is layer i of a manifestOrIndex.
+type layer struct {
+	m *manifestOrIndex
+	i int
+}
+
+// desc returns the layer as it was decoded.
+func (l layer) desc() ocispec.Descriptor {
+	r := &l.m.layers[l.i]
+	if r.other >= 0 {
+		return l.m.others[r.other]
+	}
+	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: sha256Digest(&r.sum), Size: r.size}
+}
+
+// chunk returns the digest bytes and the size of a layer with the chunk
+// media type and a SHA-256 digest in its canonical form; ok is false for
+// any other layer.
+func (l layer) chunk() (sum [sha256Len]byte, size int64, ok bool) {
+	r := &l.m.layers[l.i]
+	if r.other < 0 {
+		return r.sum, r.size, true
+	}
+	d := l.m.others[r.other]
+	sum, ok = sha256Of(d.Digest)
+	return sum, d.Size, ok && d.MediaType == MediaTypeChunk
 }
 
 // fetchManifest fetches the manifest desc (at most MaxManifestBytes) and
-// decodes it, refusing more than maxManifestLayers layers or maxManifests
-// manifests before decoding them.
+// decodes it as it comes, refusing more than maxManifestLayers layers or
+// maxManifests manifests before decoding them. The decoded manifest is
+// used once every byte is verified; a decoding error is reported only then.
 func fetchManifest(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, maxManifests int) (*manifestOrIndex, error) {
 	if desc.Size <= 0 || desc.Size > MaxManifestBytes {
 		return nil, fmt.Errorf("manifest %s: %w: size %d", desc.Digest, ErrInvalidIndex, desc.Size)
 	}
-	b, err := fetchAll(ctx, src, desc)
+	var m *manifestOrIndex
+	var derr error
+	err := fetchRetrying(ctx, src, func() error {
+		return verify.FetchTo(ctx, src, "", desc, func(r io.Reader) { m, derr = decodeManifest(r, maxManifests, desc.Size) })
+	})
 	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", desc.Digest, err)
 	}
-	m, err := decodeManifest(b, maxManifests)
-	if err != nil {
+	if err := derr; err != nil {
 		return nil, fmt.Errorf("manifest %s: %w: %v", desc.Digest, ErrNotVolume, err)
 	}
 	if m.MediaType == "" {
@@ -223,39 +330,43 @@ func fetchManifest(ctx context.Context, src content.Fetcher, desc ocispec.Descri
 
 // decodeManifest decodes the fields Open reads from a manifest or index,
 // one descriptor at a time so that a list longer than its bound is refused
-// before it is held. Keys match exactly; a key given twice is refused.
-func decodeManifest(b []byte, maxManifests int) (*manifestOrIndex, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
+// before it is held. Keys match exactly; a key given twice is refused. size
+// is the manifest's, to size the list of layers.
+func decodeManifest(r io.Reader, maxManifests int, size int64) (*manifestOrIndex, error) {
+	dec := json.NewDecoder(r)
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return nil, fmt.Errorf("not a JSON object")
 	}
-	m := &manifestOrIndex{}
+	// A chunk layer takes some 140 bytes; the bound caps what a manifest
+	// of another kind makes this allocate.
+	m := &manifestOrIndex{layers: make([]layerRec, 0, min(maxManifestLayers, size/layerBytes))}
 	seen := map[string]bool{}
-	list := func(name string, max int) ([]ocispec.Descriptor, error) {
+	// list decodes a list of descriptors, passing each to each.
+	list := func(name string, max int, each func(d ocispec.Descriptor)) error {
 		t, err := dec.Token()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if t == nil {
-			return nil, nil
+			return nil
 		}
 		if t != json.Delim('[') {
-			return nil, fmt.Errorf("%s: not an array", name)
+			return fmt.Errorf("%s: not an array", name)
 		}
-		var out []ocispec.Descriptor
-		for dec.More() {
-			if len(out) >= max {
-				return nil, fmt.Errorf("more than %d %s", max, name)
+		for n := 0; dec.More(); n++ {
+			if n >= max {
+				return fmt.Errorf("more than %d %s", max, name)
 			}
 			var d ocispec.Descriptor
 			if err := dec.Decode(&d); err != nil {
-				return nil, fmt.Errorf("%s: %v", name, err)
+				return fmt.Errorf("%s: %v", name, err)
 			}
-			out = append(out, d)
+			each(d)
 		}
 		_, err = dec.Token()
-		return out, err
+		return err
 	}
+	manifests := func(d ocispec.Descriptor) { m.Manifests = append(m.Manifests, d) }
 	for dec.More() {
 		t, err := dec.Token()
 		if err != nil {
@@ -274,9 +385,9 @@ func decodeManifest(b []byte, maxManifests int) (*manifestOrIndex, error) {
 		case "config":
 			err = dec.Decode(&m.Config)
 		case "layers":
-			m.Layers, err = list(key, maxManifestLayers)
+			err = list(key, maxManifestLayers, m.addLayer)
 		case "manifests":
-			m.Manifests, err = list(key, maxManifests)
+			err = list(key, maxManifests, manifests)
 		default:
 			var skip json.RawMessage
 			err = dec.Decode(&skip)
@@ -302,21 +413,35 @@ type localSource interface{ Local() bool }
 // body is cut short or its bytes do not match (bounded, like chunks), unless
 // src reads local files. It never reads more than desc.Size bytes.
 func fetchAll(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) ([]byte, error) {
+	var b []byte
+	err := fetchRetrying(ctx, src, func() (err error) {
+		b, err = verify.Fetch(ctx, src, "", desc) // the callers name the object
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// fetchRetrying runs fetch, a fetch from src, again when it fails in a way
+// another try may cure, as fetchAll does.
+func fetchRetrying(ctx context.Context, src content.Fetcher, fetch func() error) error {
 	attempts := fetchAttempts
 	if l, ok := src.(localSource); ok && l.Local() {
 		attempts = 1
 	}
 	for attempt := 1; ; attempt++ {
-		b, err := verify.Fetch(ctx, src, "", desc) // the callers name the object
+		err := fetch()
 		if err == nil {
-			return b, nil
+			return nil
 		}
 		if attempt >= attempts || !refetchable(ctx, err) {
-			return nil, err
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
 		}
 	}

@@ -96,8 +96,8 @@ func TestOpenParts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(v.Chunks) != 25 || v.Chunks[24].Digest != s.Chunks[24].Digest {
-		t.Fatalf("%d chunks", len(v.Chunks))
+	if v.NumChunks() != 25 || v.Chunk(24).Digest != s.Chunks[24].Digest {
+		t.Fatalf("%d chunks", v.NumChunks())
 	}
 	want := map[digest.Digest]bool{s.Root.Desc.Digest: true}
 	for _, b := range append(append([]Blob{}, s.Blobs...), s.Parts...) {
@@ -231,12 +231,43 @@ func TestDecodeManifestStrict(t *testing.T) {
 		`[]`,
 		`{"layers":{}}`,
 	} {
-		if _, err := decodeManifest([]byte(s), 10); err == nil {
+		if _, err := decodeManifest(strings.NewReader(s), 10, 0); err == nil {
 			t.Errorf("decoded %s", s)
 		}
 	}
-	m, err := decodeManifest([]byte(`{"mediaType":"m","other":{"x":[1,2]},"layers":null,"manifests":[{"digest":"sha256:x","size":1}]}`), 10)
-	if err != nil || m.MediaType != "m" || len(m.Manifests) != 1 || m.Layers != nil {
+	m, err := decodeManifest(strings.NewReader(`{"mediaType":"m","other":{"x":[1,2]},"layers":null,"manifests":[{"digest":"sha256:x","size":1}]}`), 10, 0)
+	if err != nil || m.MediaType != "m" || len(m.Manifests) != 1 || m.NumLayers != 0 {
 		t.Fatalf("%+v %v", m, err)
+	}
+}
+
+// TestOpenCorruptManifest: a part manifest whose bytes are not its digest's
+// (and not JSON either) is refused as a mismatch, not decoded: read once
+// from local files, fetched again from a remote source.
+func TestOpenCorruptManifest(t *testing.T) {
+	store, s := partedVersion(t)
+	var root ocispec.Index
+	if err := json.Unmarshal(s.Root.Data, &root); err != nil {
+		t.Fatal(err)
+	}
+	chunk := s.Chunks[0]
+	bad := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromString("another part"), Size: chunk.Size, ArtifactType: ArtifactTypePart}
+	root.Manifests[0] = bad
+	rd := pushJSON(t, store, ocispec.MediaTypeImageIndex, root)
+	corrupt := &mismatch{Fetcher: store, as: bad.Digest, real: chunk}
+
+	local := localFetcher{&countingFetcher{Fetcher: corrupt}}
+	if _, err := Open(context.Background(), local, rd); !errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrNotVolume) {
+		t.Fatalf("open: %v, want ErrDigestMismatch", err)
+	}
+	if n := local.n[bad.Digest]; n != 1 {
+		t.Errorf("a local corrupt manifest was read %d times, want 1", n)
+	}
+	remote := &countingFetcher{Fetcher: corrupt}
+	if _, err := Open(context.Background(), remote, rd); !errors.Is(err, ErrDigestMismatch) {
+		t.Fatalf("open: %v, want ErrDigestMismatch", err)
+	}
+	if n := remote.n[bad.Digest]; n != fetchAttempts {
+		t.Errorf("a remote corrupt manifest was fetched %d times, want %d", n, fetchAttempts)
 	}
 }

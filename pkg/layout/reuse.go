@@ -20,8 +20,8 @@ func pulledExtents(f *File, x *Index) []pulledExtent {
 	out := make([]pulledExtent, len(f.Extents))
 	for k, e := range f.Extents {
 		out[k].Length = e.Length
-		if c := x.Chunks[e.Chunk]; e.Offset == 0 && e.Length == c.Size {
-			out[k].Digest = c.Digest
+		if e.Offset == 0 && e.Length == x.ChunkSize(e.Chunk) {
+			out[k].Digest = x.ChunkDigest(e.Chunk)
 		}
 	}
 	return out
@@ -145,7 +145,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 	needed := map[digest.Digest]int{}
 	for k, ts := range byChunk {
 		if len(ts) > 0 {
-			needed[x.Chunks[k].Digest] = k
+			needed[x.ChunkDigest(k)] = k
 		}
 	}
 	out := map[int]localChunk{}
@@ -186,16 +186,16 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 		var off int64
 		var size int64 = -1 // of the file at the final name, once looked at
 		for _, e := range f.Extents {
-			c := x.Chunks[e.Chunk]
+			csize := x.ChunkSize(e.Chunk)
 			start := off
 			off += e.Length
-			if _, found := out[e.Chunk]; found || len(byChunk[e.Chunk]) == 0 || e.Offset != 0 || e.Length != c.Size {
+			if _, found := out[e.Chunk]; found || len(byChunk[e.Chunk]) == 0 || e.Offset != 0 || e.Length != csize {
 				continue
 			}
 			if size < 0 {
 				size = d.regularSize(f.Path)
 			}
-			if start+c.Size <= size {
+			if start+csize <= size {
 				out[e.Chunk] = localChunk{d: d, path: f.Path, off: start}
 			}
 		}
@@ -207,7 +207,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 // still needed and not yet found.
 func wantsWholeChunk(f *File, x *Index, byChunk [][]target, found map[int]localChunk) bool {
 	for _, e := range f.Extents {
-		if _, ok := found[e.Chunk]; !ok && len(byChunk[e.Chunk]) > 0 && e.Offset == 0 && e.Length == x.Chunks[e.Chunk].Size {
+		if _, ok := found[e.Chunk]; !ok && len(byChunk[e.Chunk]) > 0 && e.Offset == 0 && e.Length == x.ChunkSize(e.Chunk) {
 			return true
 		}
 	}

@@ -80,20 +80,20 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 		return nil, invalid("unsupported version %d", x.Version)
 	}
 	// The layers start with the index blobs; the empty config comes last.
-	layers := make([]ocispec.Descriptor, 0, len(s.Blobs)+len(x.Chunks))
+	layers := make([]ocispec.Descriptor, 0, len(s.Blobs)+x.NumChunks())
 	for _, b := range s.Blobs {
 		layers = append(layers, b.Desc)
 	}
 	s.Blobs = append(s.Blobs, empty)
-	s.Chunks = make([]ocispec.Descriptor, len(x.Chunks))
-	for i, c := range x.Chunks {
-		s.Chunks[i] = chunkDescriptor(c)
+	s.Chunks = make([]ocispec.Descriptor, x.NumChunks())
+	for i := range s.Chunks {
+		s.Chunks[i] = x.ChunkDescriptor(i)
 	}
 	ann := make(map[string]string, len(extra)+3)
 	maps.Copy(ann, extra)
 	ann[AnnotationFiles] = strconv.Itoa(x.Len())
 	ann[AnnotationBytes] = strconv.FormatInt(x.Bytes(), 10)
-	ann[AnnotationChunks] = strconv.Itoa(len(x.Chunks))
+	ann[AnnotationChunks] = strconv.Itoa(x.NumChunks())
 	layers = append(layers, s.Chunks...)
 	if len(layers) <= maxLayers {
 		m, err := manifest(ArtifactTypeVolume, empty.Desc, layers, ann)

@@ -28,7 +28,7 @@ func upgradeVersions(t *testing.T) (store *countingFetcher, v1, v2 *Version, f1,
 
 func fetchedBytes(c *countingFetcher, v *Version) int64 {
 	size := map[digest.Digest]int64{}
-	for _, ch := range v.Chunks {
+	for _, ch := range v.ChunkDescriptors() {
 		size[ch.Digest] = ch.Size
 	}
 	c.mu.Lock()
@@ -63,7 +63,7 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 	}
 	// What must come over the wire: chunks v1 lacks, of files v1 lacks.
 	have := map[digest.Digest]bool{}
-	for _, c := range v1.Chunks {
+	for _, c := range v1.ChunkDescriptors() {
 		have[c.Digest] = true
 	}
 	same := map[string]digest.Digest{}
@@ -76,7 +76,7 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 			continue
 		}
 		for _, e := range f.Extents {
-			if c := v2.Chunks[e.Chunk]; !have[c.Digest] {
+			if c := v2.Chunk(e.Chunk); !have[c.Digest] {
 				have[c.Digest] = true
 				newBytes += c.Size
 			}
@@ -125,7 +125,7 @@ func TestPullUpgradeWithoutState(t *testing.T) {
 		t.Error("nothing copied from the file already there")
 	}
 	var changed int64
-	for _, c := range v2.Chunks {
+	for _, c := range v2.ChunkDescriptors() {
 		changed += c.Size
 	}
 	if got := fetchedBytes(store, v2); got >= changed/2 {
@@ -184,7 +184,7 @@ func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
 		// The chunks v1's files hold that v2's changed files need: the
 		// record says where they are.
 		inV1 := map[digest.Digest]bool{}
-		for _, c := range v1.Chunks {
+		for _, c := range v1.ChunkDescriptors() {
 			inV1[c.Digest] = true
 		}
 		sameFile := map[string]digest.Digest{}
@@ -197,7 +197,7 @@ func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
 				continue
 			}
 			for _, e := range f.Extents {
-				if c := v2.Chunks[e.Chunk]; inV1[c.Digest] {
+				if c := v2.Chunk(e.Chunk); inV1[c.Digest] {
 					recorded[c.Digest] = true
 				}
 			}

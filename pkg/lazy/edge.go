@@ -56,7 +56,7 @@ type edgeCall struct {
 // when the edge cannot be fetched, ok is false and the caller loads the
 // whole chunk.
 func (v *Volume) edge(ctx context.Context, k int, lo, hi int64) (data []byte, base int64, ok bool) {
-	c := v.ver.Index.Chunks[k]
+	c := v.ver.Index.Chunk(k)
 	tail, ok := v.edgeFor(k, c, lo, hi)
 	if !ok {
 		return nil, 0, false
@@ -137,7 +137,7 @@ func (v *Volume) edgeFor(k int, c layout.Chunk, lo, hi int64) (tail, ok bool) {
 // edgeAhead fetches in the background the edge of chunk k holding [lo, hi),
 // if edge() would read that range from an edge. It reports whether it did.
 func (v *Volume) edgeAhead(k int, lo, hi int64) bool {
-	if _, ok := v.edgeFor(k, v.ver.Index.Chunks[k], lo, hi); !ok {
+	if _, ok := v.edgeFor(k, v.ver.Index.Chunk(k), lo, hi); !ok {
 		return false
 	}
 	v.wg.Add(1)
@@ -157,7 +157,7 @@ func (v *Volume) fetchEdge(ctx context.Context, k int, c layout.Chunk, tail bool
 		off, want = c.Size-layout.EdgeBytes, c.Tail
 	}
 	data, err := func() ([]byte, error) {
-		rc, err := v.src.(rangeSource).FetchRange(ctx, v.ver.Chunks[k], off, layout.EdgeBytes)
+		rc, err := v.src.(rangeSource).FetchRange(ctx, v.ver.Chunk(k), off, layout.EdgeBytes)
 		if err != nil {
 			return nil, err
 		}

@@ -158,7 +158,7 @@ func TestTensorReadUsesNeighbourEdges(t *testing.T) {
 			// move its bytes once). The neighbours gave just an edge each.
 			var tensorBytes, edgeBytes int64
 			for k, x := range f.e.Extents {
-				d := v.ver.Chunks[x.Chunk]
+				d := v.ver.Chunk(x.Chunk)
 				w, r := fx.blobStats(d.Digest)
 				switch in := f.starts[k] >= mid.begin && f.starts[k] < mid.end; {
 				case in && !(w == 1 && r == 0) && !(w == 0 && r == d.Size):
@@ -225,7 +225,7 @@ func TestFetchEdgeVerifies(t *testing.T) {
 	}
 	defer v.Close()
 	k := -1
-	for i, c := range v.ver.Index.Chunks {
+	for i, c := range v.ver.Index.AllChunks() {
 		if c.Head != "" {
 			k = i
 			break
@@ -234,7 +234,7 @@ func TestFetchEdgeVerifies(t *testing.T) {
 	if k < 0 {
 		t.Fatal("no chunk has edges")
 	}
-	c := v.ver.Index.Chunks[k]
+	c := v.ver.Index.Chunk(k)
 	_, err = v.fetchEdge(ctx, k, c, true)
 	var ve *verify.Error
 	if !errors.Is(err, errEdgeMismatch) || !errors.Is(err, layout.ErrDigestMismatch) || !errors.As(err, &ve) || ve.Want != c.Tail {

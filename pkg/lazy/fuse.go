@@ -414,7 +414,7 @@ func (f *File) readResult(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	within := off - f.starts[first]
 	lo := x.Offset + within
 	if int64(n) <= x.Length-within {
-		if _, edge := f.v.edgeFor(x.Chunk, f.v.ver.Index.Chunks[x.Chunk], lo, lo+int64(n)); !edge {
+		if _, edge := f.v.edgeFor(x.Chunk, f.v.ver.Index.Chunk(x.Chunk), lo, lo+int64(n)); !edge {
 			h, err := f.v.chunk(ctx, x.Chunk)
 			if err != nil {
 				return nil, fmt.Errorf("%s at %d: %w", f.e.Path, off, err)

@@ -224,7 +224,7 @@ func TestCorruptChunkNeverServedOrCached(t *testing.T) {
 	f, _ := v.Open("big.bin")
 	want := fx.files["big.bin"]
 	x := f.e.Extents[1]
-	bad := v.ver.Chunks[x.Chunk].Digest
+	bad := v.ver.Chunk(x.Chunk).Digest
 	fx.fetch.mu.Lock()
 	fx.fetch.corrupt[bad] = true
 	fx.fetch.mu.Unlock()
@@ -264,7 +264,7 @@ func TestCorruptCacheEntryRefetched(t *testing.T) {
 	readAll(t, f)
 	v.Close()
 	// Damage one entry on disk, as a crash or bit rot would.
-	d := v.ver.Chunks[f.e.Extents[0].Chunk].Digest
+	d := v.ver.Chunk(f.e.Extents[0].Chunk).Digest
 	p := filepath.Join(cacheDir, "sha256", d.Encoded())
 	b, err := os.ReadFile(p)
 	if err != nil {

@@ -126,13 +126,13 @@ func TestSequentialReaderKeepsJobsChunksInFlight(t *testing.T) {
 	const mib = 1 << 20
 	data := randBytes(5, 24*mib)
 	px, ver := pushOne(t, "data.bin", data, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
-	if len(ver.Chunks) < 20 {
-		t.Fatalf("premise: 1 MiB chunks, got %d", len(ver.Chunks))
+	if ver.NumChunks() < 20 {
+		t.Fatalf("premise: 1 MiB chunks, got %d", ver.NumChunks())
 	}
 	const jobs = 8
 	g := newGate(jobs)
 	gated := map[digest.Digest]bool{}
-	for _, c := range ver.Chunks[2:] {
+	for _, c := range ver.ChunkDescriptors()[2:] {
 		gated[c.Digest] = true
 	}
 	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated}
@@ -170,8 +170,8 @@ func TestLargeChunkReadIsSplit(t *testing.T) {
 	const mib = 1 << 20
 	data := randBytes(6, 8*mib)
 	px, ver := pushOne(t, "one.bin", data, layout.Params{Min: 4 * mib, Avg: 8 * mib, Max: 8 * mib})
-	if len(ver.Chunks) != 1 {
-		t.Fatalf("premise: one 8 MiB chunk, got %d", len(ver.Chunks))
+	if ver.NumChunks() != 1 {
+		t.Fatalf("premise: one 8 MiB chunk, got %d", ver.NumChunks())
 	}
 	parts := int(8 * mib / splitPart)
 	for _, tc := range []struct {
@@ -181,7 +181,7 @@ func TestLargeChunkReadIsSplit(t *testing.T) {
 	}{{"good ranges", false, false, false}, {"spoiled ranges", true, false, false}, {"spoiled ranges and chunk", true, true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newGate(parts)
-			ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{ver.Chunks[0].Digest: tc.corrupt}}
+			ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{ver.Chunk(0).Digest: tc.corrupt}}
 			fetch := &gatedFetcher{fakeFetcher: ff, g: g, gated: map[digest.Digest]bool{}, spoil: tc.spoil, ranges: true}
 			v, err := New(ver, fetch, Options{Cache: mustCache(t), Jobs: 8, Readahead: -1})
 			if err != nil {
@@ -262,7 +262,7 @@ func TestReaderFromFileStartKeepsJobsChunksInFlight(t *testing.T) {
 	var off int64
 	for _, x := range ver.Index.File(0).Extents {
 		if off >= 3*mib {
-			gated[ver.Chunks[x.Chunk].Digest] = true
+			gated[ver.Chunk(x.Chunk).Digest] = true
 		}
 		off += x.Length
 	}
@@ -303,7 +303,7 @@ func TestReadaheadQueuesBehindJobs(t *testing.T) {
 	const jobs = 4
 	g := newGate(1 << 30) // opened by the test
 	gated := map[digest.Digest]bool{}
-	for _, c := range ver.Chunks[12:] {
+	for _, c := range ver.ChunkDescriptors()[12:] {
 		gated[c.Digest] = true
 	}
 	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated}
@@ -405,7 +405,7 @@ func TestTensorReadSplitsItsChunks(t *testing.T) {
 		t.Errorf("%d range requests in flight at once (stalled: %v), want %d (jobs)", m, g.stalled, jobs)
 	}
 	for i := k; i < last; i++ {
-		if n := ff.fetches[ver.Chunks[f.e.Extents[i].Chunk].Digest]; n != 0 {
+		if n := ff.fetches[ver.Chunk(f.e.Extents[i].Chunk).Digest]; n != 0 {
 			t.Errorf("chunk %d of the tensor fetched whole %d times, want only ranges", i, n)
 		}
 	}
@@ -423,7 +423,7 @@ func TestHeaderInOneRoundTrip(t *testing.T) {
 	px, ver := pushOne(t, "model.safetensors", data, layout.Params{Min: 4 << 10, Avg: 8 << 10, Max: 16 << 10})
 	g := newGate(2)
 	gated := map[digest.Digest]bool{}
-	for _, c := range ver.Chunks {
+	for _, c := range ver.ChunkDescriptors() {
 		gated[c.Digest] = true
 	}
 	fetch := &gatedFetcher{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, g: g, gated: gated, ranges: true}
@@ -490,7 +490,7 @@ func TestStreamingReaderFetchesNextFile(t *testing.T) {
 		nb, _ := v.Lookup("b.bin")
 		got := 0
 		for k, x := range ver.Index.File(nb).Extents {
-			if ff.fetches[ver.Chunks[x.Chunk].Digest] > 0 {
+			if ff.fetches[ver.Chunk(x.Chunk).Digest] > 0 {
 				if k >= jobs {
 					t.Errorf("whole %v: chunk %d of the next file fetched, want only its first %d", whole, k, jobs)
 				}
@@ -524,14 +524,14 @@ func TestHeaderProbeNeverFetchesLargeChunkWhole(t *testing.T) {
 			t.Fatal(err)
 		}
 		x := f.e.Extents
-		if len(x) < 2 || x[0].Length >= headProbe || !ver.Index.Chunks[x[1].Chunk].HasEdges() {
+		if len(x) < 2 || x[0].Length >= headProbe || !ver.Index.Chunk(x[1].Chunk).HasEdges() {
 			t.Fatalf("premise: a small first chunk and a large one with edges after it: %+v", x)
 		}
 		if rs := f.regions(context.Background()); len(rs) != 3 {
 			t.Fatalf("refuse %v: %d regions, want the header and 2 tensors", refuse, len(rs))
 		}
 		v.Close()
-		d := ver.Chunks[x[1].Chunk].Digest
+		d := ver.Chunk(x[1].Chunk).Digest
 		whole, rangeBytes := fx.blobStats(d)
 		if whole != 0 {
 			t.Errorf("refuse %v: the large chunk after the header fetched whole %d times", refuse, whole)

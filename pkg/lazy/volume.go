@@ -213,7 +213,7 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 	v.mu.Unlock()
 	ctx, cancel := v.fetchContext(ctx)
 	defer cancel()
-	desc := v.ver.Chunks[k]
+	desc := v.ver.Chunk(k)
 	rf, ranged := v.src.(rangeSource)
 	if parts > 1 && ranged && desc.Size >= splitMin && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.
@@ -368,7 +368,7 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 				}
 				fctx, cancel := v.fetchContext(gctx)
 				defer cancel()
-				ch, err := v.opt.Cache.Load(fctx, v.src, v.ver.Chunks[k])
+				ch, err := v.opt.Cache.Load(fctx, v.src, v.ver.Chunk(k))
 				if err != nil {
 					mu.Lock()
 					if first == nil {
@@ -524,7 +524,7 @@ func (f *File) copyOut(ctx context.Context, p []byte, off int64, first int) (int
 		_, err = h.ch.ReadAt(p[done:done+m], lo)
 		f.v.release(h)
 		if err != nil {
-			return done, fmt.Errorf("%s at %d: chunk %s: %w", f.e.Path, off+int64(done), f.v.ver.Chunks[x.Chunk].Digest, err)
+			return done, fmt.Errorf("%s at %d: chunk %s: %w", f.e.Path, off+int64(done), f.v.ver.Chunk(x.Chunk).Digest, err)
 		}
 		done += m
 	}
@@ -848,7 +848,7 @@ func (f *File) probe(ctx context.Context) []byte {
 	acc, k := f.e.Extents[0].Length, 1
 	for ; k < len(f.e.Extents) && acc < n; k++ {
 		x := f.e.Extents[k]
-		if f.v.ver.Index.Chunks[x.Chunk].Size > 2*layout.EdgeBytes {
+		if f.v.ver.Index.ChunkSize(x.Chunk) > 2*layout.EdgeBytes {
 			break
 		}
 		acc += x.Length
@@ -857,7 +857,7 @@ func (f *File) probe(ctx context.Context) []byte {
 		return f.probeRead(ctx, min(n, acc))
 	}
 	x := f.e.Extents[k]
-	c := f.v.ver.Index.Chunks[x.Chunk]
+	c := f.v.ver.Index.Chunk(x.Chunk)
 	hi := x.Offset + min(x.Length, n-acc)
 	if _, ok := f.v.edgeFor(x.Chunk, c, x.Offset, hi); !ok {
 		return f.probeRead(ctx, acc)

@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -876,6 +877,13 @@ type successors struct {
 	Subject   *ocispec.Descriptor  `json:"subject"`
 }
 
+// references reports whether one of the descriptors of m names d.
+func (m *successors) references(d digest.Digest) bool {
+	is := func(e ocispec.Descriptor) bool { return e.Digest == d }
+	return slices.ContainsFunc(m.Layers, is) || slices.ContainsFunc(m.Manifests, is) ||
+		(m.Config != nil && is(*m.Config)) || (m.Subject != nil && is(*m.Subject))
+}
+
 func (m *successors) all() []ocispec.Descriptor {
 	out := append(append([]ocispec.Descriptor(nil), m.Layers...), m.Manifests...)
 	if m.Config != nil {
@@ -907,11 +915,17 @@ func (s *layoutStore) Predecessors(ctx context.Context, node ocispec.Descriptor)
 		if err != nil {
 			return nil, err
 		}
+		// Without an escape, a manifest names node only if it holds its
+		// digest as it is: the others (the part manifests of a large
+		// version, 20,000 layers each) are not decoded.
+		if !bytes.Contains(b, []byte(node.Digest)) && bytes.IndexByte(b, '\\') < 0 {
+			continue
+		}
 		var m successors
 		if json.Unmarshal(b, &m) != nil {
 			continue
 		}
-		if slices.ContainsFunc(m.all(), func(e ocispec.Descriptor) bool { return e.Digest == node.Digest }) {
+		if m.references(node.Digest) {
 			out = append(out, d)
 		}
 	}

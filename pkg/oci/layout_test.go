@@ -642,3 +642,41 @@ func TestLayoutIndexKeys(t *testing.T) {
 		t.Errorf("resolve v1: %v %v", d.Digest, err)
 	}
 }
+
+// TestLayoutPredecessorsEscaped: a manifest that names the node only
+// through JSON escapes is a predecessor all the same; one that does not
+// name it is not.
+func TestLayoutPredecessorsEscaped(t *testing.T) {
+	ctx := context.Background()
+	dir, md, ld := newLayout(t)
+	s, err := openLayout(ctx, dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The layer's digest with its "s" escaped, and a manifest of other layers.
+	escaped := []byte(fmt.Sprintf(`{"schemaVersion":2,"mediaType":%q,"config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":%q,"size":2},"layers":[{"mediaType":"application/octet-stream","digest":"\u0073%s","size":%d}]}`,
+		ocispec.MediaTypeImageManifest, ocispec.DescriptorEmptyJSON.Digest, ld.Digest.String()[1:], ld.Size))
+	other := []byte(fmt.Sprintf(`{"schemaVersion":2,"mediaType":%q,"config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":%q,"size":2},"layers":[]}`,
+		ocispec.MediaTypeImageManifest, ocispec.DescriptorEmptyJSON.Digest))
+	var ms []ocispec.Descriptor
+	for _, b := range [][]byte{escaped, other} {
+		d := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, b)
+		if err := s.Push(ctx, d, bytes.NewReader(b)); err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, d)
+	}
+	ps, err := s.Predecessors(ctx, ld)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []digest.Digest{md.Digest, ms[0].Digest}
+	slices.Sort(want)
+	var got []digest.Digest
+	for _, p := range ps {
+		got = append(got, p.Digest)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("predecessors of the layer: %v, want %v (the manifest and the one with an escape)", got, want)
+	}
+}

@@ -272,7 +272,7 @@ func uniqueBytes(t *testing.T, r repo, gone, keep []*layout.PushResult) int64 {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, c := range ver.Chunks {
+			for _, c := range ver.ChunkDescriptors() {
 				m[c.Digest] = c.Size
 			}
 			for _, d := range manifestsUnder(t, r, v.Root) {

@@ -47,7 +47,7 @@ type Details struct {
 // Inspect opens and verifies the version desc of t and describes it,
 // with the tags that point at it now.
 func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Details, error) {
-	v, err := layout.Open(ctx, t, desc)
+	v, err := layout.OpenWith(ctx, t, desc, layout.OpenOptions{SkipEdges: true}) // whole chunks at most
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +57,7 @@ func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Detai
 		Files:         FileList{x: v.Index},
 		Bytes:         v.Index.Bytes(),
 	}
-	d.Chunks, d.UniqueBytes = uniqueChunks(v.Index.Chunks)
+	d.Chunks, d.UniqueBytes = uniqueChunks(v.Index)
 	tags, err := oci.ListTags(ctx, t)
 	if err != nil {
 		return nil, fmt.Errorf("list tags: %w", err)
@@ -171,16 +171,14 @@ func fileInfo(f layout.File) FileInfo {
 	return fi
 }
 
-func uniqueChunks(cs []layout.Chunk) (int, int64) {
-	seen := make(map[digest.Digest]bool, len(cs))
+// uniqueChunks returns the number and the bytes of the distinct chunks of
+// an opened index, which lists each chunk once.
+func uniqueChunks(x *layout.Index) (int, int64) {
 	var n int64
-	for _, c := range cs {
-		if !seen[c.Digest] {
-			seen[c.Digest] = true
-			n += c.Size
-		}
+	for k := range x.NumChunks() {
+		n += x.ChunkSize(k)
 	}
-	return len(seen), n
+	return x.NumChunks(), n
 }
 
 // FileChange is a path present in both versions with different contents,
@@ -222,11 +220,11 @@ type Side struct {
 // Compare opens and verifies versions a and b and compares them at file and
 // chunk level.
 func Compare(ctx context.Context, a, b Side) (*Diff, error) {
-	va, err := layout.Open(ctx, a.Src, a.Desc)
+	va, err := layout.OpenWith(ctx, a.Src, a.Desc, layout.OpenOptions{SkipEdges: true})
 	if err != nil {
 		return nil, err
 	}
-	vb, err := layout.Open(ctx, b.Src, b.Desc)
+	vb, err := layout.OpenWith(ctx, b.Src, b.Desc, layout.OpenOptions{SkipEdges: true})
 	if err != nil {
 		return nil, err
 	}
@@ -254,22 +252,23 @@ func Compare(ctx context.Context, a, b Side) (*Diff, error) {
 		}
 	}
 	chunksA := map[digest.Digest]bool{}
-	for _, c := range va.Index.Chunks {
-		chunksA[c.Digest] = true
+	for k := range va.Index.NumChunks() {
+		chunksA[va.Index.ChunkDigest(k)] = true
 	}
 	d.ChunksA = len(chunksA)
 	seen := map[digest.Digest]bool{}
-	for _, c := range vb.Index.Chunks {
-		if seen[c.Digest] {
+	for k := range vb.Index.NumChunks() {
+		c := vb.Index.ChunkDigest(k)
+		if seen[c] {
 			continue
 		}
-		seen[c.Digest] = true
-		if chunksA[c.Digest] {
+		seen[c] = true
+		if chunksA[c] {
 			d.SharedChunks++
-			d.SharedBytes += c.Size
+			d.SharedBytes += vb.Index.ChunkSize(k)
 		} else {
 			d.NewChunks++
-			d.NewBytes += c.Size
+			d.NewBytes += vb.Index.ChunkSize(k)
 		}
 	}
 	d.ChunksB = len(seen)

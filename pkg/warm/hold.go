@@ -34,14 +34,14 @@ func Hold(cache *chunkcache.Cache, ver *layout.Version, ref, pinned, mountpoint 
 	rec, gerr := store.Get(ver.Root.Digest)
 	if gerr != nil || rec.Patterns != "" {
 		rec = Record{Ref: ref, Pinned: pinned, Root: ver.Root, Warmed: rec.Warmed}
-		for _, c := range ver.Chunks {
-			rec.Chunks = append(rec.Chunks, Blob{Digest: c.Digest, Size: c.Size})
+		for k := range ver.NumChunks() {
+			rec.Chunks = append(rec.Chunks, Blob{Digest: ver.Index.ChunkDigest(k), Size: ver.Index.ChunkSize(k)})
 		}
 	}
 	rec.Used = time.Now().UTC()
 	perr := store.Put(rec)
 	owner := "mount:" + mountpoint
-	cache.Protect(owner, ver.Chunks)
+	cache.Protect(owner, ver.ChunkDescriptors())
 	drop, lerr := store.Lease(ver.Root.Digest, mountpoint)
 	if lerr != nil {
 		drop = func() {}

@@ -94,7 +94,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 		for _, x := range f.Extents {
 			if !seen[x.Chunk] {
 				seen[x.Chunk] = true
-				tg.Need = append(tg.Need, ver.Chunks[x.Chunk])
+				tg.Need = append(tg.Need, ver.Chunk(x.Chunk))
 			}
 		}
 	}
