@@ -48,6 +48,7 @@ type destDir struct {
 // names in it can be opened again safely.
 type tmpDir struct {
 	fd     int
+	dev    uint64 // the device it is on
 	parent string // slash path under the destination of its parent directory
 	name   string
 	shared bool   // the fixed name, kept after a failure so a re-run resumes
@@ -326,7 +327,7 @@ func (d *destDir) openPrivate(pfd int, parent, name string, shared bool) (*tmpDi
 		}
 		return nil, &os.PathError{Op: "lock", Path: d.full(rel), Err: err}
 	}
-	t := &tmpDir{fd: fd, parent: parent, name: name, shared: shared, full: d.full(rel)}
+	t := &tmpDir{fd: fd, dev: uint64(st.Dev), parent: parent, name: name, shared: shared, full: d.full(rel)}
 	if shared {
 		// A descriptor of its own: reading moves the offset.
 		dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

@@ -221,3 +221,52 @@ func (x *Index) fileRef(i int) *File {
 	f := x.File(i)
 	return &f
 }
+
+// targetSlots returns, for each chunk of x, an empty slice with room for a
+// slot per extent of a regular file in that chunk: the slots of a pull are
+// appended without growing, in one allocation.
+func (x *Index) targetSlots() [][]slot {
+	counts := make([]int, x.NumChunks())
+	if x.ent != nil && x.Files == nil {
+		for _, e := range x.ent.ext {
+			counts[e.chunk]++
+		}
+	} else {
+		for i := range x.Files {
+			if x.Files[i].Type == TypeFile {
+				for _, e := range x.Files[i].Extents {
+					counts[e.Chunk]++
+				}
+			}
+		}
+	}
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	flat := make([]slot, total)
+	out := make([][]slot, x.NumChunks())
+	off := 0
+	for k, n := range counts {
+		out[k] = flat[off : off : off+n]
+		off += n
+	}
+	return out
+}
+
+// extentAt returns where extent k of entry i lies in the file (fileOff),
+// in its chunk (chunkOff), and its length.
+func (x *Index) extentAt(i, k int) (fileOff, chunkOff, n int64) {
+	if x.ent != nil && x.Files == nil {
+		exts := x.ent.extents(i)
+		for _, e := range exts[:k] {
+			fileOff += int64(e.length)
+		}
+		return fileOff, int64(exts[k].off), int64(exts[k].length)
+	}
+	exts := x.Files[i].Extents
+	for _, e := range exts[:k] {
+		fileOff += e.Length
+	}
+	return fileOff, exts[k].Offset, exts[k].Length
+}

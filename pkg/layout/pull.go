@@ -65,6 +65,24 @@ type target struct {
 	n                 int64
 }
 
+// slot names a target by its file and extent, in 8 bytes: a pull holds
+// one per extent still to write, and resolves a chunk's into targets only
+// while it writes that chunk.
+type slot struct{ file, ext int32 }
+
+// resolve returns the targets the slots ss name.
+func (x *Index) resolve(ss []slot) []target {
+	ts := make([]target, len(ss))
+	for k, s := range ss {
+		fileOff, chunkOff, n := x.extentAt(int(s.file), int(s.ext))
+		ts[k] = target{file: int(s.file), fileOff: fileOff, chunkOff: chunkOff, n: n}
+	}
+	return ts
+}
+
+// A pull of a million files holds one for each, in one slab (pullFiles):
+// the path is the index's (no copy) and the device the temporary
+// directory's.
 type pullFile struct {
 	path      string       // the entry's path
 	size      int64        // the entry's size
@@ -75,8 +93,22 @@ type pullFile struct {
 	// so temporaries exist only for files in flight.
 	mu       sync.Mutex
 	created  bool
-	dev, ino uint64 // its identity: a file put in its place is refused
 	verified bool   // its bytes were copied from a file checked against its digest
+	ino      uint64 // its identity on tmp.dev: a file put in its place is refused
+}
+
+// pullFiles hands out the pullFiles of a pull from slabs, so that a
+// million files cost a few large allocations, not a million small ones.
+type pullFiles struct{ slab []pullFile }
+
+// next returns a zeroed pullFile.
+func (s *pullFiles) next() *pullFile {
+	if len(s.slab) == 0 {
+		s.slab = make([]pullFile, 4096)
+	}
+	pf := &s.slab[0]
+	s.slab = s.slab[1:]
+	return pf
 }
 
 // tmpName is the name of the temporary file of the entry p in a pull's
@@ -104,7 +136,7 @@ func (pf *pullFile) open(flags int) (*os.File, error) {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "stat", Path: pf.tmpPath(), Err: err}
 	}
-	if uint64(st.Dev) != pf.dev || uint64(st.Ino) != pf.ino {
+	if uint64(st.Dev) != pf.tmp.dev || uint64(st.Ino) != pf.ino {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath(), ErrUnsafeDestination)
 	}
@@ -178,7 +210,8 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		}
 	}
 	files := make([]*pullFile, x.Len())
-	byChunk := make([][]target, x.NumChunks())
+	byChunk := x.targetSlots()
+	var slab pullFiles
 	previous := opt.Cache.pulledFiles() // what an earlier pull left here
 	var ready []int
 	var readyMu sync.Mutex
@@ -196,7 +229,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		if err := digestKnown(f, x); err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
-		pf, done, err := d.prepareFile(f, x, opt.Cache, buf, dc, made[parentOf(f.Path)])
+		pf, done, err := d.prepareFile(f, x, opt.Cache, buf, dc, made[parentOf(f.Path)], &slab)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
@@ -209,7 +242,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		var off, remaining int64
 		for k, e := range f.Extents {
 			if !done[k] {
-				byChunk[e.Chunk] = append(byChunk[e.Chunk], target{file: i, fileOff: off, chunkOff: e.Offset, n: e.Length})
+				byChunk[e.Chunk] = append(byChunk[e.Chunk], slot{file: int32(i), ext: int32(k)})
 				remaining += e.Length
 			} else {
 				opt.Counters.Processed.Add(e.Length) // verified by a previous pull
@@ -270,7 +303,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	// fetchPacked fetches chunk k whole, then writes each file that lies
 	// wholly in it straight to its temporary file and into place.
 	fetchPacked := func(k int) error {
-		desc, ts := v.Chunk(k), byChunk[k]
+		desc, ts := v.Chunk(k), x.resolve(byChunk[k])
 		if err := packSem.Acquire(gctx, desc.Size); err != nil {
 			return err
 		}
@@ -330,7 +363,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		return written(rest)
 	}
 	fetch := func(k int) {
-		desc, ts := v.Chunk(k), byChunk[k]
+		desc, ts := v.Chunk(k), x.resolve(byChunk[k])
 		g.Go(func() error {
 			if packed(desc, ts) {
 				return fetchPacked(k)
@@ -378,7 +411,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	go func() {
 		defer close(copies)
 		for k, loc := range local {
-			desc, ts := v.Chunk(k), byChunk[k]
+			desc, ts := v.Chunk(k), x.resolve(byChunk[k])
 			lg.Go(func() error {
 				buf := bufs.Get().(*[]byte)
 				defer bufs.Put(buf)
@@ -623,7 +656,7 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 // match but have other links are copied, not modified in place. dc holds
 // the parent directory's descriptor; fresh says that directory was made by
 // this pull, so nothing is at the final name to look at.
-func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, dc *dirFD, fresh bool) (*pullFile, []bool, error) {
+func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, dc *dirFD, fresh bool, slab *pullFiles) (*pullFile, []bool, error) {
 	parent := parentOf(f.Path)
 	pfd, dev, err := dc.get(parent)
 	if err != nil {
@@ -659,7 +692,8 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 	if err != nil {
 		return nil, nil, err
 	}
-	pf := &pullFile{path: f.Path, size: f.Size, tmp: tmp, verified: verified}
+	pf := slab.next()
+	pf.path, pf.size, pf.tmp, pf.verified = f.Path, f.Size, tmp, verified
 	done := make([]bool, len(f.Extents))
 	if existing == nil && f.Size > 0 && !tmp.names[pf.name()] {
 		// The temporary file is created when the first chunk arrives,
@@ -804,7 +838,11 @@ func (pf *pullFile) createFD() (fd int, leftover bool, err error) {
 		unix.Close(fd)
 		return -1, false, &os.PathError{Op: "stat", Path: pf.tmpPath(), Err: err}
 	}
-	pf.dev, pf.ino = uint64(st.Dev), uint64(st.Ino)
+	if uint64(st.Dev) != pf.tmp.dev {
+		unix.Close(fd)
+		return -1, false, fmt.Errorf("%s: %w: the temporary file is on another device than its directory", pf.tmpPath(), ErrUnsafeDestination)
+	}
+	pf.ino = uint64(st.Ino)
 	return fd, leftover, nil
 }
 

@@ -157,7 +157,7 @@ func (d *destDir) writeWhole(x *Index, pf *pullFile, f *File, data []byte, dc *d
 // goes; one with contents is the user's data and an error.
 func (d *destDir) renameInto(pf *pullFile, pfd int, rel string) error {
 	var st unix.Stat_t
-	if err := unix.Fstatat(pf.tmp.fd, pf.name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || uint64(st.Dev) != pf.dev || uint64(st.Ino) != pf.ino {
+	if err := unix.Fstatat(pf.tmp.fd, pf.name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || uint64(st.Dev) != pf.tmp.dev || uint64(st.Ino) != pf.ino {
 		return fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath(), ErrUnsafeDestination)
 	}
 	base := path.Base(rel)

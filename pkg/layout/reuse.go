@@ -141,7 +141,7 @@ func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts
 // (previous records it), else at the same place in a file already at the
 // final name of a file being written (an in-place fine-tune keeps most
 // tensors where they were). Every candidate is verified when copied.
-func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, previous map[string]cachedFile) map[int]localChunk {
+func (d *destDir) localChunks(x *Index, byChunk [][]slot, files []*pullFile, previous map[string]cachedFile) map[int]localChunk {
 	needed := map[digest.Digest]int{}
 	for k, ts := range byChunk {
 		if len(ts) > 0 {
@@ -205,7 +205,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]target, files []*pullFile, p
 
 // wantsWholeChunk reports whether f has an extent that is a whole chunk
 // still needed and not yet found.
-func wantsWholeChunk(f *File, x *Index, byChunk [][]target, found map[int]localChunk) bool {
+func wantsWholeChunk(f *File, x *Index, byChunk [][]slot, found map[int]localChunk) bool {
 	for _, e := range f.Extents {
 		if _, ok := found[e.Chunk]; !ok && len(byChunk[e.Chunk]) > 0 && e.Offset == 0 && e.Length == x.ChunkSize(e.Chunk) {
 			return true
