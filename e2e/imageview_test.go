@@ -355,7 +355,7 @@ func manifestStatus(t *testing.T, reg *registry, repo, dgst string) int {
 // the image as a referrer of the version, and that gc --apply deletes it
 // with the version.
 func TestImageView(t *testing.T) {
-	forTargets(t, func(t *testing.T, tg target) {
+	forKinds(t, []string{"distribution", "ggcr", "ggcr-referrers", "oci-layout"}, func(t *testing.T, tg target) {
 		src := filepath.Join(t.TempDir(), "src")
 		imageViewSource(t, src, 24<<20)
 		repo := tg.repo("team/llama")
@@ -488,6 +488,16 @@ func TestImageView(t *testing.T) {
 		mustJSON(t, []byte(mustRun(t, "inspect", "--json", repo+":v1").stdout), &insp)
 		if !slices.Equal(insp.Images, []string{repo + "@" + e1.Digest}) {
 			t.Errorf("inspect v1: images %v: want [%s]", insp.Images, repo+"@"+e1.Digest)
+		}
+		if tg.name == "ggcr-referrers" {
+			// A registry with the referrers API lists the view there, and
+			// gets no fallback tag.
+			if got := listReferrers(t, tg.reg, "team/llama", vd, ""); !slices.Contains(got, e1.Digest) {
+				t.Errorf("referrers API of v1: %v, want the image view %s", got, e1.Digest)
+			}
+			if fb := "sha256-" + strings.TrimPrefix(vd, "sha256:"); slices.Contains(listTags(t, tg.reg, "team/llama"), fb) {
+				t.Errorf("a registry serving referrers got the fallback tag %s", fb)
+			}
 		}
 		text := mustRun(t, "inspect", repo+":v2").stdout
 		if !strings.Contains(text, "image:     "+repo+"@"+e3.Digest) {

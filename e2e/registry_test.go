@@ -43,7 +43,14 @@ func (tg target) repo(name string) string {
 
 // forTargets runs f as one subtest per target.
 func forTargets(t *testing.T, f func(t *testing.T, tg target)) {
-	for _, kind := range []string{"distribution", "ggcr", "oci-layout"} {
+	forKinds(t, []string{"distribution", "ggcr", "oci-layout"}, f)
+}
+
+// forKinds is forTargets over the named kinds: those of forTargets, and
+// "ggcr-referrers" (go-containerregistry's registry serving the OCI 1.1
+// referrers API).
+func forKinds(t *testing.T, kinds []string, f func(t *testing.T, tg target)) {
+	for _, kind := range kinds {
 		t.Run(kind, func(t *testing.T) {
 			var tg target
 			switch kind {
@@ -51,6 +58,8 @@ func forTargets(t *testing.T, f func(t *testing.T, tg target)) {
 				tg = target{name: kind, reg: newDistribution(t)}
 			case "ggcr":
 				tg = target{name: kind, reg: newGGCR(t)}
+			case "ggcr-referrers":
+				tg = target{name: kind, reg: newGGCRReferrers(t)}
 			default:
 				tg = target{name: kind, root: t.TempDir()}
 			}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -267,8 +268,18 @@ func TestSignCosignInterop(t *testing.T) {
 // sigReferrers lists the cosign signature referrers of d in name through
 // the registry's referrers API.
 func sigReferrers(t testing.TB, reg *registry, name, d string) []string {
+	return listReferrers(t, reg, name, d, "application/vnd.dev.cosign.artifact.sig.v1+json")
+}
+
+// listReferrers lists the referrers of d in name of the artifact type
+// (any, if empty) through the registry's referrers API.
+func listReferrers(t testing.TB, reg *registry, name, d, artifactType string) []string {
 	t.Helper()
-	resp, err := http.Get(reg.URL + "/v2/" + name + "/referrers/" + d + "?artifactType=application/vnd.dev.cosign.artifact.sig.v1%2Bjson")
+	u := reg.URL + "/v2/" + name + "/referrers/" + d
+	if artifactType != "" {
+		u += "?artifactType=" + url.QueryEscape(artifactType)
+	}
+	resp, err := http.Get(u)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +298,7 @@ func sigReferrers(t testing.TB, reg *registry, name, d string) []string {
 	}
 	var out []string
 	for _, m := range idx.Manifests {
-		if m.ArtifactType == "application/vnd.dev.cosign.artifact.sig.v1+json" {
+		if artifactType == "" || m.ArtifactType == artifactType {
 			out = append(out, m.Digest)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // AnnotationVolumeDigest names, on an image view's manifest and in its
@@ -252,6 +253,13 @@ func Build(ctx context.Context, src content.Fetcher, ver *layout.Version, dsts [
 	img.Manifest = content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, mb)
 	img.Manifest.Annotations = m.Annotations
 	for _, d := range dsts {
+		// Where the registry serves the referrers API it lists the view by
+		// its subject; asking first keeps the push from also writing the
+		// tag-schema fallback index, which registries that do not send
+		// OCI-Subject would otherwise get.
+		if _, err := oci.ServesReferrers(ctx, d, *m.Subject); err != nil {
+			return nil, fmt.Errorf("image view of %s: %w", ver.Root.Digest, err)
+		}
 		if err := d.Push(ctx, img.Manifest, strings.NewReader(string(mb))); err != nil && !alreadyExists(err) {
 			return nil, fmt.Errorf("image view of %s: manifest %s: %w", ver.Root.Digest, img.Manifest.Digest, err)
 		}
