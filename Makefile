@@ -44,7 +44,9 @@ $(COSIGN):
 e2e: $(COSIGN)
 	cd e2e && BDNVOL_COSIGN=$(COSIGN) CI=$${CI:-true} $(GO) test -count=1 -timeout 25m ./...
 
-test: vet unit fuzz e2e
+# check-manifests first: deploy/ must pin the image this source builds
+# (run make deploy-manifests after changing the code).
+test: check-manifests vet unit fuzz e2e
 
 bench:
 	bash bench/bench.sh && bash bench/dataset.sh && bash bench/mount.sh && BENCH_LINK=1 bash bench/mount.sh
