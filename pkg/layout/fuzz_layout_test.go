@@ -144,31 +144,38 @@ func FuzzOpenLayout(f *testing.F) {
 			}
 		}()
 		_, _ = oci.LayoutReachable(ctx, dir)
-		tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
-		if err != nil {
-			return
-		}
-		tags, err := oci.ListTags(ctx, tg)
-		if err != nil {
-			return
-		}
-		refs := append(tags, digest.FromBytes(blob).String())
-		for i, ref := range refs {
-			if i > 8 {
-				break
-			}
-			d, err := tg.Resolve(ctx, ref)
-			if err != nil {
-				continue
-			}
-			if v, err := Open(ctx, tg, d); err == nil {
+		fuzzVersions(ctx, dir, blob, 9, func(tg oci.Target, d ocispec.Descriptor, v *Version, err error) {
+			if err == nil {
 				if err := v.Index.Validate(); err != nil {
 					t.Fatalf("Open returned an invalid index: %v", err)
 				}
 			}
 			_, _ = tg.Predecessors(ctx, d)
-		}
+		})
 	})
+}
+
+// fuzzVersions opens the layout dir and calls fn with each of its first n
+// references (its tags, then the digest of blob) that resolve, and the
+// version Open makes of it (or Open's error).
+func fuzzVersions(ctx context.Context, dir string, blob []byte, n int, fn func(tg oci.Target, d ocispec.Descriptor, v *Version, err error)) {
+	tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
+	if err != nil {
+		return
+	}
+	tags, err := oci.ListTags(ctx, tg)
+	if err != nil {
+		return
+	}
+	refs := append(tags, digest.FromBytes(blob).String())
+	for _, ref := range refs[:min(n, len(refs))] {
+		d, err := tg.Resolve(ctx, ref)
+		if err != nil {
+			continue
+		}
+		v, err := Open(ctx, tg, d)
+		fn(tg, d, v, err)
+	}
 }
 
 // placeholders rewrites b with the placeholders of the descriptor of blob
@@ -275,35 +282,17 @@ func FuzzPullLayout(f *testing.F) {
 	f.Fuzz(func(t *testing.T, index, manifest, blob, data, plants []byte, stepwise, verifyFiles bool) {
 		dir := t.TempDir()
 		buildFuzzLayout(t, dir, index, manifest, blob, data)
-		ctx := context.Background()
-		tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
-		if err != nil {
-			return
-		}
-		tags, err := oci.ListTags(ctx, tg)
-		if err != nil {
-			return
-		}
-		refs := append(tags, digest.FromBytes(blob).String())
-		for i, ref := range refs {
-			if i > 4 {
-				break
-			}
-			d, err := tg.Resolve(ctx, ref)
+		fuzzVersions(context.Background(), dir, blob, 5, func(tg oci.Target, _ ocispec.Descriptor, v *Version, err error) {
 			if err != nil {
-				continue
-			}
-			v, err := Open(ctx, tg, d)
-			if err != nil {
-				continue
+				return
 			}
 			m := pullMode{stepwise: stepwise, verifyFiles: verifyFiles}
 			dst, planted, err := pullPlanted(t, tg, v, indexPaths(v.Index), plants, m)
 			if err != nil {
 				t.Logf("pull refused: %v", err)
-				continue
+				return
 			}
 			checkTree(t, dst, tg, v.Index, planted, m)
-		}
+		})
 	})
 }

@@ -80,9 +80,9 @@ func (x *Index) resolve(ss []slot) []target {
 	return ts
 }
 
-// A pull of a million files holds one for each, in one slab (pullFiles):
-// the path is the index's (no copy) and the device the temporary
-// directory's.
+// pullFile is a regular file the pull writes. A pull of a million files
+// holds one for each, from slabs (pullFiles): the path is the index's (no
+// copy) and the device the temporary directory's.
 type pullFile struct {
 	path      string       // the entry's path
 	size      int64        // the entry's size
@@ -300,10 +300,10 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	}
 	packSem := semaphore.NewWeighted(packBudget)
 	packBufs := sync.Pool{New: func() any { return new([]byte) }}
-	// fetchPacked fetches chunk k whole, then writes each file that lies
-	// wholly in it straight to its temporary file and into place.
-	fetchPacked := func(k int) error {
-		desc, ts := v.Chunk(k), x.resolve(byChunk[k])
+	// fetchPacked fetches chunk k (desc, with its targets ts) whole, then
+	// writes each file that lies wholly in it straight to its temporary
+	// file and into place.
+	fetchPacked := func(desc ocispec.Descriptor, ts []target) error {
 		if err := packSem.Acquire(gctx, desc.Size); err != nil {
 			return err
 		}
@@ -366,7 +366,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		desc, ts := v.Chunk(k), x.resolve(byChunk[k])
 		g.Go(func() error {
 			if packed(desc, ts) {
-				return fetchPacked(k)
+				return fetchPacked(desc, ts)
 			}
 			buf := bufs.Get().(*[]byte)
 			defer bufs.Put(buf)
