@@ -155,15 +155,17 @@ func (r *registry) Stats() stats {
 	return s
 }
 
-// Settle waits until the registry has served nothing for a while (bounded),
-// so that a client's fetches in flight (a mount's readahead) are not
-// counted after a ResetStats that follows.
+// Settle waits until the registry has served and received no blob bytes
+// for a while (bounded), so that a client's transfers in flight (a mount's
+// readahead, the body a killed push had already sent) are not counted
+// after a ResetStats that follows.
 func (r *registry) Settle(t *testing.T) {
 	t.Helper()
-	last, quiet := r.Stats().BlobBytesOut, 0
+	moved := func() int64 { st := r.Stats(); return st.BlobBytesOut + st.BlobBytesIn }
+	last, quiet := moved(), 0
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && quiet < 3; {
 		time.Sleep(100 * time.Millisecond)
-		if n := r.Stats().BlobBytesOut; n == last {
+		if n := moved(); n == last {
 			quiet++
 		} else {
 			last, quiet = n, 0
