@@ -19,15 +19,18 @@ unit:
 
 # Short fuzz runs of the parsers that read untrusted input, and of pull into a
 # directory with planted links (an honest push, and a layout built from the
-# fuzzer's bytes).
+# fuzzer's bytes). Budgets are counts of executions (about 5 s each here), not
+# durations: a -fuzztime duration races Go's fuzz coordinator at the deadline
+# and fails with a bare "context deadline exceeded" on a loaded machine
+# (go.dev/issue/75804, fixed in Go 1.27).
 fuzz:
-	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=5s ./pkg/layout
-	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=5s ./pkg/layout
-	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=5s ./pkg/layout
-	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=5s ./pkg/layout
-	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=5s ./pkg/oci
-	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=5s -fuzzminimizetime=50x ./pkg/layout
-	$(GO) test -run='^$$' -fuzz='^FuzzPullLayout$$' -fuzztime=5s -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=300x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=30000x -fuzzminimizetime=50x ./pkg/oci
+	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=1200x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzPullLayout$$' -fuzztime=1200x -fuzzminimizetime=50x ./pkg/layout
 
 # The cosign CLI the signature e2e tests run against, installed once into a
 # cache directory that later runs reuse (keep COSIGN_VERSION in step with
