@@ -120,16 +120,17 @@ func (c *VersionCmd) Run(g *Globals) error {
 type usageError struct{ error }
 
 // defaultMemoryLimit is the soft memory limit of the Go runtime, when
-// GOMEMLIMIT is unset, for the commands that hold indexes rather than
-// move data (memoryLimited): their heap (a diff of two million-file
-// versions: two indexes) is collected before it doubles. It is soft: a
-// command whose live data is larger still runs, with more GC. Push and
-// pull, whose speed matters and whose buffers come and go, keep the GC's
-// default pacing.
+// GOMEMLIMIT is unset, for the commands whose live data grows with the
+// file count (memoryLimited): their heap (a diff of two million-file
+// versions: two indexes; a pull of a million files: the index and 45
+// bytes a file) is collected before it doubles. It is soft: a command
+// whose live data is larger still runs, with more GC. A pull of large
+// files holds far less than the limit, which then never binds. Push
+// keeps the GC's default pacing.
 const defaultMemoryLimit = 192 << 20
 
 // memoryLimited names the commands defaultMemoryLimit applies to.
-var memoryLimited = map[string]bool{"mount": true, "versions": true, "inspect": true, "diff": true, "history": true, "verify": true}
+var memoryLimited = map[string]bool{"pull": true, "mount": true, "versions": true, "inspect": true, "diff": true, "history": true, "verify": true}
 
 // commandName returns the first argument that is not a flag: the command,
 // unless a global flag with a value comes first (then no limit is set).

@@ -216,6 +216,18 @@ func (x *Index) compact(skipEdges bool) error {
 
 func (e *entries) String() string { return fmt.Sprintf("%d entries", e.len()) }
 
+// size returns the size of entry i: the sum of its extents.
+func (x *Index) size(i int) int64 {
+	if x.ent != nil && x.Files == nil {
+		var n int64
+		for _, e := range x.ent.extents(i) {
+			n += int64(e.length)
+		}
+		return n
+	}
+	return x.Files[i].Size
+}
+
 // fileRef returns a copy of entry i to pass by pointer.
 func (x *Index) fileRef(i int) *File {
 	f := x.File(i)

@@ -80,37 +80,6 @@ func (x *Index) resolve(ss []slot) []target {
 	return ts
 }
 
-// pullFile is a regular file the pull writes. A pull of a million files
-// holds one for each, from slabs (pullFiles): the path is the index's (no
-// copy) and the device the temporary directory's.
-type pullFile struct {
-	path      string       // the entry's path
-	size      int64        // the entry's size
-	tmp       *tmpDir      // where the temporary file is
-	remaining atomic.Int64 // bytes not yet written from verified chunks
-
-	// The temporary file is created when the first chunk for it arrives,
-	// so temporaries exist only for files in flight.
-	mu       sync.Mutex
-	created  bool
-	verified bool   // its bytes were copied from a file checked against its digest
-	ino      uint64 // its identity on tmp.dev: a file put in its place is refused
-}
-
-// pullFiles hands out the pullFiles of a pull from slabs, so that a
-// million files cost a few large allocations, not a million small ones.
-type pullFiles struct{ slab []pullFile }
-
-// next returns a zeroed pullFile.
-func (s *pullFiles) next() *pullFile {
-	if len(s.slab) == 0 {
-		s.slab = make([]pullFile, 4096)
-	}
-	pf := &s.slab[0]
-	s.slab = s.slab[1:]
-	return pf
-}
-
 // tmpName is the name of the temporary file of the entry p in a pull's
 // private directory: the same on every run, so a re-run finds it.
 func tmpName(p string) string {
@@ -118,16 +87,16 @@ func tmpName(p string) string {
 	return hex.EncodeToString(h[:16]) + ".part"
 }
 
-// name is the temporary file's name in pf.tmp.
-func (pf *pullFile) name() string { return tmpName(pf.path) }
+// name is the temporary file's name in its directory.
+func (pf pullFile) name() string { return tmpName(pf.path()) }
 
 // tmpPath is the temporary file's path, for messages.
-func (pf *pullFile) tmpPath() string { return filepath.Join(pf.tmp.full, pf.name()) }
+func (pf pullFile) tmpPath() string { return filepath.Join(pf.tmp().full, pf.name()) }
 
 // open opens the temporary file again, by name in the private directory,
 // and checks it is still the file this pull created.
-func (pf *pullFile) open(flags int) (*os.File, error) {
-	fd, err := unix.Openat(pf.tmp.fd, pf.name(), flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+func (pf pullFile) open(flags int) (*os.File, error) {
+	fd, err := unix.Openat(pf.tmp().fd, pf.name(), flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: pf.tmpPath(), Err: err}
 	}
@@ -136,7 +105,7 @@ func (pf *pullFile) open(flags int) (*os.File, error) {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "stat", Path: pf.tmpPath(), Err: err}
 	}
-	if uint64(st.Dev) != pf.tmp.dev || uint64(st.Ino) != pf.ino {
+	if uint64(st.Dev) != pf.tmp().dev || uint64(st.Ino) != pf.inode() {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath(), ErrUnsafeDestination)
 	}
@@ -145,10 +114,11 @@ func (pf *pullFile) open(flags int) (*os.File, error) {
 
 // openWrite opens the temporary file for writing, creating it (empty, of
 // the entry's size) on first use.
-func (pf *pullFile) openWrite() (*os.File, error) {
-	pf.mu.Lock()
-	defer pf.mu.Unlock()
-	if pf.created {
+func (pf pullFile) openWrite() (*os.File, error) {
+	mu := pf.lock()
+	mu.Lock()
+	defer mu.Unlock()
+	if pf.created() {
 		return pf.open(unix.O_WRONLY)
 	}
 	fh, leftover, err := pf.create()
@@ -159,13 +129,13 @@ func (pf *pullFile) openWrite() (*os.File, error) {
 		err = fh.Truncate(0)
 	}
 	if err == nil {
-		err = fh.Truncate(pf.size)
+		err = fh.Truncate(pf.size())
 	}
 	if err != nil {
 		fh.Close()
 		return nil, err
 	}
-	pf.created = true
+	pf.setCreated()
 	return fh, nil
 }
 
@@ -209,9 +179,8 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			made[f.Path] = m
 		}
 	}
-	files := make([]*pullFile, x.Len())
+	files := newPullSet(x)
 	byChunk := x.targetSlots()
-	var slab pullFiles
 	previous := opt.Cache.pulledFiles() // what an earlier pull left here
 	var ready []int
 	var readyMu sync.Mutex
@@ -229,16 +198,15 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		if err := digestKnown(f, x); err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
-		pf, done, err := d.prepareFile(f, x, opt.Cache, buf, dc, made[parentOf(f.Path)], &slab)
+		pf, done, err := d.prepareFile(f, x, opt.Cache, buf, dc, made[parentOf(f.Path)], files, i)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
-		if pf == nil {
+		if pf.s == nil {
 			res.FilesReused++
 			opt.Counters.Processed.Add(f.Size)
 			continue
 		}
-		files[i] = pf
 		var off, remaining int64
 		for k, e := range f.Extents {
 			if !done[k] {
@@ -249,7 +217,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			}
 			off += e.Length
 		}
-		pf.remaining.Store(remaining)
+		pf.remaining().Store(remaining)
 		if remaining == 0 {
 			ready = append(ready, i)
 		}
@@ -272,11 +240,11 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			return nil
 		}
 		readyMu.Unlock()
-		return d.finishFile(x.fileRef(i), x, files[i], opt)
+		return d.finishFile(x.fileRef(i), x, files.at(i), opt)
 	}
 	written := func(ts []target) error {
 		for _, t := range ts {
-			if files[t.file].remaining.Add(-t.n) == 0 {
+			if files.at(t.file).remaining().Add(-t.n) == 0 {
 				if err := finish(t.file); err != nil {
 					return err
 				}
@@ -334,7 +302,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		var rest []target // targets written through the temporary file
 		var n int64
 		for _, t := range ts {
-			f, pf := x.fileRef(t.file), files[t.file]
+			f, pf := x.fileRef(t.file), files.at(t.file)
 			block := data[t.chunkOff : t.chunkOff+t.n]
 			n += t.n
 			if t.fileOff == 0 && t.n == f.Size && !waits(t.file) {
@@ -343,7 +311,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, f.Path, err)
 				}
 				if ok {
-					pf.remaining.Add(-t.n)
+					pf.remaining().Add(-t.n)
 					continue
 				}
 			}
@@ -449,7 +417,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	readyMu.Unlock()
 	if lerr == nil {
 		for _, i := range ready {
-			if lerr = d.finishFile(x.fileRef(i), x, files[i], opt); lerr != nil {
+			if lerr = d.finishFile(x.fileRef(i), x, files.at(i), opt); lerr != nil {
 				break
 			}
 		}
@@ -548,7 +516,7 @@ func refetchable(ctx context.Context, err error) bool {
 // openFiles keeps a few temporary files open while a chunk is written to
 // them, so that open descriptors stay bounded whatever the file count.
 type openFiles struct {
-	files []*pullFile
+	files *pullSet
 	open  []openFile
 }
 
@@ -571,7 +539,7 @@ func (o *openFiles) get(i int) (*os.File, error) {
 		}
 		o.open = append(o.open[:0], o.open[1:]...)
 	}
-	fh, err := o.files[i].openWrite()
+	fh, err := o.files.at(i).openWrite()
 	if err != nil {
 		return nil, err
 	}
@@ -595,7 +563,7 @@ func (o *openFiles) close() error {
 // renamed into place unless this returns nil, so unverified bytes are never
 // visible under a final name. File bytes written count as processed once:
 // credited is how far into the chunk earlier attempts counted.
-func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files []*pullFile, buf []byte, c *Counters, credited *int64) error {
+func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files *pullSet, buf []byte, c *Counters, credited *int64) error {
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
 		return err
@@ -650,50 +618,50 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 
 // prepareFile looks at what is at the final name of the regular file f. If
 // it already holds f's bytes, has no other link, its mode is set (through a
-// descriptor) and prepareFile returns a nil pullFile. Otherwise it creates
+// descriptor) and prepareFile returns a zero pullFile. Otherwise it creates
 // the temporary file, or reuses one left by an interrupted pull, and
 // reports which extents it already holds. Bytes at the final name that
 // match but have other links are copied, not modified in place. dc holds
 // the parent directory's descriptor; fresh says that directory was made by
-// this pull, so nothing is at the final name to look at.
-func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, dc *dirFD, fresh bool, slab *pullFiles) (*pullFile, []bool, error) {
+// this pull, so nothing is at the final name to look at. f is entry i of
+// x; the file to write is added to files (a zero pullFile: nothing to write).
+func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, dc *dirFD, fresh bool, files *pullSet, i int) (pullFile, []bool, error) {
 	parent := parentOf(f.Path)
 	pfd, dev, err := dc.get(parent)
 	if err != nil {
-		return nil, nil, err
+		return pullFile{}, nil, err
 	}
 	var existing *os.File
 	var verified bool
 	if !fresh {
 		if existing, verified, err = d.matchingFile(pfd, f, x, cache); err != nil {
-			return nil, nil, err
+			return pullFile{}, nil, err
 		}
 	}
 	if existing != nil {
 		defer existing.Close()
 		info, err := existing.Stat()
 		if err != nil {
-			return nil, nil, err
+			return pullFile{}, nil, err
 		}
 		if nlink(info) == 1 {
 			if uint32(info.Mode().Perm()) != f.Mode {
 				if err := existing.Chmod(os.FileMode(f.Mode)); err != nil {
-					return nil, nil, err
+					return pullFile{}, nil, err
 				}
 				if info, err = existing.Stat(); err != nil {
-					return nil, nil, err
+					return pullFile{}, nil, err
 				}
 			}
 			cache.storePulled(x, f.Path, statKey(info), true, verified)
-			return nil, nil, nil
+			return pullFile{}, nil, nil
 		}
 	}
 	tmp, err := d.tmpFor(pfd, dev, parent)
 	if err != nil {
-		return nil, nil, err
+		return pullFile{}, nil, err
 	}
-	pf := slab.next()
-	pf.path, pf.size, pf.tmp, pf.verified = f.Path, f.Size, tmp, verified
+	pf := files.add(i, tmp, verified)
 	done := make([]bool, len(f.Extents))
 	if existing == nil && f.Size > 0 && !tmp.names[pf.name()] {
 		// The temporary file is created when the first chunk arrives,
@@ -702,18 +670,18 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 	}
 	fh, leftover, err := pf.create()
 	if err != nil {
-		return nil, nil, err
+		return pullFile{}, nil, err
 	}
 	defer fh.Close()
-	pf.created = true
+	pf.setCreated()
 	switch {
 	case existing != nil:
 		// Hard-linked elsewhere: copy the verified bytes into a new file.
 		if err := fh.Truncate(0); err != nil {
-			return nil, nil, err
+			return pullFile{}, nil, err
 		}
 		if _, err := io.CopyBuffer(fh, io.NewSectionReader(existing, 0, f.Size), buf); err != nil {
-			return nil, nil, err
+			return pullFile{}, nil, err
 		}
 		for k := range done {
 			done[k] = true
@@ -721,7 +689,7 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 	case leftover:
 		info, err := fh.Stat()
 		if err != nil {
-			return nil, nil, err
+			return pullFile{}, nil, err
 		}
 		if info.Size() == f.Size && f.Size > 0 {
 			done, _ = leftoverExtents(fh, f, x, buf)
@@ -730,10 +698,10 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 		fallthrough
 	default:
 		if err := fh.Truncate(0); err != nil {
-			return nil, nil, err
+			return pullFile{}, nil, err
 		}
 		if err := fh.Truncate(f.Size); err != nil {
-			return nil, nil, err
+			return pullFile{}, nil, err
 		}
 	}
 	return pf, done, nil
@@ -801,7 +769,7 @@ func nlink(info os.FileInfo) uint64 {
 // interrupted pull is reused (leftover is true) only if it is a regular
 // file with one link, owned by this user; anything else at its name is
 // removed first (never followed).
-func (pf *pullFile) create() (fh *os.File, leftover bool, err error) {
+func (pf pullFile) create() (fh *os.File, leftover bool, err error) {
 	fd, leftover, err := pf.createFD()
 	if err != nil {
 		return nil, false, err
@@ -810,11 +778,11 @@ func (pf *pullFile) create() (fh *os.File, leftover bool, err error) {
 }
 
 // createFD is create, returning the descriptor.
-func (pf *pullFile) createFD() (fd int, leftover bool, err error) {
+func (pf pullFile) createFD() (fd int, leftover bool, err error) {
 	const create = unix.O_RDWR | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	fd, err = unix.Openat(pf.tmp.fd, pf.name(), create, 0o600)
+	fd, err = unix.Openat(pf.tmp().fd, pf.name(), create, 0o600)
 	if errors.Is(err, unix.EEXIST) {
-		fd, err = unix.Openat(pf.tmp.fd, pf.name(), unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		fd, err = unix.Openat(pf.tmp().fd, pf.name(), unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if err == nil {
 			var st unix.Stat_t
 			if unix.Fstat(fd, &st) == nil && isRegular(&st) && st.Nlink == 1 && int(st.Uid) == os.Geteuid() {
@@ -824,10 +792,10 @@ func (pf *pullFile) createFD() (fd int, leftover bool, err error) {
 			}
 		}
 		if !leftover {
-			if err := unix.Unlinkat(pf.tmp.fd, pf.name(), 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			if err := unix.Unlinkat(pf.tmp().fd, pf.name(), 0); err != nil && !errors.Is(err, unix.ENOENT) {
 				return -1, false, &os.PathError{Op: "remove", Path: pf.tmpPath(), Err: err}
 			}
-			fd, err = unix.Openat(pf.tmp.fd, pf.name(), create, 0o600)
+			fd, err = unix.Openat(pf.tmp().fd, pf.name(), create, 0o600)
 		}
 	}
 	if err != nil {
@@ -838,11 +806,11 @@ func (pf *pullFile) createFD() (fd int, leftover bool, err error) {
 		unix.Close(fd)
 		return -1, false, &os.PathError{Op: "stat", Path: pf.tmpPath(), Err: err}
 	}
-	if uint64(st.Dev) != pf.tmp.dev {
+	if uint64(st.Dev) != pf.tmp().dev {
 		unix.Close(fd)
 		return -1, false, fmt.Errorf("%s: %w: the temporary file is on another device than its directory", pf.tmpPath(), ErrUnsafeDestination)
 	}
-	pf.ino = uint64(st.Ino)
+	pf.setInode(uint64(st.Ino))
 	return fd, leftover, nil
 }
 
@@ -933,7 +901,7 @@ func holeIn(fh *os.File, off, n int64) bool {
 // verified (with opt.VerifyFiles, after checking its SHA-256 too) and
 // renames it into place, checking right before that the name is still the
 // file it wrote. A file that does not match is removed.
-func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) error {
+func (d *destDir) finishFile(f *File, x *Index, pf pullFile, opt PullOptions) error {
 	if f.Size == 0 {
 		fh, err := pf.openWrite() // no chunk made it: create it now
 		if err != nil {
@@ -952,7 +920,7 @@ func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) e
 			return fmt.Errorf("%s: %w", f.Path, err)
 		}
 		if err := verify.Digest("file "+f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, got, f.Size); err != nil {
-			_ = unix.Unlinkat(pf.tmp.fd, pf.name(), 0)
+			_ = unix.Unlinkat(pf.tmp().fd, pf.name(), 0)
 			return err
 		}
 	}
@@ -970,7 +938,7 @@ func (d *destDir) finishFile(f *File, x *Index, pf *pullFile, opt PullOptions) e
 	if info, err := fh.Stat(); err == nil {
 		// Every byte came from a verified chunk (or a verified leftover);
 		// the file's digest is checked only if asked for or implied.
-		verified := opt.VerifyFiles || pf.verified || derivedDigest(f, x) != ""
+		verified := opt.VerifyFiles || pf.verified() || derivedDigest(f, x) != ""
 		opt.Cache.storePulled(x, f.Path, statKey(info), true, verified)
 	}
 	return nil

@@ -105,10 +105,11 @@ func (c *dirFD) close() {
 // It reports false, writing nothing, when the
 // temporary file already exists (an interrupted pull left it): the caller
 // writes through it as for any file.
-func (d *destDir) writeWhole(x *Index, pf *pullFile, f *File, data []byte, dc *dirFD, opt PullOptions) (bool, error) {
-	pf.mu.Lock()
-	defer pf.mu.Unlock()
-	if pf.created {
+func (d *destDir) writeWhole(x *Index, pf pullFile, f *File, data []byte, dc *dirFD, opt PullOptions) (bool, error) {
+	mu := pf.lock()
+	mu.Lock()
+	defer mu.Unlock()
+	if pf.created() {
 		return false, nil
 	}
 	// Always checked, as the bytes are at hand: the stat cache records
@@ -133,7 +134,7 @@ func (d *destDir) writeWhole(x *Index, pf *pullFile, f *File, data []byte, dc *d
 			return true, writeError{&os.PathError{Op: "truncate", Path: pf.tmpPath(), Err: err}}
 		}
 	}
-	pf.created = true
+	pf.setCreated()
 	if err := unix.Fchmod(fd, f.Mode); err != nil {
 		return true, &os.PathError{Op: "chmod", Path: pf.tmpPath(), Err: err}
 	}
@@ -155,21 +156,21 @@ func (d *destDir) writeWhole(x *Index, pf *pullFile, f *File, data []byte, dc *d
 // the directory pfd, checking right before that the temporary name is
 // still the file this pull created. An empty directory at the final name
 // goes; one with contents is the user's data and an error.
-func (d *destDir) renameInto(pf *pullFile, pfd int, rel string) error {
+func (d *destDir) renameInto(pf pullFile, pfd int, rel string) error {
 	var st unix.Stat_t
-	if err := unix.Fstatat(pf.tmp.fd, pf.name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || uint64(st.Dev) != pf.tmp.dev || uint64(st.Ino) != pf.ino {
+	if err := unix.Fstatat(pf.tmp().fd, pf.name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || uint64(st.Dev) != pf.tmp().dev || uint64(st.Ino) != pf.inode() {
 		return fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath(), ErrUnsafeDestination)
 	}
 	base := path.Base(rel)
-	err := unix.Renameat(pf.tmp.fd, pf.name(), pfd, base)
+	err := unix.Renameat(pf.tmp().fd, pf.name(), pfd, base)
 	if errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
 		if st, ok, _ := lstatAt(pfd, base); ok && isDir(&st) {
 			if err := unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR); err != nil {
-				_ = unix.Unlinkat(pf.tmp.fd, pf.name(), 0)
+				_ = unix.Unlinkat(pf.tmp().fd, pf.name(), 0)
 				return fmt.Errorf("%s: a non-empty directory is in the place of a file", d.full(rel))
 			}
 		}
-		err = unix.Renameat(pf.tmp.fd, pf.name(), pfd, base)
+		err = unix.Renameat(pf.tmp().fd, pf.name(), pfd, base)
 	}
 	if err != nil {
 		return &os.LinkError{Op: "rename", Old: pf.tmpPath(), New: d.full(rel), Err: err}

@@ -82,7 +82,7 @@ var errNotVouched = errors.New("not vouched for by the pull record")
 // the file's stat key, unchanged since that pull verified and wrote it,
 // before and after the copy, stands for its bytes. Any doubt returns
 // errNotVouched (nothing final was touched: targets are temporaries).
-func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts []target, files []*pullFile, c *Counters, credited *int64) error {
+func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts []target, files *pullSet, c *Counters, credited *int64) error {
 	if l.vouched == nil {
 		return errNotVouched
 	}
@@ -141,7 +141,7 @@ func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts
 // (previous records it), else at the same place in a file already at the
 // final name of a file being written (an in-place fine-tune keeps most
 // tensors where they were). Every candidate is verified when copied.
-func (d *destDir) localChunks(x *Index, byChunk [][]slot, files []*pullFile, previous map[string]cachedFile) map[int]localChunk {
+func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previous map[string]cachedFile) map[int]localChunk {
 	needed := map[digest.Digest]int{}
 	for k, ts := range byChunk {
 		if len(ts) > 0 {
@@ -173,8 +173,8 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files []*pullFile, pre
 			off += e.Length
 		}
 	}
-	for i, pf := range files {
-		if pf == nil {
+	for i := range x.Len() {
+		if !files.active(i) {
 			continue
 		}
 		f := x.fileRef(i)

@@ -33,9 +33,16 @@ type StatCache struct {
 	// by number, with their stat keys; digests and extents come from px
 	// when a record is needed (Save writes them as the other records).
 	px      *Index
-	pstat   []StatKey
+	pstat   []pulledStat
 	pkind   []uint8 // pulledNone, pulledDigest, pulledWithExtents or pulledUnverified
 	horizon int64   // after a Save: what decided Racy for the pulled; 0 before
+}
+
+// pulledStat is a pulled file's stat key less its size, which is its
+// entry's.
+type pulledStat struct {
+	mtime, ctime int64
+	ino          uint64
 }
 
 // What a compact pulled record holds besides its stat key.
@@ -163,8 +170,9 @@ func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents, verified
 	defer c.mu.Unlock()
 	c.dirty = true
 	i, ok := x.Find(p)
-	if !ok || (c.px != nil && c.px != x) {
-		// Not an entry of the index held (cannot happen in one pull).
+	if !ok || (c.px != nil && c.px != x) || k.Size != x.size(i) {
+		// Not an entry of the index held, or not of its size (cannot
+		// happen in one pull): a record of its own.
 		f := x.File(i)
 		rec := cachedFile{Stat: k, Digest: f.Digest, pulled: true, Unverified: !verified}
 		if extents && ok {
@@ -175,11 +183,11 @@ func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents, verified
 	}
 	if c.px == nil {
 		c.px = x
-		c.pstat = make([]StatKey, x.Len())
+		c.pstat = make([]pulledStat, x.Len())
 		c.pkind = make([]uint8, x.Len())
 	}
 	delete(c.data.Files, p) // an earlier pull's record, replaced
-	c.pstat[i] = k
+	c.pstat[i] = pulledStat{k.Mtime, k.Ctime, k.Ino}
 	c.pkind[i] = pulledDigest
 	switch {
 	case extents && verified:
@@ -206,7 +214,8 @@ func (c *StatCache) pulledRecord(p string) (cachedFile, bool) {
 // held.
 func (c *StatCache) pulledAt(i int) cachedFile {
 	f := c.px.File(i)
-	rec := cachedFile{Stat: c.pstat[i], Digest: f.Digest}
+	ps := c.pstat[i]
+	rec := cachedFile{Stat: StatKey{Size: f.Size, Mtime: ps.mtime, Ctime: ps.ctime, Ino: ps.ino}, Digest: f.Digest}
 	if c.pkind[i] >= pulledWithExtents {
 		rec.Extents = pulledExtents(&f, c.px)
 	}
