@@ -139,6 +139,21 @@ func (d *destDir) openDir(rel string) (int, error) {
 	return fd, nil
 }
 
+// statKey returns the stat key of the regular file at rel, looked at
+// without following symlinks; false if it is not one.
+func (d *destDir) statKey(rel string) (StatKey, bool) {
+	pfd, err := d.openDir(parentOf(rel))
+	if err != nil {
+		return StatKey{}, false
+	}
+	defer unix.Close(pfd)
+	st, ok, err := lstatAt(pfd, path.Base(rel))
+	if err != nil || !ok || !isRegular(&st) {
+		return StatKey{}, false
+	}
+	return unixStatKey(&st), true
+}
+
 // lstatAt returns what is at name in the directory dfd, not following a
 // symlink; ok is false when nothing is there.
 func lstatAt(dfd int, name string) (st unix.Stat_t, ok bool, err error) {

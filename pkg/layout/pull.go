@@ -463,6 +463,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		i, ok := x.Find(p)
 		return ok && x.Kind(i) == TypeFile
 	})
+	opt.Cache.settle(ctx, d.statKey)
 	if err := opt.Cache.Save(); err != nil {
 		return nil, fmt.Errorf("save stat cache: %w", err)
 	}

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -36,6 +37,8 @@ type StatCache struct {
 	pstat   []pulledStat
 	pkind   []uint8 // pulledNone, pulledDigest, pulledWithExtents or pulledUnverified
 	horizon int64   // after a Save: what decided Racy for the pulled; 0 before
+	// settleBytes overrides settleMin (tests).
+	settleBytes int64
 }
 
 // pulledStat is a pulled file's stat key less its size, which is its
@@ -300,6 +303,69 @@ func (c *StatCache) prune(keep func(p string) bool) {
 	}
 }
 
+// settleMin is how many bytes of recently written files with extents make
+// settle wait for them: hashing fewer on a later upgrade costs less than
+// the wait.
+const settleMin = 128 << 20
+
+// settle, when a pull recorded files with extents (settleMin bytes or
+// more) that changed less than racyMargin ago, waits until they are older
+// than that (at most racyMargin) and looks at each again with stat: one
+// unchanged keeps its record, which Save then does not mark racy, so a
+// later upgrade copies its chunks without hashing them; one that changed
+// loses its record. Without the wait, the files a pull writes last are
+// racy, and an upgrade right after hashes them all.
+func (c *StatCache) settle(ctx context.Context, stat func(p string) (StatKey, bool)) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	horizon := c.clock().Add(-racyMargin).UnixNano()
+	var recent []int
+	var newest, bytes int64
+	for i, k := range c.pkind {
+		ps := c.pstat[i]
+		if k != pulledNone && (ps.mtime >= horizon || ps.ctime >= horizon) {
+			recent = append(recent, i)
+			newest = max(newest, ps.mtime, ps.ctime)
+			if k >= pulledWithExtents {
+				bytes += c.px.size(i)
+			}
+		}
+	}
+	c.mu.Unlock()
+	least := int64(settleMin)
+	if c.settleBytes > 0 {
+		least = c.settleBytes
+	}
+	if len(recent) == 0 || bytes < least {
+		return
+	}
+	wait := time.Duration(newest+int64(racyMargin)-c.clock().UnixNano()) + time.Millisecond
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(wait):
+	}
+	for _, i := range recent {
+		k, ok := stat(c.px.Path(i))
+		c.mu.Lock()
+		ps := c.pstat[i]
+		if !ok || k != (StatKey{Size: c.px.size(i), Mtime: ps.mtime, Ctime: ps.ctime, Ino: ps.ino}) {
+			c.pkind[i] = pulledNone
+		}
+		c.mu.Unlock()
+	}
+}
+
+// clock returns the time by the cache's clock.
+func (c *StatCache) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
+}
+
 // Save writes the cache atomically if it changed.
 func (c *StatCache) Save() error {
 	if c == nil {
@@ -310,11 +376,7 @@ func (c *StatCache) Save() error {
 	if !c.dirty {
 		return nil
 	}
-	now := time.Now
-	if c.now != nil {
-		now = c.now
-	}
-	horizon := now().Add(-racyMargin).UnixNano()
+	horizon := c.clock().Add(-racyMargin).UnixNano()
 	c.horizon = horizon
 	for p, f := range c.data.Files {
 		if f.pulled {
