@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -41,6 +42,8 @@ type destDir struct {
 
 	mu   sync.Mutex
 	tmps map[uint64]*tmpDir // by device, so that a rename never crosses file systems
+
+	filesHashed atomic.Int64 // files at their final names read whole to check their digests
 }
 
 // tmpDir is a private directory (mode 0700, owned by this user) that holds

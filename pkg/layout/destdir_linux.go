@@ -23,3 +23,14 @@ func chmodNoRead(pfd int, name string, mode uint32) error {
 	}
 	return err
 }
+
+// exchange swaps, atomically, the entries at name in dfd and at other in
+// odfd (renameat2 RENAME_EXCHANGE); both must exist. It wraps
+// errors.ErrUnsupported where the file system cannot.
+func exchange(dfd int, name string, odfd int, other string) error {
+	err := unix.Renameat2(dfd, name, odfd, other, unix.RENAME_EXCHANGE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("renameat2 RENAME_EXCHANGE: %v: %w", err, errors.ErrUnsupported)
+	}
+	return err
+}

@@ -56,6 +56,9 @@ type PullResult struct {
 	// since (by their stat keys in its record).
 	ChunksCopiedUnhashed int64
 	FilesRemoved         int // files an earlier pull wrote that this version lacks
+	// FilesHashed are the files found at their final names with no record
+	// to tell what they hold, read whole to compare with their digests.
+	FilesHashed int
 }
 
 // target is where part of a chunk goes: a range of a file being written.
@@ -443,6 +446,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	res.ChunksCopied, res.BytesCopied = copiedChunks.Load(), copiedBytes.Load()
 	res.ChunksCopiedUnhashed = vouchedChunks.Load()
 	res.FilesRemoved = d.removeStale(x, previous)
+	res.FilesHashed = int(d.filesHashed.Load())
 
 	for fi := range x.Len() {
 		f := x.File(fi)
@@ -589,7 +593,11 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 				if err != nil {
 					return writeError{err}
 				}
-				if _, err := f.WriteAt(block[lo-off:hi-off], t.fileOff+lo-t.chunkOff); err != nil {
+				mu := files.at(t.file).writing()
+				mu.Lock()
+				_, err = f.WriteAt(block[lo-off:hi-off], t.fileOff+lo-t.chunkOff)
+				mu.Unlock()
+				if err != nil {
 					return writeError{err}
 				}
 				if hi > *credited {
@@ -744,6 +752,14 @@ func (d *destDir) matchingFile(pfd int, f *File, x *Index, cache *StatCache) (*o
 		// claims, which stays unchecked.
 		return fh, derivedDigest(f, x) != "", nil
 	}
+	if cache.recordedOther(f.Path, key, f.Digest) {
+		// An earlier pull wrote it, from other chunks, as a file with
+		// another digest (a fine-tune keeps sizes): hashing it would read
+		// it whole to find it differs. Were that digest a lie and the
+		// bytes f's, writing them anew from chunks costs no more.
+		fh.Close()
+		return nil, false, nil
+	}
 	if holeIn(fh, 0, f.Size) {
 		// A pull writes every byte of a file; a sparse one was planted or
 		// copied sparse. Hashing it would read its declared size (of
@@ -751,6 +767,7 @@ func (d *destDir) matchingFile(pfd int, f *File, x *Index, cache *StatCache) (*o
 		fh.Close()
 		return nil, false, nil
 	}
+	d.filesHashed.Add(1)
 	got, err := readerDigest(io.NewSectionReader(fh, 0, f.Size))
 	if err != nil || verify.Digest(f.Path, ocispec.Descriptor{Digest: f.Digest, Size: f.Size}, got, f.Size) != nil {
 		fh.Close()

@@ -162,6 +162,23 @@ func (d *destDir) renameInto(pf pullFile, pfd int, rel string) error {
 		return fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath(), ErrUnsafeDestination)
 	}
 	base := path.Base(rel)
+	if st, ok, _ := lstatAt(pfd, base); ok && !isDir(&st) {
+		// Something is at the final name: swap it with the temporary file
+		// and remove it from there. ext4 flushes a file renamed over
+		// another first (auto_da_alloc), which makes an upgrade wait
+		// seconds per large file; an exchange replaces as atomically and
+		// flushes nothing.
+		if err := exchange(pf.tmp().fd, pf.name(), pfd, base); err == nil {
+			if err := unix.Unlinkat(pf.tmp().fd, pf.name(), 0); err == nil || errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			// A directory was put at the final name since it was looked
+			// at: swap back, and rename as below.
+			if err := exchange(pf.tmp().fd, pf.name(), pfd, base); err != nil {
+				return &os.LinkError{Op: "rename", Old: pf.tmpPath(), New: d.full(rel), Err: err}
+			}
+		}
+	}
 	err := unix.Renameat(pf.tmp().fd, pf.name(), pfd, base)
 	if errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
 		if st, ok, _ := lstatAt(pfd, base); ok && isDir(&st) {

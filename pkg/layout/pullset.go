@@ -15,6 +15,11 @@ type pullSet struct {
 	ino       []uint64       // the temporary file's inode, once created
 	state     []atomic.Uint32
 	locks     [64]sync.Mutex // guard creating the temporary files, by entry number
+	// wlocks serialise writes into one temporary file (by entry number):
+	// concurrent writers of one file wait in Go instead of spinning on
+	// its inode lock in the kernel, which on a copy_file_range of a whole
+	// chunk burns a CPU for as long as the copy runs.
+	wlocks [64]sync.Mutex
 }
 
 // Bits of pullSet.state; the number of the file's temporary directory is
@@ -78,6 +83,9 @@ func (pf pullFile) remaining() *atomic.Int64 { return &pf.s.remaining[pf.i] }
 
 // lock guards the creation of the temporary file.
 func (pf pullFile) lock() *sync.Mutex { return &pf.s.locks[pf.i%len(pf.s.locks)] }
+
+// writing guards writes into the temporary file.
+func (pf pullFile) writing() *sync.Mutex { return &pf.s.wlocks[pf.i%len(pf.s.wlocks)] }
 
 func (pf pullFile) created() bool { return pf.s.state[pf.i].Load()&pfCreated != 0 }
 

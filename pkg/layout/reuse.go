@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"sort"
+	"sync"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -115,7 +116,7 @@ func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts
 		if err != nil {
 			return writeError{err}
 		}
-		if err := copyRange(dst, t.fileOff, src, l.off+t.chunkOff, t.n); err != nil {
+		if err := copyLocked(files.at(t.file).writing(), dst, t.fileOff, src, l.off+t.chunkOff, t.n); err != nil {
 			if errors.Is(err, errors.ErrUnsupported) {
 				return errNotVouched
 			}
@@ -133,6 +134,26 @@ func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts
 	}
 	*credited = max(*credited, desc.Size)
 	c.Processed.Add(written)
+	return nil
+}
+
+// copyStep is the most copyLocked copies while it holds a file's write
+// lock, so that writers of fetched bytes into the same file do not wait
+// for a whole chunk.
+const copyStep = 4 << 20
+
+// copyLocked is copyRange in steps of copyStep, each with mu held.
+func copyLocked(mu *sync.Mutex, dst *os.File, dstOff int64, src *os.File, srcOff, n int64) error {
+	for done := int64(0); done < n; {
+		k := min(n-done, copyStep)
+		mu.Lock()
+		err := copyRange(dst, dstOff+done, src, srcOff+done, k)
+		mu.Unlock()
+		if err != nil {
+			return err
+		}
+		done += k
+	}
 	return nil
 }
 

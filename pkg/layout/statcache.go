@@ -134,6 +134,22 @@ func (c *StatCache) lookup(p string, k StatKey) (cachedFile, bool) {
 	return f, true
 }
 
+// recordedOther reports whether the cache holds a trusted record of what
+// a pull wrote at p with stat key k, as a file whose digest (checked or
+// not) is not d: the file's bytes are that record's chunks.
+func (c *StatCache) recordedOther(p string, k StatKey, d digest.Digest) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec, ok := c.data.Files[p]
+	if !ok {
+		rec, ok = c.pulledRecord(p)
+	}
+	return ok && rec.Stat == k && !rec.Racy && !rec.pulled && len(rec.Extents) > 0 && rec.Digest != d
+}
+
 // sameExtents reports whether the cache records that the file at p, with
 // stat key k, was written by a pull from chunks that are, extent by extent,
 // the whole chunks of entry f of x: then it holds f's bytes, whatever f's

@@ -75,11 +75,14 @@ type Result struct {
 	ChunksCopied  int64  `json:"chunks_copied"`
 	BytesCopied   int64  `json:"bytes_copied"`
 	// ChunksCopiedUnhashed are copies an earlier pull's record vouched for.
-	ChunksCopiedUnhashed int64   `json:"chunks_copied_unhashed"`
-	FilesRemoved         int     `json:"files_removed"`
-	CacheHits            int64   `json:"cache_hits"`
-	MirrorHits           int64   `json:"mirror_hits"`
-	Seconds              float64 `json:"seconds"`
+	ChunksCopiedUnhashed int64 `json:"chunks_copied_unhashed"`
+	// FilesHashed are files found in place with no record of them, read
+	// whole to compare with their digests.
+	FilesHashed  int     `json:"files_hashed"`
+	FilesRemoved int     `json:"files_removed"`
+	CacheHits    int64   `json:"cache_hits"`
+	MirrorHits   int64   `json:"mirror_hits"`
+	Seconds      float64 `json:"seconds"`
 }
 
 // Pull resolves ref (a tag becomes a digest now), checks opt.Policy, and
@@ -141,6 +144,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		Files: res.Files, Bytes: res.Bytes, ChunksFetched: res.ChunksFetched, BytesFetched: res.BytesFetched,
 		FilesReused: res.FilesReused, ChunksCopied: res.ChunksCopied, BytesCopied: res.BytesCopied, FilesRemoved: res.FilesRemoved,
 		ChunksCopiedUnhashed: res.ChunksCopiedUnhashed,
+		FilesHashed:          res.FilesHashed,
 		Seconds:              time.Since(start).Seconds(),
 	}
 	if cache != nil {
