@@ -9,11 +9,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
+
+	"github.com/bdnvol/bdnvol/internal/beneath"
 )
 
 // Difference is one way a directory differs from a version.
@@ -92,7 +93,7 @@ func (w *dirVerifier) full(rel string) string { return filepath.Join(w.dir, file
 // walk compares the entries of the directory dfd (rel under dir) in name
 // order, depth first.
 func (w *dirVerifier) walk(ctx context.Context, dfd int, rel string) error {
-	names, err := readNamesAt(dfd, w.full(rel))
+	names, err := beneath.Names(dfd, w.full(rel))
 	if err != nil {
 		return err
 	}
@@ -173,23 +174,6 @@ func swappedError(full string, err error) error {
 		return fmt.Errorf("%s: %w: replaced by a symlink or another type while verifying (%v)", full, ErrUnsupportedFile, err)
 	}
 	return &os.PathError{Op: "open", Path: full, Err: err}
-}
-
-// readNamesAt returns the names in the directory dfd (full, for messages),
-// sorted.
-func readNamesAt(dfd int, full string) ([]string, error) {
-	fd, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: full, Err: err}
-	}
-	dh := os.NewFile(uintptr(fd), full)
-	defer dh.Close()
-	names, err := dh.Readdirnames(-1)
-	if err != nil {
-		return nil, err
-	}
-	slices.Sort(names)
-	return names, nil
 }
 
 // underMissing reports whether an ancestor of p is itself reported (missing

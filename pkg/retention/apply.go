@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 	"oras.land/oras-go/v2/errdef"
 
+	"github.com/bdnvol/bdnvol/internal/beneath"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
@@ -299,7 +299,7 @@ func SweepLayout(ctx context.Context, dir string, minAge time.Duration) (Swept, 
 		return sw, err
 	}
 	defer unix.Close(bfd)
-	algs, err := namesAt(bfd, root)
+	algs, err := beneath.Names(bfd, root)
 	if err != nil {
 		return sw, err
 	}
@@ -328,7 +328,7 @@ func SweepLayout(ctx context.Context, dir string, minAge time.Duration) (Swept, 
 // sweepAlg removes the unreachable regular files old enough in the
 // directory afd (adir) of the blobs of algorithm alg.
 func sweepAlg(ctx context.Context, afd int, adir string, alg digest.Algorithm, reach map[digest.Digest]bool, minAge time.Duration, cutoff time.Time) (int, int64, error) {
-	names, err := namesAt(afd, adir)
+	names, err := beneath.Names(afd, adir)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -369,20 +369,4 @@ func openDirNoFollow(dfd int, name, full string) (int, error) {
 		return -1, &os.PathError{Op: "open", Path: full, Err: err}
 	}
 	return fd, nil
-}
-
-// namesAt lists the directory dfd (full, for messages), sorted.
-func namesAt(dfd int, full string) ([]string, error) {
-	fd, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: full, Err: err}
-	}
-	f := os.NewFile(uintptr(fd), full)
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, err
-	}
-	slices.Sort(names)
-	return names, nil
 }
