@@ -34,3 +34,14 @@ func exchange(dfd int, name string, odfd int, other string) error {
 	}
 	return err
 }
+
+// renameNoReplace renames name in dfd to other in odfd unless something
+// is at other (renameat2 RENAME_NOREPLACE: EEXIST). It wraps
+// errors.ErrUnsupported where the file system cannot.
+func renameNoReplace(dfd int, name string, odfd int, other string) error {
+	err := unix.Renameat2(dfd, name, odfd, other, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("renameat2 RENAME_NOREPLACE: %v: %w", err, errors.ErrUnsupported)
+	}
+	return err
+}

@@ -18,3 +18,8 @@ func chmodNoRead(pfd int, name string, mode uint32) error {
 func exchange(dfd int, name string, odfd int, other string) error {
 	return errors.ErrUnsupported
 }
+
+// renameNoReplace is not available here: renames replace.
+func renameNoReplace(dfd int, name string, odfd int, other string) error {
+	return errors.ErrUnsupported
+}

@@ -162,6 +162,9 @@ func (d *destDir) renameInto(pf pullFile, pfd int, rel string) error {
 		return fmt.Errorf("%s: %w: the temporary file was replaced", pf.tmpPath(), ErrUnsafeDestination)
 	}
 	base := path.Base(rel)
+	if renameNoReplace(pf.tmp().fd, pf.name(), pfd, base) == nil {
+		return nil // nothing was at the final name: one syscall
+	}
 	if st, ok, _ := lstatAt(pfd, base); ok && !isDir(&st) {
 		// Something is at the final name: swap it with the temporary file
 		// and remove it from there. ext4 flushes a file renamed over
