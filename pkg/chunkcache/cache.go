@@ -473,77 +473,37 @@ func (c *Cache) checkFetched(desc ocispec.Descriptor, rc io.Reader, got digest.D
 	return nil
 }
 
-// piece is the unit copyHashed moves through its pipeline.
+// piece is the unit copyHashed reads, hashes and writes at once.
 const piece = 256 << 10
 
 var pieces = sync.Pool{New: func() any { return new([piece]byte) }}
 
 // copyHashed copies size bytes from r to w and returns the SHA-256 of what
-// it read. Reading, hashing and writing run as a pipeline, so a blob is
-// verified and stored about as soon as its last byte arrives. A write
-// failure is returned as a *storeError.
+// it read. Each piece is read, hashed and written in turn by the calling
+// goroutine: a fetch's pieces arrive slower than they are hashed and
+// stored, and background fetches run several at a time, so handing pieces
+// between goroutines would only add context switches. A write failure is
+// returned as a *storeError.
 func copyHashed(w io.Writer, r io.Reader, size int64) (int64, digest.Digest, error) {
-	type part struct {
-		buf *[piece]byte
-		n   int
-	}
-	const depth = 8
-	read, hashed := make(chan part, depth), make(chan part, depth)
-	var (
-		n    int64
-		rerr error
-		werr error
-		wg   sync.WaitGroup
-	)
-	stop := make(chan struct{})
-	wg.Go(func() { // reader
-		defer close(read)
-		for n < size {
-			b := pieces.Get().(*[piece]byte)
-			k, err := io.ReadFull(r, b[:min(int64(piece), size-n)])
-			n += int64(k)
-			if k > 0 {
-				select {
-				case read <- part{b, k}:
-				case <-stop:
-					pieces.Put(b)
-					return
-				}
-			} else {
-				pieces.Put(b)
-			}
-			if err != nil {
-				rerr = err
-				return
-			}
-		}
-	})
-	wg.Go(func() { // writer
-		for p := range hashed {
-			if werr == nil {
-				if _, err := w.Write(p.buf[:p.n]); err != nil {
-					werr = err
-					close(stop)
-				}
-			}
-			pieces.Put(p.buf)
-		}
-	})
+	b := pieces.Get().(*[piece]byte)
+	defer pieces.Put(b)
 	h := sha256.New()
-	for p := range read {
-		h.Write(p.buf[:p.n])
-		hashed <- p
-	}
-	close(hashed)
-	wg.Wait()
-	switch {
-	case werr != nil:
-		return n, "", &storeError{werr}
-	case n < size:
-		if rerr == nil || rerr == io.EOF {
-			rerr = io.ErrUnexpectedEOF
+	var n int64
+	for n < size {
+		k, err := io.ReadFull(r, b[:min(int64(piece), size-n)])
+		n += int64(k)
+		if k > 0 {
+			h.Write(b[:k])
+			if _, werr := w.Write(b[:k]); werr != nil {
+				return n, "", &storeError{werr}
+			}
 		}
-		return n, "", rerr
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return n, "", err
+		}
 	}
 	return n, digest.NewDigest(digest.SHA256, h), nil
 }

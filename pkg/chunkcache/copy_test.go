@@ -34,6 +34,11 @@ func TestCopyHashed(t *testing.T) {
 	if !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("short body: %v", err)
 	}
+	// A body that ends early on a piece boundary.
+	_, _, err = copyHashed(io.Discard, bytes.NewReader(data[:2*piece]), int64(len(data)))
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("short body on a piece boundary: %v", err)
+	}
 	// A write that fails half-way is a store error, not a bad blob.
 	_, _, err = copyHashed(&failingWriter{limit: 2 * piece}, bytes.NewReader(data), int64(len(data)))
 	var se *storeError
