@@ -59,6 +59,9 @@ type PullResult struct {
 	// FilesHashed are the files found at their final names with no record
 	// to tell what they hold, read whole to compare with their digests.
 	FilesHashed int
+	// LocalMisses are chunks looked for in files already in the directory
+	// that were not there after all, and were fetched.
+	LocalMisses int64
 }
 
 // target is where part of a chunk goes: a range of a file being written.
@@ -232,7 +235,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	// are done: the old files are their source.
 	credited := make([]int64, x.NumChunks()) // per chunk, file bytes counted as written
 	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
-	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks atomic.Int64
+	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks, localMisses atomic.Int64
 	copying := true             // under readyMu: finished files wait in ready
 	var sources map[string]bool // paths local copies read from
 	finish := func(i int) error {
@@ -374,8 +377,6 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			return nil, err
 		}
 	}
-	var failedMu sync.Mutex
-	var failed []int // local copies that did not verify: fetched after all
 	lg, lctx := errgroup.WithContext(gctx)
 	lg.SetLimit(opt.Jobs)
 	copies := make(chan struct{})
@@ -397,9 +398,13 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
 				}
 				if err != nil {
-					failedMu.Lock()
-					failed = append(failed, k)
-					failedMu.Unlock()
+					// The bytes there are not the chunk's (a tensor a
+					// fine-tune rewrote in place): fetch it now, while
+					// the other copies go on, not after them.
+					localMisses.Add(1)
+					if lctx.Err() == nil {
+						fetch(k)
+					}
 					return nil
 				}
 				copiedChunks.Add(1)
@@ -425,14 +430,6 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			}
 		}
 	}
-	if lerr == nil {
-		for _, k := range failed {
-			if gctx.Err() != nil {
-				break
-			}
-			fetch(k)
-		}
-	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
@@ -447,6 +444,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	res.ChunksCopiedUnhashed = vouchedChunks.Load()
 	res.FilesRemoved = d.removeStale(x, previous)
 	res.FilesHashed = int(d.filesHashed.Load())
+	res.LocalMisses = localMisses.Load()
 
 	for fi := range x.Len() {
 		f := x.File(fi)

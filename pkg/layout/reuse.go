@@ -145,7 +145,9 @@ const copyStep = 4 << 20
 // copyLocked is copyRange in steps of copyStep, each with mu held.
 func copyLocked(mu *sync.Mutex, dst *os.File, dstOff int64, src *os.File, srcOff, n int64) error {
 	for done := int64(0); done < n; {
-		k := min(n-done, copyStep)
+		// Steps end on multiples of copyStep in dst, so that all but the
+		// first start block-aligned where copyRange can clone blocks.
+		k := min(n-done, copyStep-(dstOff+done)%copyStep)
 		mu.Lock()
 		err := copyRange(dst, dstOff+done, src, srcOff+done, k)
 		mu.Unlock()
@@ -204,6 +206,16 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 			// look for the chunks still needed.
 			d.scanChunks(f.Path, x.Chunking, needed, out)
 		}
+		if rec, ok := previous[f.Path]; ok && sharesChunks(rec, f, x) && d.holdsRecord(f.Path, rec) {
+			// An earlier pull wrote this file and it is still as written:
+			// it holds exactly the chunks its record lists, and those it
+			// shares with the new version were offered above. Cuts fall
+			// at the same places over the same bytes, so the new version's
+			// other chunks there are bytes that changed (a tensor a
+			// fine-tune rewrote): looking for them at the same place would
+			// only hash bytes that differ.
+			continue
+		}
 		var off int64
 		var size int64 = -1 // of the file at the final name, once looked at
 		for _, e := range f.Extents {
@@ -222,6 +234,35 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 		}
 	}
 	return out
+}
+
+// sharesChunks reports whether the recorded file rec holds at least one
+// chunk of f: then both were cut with the same parameters.
+func sharesChunks(rec cachedFile, f *File, x *Index) bool {
+	if len(rec.Extents) == 0 {
+		return false
+	}
+	had := make(map[digest.Digest]bool, len(rec.Extents))
+	for _, e := range rec.Extents {
+		had[e.Digest] = true
+	}
+	for _, e := range f.Extents {
+		if had[x.ChunkDigest(e.Chunk)] {
+			return true
+		}
+	}
+	return false
+}
+
+// holdsRecord reports whether the file at rel is still as the earlier pull
+// that recorded rec left it: a record not marked racy, with the stat key
+// the file has now.
+func (d *destDir) holdsRecord(rel string, rec cachedFile) bool {
+	if rec.Racy {
+		return false
+	}
+	k, ok := d.statKey(rel)
+	return ok && k == rec.Stat
 }
 
 // wantsWholeChunk reports whether f has an extent that is a whole chunk

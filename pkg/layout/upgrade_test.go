@@ -218,3 +218,47 @@ func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
 		}
 	}
 }
+
+// TestPullUpgradeNoGuessesOverRecords: where an earlier pull's record says
+// what a file holds (big.bin, rewritten in the middle by v2), the chunks
+// of the rewritten bytes are fetched at once, not first looked for at the
+// same place in the old file and hashed; without a record they are looked
+// for there, found missing and fetched.
+func TestPullUpgradeNoGuessesOverRecords(t *testing.T) {
+	ctx := context.Background()
+	store, v1, v2, f1, f2 := upgradeVersions(t)
+	s1, _ := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
+	dst := t.TempDir()
+	statDir := t.TempDir()
+	cache := func() *StatCache {
+		c := OpenStatCache(filepath.Join(statDir, "statcache"), dst, Params{})
+		c.now = func() time.Time { return time.Now().Add(time.Second) } // no record is racy
+		return c
+	}
+	if _, err := Pull(ctx, s1, v1, dst, PullOptions{Jobs: 2, Cache: cache()}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2, Cache: cache()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LocalMisses != 0 {
+		t.Errorf("%d chunks looked for in place and fetched after all; the record says they are not there", res.LocalMisses)
+	}
+	if res.ChunksCopied == 0 || res.ChunksFetched == 0 {
+		t.Errorf("copied %d chunks, fetched %d: want both", res.ChunksCopied, res.ChunksFetched)
+	}
+	checkPulled(t, dst, f2, nil)
+
+	// No record: the same upgrade looks in place, and misses.
+	bare := t.TempDir()
+	writeTree(t, bare, f1)
+	res, err = Pull(ctx, store, v2, bare, PullOptions{Jobs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LocalMisses == 0 {
+		t.Error("no chunk looked for in place was missing: the rewritten bytes were not looked for")
+	}
+	checkPulled(t, bare, f2, nil)
+}

@@ -78,7 +78,10 @@ type Result struct {
 	ChunksCopiedUnhashed int64 `json:"chunks_copied_unhashed"`
 	// FilesHashed are files found in place with no record of them, read
 	// whole to compare with their digests.
-	FilesHashed  int     `json:"files_hashed"`
+	FilesHashed int `json:"files_hashed"`
+	// LocalMisses are chunks looked for in files already in DIR that were
+	// not there after all, and were fetched.
+	LocalMisses  int64   `json:"local_misses"`
 	FilesRemoved int     `json:"files_removed"`
 	CacheHits    int64   `json:"cache_hits"`
 	MirrorHits   int64   `json:"mirror_hits"`
@@ -145,6 +148,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		FilesReused: res.FilesReused, ChunksCopied: res.ChunksCopied, BytesCopied: res.BytesCopied, FilesRemoved: res.FilesRemoved,
 		ChunksCopiedUnhashed: res.ChunksCopiedUnhashed,
 		FilesHashed:          res.FilesHashed,
+		LocalMisses:          res.LocalMisses,
 		Seconds:              time.Since(start).Seconds(),
 	}
 	if cache != nil {
