@@ -17,9 +17,12 @@ type SyncCmd struct {
 	Endpoint string   `help:"S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS); uses path-style addressing."`
 	List     bool     `help:"The https:// source is a list of URLs, one per line: URL [PATH] [sha256:HEX]."`
 	Tag      []string `help:"Extra tag to point at the version (repeatable)."`
-	Jobs     int      `default:"8" help:"Concurrent uploads."`
-	Detach   bool     `help:"Run as a background job and print its ID at once; see bdnvol jobs wait."`
-	JSON     bool     `name:"json" help:"Print one JSON object instead of the reference."`
+
+	AllowPrivateNetwork bool `help:"Let the source and its redirects reach loopback and private addresses (RFC 1918, ULA, CGNAT); by default only a configured endpoint (HF_ENDPOINT, --endpoint, STORAGE_EMULATOR_HOST) and addresses of its kind may be."`
+	AllowLinkLocal      bool `help:"Let the source and its redirects reach link-local addresses and cloud metadata services (169.254.169.254)."`
+	Jobs                int  `default:"8" help:"Concurrent uploads."`
+	Detach              bool `help:"Run as a background job and print its ID at once; see bdnvol jobs wait."`
+	JSON                bool `name:"json" help:"Print one JSON object instead of the reference."`
 }
 
 // Run creates the job and runs it here, or in a detached process.
@@ -27,6 +30,7 @@ func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 	spec := jobs.Spec{
 		Source: c.Source, Destination: c.Ref, Include: c.Include, Exclude: c.Exclude,
 		Endpoint: c.Endpoint, List: c.List, Tags: c.Tag, Jobs: c.Jobs,
+		AllowPrivateNetwork: c.AllowPrivateNetwork, AllowLinkLocal: c.AllowLinkLocal,
 		PlainHTTP: g.PlainHTTP, InsecureSkipVerify: g.InsecureSkipVerify, CAFile: g.CAFile,
 	}
 	if err := jobs.CheckSync(ctx, spec, "bdnvol/"+version); err != nil {

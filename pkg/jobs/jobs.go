@@ -71,6 +71,10 @@ type Spec struct {
 	List        bool     `json:"list,omitempty"`
 	Tags        []string `json:"tags,omitempty"`
 	Jobs        int      `json:"jobs,omitempty"`
+	// What the source's requests may reach besides public addresses, so
+	// that a resumed job keeps what the user allowed.
+	AllowPrivateNetwork bool `json:"allow_private_network,omitempty"`
+	AllowLinkLocal      bool `json:"allow_link_local,omitempty"`
 
 	// How to reach the destination registry (no credentials).
 	PlainHTTP          bool   `json:"plain_http,omitempty"`

@@ -25,7 +25,7 @@ type SyncReport struct {
 // client in its requests.
 func (spec Spec) SourceOptions(userAgent string) source.Options {
 	return source.Options{Include: spec.Include, Exclude: spec.Exclude, Endpoint: spec.Endpoint, List: spec.List,
-		UserAgent: userAgent}
+		UserAgent: userAgent, AllowPrivateNetwork: spec.AllowPrivateNetwork, AllowLinkLocal: spec.AllowLinkLocal}
 }
 
 // CheckSync refuses a bad source or destination of spec before a job is

@@ -3,6 +3,8 @@ package jobs
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/source"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -32,7 +35,7 @@ func TestRunSyncSealsLogsAndRecordsTheVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := "oci:" + filepath.Join(t.TempDir(), "vol") + ":main"
-	spec := Spec{Source: srv.URL + "/m/w.bin", Destination: dst, Tags: []string{"stable"}}
+	spec := Spec{Source: srv.URL + "/m/w.bin", Destination: dst, Tags: []string{"stable"}, AllowPrivateNetwork: true}
 	if err := CheckSync(ctx, Spec{Source: spec.Source, Destination: dst + "@sha256:" + strings.Repeat("0", 64)}, "t/1"); err == nil {
 		t.Error("CheckSync accepted a destination with a digest")
 	}
@@ -73,5 +76,49 @@ func TestRunSyncSealsLogsAndRecordsTheVersion(t *testing.T) {
 	}
 	if root, err := versions.Resolve(ctx, tg, ref); err != nil || root.Desc.Digest.String() != out.Digest {
 		t.Fatalf("main = %v, %v; want %s", root, err, out.Digest)
+	}
+}
+
+// A job records what the user let its source reach: without
+// --allow-private-network a source on loopback is refused, and the flag
+// given at creation holds for the process that runs (or resumes) the job
+// from its file.
+func TestSyncJobKeepsNetworkPermissions(t *testing.T) {
+	ctx := context.Background()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "w.bin", time.Unix(0, 0), strings.NewReader("weights"))
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := "oci:" + filepath.Join(t.TempDir(), "vol") + ":main"
+	refused, err := s.Create(Spec{Source: srv.URL + "/w.bin", Destination: dst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RunSync(ctx, refused.ID, SyncOptions{Log: io.Discard}); !errors.Is(err, source.ErrForbiddenAddress) ||
+		!strings.Contains(err.Error(), "--allow-private-network") {
+		t.Fatalf("sync of a loopback source without the flag: %v", err)
+	}
+	allowed, err := s.Create(Spec{Source: srv.URL + "/w.bin", Destination: dst, AllowPrivateNetwork: true, AllowLinkLocal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(dir) // as the detached or resumed process does
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := again.Get(allowed.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := j.Spec.SourceOptions(""); !o.AllowPrivateNetwork || !o.AllowLinkLocal {
+		t.Fatalf("the job file lost the permissions: %+v", j.Spec)
+	}
+	if _, err := again.RunSync(ctx, allowed.ID, SyncOptions{Log: io.Discard}); err != nil {
+		t.Fatalf("sync with --allow-private-network: %v", err)
 	}
 }

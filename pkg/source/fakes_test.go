@@ -30,6 +30,7 @@ type fakeHub struct {
 	served   map[string][]byte // what the CDN and resolve serve, when different
 	lfs      map[string]bool
 	pageSize int
+	cdnBase  string // where LFS files redirect to, when not the CDN server
 
 	mu       sync.Mutex
 	hubAuth  []string // Authorization headers the Hub saw
@@ -103,7 +104,11 @@ func (f *fakeHub) serveHub(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if f.lfs[p] {
-		http.Redirect(w, r, f.cdn.URL+"/blobs/"+p+"?sig=secret-signature", http.StatusFound)
+		base := f.cdn.URL
+		if f.cdnBase != "" {
+			base = f.cdnBase
+		}
+		http.Redirect(w, r, base+"/blobs/"+p+"?sig=secret-signature", http.StatusFound)
 		return
 	}
 	http.ServeContent(w, r, p, time.Time{}, bytes.NewReader(f.content(p)))

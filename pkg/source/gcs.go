@@ -59,7 +59,11 @@ func newGCS(rest string, opt Options) (backend, error) {
 			g.token = metadataToken(opt)
 		}
 	}
-	g.hc = &http.Client{Transport: &gcsAuth{g: g, base: newHTTPClient(opt, "", "").Transport}}
+	var configured *url.URL
+	if emulator != "" {
+		configured = base
+	}
+	g.hc = &http.Client{Transport: &gcsAuth{g: g, base: newHTTPClient(opt, newNetPolicy(opt, configured), "", "").Transport}}
 	return g, nil
 }
 
@@ -96,8 +100,13 @@ func metadataToken(opt Options) func(context.Context) string {
 	if host == "" {
 		host = "metadata.google.internal"
 	}
-	hc := newHTTPClient(opt, "", "")
+	// The metadata server is where the token comes from, not a source: its
+	// client may reach it (and only it: no redirects are followed).
+	mdOpt := opt
+	mdOpt.AllowLinkLocal = true
+	hc := newHTTPClient(mdOpt, newNetPolicy(mdOpt, &url.URL{Host: host}), "", "")
 	hc.Timeout = 2 * time.Second
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return func(ctx context.Context) string {
 		mu.Lock()
 		defer mu.Unlock()

@@ -67,7 +67,7 @@ func newHub(rest string, opt Options) (backend, error) {
 	if token != "" {
 		auth = "Bearer " + token
 	}
-	return &hub{ep: ep, kind: kind, repo: spec, rev: rev, hc: newHTTPClient(opt, ep.Host, auth)}, nil
+	return &hub{ep: ep, kind: kind, repo: spec, rev: rev, hc: newHTTPClient(opt, newNetPolicy(opt, ep), ep.Host, auth)}, nil
 }
 
 func (h *hub) String() string {

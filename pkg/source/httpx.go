@@ -49,15 +49,10 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.base.RoundTrip(r)
 }
 
-// newHTTPClient returns a client that sends authHeader to authHost only.
-func newHTTPClient(opt Options, authHost, authHeader string) *http.Client {
-	base := opt.Transport
-	if base == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConnsPerHost = 32
-		base = tr
-	}
-	return &http.Client{Transport: &authTransport{base: base, host: authHost, header: authHeader, ua: opt.UserAgent}}
+// newHTTPClient returns a client that sends authHeader to authHost only
+// and reaches only the addresses pol allows.
+func newHTTPClient(opt Options, pol *netPolicy, authHost, authHeader string) *http.Client {
+	return &http.Client{Transport: &authTransport{base: pol.transport(opt), host: authHost, header: authHeader, ua: opt.UserAgent}}
 }
 
 // do sends req and returns the response when its status is one of ok;

@@ -164,11 +164,12 @@ func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
 }
 
 // transient reports whether err may go away on a retry: anything but a
-// permanent error, a cancellation, a digest mismatch, or an HTTP answer
-// other than 408, 429 and 5xx.
+// permanent error, a cancellation, a digest mismatch, a refused address,
+// or an HTTP answer other than 408, 429 and 5xx.
 func transient(err error) bool {
 	var pe permanentError
-	if errors.As(err, &pe) || errors.Is(err, context.Canceled) || errors.Is(err, ErrDigestMismatch) {
+	if errors.As(err, &pe) || errors.Is(err, context.Canceled) || errors.Is(err, ErrDigestMismatch) ||
+		errors.Is(err, ErrForbiddenAddress) {
 		return false
 	}
 	var he *HTTPError

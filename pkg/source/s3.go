@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"path"
 	"strings"
@@ -45,12 +47,22 @@ func newS3(ctx context.Context, rest string, opt Options) (backend, error) {
 	if endpoint == "" && cfg.BaseEndpoint != nil {
 		endpoint = *cfg.BaseEndpoint
 	}
+	// The S3 client (not the credential providers, which reach IMDS and
+	// STS at addresses of their own) dials through the network policy.
+	var configured *url.URL
+	if endpoint != "" {
+		if configured, err = url.Parse(endpoint); err != nil || configured.Host == "" {
+			return nil, fmt.Errorf("%w: S3 endpoint %q is not a URL", ErrUnsupported, endpoint)
+		}
+	}
+	hc := &http.Client{Transport: newNetPolicy(opt, configured).transport(opt)}
 	anonymous := strings.EqualFold(os.Getenv("AWS_NO_SIGN_REQUEST"), "true")
 	client := s3.NewFromConfig(cfg, func(o *s3.Options) {
 		if endpoint != "" {
 			o.BaseEndpoint = aws.String(endpoint)
 			o.UsePathStyle = true
 		}
+		o.HTTPClient = hc
 		if anonymous {
 			o.Credentials = aws.AnonymousCredentials{}
 		}

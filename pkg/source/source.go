@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sort"
 	"strings"
@@ -54,8 +56,22 @@ type Options struct {
 	// UserAgent is sent with every HTTP request.
 	UserAgent string
 	// Transport carries HTTP requests; nil uses a clone of
-	// http.DefaultTransport.
+	// http.DefaultTransport that dials only addresses the network policy
+	// allows (a Transport given here is checked by URL only).
 	Transport http.RoundTripper
+	// AllowPrivateNetwork lets requests reach loopback and private
+	// (RFC 1918, ULA, CGNAT) addresses; by default only the configured
+	// endpoints and the kinds of address they resolve to may be.
+	AllowPrivateNetwork bool
+	// AllowLinkLocal lets requests reach link-local addresses and cloud
+	// metadata services.
+	AllowLinkLocal bool
+	// lookup resolves host names for the network policy (tests); nil uses
+	// the default resolver.
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// dial connects to an address the policy allowed (tests); nil uses a
+	// net.Dialer.
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Concurrency bounds the range requests in flight per source; <= 0
 	// means 16.
 	Concurrency int

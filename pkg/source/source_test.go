@@ -268,9 +268,11 @@ func TestHTTPFileAndList(t *testing.T) {
 	}))
 	defer srv.Close()
 
+	local := testOpts
+	local.AllowPrivateNetwork = true // the server is on loopback
 	for _, ranges := range []bool{true, false} {
 		noRange.Store(!ranges)
-		src, err := Open(context.Background(), srv.URL+"/files/model.bin", testOpts)
+		src, err := Open(context.Background(), srv.URL+"/files/model.bin", local)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -281,7 +283,7 @@ func TestHTTPFileAndList(t *testing.T) {
 		checkIndex(t, res.Index, map[string][]byte{"model.bin": a})
 	}
 	noRange.Store(false)
-	opt := testOpts
+	opt := local
 	opt.List = true
 	src, err := Open(context.Background(), srv.URL+"/list.txt", opt)
 	if err != nil {

@@ -30,7 +30,7 @@ func newWeb(raw string, opt Options) (backend, error) {
 	if err := checkWebURL(u); err != nil {
 		return nil, err
 	}
-	return &web{u: u, isList: opt.List, hc: newHTTPClient(opt, "", "")}, nil
+	return &web{u: u, isList: opt.List, hc: newHTTPClient(opt, newNetPolicy(opt), "", "")}, nil
 }
 
 func checkWebURL(u *url.URL) error {

@@ -32,6 +32,7 @@ func TestSyncSealsVerifiesAndTags(t *testing.T) {
 	var events []string
 	res, err := Sync(ctx, src, dst, SyncOptions{
 		Tags: []string{"stable"}, Counters: &layout.Counters{},
+		Source:     source.Options{AllowPrivateNetwork: true}, // the source is on loopback
 		OnListing:  func(string) { events = append(events, "listing") },
 		OnListed:   func(files int, _ int64, _ string) { events = append(events, "listed") },
 		OnVerified: func() { events = append(events, "verified") },
