@@ -2,14 +2,18 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -621,4 +626,181 @@ func TestSyncThroughCDNFaults(t *testing.T) {
 		t.Fatalf("sync through CDN faults failed:\n%s", res)
 	}
 	syncCheckTree(t, res.lastLine(), files)
+}
+
+// syncMetadataCreds is what the fake cloud metadata service answers: the
+// machine's role credentials, which a sync must never seal.
+const syncMetadataCreds = `{"Code":"Success","AccessKeyId":"ASIAE2EMETADATA","SecretAccessKey":"e2e-instance-role-secret"}`
+
+// runWithEnv is run with extra environment variables, which run strips
+// or does not pass (the HTTP proxy variables).
+func runWithEnv(t *testing.T, extra []string, args ...string) result {
+	t.Helper()
+	h := home(t)
+	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin(t), args...)
+	env := []string{}
+	for _, kv := range os.Environ() {
+		switch k, _, _ := strings.Cut(kv, "="); strings.ToUpper(k) {
+		case "HOME", "XDG_CACHE_HOME", "DOCKER_CONFIG", "XDG_CONFIG_HOME", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY":
+			continue
+		}
+		env = append(env, kv)
+	}
+	cmd.Env = append(append(env, "HOME="+h, "XDG_CACHE_HOME="+h, "DOCKER_CONFIG="+h), extra...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	res := result{args: args, stdout: stdout.String(), stderr: stderr.String()}
+	var exitErr *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("timed out after %v:\n%s", runTimeout, res)
+	case err == nil:
+	case errors.As(err, &exitErr):
+		res.code = exitErr.ExitCode()
+	default:
+		t.Fatalf("bdnvol %s: %v", strings.Join(args, " "), err)
+	}
+	return res
+}
+
+// syncCheckNothingSealed fails when the layout at dir holds a version or
+// any file with the metadata service's secret.
+func syncCheckNothingSealed(t *testing.T, dir string) {
+	t.Helper()
+	if b, err := os.ReadFile(filepath.Join(dir, "index.json")); err == nil {
+		var idx struct{ Manifests []json.RawMessage }
+		mustJSON(t, b, &idx)
+		if len(idx.Manifests) != 0 {
+			t.Errorf("the layout holds %d manifests after a refused sync", len(idx.Manifests))
+		}
+	}
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if b, _ := os.ReadFile(p); bytes.Contains(b, []byte("e2e-instance-role-secret")) {
+				t.Errorf("%s holds the metadata service's credentials", p)
+			}
+		}
+		return nil
+	})
+}
+
+// A source that redirects to the cloud metadata service (169.254.169.254)
+// used to have the machine's credentials sealed into the version. The sync
+// now fails, naming the address and the flag that would allow it, and
+// nothing reaches the metadata service or the layout. The source and the
+// "metadata service" sit behind an HTTP proxy (as in many clusters), which
+// is how this test reaches addresses it cannot listen on.
+func TestSyncRedirectToMetadataServiceIsRefusedAndNothingSealed(t *testing.T) {
+	var mdRequests atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Hostname() {
+		case "models.example":
+			if r.URL.Path == "/model.bin" {
+				http.Redirect(w, r, "http://169.254.169.254/latest/meta-data/iam/security-credentials/node-role", http.StatusFound)
+				return
+			}
+		case "169.254.169.254":
+			mdRequests.Add(1)
+			fmt.Fprint(w, syncMetadataCreds)
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	syncEnv(t, nil)
+	env := []string{"HTTP_PROXY=" + proxy.URL, "NO_PROXY="}
+	layoutDir := filepath.Join(t.TempDir(), "layout")
+
+	res := runWithEnv(t, env, "sync", "http://models.example/model.bin", "oci:"+layoutDir+":v1")
+	if res.code == 0 {
+		t.Fatalf("the sync of a redirect to the metadata service succeeded (it sealed %d bytes of credentials):\n%s",
+			len(syncMetadataCreds), res)
+	}
+	for _, want := range []string{"169.254.169.254", "cloud metadata service", "--allow-link-local"} {
+		if !strings.Contains(res.stderr, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, res)
+		}
+	}
+	if n := mdRequests.Load(); n != 0 {
+		t.Errorf("the metadata service got %d requests", n)
+	}
+	syncCheckNothingSealed(t, layoutDir)
+	if js := syncJobs(t); len(js) != 1 || js[0].State != "FAILED" || !strings.Contains(js[0].Reason, "169.254.169.254") {
+		t.Errorf("jobs: %+v", js)
+	}
+}
+
+// linkLocalAddr returns an IPv6 link-local address of one of this
+// machine's interfaces (with its zone), which a listener can bind.
+func linkLocalAddr() (netip.Addr, bool) {
+	ifs, _ := net.Interfaces()
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr().Is6() && pfx.Addr().IsLinkLocalUnicast() {
+				return pfx.Addr().WithZone(ifc.Name), true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// A --list entry naming a link-local address is refused at dial time (no
+// proxy: the check is on the address the CLI would connect to), even with
+// --allow-private-network for the list's own loopback server; the
+// listener on that address sees no connection. With --allow-link-local
+// the same list syncs, so the listener was reachable.
+func TestSyncListEntryOnLinkLocalAddressIsRefused(t *testing.T) {
+	ll, ok := linkLocalAddr()
+	if !ok {
+		t.Skip("no IPv6 link-local address on this machine; TestSyncRedirectToMetadataServiceIsRefusedAndNothingSealed covers the refusal")
+	}
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(ll, 0).String())
+	if err != nil {
+		t.Skipf("cannot listen on %s: %v", ll, err)
+	}
+	var accepts atomic.Int64
+	inner := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, syncMetadataCreds)
+	}), ConnState: func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			accepts.Add(1)
+		}
+	}}
+	go inner.Serve(ln)
+	t.Cleanup(func() { inner.Close() })
+	// The listener's address lacks the zone, which a link-local dial needs.
+	at := netip.AddrPortFrom(ll, uint16(ln.Addr().(*net.TCPAddr).Port)).String()
+	target := "http://" + strings.Replace(at, "%", "%25", 1) + "/latest/meta-data/iam/security-credentials/node-role"
+	list := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s creds.json\n", target)
+	}))
+	t.Cleanup(list.Close)
+	syncEnv(t, nil)
+	layoutDir := filepath.Join(t.TempDir(), "layout")
+
+	res := run(t, "sync", "--list", "--allow-private-network", list.URL+"/files.txt", "oci:"+layoutDir+":v1")
+	if res.code == 0 {
+		t.Fatalf("the sync of a list naming %s succeeded:\n%s", ll, res)
+	}
+	for _, want := range []string{ll.WithZone("").String(), "link-local", "--allow-link-local"} {
+		if !strings.Contains(res.stderr, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, res)
+		}
+	}
+	if n := accepts.Load(); n != 0 {
+		t.Errorf("the link-local listener accepted %d connections", n)
+	}
+	syncCheckNothingSealed(t, layoutDir)
+
+	ok2 := run(t, "sync", "--list", "--allow-private-network", "--allow-link-local", list.URL+"/files.txt", "oci:"+layoutDir+":v2")
+	if ok2.code != 0 || accepts.Load() == 0 {
+		t.Fatalf("with --allow-link-local the list did not sync from %s:\n%s", ll, ok2)
+	}
 }
