@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -30,7 +31,12 @@ type fakeHub struct {
 	served   map[string][]byte // what the CDN and resolve serve, when different
 	lfs      map[string]bool
 	pageSize int
-	cdnBase  string // where LFS files redirect to, when not the CDN server
+	cdnBase  string           // where LFS files redirect to, when not the CDN server
+	sizes    map[string]int64 // sizes the tree lists instead of the real ones
+	// paging "loop" links the second tree page to itself; "endless" links
+	// every page to a new one.
+	paging    string
+	treePages atomic.Int64
 
 	mu       sync.Mutex
 	hubAuth  []string // Authorization headers the Hub saw
@@ -121,6 +127,22 @@ func (f *fakeHub) serveTree(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "want recursive", http.StatusBadRequest)
 		return
 	}
+	f.treePages.Add(1)
+	switch f.paging {
+	case "loop":
+		next := *r.URL
+		q := next.Query()
+		q.Set("cursor", "2")
+		next.RawQuery = q.Encode()
+		w.Header().Set("Link", fmt.Sprintf(`<%s>; rel="next"`, next.String()))
+		fmt.Fprint(w, "[]")
+		return
+	case "endless":
+		n, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
+		w.Header().Set("Link", fmt.Sprintf(`<%s?recursive=true&cursor=%d>; rel="next"`, r.URL.Path, n+1))
+		fmt.Fprint(w, "[]")
+		return
+	}
 	var entries []map[string]any
 	dirs := map[string]bool{}
 	for p, b := range f.files {
@@ -132,6 +154,12 @@ func (f *fakeHub) serveTree(w http.ResponseWriter, r *http.Request) {
 			sum := sha256.Sum256(b)
 			e["size"] = 134 // the pointer's size
 			e["lfs"] = map[string]any{"oid": hex.EncodeToString(sum[:]), "size": len(b), "pointerSize": 134}
+		}
+		if n, ok := f.sizes[p]; ok {
+			e["size"] = n
+			if lfs, ok := e["lfs"].(map[string]any); ok {
+				lfs["size"] = n
+			}
 		}
 		entries = append(entries, e)
 	}
@@ -161,9 +189,11 @@ func gitBlobID(b []byte) string {
 // fakeGCS speaks the parts of the GCS JSON API a sync uses: object
 // listing by prefix with pages, and media downloads with Range.
 type fakeGCS struct {
-	srv     *httptest.Server
-	objects map[string][]byte // bucket "b"
-	served  map[string][]byte
+	srv       *httptest.Server
+	objects   map[string][]byte // bucket "b"
+	served    map[string][]byte
+	loop      bool // every page names the same next page token
+	listPages atomic.Int64
 }
 
 func newFakeGCS(t *testing.T, objects map[string][]byte) *fakeGCS {
@@ -171,6 +201,11 @@ func newFakeGCS(t *testing.T, objects map[string][]byte) *fakeGCS {
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		const list = "/storage/v1/b/b/o"
 		if r.URL.Path == list {
+			f.listPages.Add(1)
+			if f.loop {
+				fmt.Fprint(w, `{"kind":"storage#objects","nextPageToken":"again"}`)
+				return
+			}
 			prefix := r.URL.Query().Get("prefix")
 			var names []string
 			for n := range f.objects {
@@ -229,4 +264,52 @@ func randBytes(seed uint64, n int) []byte {
 		b[i] = byte(r.Uint32())
 	}
 	return b
+}
+
+// fakeS3 answers ListObjectsV2 (path-style, bucket "b") with the objects
+// given, one page each, and then a page that names itself as the next one
+// when loop is set.
+type fakeS3 struct {
+	srv       *httptest.Server
+	sizes     map[string]int64 // key -> listed size
+	loop      bool
+	listPages atomic.Int64
+}
+
+func newFakeS3(t *testing.T, sizes map[string]int64) *fakeS3 {
+	f := &fakeS3{sizes: sizes}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/b" && r.URL.Path != "/b/" || r.URL.Query().Get("list-type") != "2" {
+			http.Error(w, "<Error><Code>NoSuchKey</Code></Error>", http.StatusNotFound)
+			return
+		}
+		f.listPages.Add(1)
+		w.Header().Set("Content-Type", "application/xml")
+		var b strings.Builder
+		b.WriteString(`<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>b</Name>`)
+		if f.loop {
+			b.WriteString(`<IsTruncated>true</IsTruncated><NextContinuationToken>same-token</NextContinuationToken>`)
+		} else {
+			b.WriteString(`<IsTruncated>false</IsTruncated>`)
+		}
+		keys := make([]string, 0, len(f.sizes))
+		for k := range f.sizes {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(&b, `<Contents><Key>%s</Key><Size>%d</Size></Contents>`, k, f.sizes[k])
+		}
+		b.WriteString(`</ListBucketResult>`)
+		fmt.Fprint(w, b.String())
+	}))
+	t.Cleanup(f.srv.Close)
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIATEST")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+	t.Setenv("AWS_REGION", "us-east-1")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_CONFIG_FILE", "/nonexistent")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+	t.Setenv("AWS_ENDPOINT_URL", "")
+	return f
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // DefaultGCSEndpoint serves the GCS JSON API when STORAGE_EMULATOR_HOST is
@@ -164,7 +166,11 @@ func (g *gcs) list(ctx context.Context) ([]*object, error) {
 	}
 	var out []*object
 	token := ""
+	pg := pager{name: g.String()}
 	for {
+		if err := pg.next(token); err != nil {
+			return nil, err
+		}
 		q := url.Values{"prefix": {dir}}
 		if token != "" {
 			q.Set("pageToken", token)
@@ -184,6 +190,9 @@ func (g *gcs) list(ctx context.Context) ([]*object, error) {
 			o, err := g.object(it, rel)
 			if err != nil {
 				return nil, err
+			}
+			if len(out) >= layout.MaxEntries {
+				return nil, fmt.Errorf("%s: the prefix holds more than %d objects", g, layout.MaxEntries)
 			}
 			out = append(out, o)
 		}
@@ -224,7 +233,7 @@ func (g *gcs) getJSON(ctx context.Context, u string, v any) error {
 			return struct{}{}, err
 		}
 		defer resp.Body.Close()
-		if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		if err := json.NewDecoder(capBody(resp)).Decode(v); err != nil {
 			return struct{}{}, fmt.Errorf("GET %s: %w", redactURL(resp.Request.URL), err)
 		}
 		return struct{}{}, nil

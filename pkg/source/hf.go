@@ -10,6 +10,8 @@ import (
 	"os"
 	"regexp"
 	"strings"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // DefaultHubEndpoint is the Hugging Face Hub used when HF_ENDPOINT is unset.
@@ -97,7 +99,7 @@ func (h *hub) getJSON(ctx context.Context, u string, v any) (*http.Response, err
 			return nil, err
 		}
 		defer resp.Body.Close()
-		if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		if err := json.NewDecoder(capBody(resp)).Decode(v); err != nil {
 			return nil, fmt.Errorf("GET %s: %w", redactURL(resp.Request.URL), err)
 		}
 		return resp, nil
@@ -131,9 +133,10 @@ func (h *hub) list(ctx context.Context) ([]*object, error) {
 	h.sha = info.SHA
 	var out []*object
 	next := h.api("tree", h.sha) + "?recursive=true&expand=false"
-	for pages := 0; next != ""; pages++ {
-		if pages > 100000 {
-			return nil, fmt.Errorf("%s: tree listing does not end", h)
+	pg := pager{name: h.String()}
+	for next != "" {
+		if err := pg.next(next); err != nil {
+			return nil, err
 		}
 		var entries []treeEntry
 		resp, err := h.getJSON(ctx, next, &entries)
@@ -153,6 +156,9 @@ func (h *hub) list(ctx context.Context) ([]*object, error) {
 				}
 			case hexCommit.MatchString(strings.ToLower(e.Oid)):
 				o.want = expectGitSHA1(strings.ToLower(e.Oid))
+			}
+			if len(out) >= layout.MaxEntries {
+				return nil, fmt.Errorf("%s: the tree lists more than %d files", h, layout.MaxEntries)
 			}
 			out = append(out, o)
 		}

@@ -86,6 +86,9 @@ func do(hc *http.Client, req *http.Request, ok ...int) (*http.Response, error) {
 // getRange GETs n bytes at off of u with a Range request. A server that
 // ignores Range (200) is read from the start and skipped to off.
 func getRange(hc *http.Client, req *http.Request, off, n int64) ([]byte, *http.Response, error) {
+	if off < 0 || n < 0 || n > 1<<30 {
+		return nil, nil, permanentError{fmt.Errorf("%s %s: range of %d bytes at %d is out of range", req.Method, redactURL(req.URL), n, off)}
+	}
 	req.Header.Set("Range", byterange.Header(off, n))
 	resp, err := do(hc, req, http.StatusOK, http.StatusPartialContent)
 	if err != nil {
@@ -108,4 +111,67 @@ func getRange(hc *http.Client, req *http.Request, off, n int64) ([]byte, *http.R
 		return nil, resp, fmt.Errorf("%s: range %s: %w", name, byterange.Header(off, n), err)
 	}
 	return buf, resp, nil
+}
+
+// MaxListingBody bounds the bytes of one listing answer read into memory:
+// a Hub tree page, a GCS listing page, a --list body.
+const MaxListingBody = 64 << 20
+
+// maxListPages bounds the pages of one listing (a var for tests).
+var maxListPages = 10_000
+
+// capReader reads r and fails once more than left bytes came.
+type capReader struct {
+	r    io.Reader
+	left int64
+	name string
+}
+
+// capBody returns a reader of resp's body that fails with a permanent
+// error once it exceeds MaxListingBody.
+func capBody(resp *http.Response) io.Reader {
+	return &capReader{r: resp.Body, left: MaxListingBody, name: resp.Request.Method + " " + redactURL(resp.Request.URL)}
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	if c.left < 0 {
+		return 0, c.tooLarge()
+	}
+	if int64(len(p)) > c.left+1 {
+		p = p[:c.left+1]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	if c.left < 0 {
+		return n, c.tooLarge()
+	}
+	return n, err
+}
+
+func (c *capReader) tooLarge() error {
+	return permanentError{fmt.Errorf("%s: the answer exceeds %d MiB", c.name, MaxListingBody>>20)}
+}
+
+// pager guards a listing against a source whose pagination does not end:
+// a page cursor seen before, or more than maxListPages pages, is an error.
+type pager struct {
+	name  string // the source, for errors
+	seen  map[string]bool
+	pages int
+}
+
+// next records that the page named by cursor is about to be fetched.
+func (p *pager) next(cursor string) error {
+	if p.seen == nil {
+		p.seen = map[string]bool{}
+	}
+	if p.seen[cursor] {
+		return fmt.Errorf("%s: the listing repeats a page (after %d pages); its pagination loops", p.name, p.pages)
+	}
+	if p.pages >= maxListPages {
+		return fmt.Errorf("%s: the listing has more than %d pages", p.name, maxListPages)
+	}
+	p.seen[cursor] = true
+	p.pages++
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/bdnvol/bdnvol/internal/byterange"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // s3Store is the objects under a prefix of an S3 bucket, or of any
@@ -85,9 +86,16 @@ func (s *s3Store) list(ctx context.Context) ([]*object, error) {
 		dir += "/"
 	}
 	var out []*object
-	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Prefix: aws.String(dir)})
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
+	// Pages are followed by hand, not with the SDK's paginator, which
+	// follows a token it saw before for ever (or, told to stop, ends the
+	// listing early without an error).
+	var token *string
+	pg := pager{name: s.String()}
+	for {
+		if err := pg.next(aws.ToString(token)); err != nil {
+			return nil, err
+		}
+		page, err := s.client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Prefix: aws.String(dir), ContinuationToken: token})
 		if err != nil {
 			return nil, fmt.Errorf("%s: list: %w", s, err)
 		}
@@ -97,8 +105,15 @@ func (s *s3Store) list(ctx context.Context) ([]*object, error) {
 			if rel == "" || strings.HasSuffix(key, "/") {
 				continue // the prefix itself, or a "directory" marker
 			}
+			if len(out) >= layout.MaxEntries {
+				return nil, fmt.Errorf("%s: the prefix holds more than %d objects", s, layout.MaxEntries)
+			}
 			out = append(out, &object{path: rel, size: aws.ToInt64(obj.Size), key: key})
 		}
+		if !aws.ToBool(page.IsTruncated) || aws.ToString(page.NextContinuationToken) == "" {
+			break
+		}
+		token = page.NextContinuationToken
 	}
 	if len(out) == 0 && s.prefix != "" && !strings.HasSuffix(s.prefix, "/") {
 		head, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(s.prefix)})
@@ -110,6 +125,9 @@ func (s *s3Store) list(ctx context.Context) ([]*object, error) {
 }
 
 func (s *s3Store) get(ctx context.Context, o *object, off, n int64) ([]byte, error) {
+	if off < 0 || n < 0 || n > 1<<30 {
+		return nil, permanentError{fmt.Errorf("%s: get %s: range of %d bytes at %d is out of range", s, o.key, n, off)}
+	}
 	resp, err := s.client.GetObject(ctx, &s3.GetObjectInput{
 		Bucket: aws.String(s.bucket),
 		Key:    aws.String(o.key),

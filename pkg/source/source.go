@@ -204,6 +204,9 @@ func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
 		if !r.filter.match(o.path) {
 			continue
 		}
+		if err := checkSize(o.size); err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", r.b, o.key, err)
+		}
 		if o.path == "." || !fs.ValidPath(o.path) {
 			return nil, fmt.Errorf("%s: %q: %w: not a safe relative path", r.b, o.key, ErrUnsupported)
 		}
@@ -281,6 +284,19 @@ func Verify(s Source, x *layout.Index) error {
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("%s: %w: %s", r.b, ErrDigestMismatch, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+// MaxFileSize is the largest file a source may list (1 PiB): sizes come
+// from the source, and a negative or absurd one must fail the sync, not
+// the allocation of a block.
+const MaxFileSize = 1 << 50
+
+// checkSize refuses a size a source gave that no file can have.
+func checkSize(n int64) error {
+	if n < 0 || n > MaxFileSize {
+		return fmt.Errorf("size %d is out of range", n)
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // web is files served over HTTP(S): one URL, or a list of URLs.
@@ -80,7 +82,7 @@ func (w *web) list(ctx context.Context) ([]*object, error) {
 		want expectation
 	}
 	var lines []line
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(capBody(resp))
 	for n := 1; sc.Scan(); n++ {
 		f := strings.Fields(sc.Text())
 		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
@@ -102,6 +104,9 @@ func (w *web) list(ctx context.Context) ([]*object, error) {
 			} else {
 				return nil, fmt.Errorf("%s: line %d: want URL [PATH] [sha256:HEX]", w, n)
 			}
+		}
+		if len(lines) >= layout.MaxEntries {
+			return nil, fmt.Errorf("%s: the list names more than %d files", w, layout.MaxEntries)
 		}
 		lines = append(lines, l)
 	}
@@ -156,6 +161,9 @@ func (w *web) stat(ctx context.Context, u *url.URL, p string, want expectation) 
 		cr := resp.Header.Get("Content-Range")
 		if i := strings.LastIndexByte(cr, '/'); i >= 0 {
 			if n, err := strconv.ParseInt(cr[i+1:], 10, 64); err == nil {
+				if err := checkSize(n); err != nil {
+					return 0, permanentError{fmt.Errorf("GET %s: Content-Range %q: %w", redactURL(u), cr, err)}
+				}
 				return n, nil
 			}
 		}
