@@ -19,6 +19,14 @@
 // the end of the file when they disagree, so a push of a corrupt file fails
 // before anything is sealed.
 //
+// # Network
+//
+// Requests reach only public addresses unless Options allow private or
+// link-local ones (or a configured endpoint is on such an address): the
+// check is made at dial time on every resolved address, for the first URL,
+// every redirect and every list entry alike, so a source cannot have a
+// metadata service's answer sealed into a version.
+//
 // # Credentials
 //
 // Tokens are read from the environment (HF_TOKEN, the AWS credential chain,

@@ -274,11 +274,16 @@ type fakeS3 struct {
 	sizes     map[string]int64 // key -> listed size
 	loop      bool
 	listPages atomic.Int64
+	redirect  string // where GETs of objects are redirected
 }
 
 func newFakeS3(t *testing.T, sizes map[string]int64) *fakeS3 {
 	f := &fakeS3{sizes: sizes}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f.redirect != "" && strings.HasPrefix(r.URL.Path, "/b/") && len(r.URL.Path) > 3 {
+			http.Redirect(w, r, f.redirect, http.StatusTemporaryRedirect)
+			return
+		}
 		if r.URL.Path != "/b" && r.URL.Path != "/b/" || r.URL.Query().Get("list-type") != "2" {
 			http.Error(w, "<Error><Code>NoSuchKey</Code></Error>", http.StatusNotFound)
 			return

@@ -209,6 +209,42 @@ func TestHubRedirectToMetadataRefused(t *testing.T) {
 	}
 }
 
+// An S3-compatible endpoint on loopback (--endpoint) that redirects an
+// object's GET to the metadata service is refused too.
+func TestS3RedirectToMetadataRefused(t *testing.T) {
+	metadata := newCountingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, credentials)
+	}))
+	s3 := newFakeS3(t, map[string]int64{"data/a.bin": int64(len(credentials))})
+	s3.redirect = "http://169.254.169.254/latest/meta-data/iam/security-credentials/node-role"
+	fn := &fakeNet{resolve: func(string) []netip.Addr { return nil },
+		routes: map[string]string{"169.254.169.254:80": metadata.ln.Addr().String()}}
+	opt := fn.apply(testOpts)
+	opt.Endpoint = s3.srv.URL
+	start := time.Now()
+	src, err := Open(context.Background(), "s3://b/data", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = push(t, src)
+	if !errors.Is(err, ErrForbiddenAddress) {
+		t.Fatalf("push: %v, want the redirect to the metadata service refused", err)
+	}
+	if n := metadata.accepts.Load(); n != 0 {
+		t.Fatalf("the metadata service accepted %d connections", n)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the refusal took %v: it was retried", d)
+	}
+	opt.AllowLinkLocal = true // the control
+	if src, err = Open(context.Background(), "s3://b/data", opt); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = push(t, src); err != nil || metadata.accepts.Load() == 0 {
+		t.Fatalf("push with --allow-link-local: %v (%d connections)", err, metadata.accepts.Load())
+	}
+}
+
 // A name that resolves to a public address and then, for a later request,
 // to loopback or link-local (DNS rebinding) is refused when it does: the
 // check is made on the addresses dialed, not once per name.
