@@ -54,7 +54,8 @@ func newHub(rest string, opt Options) (backend, error) {
 		return nil, fmt.Errorf("%w %q: want hf://ORG/REPO[@REVISION] or hf://datasets/ORG/REPO[@REVISION]", ErrUnsupported, "hf://"+rest)
 	}
 	epStr := strings.TrimSuffix(os.Getenv("HF_ENDPOINT"), "/")
-	if epStr == "" {
+	configured := epStr != ""
+	if !configured {
 		epStr = DefaultHubEndpoint
 	}
 	ep, err := url.Parse(epStr)
@@ -69,7 +70,12 @@ func newHub(rest string, opt Options) (backend, error) {
 	if token != "" {
 		auth = "Bearer " + token
 	}
-	return &hub{ep: ep, kind: kind, repo: spec, rev: rev, hc: newHTTPClient(opt, newNetPolicy(opt, ep), ep.Host, auth)}, nil
+	// Only an endpoint the user chose is trusted with its kind of address.
+	pol := newNetPolicy(opt)
+	if configured {
+		pol = newNetPolicy(opt, ep)
+	}
+	return &hub{ep: ep, kind: kind, repo: spec, rev: rev, hc: newHTTPClient(opt, pol, ep.Host, auth)}, nil
 }
 
 func (h *hub) String() string {

@@ -3,6 +3,7 @@ package source
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -146,6 +147,8 @@ func (w *web) stat(ctx context.Context, u *url.URL, p string, want expectation) 
 			if resp.ContentLength >= 0 && resp.Header.Get("Content-Encoding") == "" {
 				return resp.ContentLength, nil
 			}
+		} else if errors.Is(err, ErrForbiddenAddress) {
+			return 0, err
 		}
 		req, err = http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 		if err != nil {
