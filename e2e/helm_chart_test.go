@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"path"
 	"path/filepath"
-	"sort"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 
