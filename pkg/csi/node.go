@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,12 +147,47 @@ func (n *Node) lingerLocked(d string) {
 		if n.refcount(d) > 0 {
 			return
 		}
-		if err := n.opt.Mounter.Unmount(context.Background(), d); err != nil {
+		if err := n.unmountLocked(d); err != nil {
 			n.log.Warn("unmount after linger failed", "key", d, "error", err.Error())
 			return
 		}
 		n.log.Info("unmounted after linger", "key", d)
 	})
+}
+
+// unmountLocked asks the mounter to unmount the mount of key k. A mounter
+// older than mount keys (it reports none) holds one mount per digest,
+// which pods of another repository may use: it is left to the last key of
+// the digest. Call with n.mu held.
+func (n *Node) unmountLocked(k string) error {
+	ctx := context.Background()
+	if _, d, ok := strings.Cut(k, "@"); ok {
+		if ms, err := n.opt.Mounter.List(ctx); err == nil {
+			for _, m := range ms {
+				if m.Key == "" && m.Digest == d && n.digestRefsLocked(d) > 0 {
+					return nil
+				}
+			}
+		}
+	}
+	return n.opt.Mounter.Unmount(ctx, k)
+}
+
+// digestRefsLocked is how many targets use digest d, or are being
+// published with it, in any repository. Call with n.mu held.
+func (n *Node) digestRefsLocked(d string) int {
+	c := 0
+	for k, p := range n.pending {
+		if strings.HasSuffix(k, "@"+d) {
+			c += p
+		}
+	}
+	for _, t := range n.ts.all() {
+		if t.Digest == d {
+			c++
+		}
+	}
+	return c
 }
 
 func (n *Node) keepLocked(d string) {
@@ -337,7 +373,7 @@ func (n *Node) abandonLocked(info MountInfo) {
 		n.releaseLocked(k)
 		return
 	}
-	if err := n.opt.Mounter.Unmount(context.Background(), k); err != nil {
+	if err := n.unmountLocked(k); err != nil {
 		n.log.Warn("unmount after a failed publish", "key", k, "error", err.Error())
 		n.lingerLocked(k)
 	}
