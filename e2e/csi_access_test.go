@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net"
 	"net/http"
@@ -20,8 +22,10 @@ import (
 // GET is answered 200 with Docker-Content-Digest: claimed, and it holds
 // nothing else. Repository "big" sends a GET body over the 4 MiB manifest
 // limit (a client that skips reading large manifests then takes the
-// digest on trust); the others send a small body that is not the manifest.
-func forgingRegistry(t *testing.T, ip net.IP, ca testCA, claimed string) *registry {
+// digest on trust); repository "leaked" sends manifest, the real bytes
+// (an attacker who got hold of them); the others send a small body that is
+// not the manifest.
+func forgingRegistry(t *testing.T, ip net.IP, ca testCA, claimed string, manifest []byte) *registry {
 	t.Helper()
 	return serveTLS(t, ip, ca.Server, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v2/" {
@@ -32,8 +36,11 @@ func forgingRegistry(t *testing.T, ip net.IP, ca testCA, claimed string) *regist
 			return
 		}
 		body := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}`)
-		if strings.HasPrefix(r.URL.Path, "/v2/big/") {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/v2/big/"):
 			body = []byte(strings.Repeat(" ", 4<<20+1))
+		case strings.HasPrefix(r.URL.Path, "/v2/leaked/"):
+			body = manifest
 		}
 		w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
 		w.Header().Set("Docker-Content-Digest", claimed)
@@ -50,7 +57,8 @@ func forgingRegistry(t *testing.T, ip net.IP, ca testCA, claimed string) *regist
 // is mounted and after its linger with D's chunks in the node's cache. A
 // second real registry holding the same manifest in another repository gets
 // its own mount. The mounter's default /metrics does not list D, and /warm
-// is not served.
+// is not served. The documented limit holds too: D's real manifest bytes,
+// served from a registry holding no blob, mount D from the cache.
 func TestCSIForgedDigest(t *testing.T) {
 	const user = "tenant-a"
 	pass := "pw-tenant-a-" + strings.Repeat("3", 10)
@@ -74,7 +82,7 @@ func TestCSIForgedDigest(t *testing.T) {
 		t.Fatalf("the same tree pushed to a second registry is %s, not %s", d2, d)
 	}
 	os.Remove(filepath.Join(home(t), "config.json")) // the node has no credentials of its own
-	evil := forgingRegistry(t, ip, reg.CA, d)
+	evil := forgingRegistry(t, ip, reg.CA, d, tlsManifest(t, reg.CA, copyRepo+"@"+d))
 
 	const linger = 1500 * time.Millisecond
 	metricsAddr := freeAddr(t)
@@ -173,4 +181,42 @@ func TestCSIForgedDigest(t *testing.T) {
 		t.Fatal("nothing in the node's cache after the linger")
 	}
 	tryForged("after-linger", 0)
+
+	// The documented limit (docs/kubernetes.md, "What a pod can obtain"):
+	// a pod that has D's exact manifest bytes, served from a registry that
+	// holds no blob of D, reads D's cached chunks.
+	l := n.newPod("leaked-manifest")
+	if err := n.publish(l, evil.Host+"/leaked@"+d, ""); err != nil {
+		t.Fatalf("the manifest's own bytes from a registry holding no blob: %v; docs/kubernetes.md says this mounts from the cache", err)
+	}
+	compareTrees(t, src, l.target)
+	if err := n.unpublish(l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tlsManifest GETs the manifest of ref from a TLS registry the CA signed.
+func tlsManifest(t *testing.T, ca testCA, ref string) []byte {
+	t.Helper()
+	pem, err := os.ReadFile(ca.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	host, rest, _ := strings.Cut(ref, "/")
+	repo, dg, _ := strings.Cut(rest, "@")
+	req, _ := http.NewRequest(http.MethodGet, "https://"+host+"/v2/"+repo+"/manifests/"+dg, nil)
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET manifest %s: %s %v", ref, resp.Status, err)
+	}
+	return b
 }
