@@ -202,7 +202,7 @@ func TestCSIWarmList(t *testing.T) {
 	metricsAddr := freeAddr(t)
 	proxy.Set(faultConfig{})
 	n := startCSIWith(t, time.Minute, "5MiB", []string{"--warm-list", list, "--warm-resolve-interval", "1s",
-		"--warm-bandwidth", "64MiB", "--metrics-addr", metricsAddr})
+		"--warm-bandwidth", "64MiB", "--metrics-addr", metricsAddr, "--metrics-digests"})
 
 	// 1. The list warms both versions, each blob fetched once.
 	n.waitWarm("two versions", func(s warmStatus) bool {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -219,7 +220,7 @@ resources:
 // operator's CRD exists: a ServiceMonitor and a headless Service select the
 // mounter pods' metrics port.
 func TestHelmChartServiceMonitor(t *testing.T) {
-	objs := renderChart(t, "metrics: {port: 9900, serviceMonitor: {interval: 15s, labels: {release: prom}}}\n",
+	objs := renderChart(t, "metrics: {port: 9900, digests: true, serviceMonitor: {interval: 15s, labels: {release: prom}}}\n",
 		"monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor")
 	checkNodePlugin(t, objs, "/var/lib/bdnvol/")
 	got := byKey(t, objs)
@@ -245,5 +246,8 @@ func TestHelmChartServiceMonitor(t *testing.T) {
 	if flag(&c, "metrics-addr") != ":9900" || len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9900 ||
 		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9900 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
 		t.Errorf("metrics port: args %v ports %+v service %+v", c.Args, c.Ports, svc.Spec.Ports)
+	}
+	if !slices.Contains(c.Args, "--metrics-digests") {
+		t.Errorf("metrics.digests: true does not pass --metrics-digests: %v", c.Args)
 	}
 }

@@ -244,7 +244,19 @@ func flag(c *corev1.Container, name string) string {
 // the mounter runs in a DaemonSet of its own that an upgrade of the node
 // plugin does not touch; every image is pinned by digest.
 func TestKubernetesNodePlugin(t *testing.T) {
-	checkNodePlugin(t, loadManifests(t), "/var/lib/bdnvol/")
+	objs := loadManifests(t)
+	checkNodePlugin(t, objs, "/var/lib/bdnvol/")
+	// The default metrics name no digest (a pod reaching the port would
+	// learn every version on the node).
+	for _, o := range objs {
+		if ds, ok := o.obj.(*appsv1.DaemonSet); ok {
+			for _, c := range ds.Spec.Template.Spec.Containers {
+				if slices.Contains(c.Args, "--metrics-digests") {
+					t.Errorf("%s runs with --metrics-digests by default", ds.Name)
+				}
+			}
+		}
+	}
 }
 
 // checkNodePlugin is TestKubernetesNodePlugin on objs (the plain manifests

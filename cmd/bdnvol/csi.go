@@ -35,7 +35,8 @@ type CSIMounterCmd struct {
 	WarmResolveInterval time.Duration `name:"warm-resolve-interval" default:"5m" help:"How often tags in the warm list are resolved again."`
 	WarmStatus          string        `name:"warm-status" placeholder:"FILE" help:"Where the warm status is written (default STATE-DIR/warm-status.json)."`
 	WarmJobs            int           `name:"warm-jobs" default:"4" help:"Concurrent chunk fetches for warming."`
-	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) and the warm status (/warm) at this address."`
+	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) at this address."`
+	MetricsDigests      bool          `name:"metrics-digests" help:"Label the mount and warm metrics with digests and references, and serve the warm status at /warm: whoever reaches --metrics-addr then learns which versions this node holds."`
 }
 
 // Run serves until SIGTERM, then unmounts everything.
@@ -47,7 +48,7 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 		Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
 		WarmList: c.WarmList, WarmStatus: c.WarmStatus, WarmBandwidth: int64(c.WarmBandwidth),
 		WarmResolveInterval: c.WarmResolveInterval, WarmJobs: c.WarmJobs,
-		MetricsAddr: c.MetricsAddr, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter"),
+		MetricsAddr: c.MetricsAddr, MetricsDigests: c.MetricsDigests, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter"),
 	})
 }
 

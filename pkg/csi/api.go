@@ -23,20 +23,26 @@ type credential struct {
 	AccessToken  string `json:"access_token,omitempty"`
 }
 
-// MountInfo describes one digest's mount held by the mounter.
+// MountInfo describes one version's mount held by the mounter.
 type MountInfo struct {
 	Digest string `json:"digest"`
 	Ref    string `json:"ref"`
-	Path   string `json:"path"`  // the FUSE mountpoint
-	Bytes  int64  `json:"bytes"` // the volume's size
-	Files  int64  `json:"files"` // its entries
+	// Key is REGISTRY/REPOSITORY@DIGEST, what the mount is keyed by (see
+	// MountKey); empty from a mounter older than mount keys.
+	Key   string `json:"key,omitempty"`
+	Path  string `json:"path"`  // the FUSE mountpoint
+	Bytes int64  `json:"bytes"` // the volume's size
+	Files int64  `json:"files"` // its entries
 	// New is true when this request mounted it.
 	New bool `json:"new,omitempty"`
 }
 
-// unmountRequest asks the mounter to unmount one digest.
+// unmountRequest asks the mounter to unmount one version: the mount of
+// Ref (a mount key, REGISTRY/REPOSITORY@DIGEST) or, when Ref is empty (a
+// node plugin older than mount keys), every mount of Digest.
 type unmountRequest struct {
 	Digest string `json:"digest"`
+	Ref    string `json:"ref,omitempty"`
 }
 
 // apiError is the body of a failed request.

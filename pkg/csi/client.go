@@ -67,9 +67,14 @@ func (c *MounterClient) Mount(ctx context.Context, req mountRequest) (MountInfo,
 	return info, err
 }
 
-// Unmount asks the mounter to unmount digest d.
-func (c *MounterClient) Unmount(ctx context.Context, d string) error {
-	return c.call(ctx, http.MethodPost, "/v1/unmount", unmountRequest{Digest: d}, nil)
+// Unmount asks the mounter to unmount the version with mount key key
+// (REGISTRY/REPOSITORY@DIGEST, see MountKey).
+func (c *MounterClient) Unmount(ctx context.Context, key string) error {
+	req := unmountRequest{Ref: key}
+	if _, d, ok := strings.Cut(key, "@"); ok {
+		req.Digest = d // an older mounter reads only this
+	}
+	return c.call(ctx, http.MethodPost, "/v1/unmount", req, nil)
 }
 
 // List returns the mounts the mounter serves.

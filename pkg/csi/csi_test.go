@@ -17,7 +17,34 @@ import (
 	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
+
+// TestMountKey: mounts are keyed by registry, repository and digest; the
+// same digest in two repositories has two keys and two mountpoints, and a
+// target record written before mount keys has its key from its pinned
+// reference.
+func TestMountKey(t *testing.T) {
+	const d = "sha256:" + "ab" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd"
+	a, _ := oci.ParseRef("reg.example/tenant-a/vol@" + d)
+	b, _ := oci.ParseRef("evil.example/x@" + d)
+	c, _ := oci.ParseRef("reg.example/tenant-b/vol@" + d)
+	keys := map[string]bool{MountKey(a): true, MountKey(b): true, MountKey(c): true}
+	names := map[string]bool{mountpointName(a): true, mountpointName(b): true, mountpointName(c): true}
+	if len(keys) != 3 || len(names) != 3 {
+		t.Fatalf("one digest in three repositories: keys %v, mountpoints %v; want three of each", keys, names)
+	}
+	if MountKey(a) != "reg.example/tenant-a/vol@"+d {
+		t.Errorf("key %q", MountKey(a))
+	}
+	old := target{Path: "/p", Ref: "reg.example/tenant-a/vol:v1", Pinned: "reg.example/tenant-a/vol@" + d, Digest: d}
+	if targetKey(old) != MountKey(a) {
+		t.Errorf("old record: key %q, want %q", targetKey(old), MountKey(a))
+	}
+	if infoKey(MountInfo{Digest: d, Ref: old.Pinned}) != MountKey(a) {
+		t.Error("a mount reported without a key (older mounter) gets none from its pinned reference")
+	}
+}
 
 func TestKindOf(t *testing.T) {
 	for _, c := range []struct {
@@ -35,6 +62,8 @@ func TestKindOf(t *testing.T) {
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.Unavailable},
 		{&mounterError{apiError{Kind: kindNotFound, Message: "m"}}, codes.NotFound},
 		{&kindError{kindInvalid, errors.New("bad")}, codes.InvalidArgument},
+		{fmt.Errorf("evil/x@sha256:ab: %w", oci.ErrMismatchedDigest), codes.PermissionDenied},
+		{fmt.Errorf("evil/x:v1: %w", oci.ErrManifestTooLarge), codes.InvalidArgument},
 		{errors.New("something else"), codes.Internal},
 	} {
 		if got := codeOf(kindOf(c.err)); got != c.want {

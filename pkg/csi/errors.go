@@ -38,7 +38,11 @@ func kindOf(err error) string {
 		return ke.kind
 	case errors.Is(err, auth.ErrBasicCredentialNotFound):
 		return kindPermission
-	case errors.Is(err, layout.ErrNotVolume):
+	case errors.Is(err, oci.ErrMismatchedDigest):
+		// The registry named did not serve the manifest of the digest:
+		// these credentials did not read that version from there.
+		return kindPermission
+	case errors.Is(err, layout.ErrNotVolume), errors.Is(err, oci.ErrManifestTooLarge):
 		return kindInvalid
 	case errors.Is(err, errdef.ErrNotFound), errors.Is(err, oci.ErrNotFound):
 		return kindNotFound

@@ -18,17 +18,17 @@ func (m *Mounter) hold(vol *lazy.Volume, ref, pinned, mountpoint string) func() 
 	return release
 }
 
-// MountSamples returns, for the metrics, each digest this mounter serves
+// MountSamples returns, for the metrics, each mount this mounter serves
 // with the number of pods the node plugin bound to it (its target records
 // under stateDir).
 func (m *Mounter) MountSamples(stateDir string) []metrics.MountSample {
 	pods := map[string]int{}
 	for _, t := range (targets{filepath.Join(stateDir, "targets")}).all() {
-		pods[t.Digest]++
+		pods[targetKey(t)]++
 	}
 	var out []metrics.MountSample
 	for _, i := range m.List() {
-		out = append(out, metrics.MountSample{Digest: i.Digest, Pods: pods[i.Digest]})
+		out = append(out, metrics.MountSample{Digest: i.Digest, Pods: pods[infoKey(i)]})
 	}
 	return out
 }

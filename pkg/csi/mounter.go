@@ -40,17 +40,42 @@ type MounterOptions struct {
 	Warmer *warm.Warmer
 }
 
-// Mounter holds one FUSE mount per digest, all reading through one cache.
+// Mounter holds one FUSE mount per version (registry, repository and
+// digest), all reading through one cache.
 type Mounter struct {
 	opt MounterOptions
 	log *slog.Logger
 
-	mu       sync.Mutex // guards the maps
-	served   map[digest.Digest]*mounted
-	inflight map[digest.Digest]chan struct{} // digests being mounted; closed when done
+	mu       sync.Mutex               // guards the maps
+	served   map[string]*mounted      // by mount key (see MountKey)
+	inflight map[string]chan struct{} // mount keys being mounted; closed when done
 }
 
-// mounted is one digest served by the mounter.
+// MountKey is what mounts are keyed by: REGISTRY/REPOSITORY@DIGEST, the
+// registry and repository a request names and the digest it pins. The same
+// digest in two repositories is two mounts, each fetching with credentials
+// that were checked against its own repository.
+func MountKey(ref oci.Ref) string {
+	return ref.Registry + "/" + ref.Repository + "@" + ref.Digest.String()
+}
+
+// keyOfPinned is the mount key of a digest-pinned reference, or "" when s
+// is not one.
+func keyOfPinned(s string) string {
+	r, err := oci.ParseRef(s)
+	if err != nil || r.Digest == "" || r.Layout != "" {
+		return ""
+	}
+	return MountKey(r)
+}
+
+// mountpointName is the directory of ref's mount under the mounts
+// directory: the digest's hex and a short hash of registry/repository.
+func mountpointName(ref oci.Ref) string {
+	return ref.Digest.Encoded() + "-" + digest.FromString(ref.Registry + "/" + ref.Repository).Encoded()[:12]
+}
+
+// mounted is one version served by the mounter.
 type mounted struct {
 	info   MountInfo
 	served *mounts.Served
@@ -67,7 +92,7 @@ func NewMounter(opt MounterOptions) (*Mounter, error) {
 	if err := os.MkdirAll(opt.MountsDir, 0o755); err != nil {
 		return nil, fmt.Errorf("mounts dir: %w", err)
 	}
-	m := &Mounter{opt: opt, log: opt.Logger, served: map[digest.Digest]*mounted{}, inflight: map[digest.Digest]chan struct{}{}}
+	m := &Mounter{opt: opt, log: opt.Logger, served: map[string]*mounted{}, inflight: map[string]chan struct{}{}}
 	left, _ := mounts.Under(filepath.Clean(opt.MountsDir))
 	for _, l := range left {
 		if err := mounts.Detach(l.Mountpoint); err != nil {
@@ -79,27 +104,29 @@ func NewMounter(opt MounterOptions) (*Mounter, error) {
 	return m, nil
 }
 
-// Mount returns the mount of the version ref pins, mounting it first when
-// this mounter does not serve it yet.
+// Mount returns the mount of the version ref pins (its registry,
+// repository and digest), mounting it first when this mounter does not
+// serve it yet.
 func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error) {
 	ref, err := oci.ParseRef(req.Ref)
 	if err != nil || ref.Digest == "" || ref.Layout != "" {
 		return MountInfo{}, &kindError{kindInvalid, fmt.Errorf("%s: not a registry reference pinned by digest", req.Ref)}
 	}
+	key := MountKey(ref)
 	for {
 		m.mu.Lock()
-		if s, ok := m.served[ref.Digest]; ok {
+		if s, ok := m.served[key]; ok {
 			select {
 			case <-s.served.Done():
-				delete(m.served, ref.Digest) // unmounted behind our back
+				delete(m.served, key) // unmounted behind our back
 				s.lease()
 			default:
 				m.mu.Unlock()
 				return s.info, nil
 			}
 		}
-		if wait, ok := m.inflight[ref.Digest]; ok {
-			// Another request is mounting this digest: wait for it.
+		if wait, ok := m.inflight[key]; ok {
+			// Another request is mounting this version: wait for it.
 			m.mu.Unlock()
 			select {
 			case <-wait:
@@ -109,11 +136,11 @@ func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error
 			}
 		}
 		done := make(chan struct{})
-		m.inflight[ref.Digest] = done
+		m.inflight[key] = done
 		m.mu.Unlock()
 		info, err := m.mountNew(ctx, ref, req)
 		m.mu.Lock()
-		delete(m.inflight, ref.Digest)
+		delete(m.inflight, key)
 		close(done)
 		m.mu.Unlock()
 		return info, err
@@ -137,13 +164,13 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 	if err != nil {
 		return MountInfo{}, err
 	}
-	mp := filepath.Join(m.opt.MountsDir, ref.Digest.Encoded())
+	mp := filepath.Join(m.opt.MountsDir, mountpointName(ref))
 	if err := os.MkdirAll(mp, 0o755); err != nil && !mounts.NotConnected(mp) {
 		vol.Close()
 		return MountInfo{}, fmt.Errorf("mount %s: %w", pinned, err)
 	}
 	if _, mounted := mounts.At(mp); mounted || mounts.NotConnected(mp) {
-		// Left by an earlier mounter of this digest: its server is gone.
+		// Left by an earlier mounter of this version: its server is gone.
 		if err := mounts.Detach(mp); err != nil {
 			vol.Close()
 			return MountInfo{}, err
@@ -155,11 +182,11 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 		return MountInfo{}, err
 	}
 	idx := vol.Version().Index
-	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Path: mp, Bytes: idx.Bytes(), Files: int64(idx.Len())}
+	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Key: MountKey(ref), Path: mp, Bytes: idx.Bytes(), Files: int64(idx.Len())}
 	lease := m.hold(vol, req.Ref, pinned, mp)
 	pctx, stop := context.WithCancel(context.Background())
 	m.mu.Lock()
-	m.served[ref.Digest] = &mounted{info: info, served: s, stop: stop, lease: lease}
+	m.served[MountKey(ref)] = &mounted{info: info, served: s, stop: stop, lease: lease}
 	m.mu.Unlock()
 	if prefetch != nil {
 		go func() {
@@ -173,11 +200,12 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 	return info, nil
 }
 
-// Unmount unmounts the digest d, if served.
-func (m *Mounter) Unmount(ctx context.Context, d digest.Digest) error {
+// Unmount unmounts the version with mount key key (see MountKey), if
+// served.
+func (m *Mounter) Unmount(ctx context.Context, key string) error {
 	m.mu.Lock()
-	s, ok := m.served[d]
-	delete(m.served, d)
+	s, ok := m.served[key]
+	delete(m.served, key)
 	m.mu.Unlock()
 	if !ok {
 		return nil
@@ -189,8 +217,20 @@ func (m *Mounter) Unmount(ctx context.Context, d digest.Digest) error {
 	s.served.Volume.Close()
 	s.lease()
 	os.Remove(s.info.Path)
-	m.log.Info("unmounted", "digest", d.String(), "path", s.info.Path)
+	m.log.Info("unmounted", "key", key, "path", s.info.Path)
 	return nil
+}
+
+// UnmountDigest unmounts every version of digest d, in any repository:
+// what a node plugin that keys by digest alone (before mount keys) asks.
+func (m *Mounter) UnmountDigest(ctx context.Context, d digest.Digest) error {
+	var errs []error
+	for _, i := range m.List() {
+		if i.Digest == d.String() {
+			errs = append(errs, m.Unmount(ctx, i.Key))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // List returns the mounts served now.
@@ -208,7 +248,7 @@ func (m *Mounter) List() []MountInfo {
 func (m *Mounter) Close() error {
 	var errs []error
 	for _, i := range m.List() {
-		errs = append(errs, m.Unmount(context.Background(), digest.Digest(i.Digest)))
+		errs = append(errs, m.Unmount(context.Background(), i.Key))
 	}
 	return errors.Join(errs...)
 }
@@ -244,12 +284,23 @@ func (m *Mounter) Handler() http.Handler {
 			writeError(w, &kindError{kindInvalid, fmt.Errorf("unmount request: %w", err)})
 			return
 		}
-		d, err := digest.Parse(req.Digest)
-		if err != nil {
-			writeError(w, &kindError{kindInvalid, fmt.Errorf("unmount %q: %w", req.Digest, err)})
-			return
+		var err error
+		if req.Ref != "" {
+			key := keyOfPinned(req.Ref)
+			if key == "" {
+				writeError(w, &kindError{kindInvalid, fmt.Errorf("unmount %q: not a registry reference pinned by digest", req.Ref)})
+				return
+			}
+			err = m.Unmount(r.Context(), key)
+		} else {
+			d, perr := digest.Parse(req.Digest)
+			if perr != nil {
+				writeError(w, &kindError{kindInvalid, fmt.Errorf("unmount %q: %w", req.Digest, perr)})
+				return
+			}
+			err = m.UnmountDigest(r.Context(), d)
 		}
-		if err := m.Unmount(r.Context(), d); err != nil {
+		if err != nil {
 			writeError(w, err)
 			return
 		}

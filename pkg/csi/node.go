@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,7 +42,7 @@ type NodeOptions struct {
 	StateDir string         // target records (refcounts)
 	Mounter  *MounterClient // the mounter holding the FUSE mounts
 	OCI      oci.Options    // for resolving references and the access check
-	Linger   time.Duration  // how long an unused digest stays mounted
+	Linger   time.Duration  // how long an unused version stays mounted
 	Logger   *slog.Logger
 }
 
@@ -52,14 +53,34 @@ type Node struct {
 	log *slog.Logger
 	ts  targets
 
+	// Mounts are keyed by REGISTRY/REPOSITORY@DIGEST (see MountKey), never
+	// by digest alone.
 	mu      sync.Mutex             // guards the maps and the records' refcounts
-	lingers map[string]*time.Timer // digests waiting to be unmounted
-	pending map[string]int         // publishes in progress, by digest
+	lingers map[string]*time.Timer // mount keys waiting to be unmounted
+	pending map[string]int         // publishes in progress, by mount key
 	busy    map[string]bool        // target paths being worked on
 }
 
+// targetKey is the mount key of a target record, from its pinned
+// reference (records older than mount keys have it too).
+func targetKey(t target) string {
+	if k := keyOfPinned(t.Pinned); k != "" {
+		return k
+	}
+	return t.Digest
+}
+
+// infoKey is the mount key of a mount the mounter reports (an older
+// mounter sends no key: it comes from the pinned reference).
+func infoKey(i MountInfo) string {
+	if i.Key != "" {
+		return i.Key
+	}
+	return keyOfPinned(i.Ref)
+}
+
 // NewNode returns the node plugin, re-attached to what an earlier one left:
-// records whose target is no longer mounted are dropped, and digests the
+// records whose target is no longer mounted are dropped, and versions the
 // mounter serves for no target start their linger.
 func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	if opt.Logger == nil {
@@ -77,18 +98,18 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 			n.log.Info("dropped a target no longer mounted", "target", t.Path, "digest", t.Digest)
 			continue
 		}
-		refs[t.Digest]++
+		refs[targetKey(t)]++
 	}
 	served, err := opt.Mounter.List(ctx)
 	if err != nil {
 		n.log.Warn("mounter not reachable at start", "error", err.Error())
 	}
 	for _, m := range served {
-		if refs[m.Digest] == 0 {
-			n.lingerLocked(m.Digest)
+		if k := infoKey(m); refs[k] == 0 {
+			n.lingerLocked(k)
 		}
 	}
-	n.log.Info("re-attached", "targets", len(n.ts.all()), "digests", len(refs), "mounter_mounts", len(served))
+	n.log.Info("re-attached", "targets", len(n.ts.all()), "mounts", len(refs), "mounter_mounts", len(served))
 	return n, nil
 }
 
@@ -101,20 +122,20 @@ func (n *Node) Serve(ctx context.Context, l net.Listener) error {
 	return s.Serve(l)
 }
 
-// refcount is how many targets use digest d, or are being published with
-// it. Call with n.mu held.
+// refcount is how many targets use mount key d, or are being published
+// with it. Call with n.mu held.
 func (n *Node) refcount(d string) int {
 	c := n.pending[d]
 	for _, t := range n.ts.all() {
-		if t.Digest == d {
+		if targetKey(t) == d {
 			c++
 		}
 	}
 	return c
 }
 
-// lingerLocked unmounts digest d after the linger unless a publish takes it
-// again. Call with n.mu held.
+// lingerLocked unmounts the version of mount key d after the linger unless
+// a publish takes it again. Call with n.mu held.
 func (n *Node) lingerLocked(d string) {
 	if t, ok := n.lingers[d]; ok {
 		t.Stop()
@@ -126,12 +147,47 @@ func (n *Node) lingerLocked(d string) {
 		if n.refcount(d) > 0 {
 			return
 		}
-		if err := n.opt.Mounter.Unmount(context.Background(), d); err != nil {
-			n.log.Warn("unmount after linger failed", "digest", d, "error", err.Error())
+		if err := n.unmountLocked(d); err != nil {
+			n.log.Warn("unmount after linger failed", "key", d, "error", err.Error())
 			return
 		}
-		n.log.Info("unmounted after linger", "digest", d)
+		n.log.Info("unmounted after linger", "key", d)
 	})
+}
+
+// unmountLocked asks the mounter to unmount the mount of key k. A mounter
+// older than mount keys (it reports none) holds one mount per digest,
+// which pods of another repository may use: it is left to the last key of
+// the digest. Call with n.mu held.
+func (n *Node) unmountLocked(k string) error {
+	ctx := context.Background()
+	if _, d, ok := strings.Cut(k, "@"); ok {
+		if ms, err := n.opt.Mounter.List(ctx); err == nil {
+			for _, m := range ms {
+				if m.Key == "" && m.Digest == d && n.digestRefsLocked(d) > 0 {
+					return nil
+				}
+			}
+		}
+	}
+	return n.opt.Mounter.Unmount(ctx, k)
+}
+
+// digestRefsLocked is how many targets use digest d, or are being
+// published with it, in any repository. Call with n.mu held.
+func (n *Node) digestRefsLocked(d string) int {
+	c := 0
+	for k, p := range n.pending {
+		if strings.HasSuffix(k, "@"+d) {
+			c += p
+		}
+	}
+	for _, t := range n.ts.all() {
+		if t.Digest == d {
+			c++
+		}
+	}
+	return c
 }
 
 func (n *Node) keepLocked(d string) {
@@ -193,12 +249,15 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		}
 		n.mu.Lock()
 		n.ts.remove(tp)
-		n.releaseLocked(t.Digest)
+		n.releaseLocked(targetKey(t))
 		n.mu.Unlock()
 	}
 
 	// Resolve the reference and check access with the pod's own
-	// credentials, every time, also when the digest is mounted already.
+	// credentials, every time, also when the version is mounted already:
+	// the manifest's bytes are read (a GET) from the registry and
+	// repository the pod names and must hash to the digest; a digest the
+	// registry merely claims is not trusted.
 	creds, cred, err := n.podCredentials(ctx, ref, req.GetSecrets())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), SecretDockerJSON, err)
@@ -220,9 +279,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: %v", req.GetVolumeId(), err)
 	}
 	pinned := ref.Pinned(desc.Digest)
-	d := desc.Digest.String()
+	d := keyOfPinned(pinned)
 
-	// From here the digest is held: no linger unmounts it under us.
+	// From here the version is held: no linger unmounts it under us.
 	n.mu.Lock()
 	n.keepLocked(d)
 	n.pending[d]++
@@ -306,16 +365,17 @@ func (n *Node) releaseLocked(d string) {
 	}
 }
 
-// abandonLocked undoes a failed publish's mount: a digest this publish
+// abandonLocked undoes a failed publish's mount: a version this publish
 // mounted and no target uses is unmounted now, so nothing is left behind.
 func (n *Node) abandonLocked(info MountInfo) {
-	if !info.New || n.refcount(info.Digest) > 0 {
-		n.releaseLocked(info.Digest)
+	k := infoKey(info)
+	if !info.New || n.refcount(k) > 0 {
+		n.releaseLocked(k)
 		return
 	}
-	if err := n.opt.Mounter.Unmount(context.Background(), info.Digest); err != nil {
-		n.log.Warn("unmount after a failed publish", "digest", info.Digest, "error", err.Error())
-		n.lingerLocked(info.Digest)
+	if err := n.unmountLocked(k); err != nil {
+		n.log.Warn("unmount after a failed publish", "key", k, "error", err.Error())
+		n.lingerLocked(k)
 	}
 }
 
@@ -366,8 +426,8 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		n.ts.remove(tp)
-		n.releaseLocked(t.Digest)
-		n.log.Info("unpublished", "volume_id", req.GetVolumeId(), "digest", t.Digest, "target", tp, "refs_left", n.refcount(t.Digest))
+		n.releaseLocked(targetKey(t))
+		n.log.Info("unpublished", "volume_id", req.GetVolumeId(), "digest", t.Digest, "target", tp, "refs_left", n.refcount(targetKey(t)))
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }

@@ -35,8 +35,13 @@ type MounterConfig struct {
 	WarmResolveInterval time.Duration
 	WarmJobs            int
 
-	MetricsAddr string // where /metrics and /warm are served ("" for nowhere)
-	Logger      *slog.Logger
+	MetricsAddr string // where /metrics is served ("" for nowhere)
+	// MetricsDigests labels the mount and warm metrics with digests and
+	// references and serves /warm next to /metrics: whoever reaches the
+	// address learns which versions the node holds. Off, the metrics are
+	// totals and /warm is not served.
+	MetricsDigests bool
+	Logger         *slog.Logger
 }
 
 // DefaultCacheDir is the node's cache directory when none is configured.
@@ -74,7 +79,7 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 			Cache:   cache, ListFile: c.WarmList, StatusFile: status, Bandwidth: c.WarmBandwidth,
 			ResolveInterval: c.WarmResolveInterval, Jobs: c.WarmJobs, Logger: log.With("component", "warm"),
 		})
-		met.Warm(warmer.Status)
+		met.Warm(warmer.Status, c.MetricsDigests)
 	}
 	m, err := NewMounter(MounterOptions{
 		MountsDir: c.MountsDir, Cache: cache, OCI: c.OCI, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
@@ -83,12 +88,16 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 	if err != nil {
 		return err
 	}
-	met.Mounts(func() []metrics.MountSample { return m.MountSamples(c.StateDir) })
+	met.Mounts(func() []metrics.MountSample { return m.MountSamples(c.StateDir) }, c.MetricsDigests)
 	if warmer != nil {
 		go warmer.Run(ctx)
 	}
 	if c.MetricsAddr != "" {
-		if err := metrics.Serve(ctx, c.MetricsAddr, met, warmer, log); err != nil {
+		served := warmer
+		if !c.MetricsDigests {
+			served = nil // /warm lists every reference and digest of the warm list
+		}
+		if err := metrics.Serve(ctx, c.MetricsAddr, met, served, log); err != nil {
 			return err
 		}
 	}

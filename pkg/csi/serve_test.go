@@ -44,7 +44,7 @@ func TestServeMounterServesSocketMetricsAndWarmUntilCanceled(t *testing.T) {
 	cfg := MounterConfig{
 		Socket: filepath.Join(dir, "m.sock"), MountsDir: filepath.Join(dir, "mounts"), StateDir: filepath.Join(dir, "state"),
 		CacheDir: filepath.Join(dir, "cache"), CacheSize: 1 << 20, WarmList: list, WarmResolveInterval: time.Minute,
-		WarmJobs: 1, Jobs: 1, FetchTimeout: time.Second, MetricsAddr: freeAddr(t),
+		WarmJobs: 1, Jobs: 1, FetchTimeout: time.Second, MetricsAddr: freeAddr(t), MetricsDigests: true,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -77,7 +77,7 @@ func TestServeMounterServesSocketMetricsAndWarmUntilCanceled(t *testing.T) {
 		t.Errorf("/metrics: %d\n%s", code, body)
 	}
 	if code, _ := get(t, "http://"+cfg.MetricsAddr+"/warm"); code != 200 {
-		t.Errorf("/warm with a warm list: %d", code)
+		t.Errorf("/warm with a warm list and --metrics-digests: %d", code)
 	}
 	cancel()
 	select {

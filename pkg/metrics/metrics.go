@@ -183,43 +183,89 @@ func (b *countingBody) Close() error {
 	return err
 }
 
-// MountSample is one digest a process serves.
+// MountSample is one mount a process serves.
 type MountSample struct {
 	Digest string
 	Pods   int // pods (targets) bound to it; 0 while it lingers
 }
 
 var (
-	mountsDesc = prometheus.NewDesc("bdnvol_mounts", "FUSE mounts served, by digest (1 while mounted).", []string{"digest"}, nil)
-	podsDesc   = prometheus.NewDesc("bdnvol_pods", "Pods (published targets) reading each digest's mount.", []string{"digest"}, nil)
+	mountsDesc         = prometheus.NewDesc("bdnvol_mounts", "FUSE mounts served.", nil, nil)
+	podsDesc           = prometheus.NewDesc("bdnvol_pods", "Pods (published targets) reading the mounts.", nil, nil)
+	mountsByDigestDesc = prometheus.NewDesc("bdnvol_mounts", "FUSE mounts served, by digest (one per repository the digest is mounted from).", []string{"digest"}, nil)
+	podsByDigestDesc   = prometheus.NewDesc("bdnvol_pods", "Pods (published targets) reading each digest's mounts.", []string{"digest"}, nil)
 )
 
-// Mounts exports bdnvol_mounts and bdnvol_pods per digest from list.
-func (m *Metrics) Mounts(list func() []MountSample) {
-	m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{mountsDesc, podsDesc}, collect: func(ch chan<- prometheus.Metric) {
+// Mounts exports bdnvol_mounts and bdnvol_pods from list: totals, or per
+// digest when digests is set. A digest label tells whoever can scrape
+// which versions are mounted on the node, and the digest is all a pod
+// needs to name a version in a pod spec.
+func (m *Metrics) Mounts(list func() []MountSample, digests bool) {
+	if !digests {
+		m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{mountsDesc, podsDesc}, collect: func(ch chan<- prometheus.Metric) {
+			ss := list()
+			pods := 0
+			for _, s := range ss {
+				pods += s.Pods
+			}
+			ch <- prometheus.MustNewConstMetric(mountsDesc, prometheus.GaugeValue, float64(len(ss)))
+			ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(pods))
+		}})
+		return
+	}
+	m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{mountsByDigestDesc, podsByDigestDesc}, collect: func(ch chan<- prometheus.Metric) {
+		var order []string
+		mounts, pods := map[string]int{}, map[string]int{}
 		for _, s := range list() {
-			ch <- prometheus.MustNewConstMetric(mountsDesc, prometheus.GaugeValue, 1, s.Digest)
-			ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(s.Pods), s.Digest)
+			if mounts[s.Digest] == 0 {
+				order = append(order, s.Digest)
+			}
+			mounts[s.Digest]++
+			pods[s.Digest] += s.Pods
+		}
+		for _, d := range order {
+			ch <- prometheus.MustNewConstMetric(mountsByDigestDesc, prometheus.GaugeValue, float64(mounts[d]), d)
+			ch <- prometheus.MustNewConstMetric(podsByDigestDesc, prometheus.GaugeValue, float64(pods[d]), d)
 		}
 	}})
 }
 
 var (
-	warmStateDesc  = prometheus.NewDesc("bdnvol_warm_state", "Warm list entries by reference, digest and state (warm, warming, does-not-fit, error, resolving); 1 for the current state.", []string{"ref", "digest", "state"}, nil)
-	warmBytesDesc  = prometheus.NewDesc("bdnvol_warm_bytes", "Bytes a warm list entry needs.", []string{"ref", "digest"}, nil)
-	warmCachedDesc = prometheus.NewDesc("bdnvol_warm_cached_bytes", "Bytes of a warm list entry in the cache.", []string{"ref", "digest"}, nil)
-	warmFitsDesc   = prometheus.NewDesc("bdnvol_warm_list_fits", "1 when the whole warm list fits in the cache with the mounted versions.", nil, nil)
+	warmStateDesc   = prometheus.NewDesc("bdnvol_warm_state", "Warm list entries by reference, digest and state (warm, warming, does-not-fit, error, resolving); 1 for the current state.", []string{"ref", "digest", "state"}, nil)
+	warmBytesDesc   = prometheus.NewDesc("bdnvol_warm_bytes", "Bytes a warm list entry needs.", []string{"ref", "digest"}, nil)
+	warmCachedDesc  = prometheus.NewDesc("bdnvol_warm_cached_bytes", "Bytes of a warm list entry in the cache.", []string{"ref", "digest"}, nil)
+	warmFitsDesc    = prometheus.NewDesc("bdnvol_warm_list_fits", "1 when the whole warm list fits in the cache with the mounted versions.", nil, nil)
+	warmEntriesDesc = prometheus.NewDesc("bdnvol_warm_entries", "Warm list entries in each state (warm, warming, does-not-fit, error, resolving).", []string{"state"}, nil)
 )
 
-// Warm exports the warm status per version from status.
-func (m *Metrics) Warm(status func() warm.Status) {
-	m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{warmStateDesc, warmBytesDesc, warmCachedDesc, warmFitsDesc}, collect: func(ch chan<- prometheus.Metric) {
+// warmStates are the states a warm list entry can be in.
+var warmStates = []string{warm.StateWarm, warm.StateWarming, warm.StateNoFit, warm.StateError, warm.StateResolving}
+
+// Warm exports the warm status from status: whether the list fits and the
+// entries in each state, and with digests set each entry by reference and
+// digest.
+func (m *Metrics) Warm(status func() warm.Status, digests bool) {
+	descs := []*prometheus.Desc{warmFitsDesc, warmEntriesDesc}
+	if digests {
+		descs = append(descs, warmStateDesc, warmBytesDesc, warmCachedDesc)
+	}
+	m.reg.MustRegister(collectorFunc{descs: descs, collect: func(ch chan<- prometheus.Metric) {
 		st := status()
 		fits := 0.0
 		if st.Fits {
 			fits = 1
 		}
 		ch <- prometheus.MustNewConstMetric(warmFitsDesc, prometheus.GaugeValue, fits)
+		states := map[string]int{}
+		for _, e := range st.Entries {
+			states[e.State]++
+		}
+		for _, s := range warmStates {
+			ch <- prometheus.MustNewConstMetric(warmEntriesDesc, prometheus.GaugeValue, float64(states[s]), s)
+		}
+		if !digests {
+			return
+		}
 		for _, e := range st.Entries {
 			ch <- prometheus.MustNewConstMetric(warmStateDesc, prometheus.GaugeValue, 1, e.Ref, e.Digest, e.State)
 			ch <- prometheus.MustNewConstMetric(warmBytesDesc, prometheus.GaugeValue, float64(e.Bytes), e.Ref, e.Digest)

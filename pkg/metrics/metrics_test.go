@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/warm"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content/memory"
@@ -31,7 +32,7 @@ func TestCacheAndFetchCounters(t *testing.T) {
 	}
 	m := New()
 	m.Cache(c)
-	m.Mounts(func() []MountSample { return []MountSample{{Digest: d.Digest.String(), Pods: 3}} })
+	m.Mounts(func() []MountSample { return []MountSample{{Digest: d.Digest.String(), Pods: 3}} }, true)
 	src := m.Wrap("registry", "reg.example", store)
 	for range 2 {
 		ch, err := c.Load(ctx, src, d)
@@ -62,5 +63,47 @@ func TestCacheAndFetchCounters(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("scrape:\n%s", body)
+	}
+}
+
+// TestMountsWithoutDigests: by default the mount and warm metrics are
+// totals with no digest or reference; with digests they are per digest,
+// one digest mounted from two repositories summed into one sample.
+func TestMountsWithoutDigests(t *testing.T) {
+	samples := func() []MountSample {
+		return []MountSample{{Digest: "sha256:aaaa", Pods: 2}, {Digest: "sha256:aaaa", Pods: 1}, {Digest: "sha256:bbbb"}}
+	}
+	st := func() warm.Status {
+		return warm.Status{Fits: true, Entries: []warm.EntryStatus{
+			{Ref: "reg.example/secret/vol:prod", Digest: "sha256:cccc", State: warm.StateWarm},
+			{Ref: "reg.example/secret/vol:canary", Digest: "sha256:dddd", State: warm.StateWarm},
+		}}
+	}
+	scrape := func(digests bool) string {
+		m := New()
+		m.Mounts(samples, digests)
+		m.Warm(st, digests)
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		b, _ := io.ReadAll(rec.Body)
+		return string(b)
+	}
+	def := scrape(false)
+	for _, want := range []string{"bdnvol_mounts 3\n", "bdnvol_pods 3\n", `bdnvol_warm_entries{state="warm"} 2` + "\n", "bdnvol_warm_list_fits 1\n"} {
+		if !strings.Contains(def, want) {
+			t.Errorf("default scrape lacks %q", want)
+		}
+	}
+	for _, leak := range []string{"sha256:", "secret/vol", "digest="} {
+		if strings.Contains(def, leak) {
+			t.Errorf("default scrape shows %q:\n%s", leak, def)
+		}
+	}
+	with := scrape(true)
+	for _, want := range []string{`bdnvol_mounts{digest="sha256:aaaa"} 2`, `bdnvol_pods{digest="sha256:aaaa"} 3`, `bdnvol_mounts{digest="sha256:bbbb"} 1`,
+		`bdnvol_warm_state{digest="sha256:cccc",ref="reg.example/secret/vol:prod",state="warm"} 1`} {
+		if !strings.Contains(with, want+"\n") {
+			t.Errorf("scrape with digests lacks %q:\n%s", want, with)
+		}
 	}
 }

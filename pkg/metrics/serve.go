@@ -64,12 +64,13 @@ func ServeMount(ctx context.Context, addr string, cache *chunkcache.Cache, log *
 	}
 	mm := &MountMetrics{m: New()}
 	mm.m.Cache(cache)
+	// A user's own mount process: its digests are the user's own.
 	mm.m.Mounts(func() []MountSample {
 		if p := mm.samples.Load(); p != nil {
 			return *p
 		}
 		return nil
-	})
+	}, true)
 	if err := Serve(ctx, addr, mm.m, nil, log); err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ func TestServeMetricsUntilCanceled(t *testing.T) {
 	}
 	l.Close()
 	m := New()
-	m.Mounts(func() []MountSample { return []MountSample{{"sha256:abc", 1}} })
+	m.Mounts(func() []MountSample { return []MountSample{{"sha256:abc", 1}} }, true)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := Serve(ctx, addr, m, nil, log); err != nil {
 		t.Fatal(err)

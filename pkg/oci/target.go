@@ -12,6 +12,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content"
@@ -168,39 +169,69 @@ func Resolve(ctx context.Context, t Target, r Ref) (ocispec.Descriptor, error) {
 	return d, nil
 }
 
-// ResolveBytes is Resolve that also returns the manifest's bytes, verified
-// against the descriptor, when the target sends them in the same request (a
-// registry's GET of the manifest, instead of a HEAD and a GET later). The
-// bytes are nil when it does not, or when the manifest is larger than
-// maxBytes.
-func ResolveBytes(ctx context.Context, t Target, r Ref, maxBytes int64) (ocispec.Descriptor, []byte, error) {
-	rf, ok := t.(registry.ReferenceFetcher)
-	if !ok || r.Reference() == "" {
-		d, err := Resolve(ctx, t, r)
-		return d, nil, err
+// ErrMismatchedDigest is wrapped when bytes a target sent do not hash to
+// the digest the reference names or the target claims for them.
+var ErrMismatchedDigest = content.ErrMismatchedDigest
+
+// ErrManifestTooLarge is wrapped when a manifest is over the size asked for.
+var ErrManifestTooLarge = errors.New("manifest too large")
+
+// FetchManifest GETs the manifest r names and returns its descriptor and
+// bytes. The digest is computed from the bytes, never taken from the
+// target's answer (a registry's Docker-Content-Digest header, which oras-go
+// trusts): it must equal r's digest when r has one, and the digest the
+// target claims when it claims one, else the error wraps
+// ErrMismatchedDigest. A tag resolves to the digest of the bytes it serves.
+// A manifest over maxBytes is ErrManifestTooLarge.
+func FetchManifest(ctx context.Context, t Target, r Ref, maxBytes int64) (ocispec.Descriptor, []byte, error) {
+	ref := r.Reference()
+	if ref == "" {
+		return ocispec.Descriptor{}, nil, fmt.Errorf("%s: no tag or digest", r)
 	}
-	d, rc, err := rf.FetchReference(ctx, r.Reference())
+	var claimed ocispec.Descriptor
+	var rc io.ReadCloser
+	var err error
+	if rf, ok := t.(registry.ReferenceFetcher); ok {
+		claimed, rc, err = rf.FetchReference(ctx, ref)
+	} else if claimed, err = t.Resolve(ctx, ref); err == nil {
+		rc, err = t.Fetch(ctx, claimed)
+	}
 	if err != nil {
 		if errors.Is(err, errdef.ErrNotFound) {
-			return d, nil, fmt.Errorf("%s: %w", r, errdef.ErrNotFound)
+			return ocispec.Descriptor{}, nil, fmt.Errorf("%s: %w", r, errdef.ErrNotFound)
 		}
-		return d, nil, fmt.Errorf("%s: %w", r, err)
+		return ocispec.Descriptor{}, nil, fmt.Errorf("%s: %w", r, err)
 	}
 	defer rc.Close()
-	if r.Digest != "" && d.Digest != r.Digest {
-		return d, nil, fmt.Errorf("%s: resolved to %s", r, d.Digest)
+	if claimed.Size > maxBytes {
+		return ocispec.Descriptor{}, nil, fmt.Errorf("%s: manifest of %d bytes, over %d: %w", r, claimed.Size, maxBytes, ErrManifestTooLarge)
 	}
-	if d.Size < 0 || d.Size > maxBytes {
-		return d, nil, nil
+	b, err := io.ReadAll(io.LimitReader(rc, maxBytes+1))
+	if err != nil {
+		return ocispec.Descriptor{}, nil, fmt.Errorf("%s: manifest: %w", r, err)
 	}
-	b := make([]byte, d.Size)
-	if _, err := io.ReadFull(rc, b); err != nil {
-		return d, nil, fmt.Errorf("%s: manifest %s: %w", r, d.Digest, err)
+	if int64(len(b)) > maxBytes {
+		return ocispec.Descriptor{}, nil, fmt.Errorf("%s: manifest over %d bytes: %w", r, maxBytes, ErrManifestTooLarge)
 	}
-	if d.Digest.Validate() != nil || d.Digest.Algorithm().FromBytes(b) != d.Digest {
-		return d, nil, fmt.Errorf("%s: manifest %s: %w", r, d.Digest, content.ErrMismatchedDigest)
+	want := r.Digest
+	if want == "" {
+		want = claimed.Digest
 	}
-	return d, b, nil
+	alg := digest.Canonical
+	if want != "" {
+		if want.Validate() != nil {
+			return ocispec.Descriptor{}, nil, fmt.Errorf("%s: claimed digest %q: %w", r, want, ErrMismatchedDigest)
+		}
+		alg = want.Algorithm()
+	}
+	got := alg.FromBytes(b)
+	if want != "" && got != want {
+		return ocispec.Descriptor{}, nil, fmt.Errorf("%s: the manifest served hashes to %s, not %s: %w", r, got, want, ErrMismatchedDigest)
+	}
+	if claimed.Digest != "" && claimed.Digest != got {
+		return ocispec.Descriptor{}, nil, fmt.Errorf("%s: the registry claims %s for a manifest that hashes to %s: %w", r, claimed.Digest, got, ErrMismatchedDigest)
+	}
+	return ocispec.Descriptor{MediaType: claimed.MediaType, Digest: got, Size: int64(len(b))}, b, nil
 }
 
 // TagBytes points tag at the manifest desc whose bytes are b, in one

@@ -38,22 +38,18 @@ func (p Policy) Check(ctx context.Context, t oci.Target, desc ocispec.Descriptor
 
 // Resolve resolves ref in t and checks the version against p before anything
 // of it is read: the one place where pull, mount and the node plugin turn a
-// reference into a digest they will use.
+// reference into a digest they will use. It GETs the manifest and computes
+// the digest from its bytes (see oci.FetchManifest): what a registry claims
+// in a header is never trusted.
 func Resolve(ctx context.Context, t oci.Target, ref oci.Ref, p Policy) (ocispec.Descriptor, error) {
-	desc, err := oci.Resolve(ctx, t, ref)
-	if err != nil {
-		return desc, err
-	}
-	if err := p.Check(ctx, t, desc); err != nil {
-		return ocispec.Descriptor{}, fmt.Errorf("%s: %w", ref.Pinned(desc.Digest), err)
-	}
-	return desc, nil
+	desc, _, err := ResolveBytes(ctx, t, ref, p, oci.MaxManifestBytes)
+	return desc, err
 }
 
-// ResolveBytes is Resolve that also returns the manifest's bytes when the
-// registry sends them with the resolution (see oci.ResolveBytes).
+// ResolveBytes is Resolve that also returns the manifest's bytes, verified
+// against the descriptor (see oci.FetchManifest).
 func ResolveBytes(ctx context.Context, t oci.Target, ref oci.Ref, p Policy, maxBytes int64) (ocispec.Descriptor, []byte, error) {
-	desc, b, err := oci.ResolveBytes(ctx, t, ref, maxBytes)
+	desc, b, err := oci.FetchManifest(ctx, t, ref, maxBytes)
 	if err != nil {
 		return desc, nil, err
 	}

@@ -59,7 +59,9 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 	if err != nil {
 		return nil, err
 	}
-	desc, err := oci.Resolve(ctx, t, r)
+	// A GET whose bytes must hash to the digest: a registry's claimed
+	// digest is not trusted, as the version is read through the cache.
+	desc, _, err := oci.FetchManifest(ctx, t, r, oci.MaxManifestBytes)
 	if err != nil {
 		return nil, err
 	}
