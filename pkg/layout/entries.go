@@ -266,19 +266,13 @@ func (x *Index) targetSlots() [][]slot {
 	return out
 }
 
-// extentAt returns where extent k of entry i lies in the file (fileOff),
-// in its chunk (chunkOff), and its length.
-func (x *Index) extentAt(i, k int) (fileOff, chunkOff, n int64) {
+// extentAt returns where extent k of entry i lies in its chunk (chunkOff)
+// and its length: O(1), the file offset is the caller's running sum.
+func (x *Index) extentAt(i, k int) (chunkOff, n int64) {
 	if x.ent != nil && x.Files == nil {
-		exts := x.ent.extents(i)
-		for _, e := range exts[:k] {
-			fileOff += int64(e.length)
-		}
-		return fileOff, int64(exts[k].off), int64(exts[k].length)
+		e := x.ent.extents(i)[k]
+		return int64(e.off), int64(e.length)
 	}
-	exts := x.Files[i].Extents
-	for _, e := range exts[:k] {
-		fileOff += e.Length
-	}
-	return fileOff, exts[k].Offset, exts[k].Length
+	e := x.Files[i].Extents[k]
+	return e.Offset, e.Length
 }

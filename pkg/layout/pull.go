@@ -71,17 +71,22 @@ type target struct {
 	n                 int64
 }
 
-// slot names a target by its file and extent, in 8 bytes: a pull holds
-// one per extent still to write, and resolves a chunk's into targets only
-// while it writes that chunk.
-type slot struct{ file, ext int32 }
+// slot names a target by its file and extent, and where the extent starts
+// in the file, in 16 bytes: a pull holds one per extent still to write, and
+// resolves a chunk's into targets only while it writes that chunk. The
+// offset is summed once per file, as the pull plans it: summing a file's
+// earlier extents for each would be quadratic in its extents.
+type slot struct {
+	file, ext int32
+	fileOff   int64
+}
 
 // resolve returns the targets the slots ss name.
 func (x *Index) resolve(ss []slot) []target {
 	ts := make([]target, len(ss))
 	for k, s := range ss {
-		fileOff, chunkOff, n := x.extentAt(int(s.file), int(s.ext))
-		ts[k] = target{file: int(s.file), fileOff: fileOff, chunkOff: chunkOff, n: n}
+		chunkOff, n := x.extentAt(int(s.file), int(s.ext))
+		ts[k] = target{file: int(s.file), fileOff: s.fileOff, chunkOff: chunkOff, n: n}
 	}
 	return ts
 }
@@ -176,6 +181,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	// destination), so they need no look.
 	made := map[string]bool{"": d.isEmpty()}
 	for fi := range x.Len() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		f := x.File(fi)
 		if f.Type == TypeDir {
 			m, err := d.ensureDir(f.Path)
@@ -204,7 +212,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		if err := digestKnown(f, x); err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
-		pf, done, err := d.prepareFile(f, x, opt.Cache, buf, dc, made[parentOf(f.Path)], files, i)
+		pf, done, err := d.prepareFile(ctx, f, x, opt.Cache, buf, dc, made[parentOf(f.Path)], files, i)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
@@ -215,8 +223,13 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		}
 		var off, remaining int64
 		for k, e := range f.Extents {
+			if k%ctxEvery == ctxEvery-1 {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+			}
 			if !done[k] {
-				byChunk[e.Chunk] = append(byChunk[e.Chunk], slot{file: int32(i), ext: int32(k)})
+				byChunk[e.Chunk] = append(byChunk[e.Chunk], slot{file: int32(i), ext: int32(k), fileOff: off})
 				remaining += e.Length
 			} else {
 				opt.Counters.Processed.Add(e.Length) // verified by a previous pull
@@ -308,10 +321,16 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		var rest []target // targets written through the temporary file
 		var n int64
 		for _, t := range ts {
-			f, pf := x.fileRef(t.file), files.at(t.file)
+			if err := ctx.Err(); err != nil {
+				return err // cancelled (a failed sibling does not stop these writes)
+			}
+			pf := files.at(t.file)
 			block := data[t.chunkOff : t.chunkOff+t.n]
 			n += t.n
-			if t.fileOff == 0 && t.n == f.Size && !waits(t.file) {
+			// Only a file's first extent starts at 0 (empty ones aside):
+			// the file's size, a sum of its extents, is taken once.
+			if t.fileOff == 0 && t.n > 0 && t.n == x.size(t.file) && !waits(t.file) {
+				f := x.fileRef(t.file)
 				ok, err := d.writeWhole(x, pf, f, block, wdc, opt)
 				if err != nil {
 					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, f.Path, err)
@@ -326,7 +345,7 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 				_, err = fh.WriteAt(block, t.fileOff)
 			}
 			if err != nil {
-				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, f.Path, err)
+				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(t.file), err)
 			}
 			rest = append(rest, t)
 		}
@@ -365,7 +384,10 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			return written(ts)
 		})
 	}
-	local := d.localChunks(x, byChunk, files, previous)
+	local, err := d.localChunks(ctx, x, byChunk, files, previous)
+	if err != nil {
+		return nil, err
+	}
 	sources = make(map[string]bool, len(local))
 	for _, loc := range local {
 		sources[loc.path] = true
@@ -373,6 +395,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	pending := ready
 	ready = nil
 	for _, i := range pending {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		if err := finish(i); err != nil {
 			return nil, err
 		}
@@ -383,6 +408,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	go func() {
 		defer close(copies)
 		for k, loc := range local {
+			if lctx.Err() != nil {
+				break
+			}
 			desc, ts := v.Chunk(k), x.resolve(byChunk[k])
 			lg.Go(func() error {
 				buf := bufs.Get().(*[]byte)
@@ -414,6 +442,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		}
 	}()
 	for k, ts := range byChunk {
+		if ctx.Err() != nil {
+			break // cancelled: a failed fetch does not stop the others (a resume needs fewer)
+		}
 		if _, ok := local[k]; len(ts) > 0 && !ok {
 			fetch(k)
 		}
@@ -425,6 +456,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	readyMu.Unlock()
 	if lerr == nil {
 		for _, i := range ready {
+			if lerr = ctx.Err(); lerr != nil {
+				break
+			}
 			if lerr = d.finishFile(x.fileRef(i), x, files.at(i), opt); lerr != nil {
 				break
 			}
@@ -447,6 +481,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 	res.LocalMisses = localMisses.Load()
 
 	for fi := range x.Len() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		f := x.File(fi)
 		if f.Type == TypeSymlink {
 			if err := d.ensureSymlink(f.Path, f.Target); err != nil {
@@ -455,6 +492,9 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		}
 	}
 	for i := x.Len() - 1; i >= 0; i-- {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		if f := x.File(i); f.Type == TypeDir {
 			if err := d.chmodDir(f.Path, f.Mode); err != nil {
 				return nil, err
@@ -499,6 +539,11 @@ func derivedDigest(f *File, x *Index) digest.Digest {
 	}
 	return ""
 }
+
+// ctxEvery is how many cheap steps a loop whose length the volume decides
+// takes between looks at its context; loops whose steps do I/O look at
+// every step.
+const ctxEvery = 1 << 12
 
 // fetchAttempts bounds the fetches of one chunk: a body cut short or
 // corrupted in transit is fetched again.
@@ -632,7 +677,7 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 // the parent directory's descriptor; fresh says that directory was made by
 // this pull, so nothing is at the final name to look at. f is entry i of
 // x; the file to write is added to files (a zero pullFile: nothing to write).
-func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, dc *dirFD, fresh bool, files *pullSet, i int) (pullFile, []bool, error) {
+func (d *destDir) prepareFile(ctx context.Context, f *File, x *Index, cache *StatCache, buf []byte, dc *dirFD, fresh bool, files *pullSet, i int) (pullFile, []bool, error) {
 	parent := parentOf(f.Path)
 	pfd, dev, err := dc.get(parent)
 	if err != nil {
@@ -699,7 +744,7 @@ func (d *destDir) prepareFile(f *File, x *Index, cache *StatCache, buf []byte, d
 			return pullFile{}, nil, err
 		}
 		if info.Size() == f.Size && f.Size > 0 {
-			done, _ = leftoverExtents(fh, f, x, buf)
+			done, _ = leftoverExtents(ctx, fh, f, x, buf)
 			return pf, done, nil
 		}
 		fallthrough
@@ -835,7 +880,7 @@ func (pf pullFile) createFD() (fd int, leftover bool, err error) {
 // cover a whole chunk and hold its bytes. Holes are never read (a hole was
 // never written); data is hashed as a stream through buf. read is the
 // number of bytes read.
-func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, read int64) {
+func leftoverExtents(ctx context.Context, fh *os.File, f *File, x *Index, buf []byte) (done []bool, read int64) {
 	done = make([]bool, len(f.Extents))
 	sc, err := fh.SyscallConn()
 	if err != nil {
@@ -868,8 +913,8 @@ func leftoverExtents(fh *os.File, f *File, x *Index, buf []byte) (done []bool, r
 	for k, e := range f.Extents {
 		start, end := off, off+e.Length
 		off = end
-		if e.Offset != 0 || e.Length != x.ChunkSize(e.Chunk) {
-			continue
+		if e.Offset != 0 || e.Length != x.ChunkSize(e.Chunk) || ctx.Err() != nil {
+			continue // a cancelled pull returns from its plan
 		}
 		if start >= hole {
 			data = dataAt(start)

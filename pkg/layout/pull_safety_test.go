@@ -424,7 +424,7 @@ func TestLeftoverExtentsSkipsHoles(t *testing.T) {
 	if _, err := fh.WriteAt(randBytes(4, chunk), 5*chunk); err != nil {
 		t.Fatal(err)
 	}
-	done, read := leftoverExtents(fh, &f, x, make([]byte, 64<<10))
+	done, read := leftoverExtents(context.Background(), fh, &f, x, make([]byte, 64<<10))
 	for i := range n {
 		_, want := written[i]
 		if done[i] != want {

@@ -112,6 +112,9 @@ func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts
 	defer open.close()
 	var written int64
 	for _, t := range ts {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		dst, err := open.get(t.file)
 		if err != nil {
 			return writeError{err}
@@ -164,7 +167,7 @@ func copyLocked(mu *sync.Mutex, dst *os.File, dstOff int64, src *os.File, srcOff
 // (previous records it), else at the same place in a file already at the
 // final name of a file being written (an in-place fine-tune keeps most
 // tensors where they were). Every candidate is verified when copied.
-func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previous map[string]cachedFile) map[int]localChunk {
+func (d *destDir) localChunks(ctx context.Context, x *Index, byChunk [][]slot, files *pullSet, previous map[string]cachedFile) (map[int]localChunk, error) {
 	needed := map[digest.Digest]int{}
 	for k, ts := range byChunk {
 		if len(ts) > 0 {
@@ -173,7 +176,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 	}
 	out := map[int]localChunk{}
 	if len(needed) == 0 {
-		return out
+		return out, nil
 	}
 	paths := make([]string, 0, len(previous))
 	for p := range previous {
@@ -181,6 +184,9 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 	}
 	sort.Strings(paths)
 	for _, p := range paths {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		var off int64
 		rec := previous[p]
 		var vouched *StatKey
@@ -197,6 +203,9 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 		}
 	}
 	for i := range x.Len() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		if !files.active(i) {
 			continue
 		}
@@ -204,7 +213,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 		if _, ok := previous[f.Path]; !ok && wantsWholeChunk(f, x, byChunk, out) {
 			// No record of what is there: cut it as a push would and
 			// look for the chunks still needed.
-			d.scanChunks(f.Path, x.Chunking, needed, out)
+			d.scanChunks(ctx, f.Path, x.Chunking, needed, out)
 		}
 		if rec, ok := previous[f.Path]; ok && sharesChunks(rec, f, x) && d.holdsRecord(f.Path, rec) {
 			// An earlier pull wrote this file and it is still as written:
@@ -233,7 +242,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 			}
 		}
 	}
-	return out
+	return out, ctx.Err()
 }
 
 // sharesChunks reports whether the recorded file rec holds at least one
@@ -278,7 +287,7 @@ func wantsWholeChunk(f *File, x *Index, byChunk [][]slot, found map[int]localChu
 
 // scanChunks cuts the regular file rel into chunks with the parameters p,
 // the way a push does, and records in out where it holds chunks of needed.
-func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int, out map[int]localChunk) {
+func (d *destDir) scanChunks(ctx context.Context, rel string, p Params, needed map[digest.Digest]int, out map[int]localChunk) {
 	if p.Validate() != nil {
 		return
 	}
@@ -328,6 +337,9 @@ func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int,
 	buf := make([]byte, 1<<20)
 	r := io.NewSectionReader(fh, 0, size)
 	for {
+		if ctx.Err() != nil {
+			return // the caller returns the error
+		}
 		n, rerr := io.ReadFull(r, buf)
 		data := buf[:n]
 		for len(data) > 0 {
