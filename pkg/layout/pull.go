@@ -13,7 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -166,6 +165,55 @@ func Pull(ctx context.Context, src content.Fetcher, v *Version, dir string, opt 
 }
 
 func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt PullOptions) (*PullResult, error) {
+	p := newPuller(ctx, src, v, d, opt)
+	if err := p.plan(); err != nil {
+		return nil, err
+	}
+	if err := p.transfer(); err != nil {
+		return nil, err
+	}
+	if err := p.finalise(); err != nil {
+		return nil, err
+	}
+	return p.res, nil
+}
+
+// puller is one pull of a version into a destination: the state its steps
+// share. plan decides what each file needs, transfer copies the chunks
+// already in the destination and fetches the others (finishing each file
+// as its last byte lands), finalise puts the symlinks and directory modes
+// in place and saves the stat cache.
+type puller struct {
+	ctx context.Context // the caller's: cancelling it stops every step
+	src content.Fetcher
+	v   *Version
+	x   *Index
+	d   *destDir
+	opt PullOptions
+	res *PullResult
+
+	files    *pullSet
+	byChunk  [][]slot              // per chunk, the extents still to write
+	previous map[string]cachedFile // what an earlier pull left here
+	credited []int64               // per chunk, file bytes counted as written
+	local    map[int]localChunk    // chunks to copy from the destination
+
+	g    *errgroup.Group // the fetches
+	gctx context.Context
+
+	bufs     sync.Pool // 1 MiB buffers for streamed chunks
+	packBufs sync.Pool // buffers for chunks fetched whole
+	packSem  *semaphore.Weighted
+
+	copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks, localMisses atomic.Int64
+
+	readyMu sync.Mutex
+	ready   []int           // finished files that wait for the local copies
+	copying bool            // the local copies still run
+	sources map[string]bool // paths local copies read from
+}
+
+func newPuller(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt PullOptions) *puller {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 8
 	}
@@ -173,237 +221,128 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 		opt.Counters = &Counters{}
 	}
 	x := v.Index
-	res := &PullResult{Files: x.Len(), Bytes: x.Bytes()}
-	opt.Counters.Total.Store(res.Bytes)
+	p := &puller{
+		ctx: ctx, src: src, v: v, x: x, d: d, opt: opt,
+		res:      &PullResult{Files: x.Len(), Bytes: x.Bytes()},
+		files:    newPullSet(x),
+		byChunk:  x.targetSlots(),
+		previous: opt.Cache.pulledFiles(),
+		credited: make([]int64, x.NumChunks()),
+		bufs:     sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }},
+		packBufs: sync.Pool{New: func() any { return new([]byte) }},
+		packSem:  semaphore.NewWeighted(packBudget),
+		copying:  true,
+	}
+	opt.Counters.Total.Store(p.res.Bytes)
+	return p
+}
 
-	// Directories first (parents sort before children), writable while we
-	// fill them. Nothing is at the names in one made now (or an empty
+// plan makes the directories (parents sort before children, writable while
+// they are filled), then looks at each regular file: one already in place
+// is kept; for the others it lists, per chunk, the extents still to write
+// (a leftover temporary file may hold some).
+func (p *puller) plan() error {
+	x := p.x
+	// Nothing is at the names in a directory made now (or an empty
 	// destination), so they need no look.
-	made := map[string]bool{"": d.isEmpty()}
+	made := map[string]bool{"": p.d.isEmpty()}
 	for fi := range x.Len() {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		if err := p.ctx.Err(); err != nil {
+			return err
 		}
 		f := x.File(fi)
 		if f.Type == TypeDir {
-			m, err := d.ensureDir(f.Path)
+			m, err := p.d.ensureDir(f.Path)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			made[f.Path] = m
 		}
 	}
-	files := newPullSet(x)
-	byChunk := x.targetSlots()
-	previous := opt.Cache.pulledFiles() // what an earlier pull left here
-	var ready []int
-	var readyMu sync.Mutex
 	buf := make([]byte, 1<<20)
-	dc := newDirFD(d)
+	dc := newDirFD(p.d)
 	defer dc.close()
 	for i := range x.Len() {
 		f := x.fileRef(i)
 		if f.Type != TypeFile {
 			continue
 		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if err := digestKnown(f, x); err != nil {
-			return nil, fmt.Errorf("%s: %w", f.Path, err)
-		}
-		pf, done, err := d.prepareFile(ctx, f, x, opt.Cache, buf, dc, made[parentOf(f.Path)], files, i)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.Path, err)
-		}
-		if pf.s == nil {
-			res.FilesReused++
-			opt.Counters.Processed.Add(f.Size)
-			continue
-		}
-		var off, remaining int64
-		for k, e := range f.Extents {
-			if k%ctxEvery == ctxEvery-1 {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-			}
-			if !done[k] {
-				byChunk[e.Chunk] = append(byChunk[e.Chunk], slot{file: int32(i), ext: int32(k), fileOff: off})
-				remaining += e.Length
-			} else {
-				opt.Counters.Processed.Add(e.Length) // verified by a previous pull
-			}
-			off += e.Length
-		}
-		pf.remaining().Store(remaining)
-		if remaining == 0 {
-			ready = append(ready, i)
-		}
-	}
-
-	// Chunks already in dir (an earlier version, or a file at the same
-	// place) are copied from there, verified like fetched ones, while the
-	// others are fetched. No file is renamed into place until the copies
-	// are done: the old files are their source.
-	credited := make([]int64, x.NumChunks()) // per chunk, file bytes counted as written
-	bufs := sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
-	var copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks, localMisses atomic.Int64
-	copying := true             // under readyMu: finished files wait in ready
-	var sources map[string]bool // paths local copies read from
-	finish := func(i int) error {
-		readyMu.Lock()
-		if copying && sources[x.Path(i)] {
-			ready = append(ready, i)
-			readyMu.Unlock()
-			return nil
-		}
-		readyMu.Unlock()
-		return d.finishFile(x.fileRef(i), x, files.at(i), opt)
-	}
-	written := func(ts []target) error {
-		for _, t := range ts {
-			if files.at(t.file).remaining().Add(-t.n) == 0 {
-				if err := finish(t.file); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(opt.Jobs)
-	attempts := fetchAttempts
-	if l, ok := src.(localSource); ok && l.Local() {
-		attempts = 1 // reading a local file again does not cure it
-	}
-	dc.close()
-	// waits reports whether file i must wait for the local copies before
-	// it is renamed into place.
-	waits := func(i int) bool {
-		readyMu.Lock()
-		defer readyMu.Unlock()
-		return copying && sources[x.Path(i)]
-	}
-	packSem := semaphore.NewWeighted(packBudget)
-	packBufs := sync.Pool{New: func() any { return new([]byte) }}
-	// fetchPacked fetches chunk k (desc, with its targets ts) whole, then
-	// writes each file that lies wholly in it straight to its temporary
-	// file and into place.
-	fetchPacked := func(desc ocispec.Descriptor, ts []target) error {
-		if err := packSem.Acquire(gctx, desc.Size); err != nil {
+		if err := p.ctx.Err(); err != nil {
 			return err
 		}
-		defer packSem.Release(desc.Size)
-		bp := packBufs.Get().(*[]byte)
-		defer packBufs.Put(bp)
-		var data []byte
-		var err error
-		for attempt := 1; ; attempt++ {
-			data, err = fetchWhole(gctx, src, desc, bp, opt.Counters)
-			if err == nil || attempt >= attempts || !refetchable(gctx, err) {
-				break
-			}
-			select {
-			case <-gctx.Done():
-			case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
-			}
+		if err := p.planFile(i, f, made[parentOf(f.Path)], buf, dc); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
-		}
-		fetchedChunks.Add(1)
-		fetchedBytes.Add(desc.Size)
-		wdc := newDirFD(d)
-		defer wdc.close()
-		open := &openFiles{files: files}
-		defer open.close()
-		var rest []target // targets written through the temporary file
-		var n int64
-		for _, t := range ts {
-			if err := ctx.Err(); err != nil {
-				return err // cancelled (a failed sibling does not stop these writes)
-			}
-			pf := files.at(t.file)
-			block := data[t.chunkOff : t.chunkOff+t.n]
-			n += t.n
-			// Only a file's first extent starts at 0 (empty ones aside):
-			// the file's size, a sum of its extents, is taken once.
-			if t.fileOff == 0 && t.n > 0 && t.n == x.size(t.file) && !waits(t.file) {
-				f := x.fileRef(t.file)
-				ok, err := d.writeWhole(x, pf, f, block, wdc, opt)
-				if err != nil {
-					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, f.Path, err)
-				}
-				if ok {
-					pf.remaining().Add(-t.n)
-					continue
-				}
-			}
-			fh, err := open.get(t.file)
-			if err == nil {
-				_, err = fh.WriteAt(block, t.fileOff)
-			}
-			if err != nil {
-				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(t.file), err)
-			}
-			rest = append(rest, t)
-		}
-		if err := open.close(); err != nil {
-			return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
-		}
-		opt.Counters.Processed.Add(n)
-		return written(rest)
 	}
-	fetch := func(k int) {
-		desc, ts := v.Chunk(k), x.resolve(byChunk[k])
-		g.Go(func() error {
-			if packed(desc, ts) {
-				return fetchPacked(desc, ts)
-			}
-			buf := bufs.Get().(*[]byte)
-			defer bufs.Put(buf)
-			var err error
-			for attempt := 1; ; attempt++ {
-				err = streamChunk(gctx, src, desc, ts, files, *buf, opt.Counters, &credited[k])
-				if err == nil || attempt >= attempts || !refetchable(gctx, err) {
-					break
-				}
-				// Bytes written by the failed attempt sit in temporary
-				// files only; the next attempt writes all of them again.
-				select {
-				case <-gctx.Done():
-				case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
-				}
-			}
-			if err != nil {
-				return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
-			}
-			fetchedChunks.Add(1)
-			fetchedBytes.Add(desc.Size)
-			return written(ts)
-		})
+	return nil
+}
+
+// planFile plans the regular file f, entry i; fresh says its directory was
+// made by this pull.
+func (p *puller) planFile(i int, f *File, fresh bool, buf []byte, dc *dirFD) error {
+	if err := digestKnown(f, p.x); err != nil {
+		return fmt.Errorf("%s: %w", f.Path, err)
 	}
-	local, err := d.localChunks(ctx, x, byChunk, files, previous)
+	pf, done, err := p.d.prepareFile(p.ctx, f, p.x, p.opt.Cache, buf, dc, fresh, p.files, i)
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("%s: %w", f.Path, err)
 	}
-	sources = make(map[string]bool, len(local))
+	if pf.s == nil {
+		p.res.FilesReused++
+		p.opt.Counters.Processed.Add(f.Size)
+		return nil
+	}
+	var off, remaining int64
+	for k, e := range f.Extents {
+		if k%ctxEvery == ctxEvery-1 {
+			if err := p.ctx.Err(); err != nil {
+				return err
+			}
+		}
+		if !done[k] {
+			p.byChunk[e.Chunk] = append(p.byChunk[e.Chunk], slot{file: int32(i), ext: int32(k), fileOff: off})
+			remaining += e.Length
+		} else {
+			p.opt.Counters.Processed.Add(e.Length) // verified by a previous pull
+		}
+		off += e.Length
+	}
+	pf.remaining().Store(remaining)
+	if remaining == 0 {
+		p.ready = append(p.ready, i)
+	}
+	return nil
+}
+
+// transfer writes every chunk still needed. Chunks already in the
+// destination (an earlier version, or a file at the same place) are copied
+// from there, verified like fetched ones, while the others are fetched. No
+// file that is a copy's source is renamed into place until the copies are
+// done.
+func (p *puller) transfer() error {
+	p.g, p.gctx = errgroup.WithContext(p.ctx)
+	p.g.SetLimit(p.opt.Jobs)
+	local, err := p.d.localChunks(p.ctx, p.x, p.byChunk, p.files, p.previous)
+	if err != nil {
+		return err
+	}
+	p.local = local
+	p.sources = make(map[string]bool, len(local))
 	for _, loc := range local {
-		sources[loc.path] = true
+		p.sources[loc.path] = true
 	}
-	pending := ready
-	ready = nil
+	pending := p.ready
+	p.ready = nil
 	for _, i := range pending {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		if err := p.ctx.Err(); err != nil {
+			return err
 		}
-		if err := finish(i); err != nil {
-			return nil, err
+		if err := p.finish(i); err != nil {
+			return err
 		}
 	}
-	lg, lctx := errgroup.WithContext(gctx)
-	lg.SetLimit(opt.Jobs)
+	lg, lctx := errgroup.WithContext(p.gctx)
+	lg.SetLimit(p.opt.Jobs)
 	copies := make(chan struct{})
 	go func() {
 		defer close(copies)
@@ -411,105 +350,259 @@ func pull(ctx context.Context, src content.Fetcher, v *Version, d *destDir, opt 
 			if lctx.Err() != nil {
 				break
 			}
-			desc, ts := v.Chunk(k), x.resolve(byChunk[k])
-			lg.Go(func() error {
-				buf := bufs.Get().(*[]byte)
-				defer bufs.Put(buf)
-				err := loc.copyVouched(lctx, desc, ts, files, opt.Counters, &credited[k])
-				if errors.Is(err, errNotVouched) {
-					err = streamChunk(lctx, loc, desc, ts, files, *buf, opt.Counters, &credited[k])
-				} else if err == nil {
-					vouchedChunks.Add(1)
-				}
-				var we writeError
-				if errors.As(err, &we) {
-					return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(ts[0].file), err)
-				}
-				if err != nil {
-					// The bytes there are not the chunk's (a tensor a
-					// fine-tune rewrote in place): fetch it now, while
-					// the other copies go on, not after them.
-					localMisses.Add(1)
-					if lctx.Err() == nil {
-						fetch(k)
-					}
-					return nil
-				}
-				copiedChunks.Add(1)
-				copiedBytes.Add(desc.Size)
-				return written(ts)
-			})
+			desc, ts := p.v.Chunk(k), p.x.resolve(p.byChunk[k])
+			lg.Go(func() error { return p.copyLocal(lctx, k, loc, desc, ts) })
 		}
 	}()
-	for k, ts := range byChunk {
-		if ctx.Err() != nil {
+	for k, ts := range p.byChunk {
+		if p.ctx.Err() != nil {
 			break // cancelled: a failed fetch does not stop the others (a resume needs fewer)
 		}
 		if _, ok := local[k]; len(ts) > 0 && !ok {
-			fetch(k)
+			p.fetch(k)
 		}
 	}
 	<-copies
 	lerr := lg.Wait()
-	readyMu.Lock()
-	copying = false
-	readyMu.Unlock()
+	p.readyMu.Lock()
+	p.copying = false
+	p.readyMu.Unlock()
 	if lerr == nil {
-		for _, i := range ready {
-			if lerr = ctx.Err(); lerr != nil {
+		for _, i := range p.ready {
+			if lerr = p.ctx.Err(); lerr != nil {
 				break
 			}
-			if lerr = d.finishFile(x.fileRef(i), x, files.at(i), opt); lerr != nil {
+			if lerr = p.d.finishFile(p.x.fileRef(i), p.x, p.files.at(i), p.opt); lerr != nil {
 				break
 			}
 		}
 	}
-	if err := g.Wait(); err != nil {
-		return nil, err
+	if err := p.g.Wait(); err != nil {
+		return err
 	}
 	if lerr != nil {
-		return nil, lerr
+		return lerr
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	res.ChunksFetched, res.BytesFetched = fetchedChunks.Load(), fetchedBytes.Load()
-	res.ChunksCopied, res.BytesCopied = copiedChunks.Load(), copiedBytes.Load()
-	res.ChunksCopiedUnhashed = vouchedChunks.Load()
-	res.FilesRemoved = d.removeStale(x, previous)
-	res.FilesHashed = int(d.filesHashed.Load())
-	res.LocalMisses = localMisses.Load()
+	return p.ctx.Err()
+}
 
+// copyLocal copies chunk k (desc, with its targets ts) from where loc says
+// it is in the destination: in the kernel if an earlier pull vouches for
+// the bytes there, else read and verified. Bytes that are not the chunk's
+// are fetched instead.
+func (p *puller) copyLocal(ctx context.Context, k int, loc localChunk, desc ocispec.Descriptor, ts []target) error {
+	buf := p.bufs.Get().(*[]byte)
+	defer p.bufs.Put(buf)
+	err := loc.copyVouched(ctx, desc, ts, p.files, p.opt.Counters, &p.credited[k])
+	if errors.Is(err, errNotVouched) {
+		err = streamChunk(ctx, loc, desc, ts, p.files, *buf, p.opt.Counters, &p.credited[k])
+	} else if err == nil {
+		p.vouchedChunks.Add(1)
+	}
+	var we writeError
+	if errors.As(err, &we) {
+		return p.chunkError(desc, ts, err)
+	}
+	if err != nil {
+		// The bytes there are not the chunk's (a tensor a fine-tune
+		// rewrote in place): fetch it now, while the other copies go on,
+		// not after them.
+		p.localMisses.Add(1)
+		if ctx.Err() == nil {
+			p.fetch(k)
+		}
+		return nil
+	}
+	p.copiedChunks.Add(1)
+	p.copiedBytes.Add(desc.Size)
+	return p.written(ts)
+}
+
+// chunkError names the chunk desc and the first file of its targets ts in
+// err.
+func (p *puller) chunkError(desc ocispec.Descriptor, ts []target, err error) error {
+	return fmt.Errorf("chunk %s (for %s): %w", desc.Digest, p.x.Path(ts[0].file), err)
+}
+
+// fetch fetches chunk k in the fetch group: whole if it is packed, else
+// streamed to its targets.
+func (p *puller) fetch(k int) {
+	desc, ts := p.v.Chunk(k), p.x.resolve(p.byChunk[k])
+	p.g.Go(func() error {
+		if packed(desc, ts) {
+			return p.fetchPacked(desc, ts)
+		}
+		buf := p.bufs.Get().(*[]byte)
+		defer p.bufs.Put(buf)
+		// Bytes written by a failed attempt sit in temporary files only;
+		// the next attempt writes all of them again.
+		err := p.retry(func() error {
+			return streamChunk(p.gctx, p.src, desc, ts, p.files, *buf, p.opt.Counters, &p.credited[k])
+		})
+		if err != nil {
+			return p.chunkError(desc, ts, err)
+		}
+		p.fetchedChunks.Add(1)
+		p.fetchedBytes.Add(desc.Size)
+		return p.written(ts)
+	})
+}
+
+// retry runs fetch, a fetch from the pull's source, again while it fails
+// in a way another try may cure.
+func (p *puller) retry(fetch func() error) error {
+	return fetchRetrying(p.gctx, p.src, fetch)
+}
+
+// fetchPacked fetches chunk desc (with its targets ts) whole, then writes
+// each file that lies wholly in it straight to its temporary file and into
+// place.
+func (p *puller) fetchPacked(desc ocispec.Descriptor, ts []target) error {
+	if err := p.packSem.Acquire(p.gctx, desc.Size); err != nil {
+		return err
+	}
+	defer p.packSem.Release(desc.Size)
+	bp := p.packBufs.Get().(*[]byte)
+	defer p.packBufs.Put(bp)
+	var data []byte
+	err := p.retry(func() (err error) {
+		data, err = fetchWhole(p.gctx, p.src, desc, bp, p.opt.Counters)
+		return err
+	})
+	if err != nil {
+		return p.chunkError(desc, ts, err)
+	}
+	p.fetchedChunks.Add(1)
+	p.fetchedBytes.Add(desc.Size)
+	rest, err := p.writePacked(desc, data, ts)
+	if err != nil {
+		return err
+	}
+	return p.written(rest)
+}
+
+// writePacked writes the verified bytes data of chunk desc to its targets
+// ts: a file wholly in it straight into place, the others through their
+// temporary files, whose targets it returns.
+func (p *puller) writePacked(desc ocispec.Descriptor, data []byte, ts []target) ([]target, error) {
+	x := p.x
+	wdc := newDirFD(p.d)
+	defer wdc.close()
+	open := &openFiles{files: p.files}
+	defer open.close()
+	var rest []target // targets written through the temporary file
+	var n int64
+	for _, t := range ts {
+		if err := p.ctx.Err(); err != nil {
+			return nil, err // cancelled (a failed sibling does not stop these writes)
+		}
+		pf := p.files.at(t.file)
+		block := data[t.chunkOff : t.chunkOff+t.n]
+		n += t.n
+		// Only a file's first extent starts at 0 (empty ones aside): the
+		// file's size, a sum of its extents, is taken once.
+		if t.fileOff == 0 && t.n > 0 && t.n == x.size(t.file) && !p.waits(t.file) {
+			f := x.fileRef(t.file)
+			ok, err := p.d.writeWhole(x, pf, f, block, wdc, p.opt)
+			if err != nil {
+				return nil, fmt.Errorf("chunk %s (for %s): %w", desc.Digest, f.Path, err)
+			}
+			if ok {
+				pf.remaining().Add(-t.n)
+				continue
+			}
+		}
+		fh, err := open.get(t.file)
+		if err == nil {
+			_, err = fh.WriteAt(block, t.fileOff)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("chunk %s (for %s): %w", desc.Digest, x.Path(t.file), err)
+		}
+		rest = append(rest, t)
+	}
+	if err := open.close(); err != nil {
+		return nil, p.chunkError(desc, ts, err)
+	}
+	p.opt.Counters.Processed.Add(n)
+	return rest, nil
+}
+
+// written counts the targets ts as written, and finishes each file whose
+// last bytes they were.
+func (p *puller) written(ts []target) error {
+	for _, t := range ts {
+		if p.files.at(t.file).remaining().Add(-t.n) == 0 {
+			if err := p.finish(t.file); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// waits reports whether file i must wait for the local copies before it is
+// renamed into place.
+func (p *puller) waits(i int) bool {
+	p.readyMu.Lock()
+	defer p.readyMu.Unlock()
+	return p.copying && p.sources[p.x.Path(i)]
+}
+
+// finish renames file i, all written, into place, or, while local copies
+// may still read it at its final name, queues it.
+func (p *puller) finish(i int) error {
+	p.readyMu.Lock()
+	if p.copying && p.sources[p.x.Path(i)] {
+		p.ready = append(p.ready, i)
+		p.readyMu.Unlock()
+		return nil
+	}
+	p.readyMu.Unlock()
+	return p.d.finishFile(p.x.fileRef(i), p.x, p.files.at(i), p.opt)
+}
+
+// finalise fills in the result, removes the files an earlier pull wrote
+// that the version lacks, makes the symlinks, sets the directories' modes
+// (children first) and saves the stat cache.
+func (p *puller) finalise() error {
+	x, d, res := p.x, p.d, p.res
+	res.ChunksFetched, res.BytesFetched = p.fetchedChunks.Load(), p.fetchedBytes.Load()
+	res.ChunksCopied, res.BytesCopied = p.copiedChunks.Load(), p.copiedBytes.Load()
+	res.ChunksCopiedUnhashed = p.vouchedChunks.Load()
+	res.FilesRemoved = d.removeStale(x, p.previous)
+	res.FilesHashed = int(d.filesHashed.Load())
+	res.LocalMisses = p.localMisses.Load()
 	for fi := range x.Len() {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		if err := p.ctx.Err(); err != nil {
+			return err
 		}
 		f := x.File(fi)
 		if f.Type == TypeSymlink {
 			if err := d.ensureSymlink(f.Path, f.Target); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
 	for i := x.Len() - 1; i >= 0; i-- {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		if err := p.ctx.Err(); err != nil {
+			return err
 		}
 		if f := x.File(i); f.Type == TypeDir {
 			if err := d.chmodDir(f.Path, f.Mode); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	opt.Cache.prune(func(p string) bool {
-		i, ok := x.Find(p)
+	p.opt.Cache.prune(func(path string) bool {
+		i, ok := x.Find(path)
 		return ok && x.Kind(i) == TypeFile
 	})
-	opt.Cache.settle(ctx, d.statKey)
-	if err := opt.Cache.Save(); err != nil {
-		return nil, fmt.Errorf("save stat cache: %w", err)
+	p.opt.Cache.settle(p.ctx, d.statKey)
+	if err := p.opt.Cache.Save(); err != nil {
+		return fmt.Errorf("save stat cache: %w", err)
 	}
-	return res, nil
+	return nil
 }
 
 // emptyDigest is the SHA-256 of no bytes.
