@@ -234,45 +234,19 @@ func (x *Index) fileRef(i int) *File {
 	return &f
 }
 
-// targetSlots returns, for each chunk of x, an empty slice with room for a
-// slot per extent of a regular file in that chunk: the slots of a pull are
-// appended without growing, in one allocation.
-func (x *Index) targetSlots() [][]slot {
-	counts := make([]int, x.NumChunks())
+// NumExtents returns the number of extents of entry i.
+func (x *Index) NumExtents(i int) int {
 	if x.ent != nil && x.Files == nil {
-		for _, e := range x.ent.ext {
-			counts[e.chunk]++
-		}
-	} else {
-		for i := range x.Files {
-			if x.Files[i].Type == TypeFile {
-				for _, e := range x.Files[i].Extents {
-					counts[e.Chunk]++
-				}
-			}
-		}
+		return len(x.ent.extents(i))
 	}
-	total := 0
-	for _, n := range counts {
-		total += n
-	}
-	flat := make([]slot, total)
-	out := make([][]slot, x.NumChunks())
-	off := 0
-	for k, n := range counts {
-		out[k] = flat[off : off : off+n]
-		off += n
-	}
-	return out
+	return len(x.Files[i].Extents)
 }
 
-// extentAt returns where extent k of entry i lies in its chunk (chunkOff)
-// and its length: O(1), the file offset is the caller's running sum.
-func (x *Index) extentAt(i, k int) (chunkOff, n int64) {
+// Extent returns extent k of entry i, without expanding the entry.
+func (x *Index) Extent(i, k int) Extent {
 	if x.ent != nil && x.Files == nil {
 		e := x.ent.extents(i)[k]
-		return int64(e.off), int64(e.length)
+		return Extent{Chunk: int(e.chunk), Offset: int64(e.off), Length: int64(e.length)}
 	}
-	e := x.Files[i].Extents[k]
-	return e.Offset, e.Length
+	return x.Files[i].Extents[k]
 }

@@ -1,4 +1,4 @@
-package layout
+package pull
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
@@ -23,11 +24,11 @@ const extentsBound = 60 * time.Second
 
 // splitFile is a file of n extents of chunk k (of size bytes), in order,
 // so that the file's bytes are the chunk's.
-func splitFile(p string, data []byte, k, n int) File {
-	f := File{Path: p, Type: TypeFile, Mode: 0o644, Digest: digest.FromBytes(data), Size: int64(len(data))}
+func splitFile(p string, data []byte, k, n int) layout.File {
+	f := layout.File{Path: p, Type: layout.TypeFile, Mode: 0o644, Digest: digest.FromBytes(data), Size: int64(len(data))}
 	step := int64(len(data) / n)
 	for off := int64(0); off < int64(len(data)); off += step {
-		f.Extents = append(f.Extents, Extent{Chunk: k, Offset: off, Length: min(step, int64(len(data))-off)})
+		f.Extents = append(f.Extents, layout.Extent{Chunk: k, Offset: off, Length: min(step, int64(len(data))-off)})
 	}
 	return f
 }
@@ -54,18 +55,18 @@ func TestPullManyExtents(t *testing.T) {
 	const n = 500_000
 	packedData := randBytes(41, n)      // 1-byte extents
 	streamedData := randBytes(42, 36*n) // 36-byte extents, over 16 MiB
-	if int64(len(streamedData)) <= DefaultParams.Max {
+	if int64(len(streamedData)) <= layout.DefaultParams.Max {
 		t.Fatal("the streamed chunk must be larger than a packed one")
 	}
 	store := memory.New()
-	v := sealFiles(t, store, []File{
+	v := sealFiles(t, store, []layout.File{
 		splitFile("packed", packedData, 0, n),
 		splitFile("streamed", streamedData, 1, n),
 	}, packedData, streamedData)
 	dst := t.TempDir()
-	var res *PullResult
+	var res *Result
 	err := pullBounded(t, "a pull of two files of 500,000 extents", func() (err error) {
-		res, err = Pull(context.Background(), store, v, dst, PullOptions{Jobs: 2})
+		res, err = Materialise(context.Background(), store, v, dst, Options{Jobs: 2})
 		return err
 	})
 	if err != nil {
@@ -106,12 +107,12 @@ func TestPullCancelledManyExtents(t *testing.T) {
 	const n = 1_000_000
 	data := randBytes(43, n)
 	store := memory.New()
-	v := sealFiles(t, store, []File{splitFile("f", data, 0, n), {Path: "g", Type: TypeFile, Mode: 0o644, Digest: digest.FromBytes(data), Size: int64(len(data)), Extents: []Extent{{Chunk: 0, Length: int64(len(data))}}}}, data)
+	v := sealFiles(t, store, []layout.File{splitFile("f", data, 0, n), {Path: "g", Type: layout.TypeFile, Mode: 0o644, Digest: digest.FromBytes(data), Size: int64(len(data)), Extents: []layout.Extent{{Chunk: 0, Length: int64(len(data))}}}}, data)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dst := t.TempDir()
 	err := pullBounded(t, "a cancelled pull of a file of 1,000,000 extents", func() error {
-		_, err := Pull(ctx, &cancelOnFetch{Fetcher: store, cancel: cancel}, v, dst, PullOptions{Jobs: 1})
+		_, err := Materialise(ctx, &cancelOnFetch{Fetcher: store, cancel: cancel}, v, dst, Options{Jobs: 1})
 		return err
 	})
 	if !errors.Is(err, context.Canceled) {
