@@ -14,7 +14,8 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
-// Options configure Pull.
+// Options configure Pull and Materialise (which uses only Jobs,
+// VerifyFiles, Counters and StatCache). Zero values select defaults.
 type Options struct {
 	OCI     oci.Options
 	Mirrors mounts.MirrorConfig
@@ -26,7 +27,7 @@ type Options struct {
 	// are used and none is added (the directory holds every byte anyway).
 	Cache     CacheMode
 	CacheSize int64 // the chunk cache's bound with CacheFill
-	Jobs      int   // concurrent chunk fetches
+	Jobs      int   // concurrent chunk fetches; <= 0 means 8
 	// VerifyFiles checks every written file's SHA-256 before it is renamed
 	// into place.
 	VerifyFiles bool
@@ -65,7 +66,8 @@ func CacheModeOf(fill, off bool) CacheMode {
 	return CacheRead
 }
 
-// Result is what a pull did.
+// Result is what a pull did; Materialise fills all but Digest, Reference,
+// CacheHits, MirrorHits and Seconds.
 type Result struct {
 	Digest        string `json:"digest"`
 	Reference     string `json:"reference"`
