@@ -51,7 +51,7 @@ func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) err
 func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(chunkJob) error) error {
 	e := b.entries[i]
 	path := e.Path
-	if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok && c.Chunks != nil && b.buffer == nil {
+	if c, ok := b.opt.Cache.Lookup(e.Path, e.Stat); ok && c.Chunks != nil && b.buffer == nil {
 		var off int64
 		res := fileChunks{digest: c.Digest}
 		for _, ch := range c.Chunks {
@@ -208,7 +208,7 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	for k, x := range res.extents {
 		chunks[k] = x.chunk
 	}
-	b.opt.Cache.store(e.Path, cachedFile{Stat: e.Stat, Digest: res.digest, Chunks: chunks})
+	b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: res.digest, Chunks: chunks})
 	return nil
 }
 

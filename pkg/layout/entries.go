@@ -234,51 +234,19 @@ func (x *Index) fileRef(i int) *File {
 	return &f
 }
 
-// targetSlots returns, for each chunk of x, an empty slice with room for a
-// slot per extent of a regular file in that chunk: the slots of a pull are
-// appended without growing, in one allocation.
-func (x *Index) targetSlots() [][]slot {
-	counts := make([]int, x.NumChunks())
+// NumExtents returns the number of extents of entry i.
+func (x *Index) NumExtents(i int) int {
 	if x.ent != nil && x.Files == nil {
-		for _, e := range x.ent.ext {
-			counts[e.chunk]++
-		}
-	} else {
-		for i := range x.Files {
-			if x.Files[i].Type == TypeFile {
-				for _, e := range x.Files[i].Extents {
-					counts[e.Chunk]++
-				}
-			}
-		}
+		return len(x.ent.extents(i))
 	}
-	total := 0
-	for _, n := range counts {
-		total += n
-	}
-	flat := make([]slot, total)
-	out := make([][]slot, x.NumChunks())
-	off := 0
-	for k, n := range counts {
-		out[k] = flat[off : off : off+n]
-		off += n
-	}
-	return out
+	return len(x.Files[i].Extents)
 }
 
-// extentAt returns where extent k of entry i lies in the file (fileOff),
-// in its chunk (chunkOff), and its length.
-func (x *Index) extentAt(i, k int) (fileOff, chunkOff, n int64) {
+// Extent returns extent k of entry i, without expanding the entry.
+func (x *Index) Extent(i, k int) Extent {
 	if x.ent != nil && x.Files == nil {
-		exts := x.ent.extents(i)
-		for _, e := range exts[:k] {
-			fileOff += int64(e.length)
-		}
-		return fileOff, int64(exts[k].off), int64(exts[k].length)
+		e := x.ent.extents(i)[k]
+		return Extent{Chunk: int(e.chunk), Offset: int64(e.off), Length: int64(e.length)}
 	}
-	exts := x.Files[i].Extents
-	for _, e := range exts[:k] {
-		fileOff += e.Length
-	}
-	return fileOff, exts[k].Offset, exts[k].Length
+	return x.Files[i].Extents[k]
 }

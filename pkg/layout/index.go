@@ -454,3 +454,8 @@ func CheckSymlink(p, target string) error {
 	}
 	return nil
 }
+
+// ReservedPrefix starts every name bdnvol keeps for itself in a directory it
+// writes (temporary files, state). No entry of a volume may have a path
+// element with this prefix, so nothing of a volume can collide with them.
+const ReservedPrefix = ".bdnvol-"

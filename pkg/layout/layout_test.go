@@ -7,14 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"io"
 	"math/rand/v2"
-	"oras.land/oras-go/v2/content"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 
 	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/content/memory"
@@ -203,65 +203,6 @@ func writeTree(t *testing.T, root string, files map[string][]byte) {
 	}
 }
 
-func TestPushPullMemory(t *testing.T) {
-	ctx := context.Background()
-	p := Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
-	src := t.TempDir()
-	files := map[string][]byte{"big.bin": randBytes(3, 1<<20), "x/small.txt": []byte("hello"), "x/empty": nil}
-	for i := range 300 {
-		files[fmt.Sprintf("many/%03d", i)] = randBytes(uint64(100+i), 1024)
-	}
-	writeTree(t, src, files)
-	if err := os.Symlink("../big.bin", filepath.Join(src, "x", "link")); err != nil {
-		t.Fatal(err)
-	}
-	for _, maxLayers := range []int{0, 7} {
-		t.Run(fmt.Sprint("maxLayers=", maxLayers), func(t *testing.T) {
-			store := memory.New()
-			res, err := Push(ctx, store, DirSource(src), PushOptions{Params: p, MaxLayers: maxLayers})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// 300 files of 1 KiB pack into a handful of chunks.
-			if res.Chunks > 1<<20/int(p.Min)+300*1024/int(p.Min)+4 {
-				t.Fatalf("%d chunks: small files were not packed", res.Chunks)
-			}
-			again, err := Push(ctx, store, DirSource(src), PushOptions{Params: p, MaxLayers: maxLayers})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if again.Root.Digest != res.Root.Digest || again.BytesUploaded != 0 {
-				t.Fatalf("re-push: digest %s (was %s), %d bytes uploaded", again.Root.Digest, res.Root.Digest, again.BytesUploaded)
-			}
-			v, err := Open(ctx, store, res.Root)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dst := t.TempDir()
-			if _, err := Pull(ctx, store, v, dst, PullOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			for p, want := range files {
-				got, err := os.ReadFile(filepath.Join(dst, p))
-				if err != nil || !bytes.Equal(got, want) {
-					t.Fatalf("%s differs after pull (%v)", p, err)
-				}
-			}
-			if tgt, err := os.Readlink(filepath.Join(dst, "x", "link")); err != nil || tgt != "../big.bin" {
-				t.Fatalf("symlink: %q %v", tgt, err)
-			}
-			// A second pull reuses every file and fetches nothing.
-			r2, err := Pull(ctx, store, v, dst, PullOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r2.ChunksFetched != 0 {
-				t.Fatalf("second pull fetched %d chunks", r2.ChunksFetched)
-			}
-		})
-	}
-}
-
 func TestPushRefusesEscapingSymlink(t *testing.T) {
 	src := t.TempDir()
 	if err := os.Symlink("/etc/passwd", filepath.Join(src, "evil")); err != nil {
@@ -302,111 +243,6 @@ func TestSealSplitsParts(t *testing.T) {
 type remoteDir struct{ Source }
 
 func (remoteDir) Remote() bool { return true }
-
-func TestPushRemoteSourceBuffers(t *testing.T) {
-	ctx := context.Background()
-	p := Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
-	src := t.TempDir()
-	files := map[string][]byte{"big.bin": randBytes(7, 700<<10), "a/small": []byte("small file")}
-	writeTree(t, src, files)
-	local, remote := memory.New(), memory.New()
-	want, err := Push(ctx, local, DirSource(src), PushOptions{Params: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := Push(ctx, remote, remoteDir{DirSource(src)}, PushOptions{Params: p, Jobs: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Root.Digest != want.Root.Digest {
-		t.Fatalf("remote source sealed %s, local %s", got.Root.Digest, want.Root.Digest)
-	}
-	v, err := Open(ctx, remote, got.Root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := t.TempDir()
-	if _, err := Pull(ctx, remote, v, dst, PullOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for p, data := range files {
-		if b, err := os.ReadFile(filepath.Join(dst, p)); err != nil || !bytes.Equal(b, data) {
-			t.Fatalf("%s differs (%v)", p, err)
-		}
-	}
-}
-
-// flaky serves a chunk wrong the first times it is fetched: bytes flipped,
-// or the body cut half-way.
-type flaky struct {
-	content.Fetcher
-	target digest.Digest
-	bad    int // fetches of target left to spoil
-	cut    bool
-}
-
-func (f *flaky) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
-	rc, err := f.Fetcher.Fetch(ctx, d)
-	if err != nil || d.Digest != f.target || f.bad == 0 {
-		return rc, err
-	}
-	f.bad--
-	b, _ := io.ReadAll(rc)
-	rc.Close()
-	if f.cut {
-		return io.NopCloser(io.MultiReader(bytes.NewReader(b[:len(b)/2]), errReader{})), nil
-	}
-	b[len(b)/3] ^= 0xff
-	return io.NopCloser(bytes.NewReader(b)), nil
-}
-
-type errReader struct{}
-
-func (errReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
-
-func TestPullRefetchesSpoiledChunks(t *testing.T) {
-	ctx := context.Background()
-	p := Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
-	src := t.TempDir()
-	data := randBytes(11, 300<<10)
-	writeTree(t, src, map[string][]byte{"f.bin": data})
-	store := memory.New()
-	res, err := Push(ctx, store, DirSource(src), PushOptions{Params: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := Open(ctx, store, res.Root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		name string
-		f    *flaky
-		ok   bool
-	}{
-		{"flipped once", &flaky{Fetcher: store, target: v.Chunk(1).Digest, bad: 1}, true},
-		{"cut twice", &flaky{Fetcher: store, target: v.Chunk(2).Digest, bad: 2, cut: true}, true},
-		{"flipped always", &flaky{Fetcher: store, target: v.Chunk(0).Digest, bad: 99}, false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			dst := t.TempDir()
-			_, err := Pull(ctx, c.f, v, dst, PullOptions{Jobs: 2})
-			got, rerr := os.ReadFile(filepath.Join(dst, "f.bin"))
-			if c.ok {
-				if err != nil || !bytes.Equal(got, data) {
-					t.Fatalf("pull: %v; file matches: %v", err, bytes.Equal(got, data))
-				}
-				return
-			}
-			if !errors.Is(err, ErrDigestMismatch) || !strings.Contains(err.Error(), v.Chunk(0).Digest.String()) {
-				t.Fatalf("got %v, want a digest mismatch naming the chunk", err)
-			}
-			if rerr == nil {
-				t.Fatal("a file with a corrupt chunk is under its final name")
-			}
-		})
-	}
-}
 
 // A 1 TiB volume in 8 MiB chunks seals as an index of parts, every part
 // manifest under the registries' 4 MiB limit.
@@ -546,4 +382,44 @@ func TestValidateEdges(t *testing.T) {
 			t.Errorf("%s: got %v, want ErrInvalidIndex", name, err)
 		}
 	}
+}
+
+// writeVolumeTree writes files under root (path -> bytes; "->target" as
+// the bytes of a path ending in "@" makes a symlink).
+func writeVolumeTree(t *testing.T, root string, files map[string][]byte) {
+	t.Helper()
+	regular := map[string][]byte{}
+	for name, data := range files {
+		if strings.HasSuffix(name, "@") {
+			full := filepath.Join(root, strings.TrimSuffix(name, "@"))
+			if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(string(data), full); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		regular[name] = data
+	}
+	writeTree(t, root, regular)
+}
+
+// pushed pushes files (as writeVolumeTree takes them) and opens the
+// version.
+func pushed(t *testing.T, p Params, files map[string][]byte) (content.Storage, *Version) {
+	t.Helper()
+	ctx := context.Background()
+	src := t.TempDir()
+	writeVolumeTree(t, src, files)
+	store := memory.New()
+	res, err := Push(ctx, store, DirSource(src), PushOptions{Params: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := Open(ctx, store, res.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, v
 }

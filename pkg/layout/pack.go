@@ -123,7 +123,7 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 			return err
 		}
 		m := member{idx: i, size: e.Size}
-		if c, ok := b.opt.Cache.lookup(e.Path, e.Stat); ok && b.buffer == nil {
+		if c, ok := b.opt.Cache.Lookup(e.Path, e.Stat); ok && b.buffer == nil {
 			m.dg = c.Digest
 		} else {
 			data, err := b.readSmall(ctx, e.Path, e.Size)
@@ -131,7 +131,7 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 				return err
 			}
 			m.dg, m.data = digest.FromBytes(data), data
-			b.opt.Cache.store(e.Path, cachedFile{Stat: e.Stat, Digest: m.dg})
+			b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: m.dg})
 		}
 		b.opt.Counters.Processed.Add(e.Size)
 		if e.Size == 0 {

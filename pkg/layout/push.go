@@ -116,7 +116,7 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 		if e.Type == TypeFile {
 			opt.Counters.Total.Add(e.Size)
 			keep[e.Path] = true
-			if _, ok := opt.Cache.lookup(e.Path, e.Stat); !ok {
+			if _, ok := opt.Cache.Lookup(e.Path, e.Stat); !ok {
 				allHit = false
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 )
@@ -313,7 +314,7 @@ func fetchManifest(ctx context.Context, src content.Fetcher, desc ocispec.Descri
 	}
 	var m *manifestOrIndex
 	var derr error
-	err := fetchRetrying(ctx, src, func() error {
+	err := FetchRetrying(ctx, src, func() error {
 		return verify.FetchTo(ctx, src, "", desc, func(r io.Reader) { m, derr = decodeManifest(r, maxManifests, desc.Size) })
 	})
 	if err != nil {
@@ -414,7 +415,7 @@ type localSource interface{ Local() bool }
 // src reads local files. It never reads more than desc.Size bytes.
 func fetchAll(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) ([]byte, error) {
 	var b []byte
-	err := fetchRetrying(ctx, src, func() (err error) {
+	err := FetchRetrying(ctx, src, func() (err error) {
 		b, err = verify.Fetch(ctx, src, "", desc) // the callers name the object
 		return err
 	})
@@ -424,9 +425,11 @@ func fetchAll(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor)
 	return b, nil
 }
 
-// fetchRetrying runs fetch, a fetch from src, again when it fails in a way
-// another try may cure, as fetchAll does.
-func fetchRetrying(ctx context.Context, src content.Fetcher, fetch func() error) error {
+// FetchRetrying runs fetch, a fetch from src, again when it fails in a way
+// another try may cure (a body cut short or corrupted in transit; not a
+// missing blob, nor any failure of a local layout), a bounded number of
+// times with a growing pause, as fetchAll does.
+func FetchRetrying(ctx context.Context, src content.Fetcher, fetch func() error) error {
 	attempts := fetchAttempts
 	if l, ok := src.(localSource); ok && l.Local() {
 		attempts = 1
@@ -445,4 +448,17 @@ func fetchRetrying(ctx context.Context, src content.Fetcher, fetch func() error)
 		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
 		}
 	}
+}
+
+// ErrDigestMismatch is wrapped when fetched or written bytes do not match
+// their digest: it is verify.ErrDigestMismatch, the one sentinel.
+var ErrDigestMismatch = verify.ErrDigestMismatch
+
+// fetchAttempts bounds the fetches of one chunk: a body cut short or
+// corrupted in transit is fetched again.
+const fetchAttempts = 3
+
+// refetchable reports whether fetching a chunk again may succeed.
+func refetchable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, errdef.ErrNotFound)
 }

@@ -57,11 +57,13 @@ const (
 )
 
 type statCacheData struct {
-	Files map[string]cachedFile `json:"files"`
+	Files map[string]CachedFile `json:"files"`
 	Packs map[string]Chunk      `json:"packs"`
 }
 
-type cachedFile struct {
+// CachedFile is what the cache records of one file: its stat key, digest,
+// and, for a file a pull wrote, where the version's chunks are in it.
+type CachedFile struct {
 	Stat   StatKey       `json:"k"`
 	Digest digest.Digest `json:"d"`
 	Chunks []Chunk       `json:"c,omitempty"`
@@ -110,7 +112,7 @@ func OpenStatCache(dir, key string, p Params) *StatCache {
 		_ = json.Unmarshal(b, &c.data)
 	}
 	if c.data.Files == nil {
-		c.data.Files = map[string]cachedFile{}
+		c.data.Files = map[string]CachedFile{}
 	}
 	if c.data.Packs == nil {
 		c.data.Packs = map[string]Chunk{}
@@ -118,9 +120,11 @@ func OpenStatCache(dir, key string, p Params) *StatCache {
 	return c
 }
 
-func (c *StatCache) lookup(p string, k StatKey) (cachedFile, bool) {
+// Lookup returns the trusted record of the file at p with stat key k: one
+// whose digest was checked against its bytes, and not racy.
+func (c *StatCache) Lookup(p string, k StatKey) (CachedFile, bool) {
 	if c == nil {
-		return cachedFile{}, false
+		return CachedFile{}, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -129,15 +133,15 @@ func (c *StatCache) lookup(p string, k StatKey) (cachedFile, bool) {
 		f, ok = c.pulledRecord(p)
 	}
 	if !ok || f.Stat != k || f.Racy || f.pulled || f.Unverified {
-		return cachedFile{}, false
+		return CachedFile{}, false
 	}
 	return f, true
 }
 
-// recordedOther reports whether the cache holds a trusted record of what
+// RecordedOther reports whether the cache holds a trusted record of what
 // a pull wrote at p with stat key k, as a file whose digest (checked or
 // not) is not d: the file's bytes are that record's chunks.
-func (c *StatCache) recordedOther(p string, k StatKey, d digest.Digest) bool {
+func (c *StatCache) RecordedOther(p string, k StatKey, d digest.Digest) bool {
 	if c == nil {
 		return false
 	}
@@ -150,11 +154,11 @@ func (c *StatCache) recordedOther(p string, k StatKey, d digest.Digest) bool {
 	return ok && rec.Stat == k && !rec.Racy && !rec.pulled && len(rec.Extents) > 0 && rec.Digest != d
 }
 
-// sameExtents reports whether the cache records that the file at p, with
+// SameExtents reports whether the cache records that the file at p, with
 // stat key k, was written by a pull from chunks that are, extent by extent,
 // the whole chunks of entry f of x: then it holds f's bytes, whatever f's
 // digest claims.
-func (c *StatCache) sameExtents(p string, k StatKey, f *File, x *Index) bool {
+func (c *StatCache) SameExtents(p string, k StatKey, f *File, x *Index) bool {
 	if c == nil {
 		return false
 	}
@@ -175,13 +179,13 @@ func (c *StatCache) sameExtents(p string, k StatKey, f *File, x *Index) bool {
 	return true
 }
 
-// storePulled records entry p of index x, which a pull wrote or kept with
+// StorePulled records entry p of index x, which a pull wrote or kept with
 // stat key k, whatever its age: Save marks it racy if it changed too
 // shortly before. With extents, the record tells where the version's
 // chunks are in the file; verified says the pull checked the file's bytes
 // against its digest (or the digest follows from its chunks'), which
 // without extents it must have. The record is held compactly, by entry.
-func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents, verified bool) {
+func (c *StatCache) StorePulled(x *Index, p string, k StatKey, extents, verified bool) {
 	if c == nil {
 		return
 	}
@@ -193,7 +197,7 @@ func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents, verified
 		// Not an entry of the index held, or not of its size (cannot
 		// happen in one pull): a record of its own.
 		f := x.File(i)
-		rec := cachedFile{Stat: k, Digest: f.Digest, pulled: true, Unverified: !verified}
+		rec := CachedFile{Stat: k, Digest: f.Digest, pulled: true, Unverified: !verified}
 		if extents && ok {
 			rec.Extents = pulledExtents(&f, x)
 		}
@@ -216,25 +220,25 @@ func (c *StatCache) storePulled(x *Index, p string, k StatKey, extents, verified
 	}
 }
 
-// pulledRecord returns the compact record of path p as a cachedFile.
+// pulledRecord returns the compact record of path p as a CachedFile.
 // Called with c.mu held.
-func (c *StatCache) pulledRecord(p string) (cachedFile, bool) {
+func (c *StatCache) pulledRecord(p string) (CachedFile, bool) {
 	if c.px == nil {
-		return cachedFile{}, false
+		return CachedFile{}, false
 	}
 	i, ok := c.px.Find(p)
 	if !ok || c.pkind[i] == pulledNone {
-		return cachedFile{}, false
+		return CachedFile{}, false
 	}
 	return c.pulledAt(i), true
 }
 
-// pulledAt returns compact record i as a cachedFile. Called with c.mu
+// pulledAt returns compact record i as a CachedFile. Called with c.mu
 // held.
-func (c *StatCache) pulledAt(i int) cachedFile {
+func (c *StatCache) pulledAt(i int) CachedFile {
 	f := c.px.File(i)
 	ps := c.pstat[i]
-	rec := cachedFile{Stat: StatKey{Size: f.Size, Mtime: ps.mtime, Ctime: ps.ctime, Ino: ps.ino}, Digest: f.Digest}
+	rec := CachedFile{Stat: StatKey{Size: f.Size, Mtime: ps.mtime, Ctime: ps.ctime, Ino: ps.ino}, Digest: f.Digest}
 	if c.pkind[i] >= pulledWithExtents {
 		rec.Extents = pulledExtents(&f, c.px)
 	}
@@ -247,16 +251,18 @@ func (c *StatCache) pulledAt(i int) cachedFile {
 	return rec
 }
 
-// pulledFiles returns a copy of the entries that record a pull's extents.
-func (c *StatCache) pulledFiles() map[string]cachedFile {
+// PulledFiles returns a copy of the records of what earlier pulls wrote,
+// by path; a path no index could hold (the file on disk was edited) is
+// left out.
+func (c *StatCache) PulledFiles() map[string]CachedFile {
 	if c == nil {
 		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := map[string]cachedFile{}
+	out := map[string]CachedFile{}
 	for p, f := range c.data.Files {
-		if f.Extents != nil || f.Chunks == nil {
+		if (f.Extents != nil || f.Chunks == nil) && checkPath(p) == nil {
 			out[p] = f
 		}
 	}
@@ -268,7 +274,7 @@ func (c *StatCache) pulledFiles() map[string]cachedFile {
 	return out
 }
 
-func (c *StatCache) store(p string, f cachedFile) {
+func (c *StatCache) store(p string, f CachedFile) {
 	if c == nil || f.Stat.Mtime >= c.since || f.Stat.Ctime >= c.since {
 		return // racy: the file may still change within the clock's resolution
 	}
@@ -298,7 +304,26 @@ func (c *StatCache) storePack(key string, ch Chunk) {
 	c.dirty = true
 }
 
-// Prune drops entries for paths keep refuses.
+// SavePulled ends a pull of x: it drops the records of paths that are not
+// regular files of x, settles the records of files written last (stat
+// reads the stat key of the file at a path), and saves the cache.
+func (c *StatCache) SavePulled(ctx context.Context, x *Index, stat func(p string) (StatKey, bool)) error {
+	c.prune(func(p string) bool {
+		i, ok := x.Find(p)
+		return ok && x.Kind(i) == TypeFile
+	})
+	c.settle(ctx, stat)
+	return c.Save()
+}
+
+// SetTestHooks sets the clock Save marks racy records by (nil: time.Now)
+// and the bytes of recent files that make settle wait (0: settleMin), for
+// tests.
+func (c *StatCache) SetTestHooks(now func() time.Time, settleBytes int64) {
+	c.now, c.settleBytes = now, settleBytes
+}
+
+// prune drops entries for paths keep refuses.
 func (c *StatCache) prune(keep func(p string) bool) {
 	if c == nil {
 		return
@@ -477,4 +502,16 @@ func encodeEntry[V any](w io.Writer, sep, k string, v V) error {
 	}
 	_, err = fmt.Fprintf(w, "%s%s:%s", sep, kb, vb)
 	return err
+}
+
+// pulledExtents lists where f's chunks are in it, for a later pull.
+func pulledExtents(f *File, x *Index) []pulledExtent {
+	out := make([]pulledExtent, len(f.Extents))
+	for k, e := range f.Extents {
+		out[k].Length = e.Length
+		if e.Offset == 0 && e.Length == x.ChunkSize(e.Chunk) {
+			out[k].Digest = x.ChunkDigest(e.Chunk)
+		}
+	}
+	return out
 }

@@ -222,3 +222,18 @@ func fileDigestAt(dfd int, name, full string, buf []byte) (digest.Digest, error)
 	}
 	return digest.NewDigest(digest.SHA256, h), nil
 }
+
+func isDir(st *unix.Stat_t) bool     { return st.Mode&unix.S_IFMT == unix.S_IFDIR }
+func isRegular(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFREG }
+func isSymlink(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFLNK }
+
+// readlinkAt reads the symlink name in the directory dfd, up to the longest
+// target an index may hold.
+func readlinkAt(dfd int, name string) (string, error) {
+	buf := make([]byte, maxTargetBytes+1)
+	n, err := unix.Readlinkat(dfd, name, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}

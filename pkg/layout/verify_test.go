@@ -25,11 +25,9 @@ func TestVerifyDir(t *testing.T) {
 		"gone":    []byte("gone"),
 		"resized": []byte("resized"),
 	}
-	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
+	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	dst := t.TempDir()
-	if _, err := Pull(ctx, store, v, dst, PullOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	writeVolumeTree(t, dst, files) // as a pull leaves it
 	diffs, err := VerifyDir(ctx, v, dst)
 	if err != nil || len(diffs) != 0 {
 		t.Fatalf("fresh pull: %v, %v", diffs, err)
@@ -70,12 +68,11 @@ func TestVerifyDir(t *testing.T) {
 // the outside directory holds.
 func TestVerifyDirRefusesSwappedDir(t *testing.T) {
 	ctx := context.Background()
-	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"sub/f": []byte("inside-bytes")})
+	files := map[string][]byte{"sub/f": []byte("inside-bytes")}
+	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	base := t.TempDir()
 	dst, outside := filepath.Join(base, "dst"), filepath.Join(base, "outside")
-	if _, err := Pull(ctx, store, v, dst, PullOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	writeVolumeTree(t, dst, files) // as a pull leaves it
 	writeTree(t, outside, map[string][]byte{"f": []byte("secret-bytes"), "secret-name": nil})
 	verifyHook = func(p string) {
 		if p == "sub" {

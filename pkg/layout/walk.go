@@ -74,7 +74,7 @@ func Walk(root string) ([]Entry, error) {
 		if err != nil {
 			return err
 		}
-		e := Entry{Path: rel, Mode: uint32(info.Mode().Perm()), Stat: statKey(info)}
+		e := Entry{Path: rel, Mode: uint32(info.Mode().Perm()), Stat: StatKeyOf(info)}
 		switch m := info.Mode(); {
 		case m.IsRegular():
 			e.Type, e.Size = TypeFile, info.Size()
@@ -106,7 +106,8 @@ func Walk(root string) ([]Entry, error) {
 	return out, nil
 }
 
-func statKey(info fs.FileInfo) StatKey {
+// StatKeyOf returns the stat key of the file info describes.
+func StatKeyOf(info fs.FileInfo) StatKey {
 	k := StatKey{Size: info.Size(), Mtime: info.ModTime().UnixNano()}
 	if st, ok := info.Sys().(*syscall.Stat_t); ok {
 		k.Ino = st.Ino

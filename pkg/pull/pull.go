@@ -1,6 +1,3 @@
-// Package pull materialises a version in a directory: the reference
-// resolved under a signature policy, chunks fetched through mirrors and the
-// node's chunk cache, and the tree written by layout.Pull.
 package pull
 
 import (
@@ -17,7 +14,8 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
-// Options configure Pull.
+// Options configure Pull and Materialise (which uses only Jobs,
+// VerifyFiles, Counters and StatCache). Zero values select defaults.
 type Options struct {
 	OCI     oci.Options
 	Mirrors mounts.MirrorConfig
@@ -29,11 +27,16 @@ type Options struct {
 	// are used and none is added (the directory holds every byte anyway).
 	Cache     CacheMode
 	CacheSize int64 // the chunk cache's bound with CacheFill
-	Jobs      int   // concurrent chunk fetches
+	Jobs      int   // concurrent chunk fetches; <= 0 means 8
 	// VerifyFiles checks every written file's SHA-256 before it is renamed
 	// into place.
 	VerifyFiles bool
 	Counters    *layout.Counters // progress; nil for none
+	// StatCache remembers what the files written hold, so that a later
+	// pull into the directory (an upgrade) keeps or copies them. Pull opens
+	// the one of the directory under CacheDir when it is nil; Materialise
+	// then keeps no record.
+	StatCache *layout.StatCache
 	// Progress (if set) is started once the version is open; the function
 	// it returns is called when the pull ends.
 	Progress func() func()
@@ -63,7 +66,8 @@ func CacheModeOf(fill, off bool) CacheMode {
 	return CacheRead
 }
 
-// Result is what a pull did.
+// Result is what a pull did; Materialise fills all but Digest, Reference,
+// CacheHits, MirrorHits and Seconds.
 type Result struct {
 	Digest        string `json:"digest"`
 	Reference     string `json:"reference"`
@@ -132,25 +136,16 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 	if opt.Progress != nil {
 		stop = opt.Progress()
 	}
-	res, err := layout.Pull(ctx, src, v, dir, layout.PullOptions{
-		Jobs:        opt.Jobs,
-		Cache:       layout.OpenStatCache(opt.CacheDir, dir, layout.Params{}),
-		Counters:    opt.Counters,
-		VerifyFiles: opt.VerifyFiles,
-	})
+	if opt.StatCache == nil {
+		opt.StatCache = layout.OpenStatCache(opt.CacheDir, dir, layout.Params{})
+	}
+	out, err := Materialise(ctx, src, v, dir, opt)
 	stop()
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", ref.Pinned(desc.Digest), err)
 	}
-	out := &Result{
-		Digest: desc.Digest.String(), Reference: ref.Pinned(desc.Digest),
-		Files: res.Files, Bytes: res.Bytes, ChunksFetched: res.ChunksFetched, BytesFetched: res.BytesFetched,
-		FilesReused: res.FilesReused, ChunksCopied: res.ChunksCopied, BytesCopied: res.BytesCopied, FilesRemoved: res.FilesRemoved,
-		ChunksCopiedUnhashed: res.ChunksCopiedUnhashed,
-		FilesHashed:          res.FilesHashed,
-		LocalMisses:          res.LocalMisses,
-		Seconds:              time.Since(start).Seconds(),
-	}
+	out.Digest, out.Reference = desc.Digest.String(), ref.Pinned(desc.Digest)
+	out.Seconds = time.Since(start).Seconds()
 	if cache != nil {
 		out.CacheHits = cache.Stats().Hits
 	}

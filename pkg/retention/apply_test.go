@@ -16,6 +16,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/pull"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -96,7 +97,7 @@ func (r repo) intact(t *testing.T, v *layout.PushResult) {
 	if err != nil {
 		t.Fatalf("version %s: %v", v.Root.Digest, err)
 	}
-	if _, err := layout.Pull(ctx, r.t, ver, t.TempDir(), layout.PullOptions{}); err != nil {
+	if _, err := pull.Materialise(ctx, r.t, ver, t.TempDir(), pull.Options{}); err != nil {
 		t.Fatalf("pull %s: %v", v.Root.Digest, err)
 	}
 }

@@ -1,4 +1,4 @@
-package layout
+package pull
 
 import (
 	"context"
@@ -7,13 +7,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // laterCache opens the stat cache of dst in dir with a clock a second
 // ahead: what a pull records is not racy.
-func laterCache(dir, dst string) *StatCache {
-	c := OpenStatCache(dir, dst, Params{})
-	c.now = func() time.Time { return time.Now().Add(time.Second) }
+func laterCache(dir, dst string) *layout.StatCache {
+	c := layout.OpenStatCache(dir, dst, layout.Params{})
+	c.SetTestHooks(func() time.Time { return time.Now().Add(time.Second) }, 0)
 	return c
 }
 
@@ -25,12 +27,12 @@ func laterCache(dir, dst string) *StatCache {
 func TestPullUpgradeHashesNoRecordedFile(t *testing.T) {
 	ctx := context.Background()
 	store, v1, v2, f1, f2 := upgradeVersions(t)
-	s1, _ := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
+	s1, _ := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
 	dst, statDir := t.TempDir(), t.TempDir()
-	if _, err := Pull(ctx, s1, v1, dst, PullOptions{Jobs: 2, Cache: laterCache(statDir, dst)}); err != nil {
+	if _, err := Materialise(ctx, s1, v1, dst, Options{Jobs: 2, StatCache: laterCache(statDir, dst)}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2, Cache: laterCache(statDir, dst)})
+	res, err := Materialise(ctx, store, v2, dst, Options{Jobs: 2, StatCache: laterCache(statDir, dst)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,10 +43,10 @@ func TestPullUpgradeHashesNoRecordedFile(t *testing.T) {
 
 	// The same upgrade with no record: big.bin (same size) is hashed.
 	dst2 := t.TempDir()
-	if _, err := Pull(ctx, s1, v1, dst2, PullOptions{Jobs: 2}); err != nil {
+	if _, err := Materialise(ctx, s1, v1, dst2, Options{Jobs: 2}); err != nil {
 		t.Fatal(err)
 	}
-	res, err = Pull(ctx, store, v2, dst2, PullOptions{Jobs: 2})
+	res, err = Materialise(ctx, store, v2, dst2, Options{Jobs: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,8 +56,8 @@ func TestPullUpgradeHashesNoRecordedFile(t *testing.T) {
 	}
 
 	// v2's bytes cut with other parameters: same digests, other chunks.
-	sOther, vOther := pushed(t, Params{Min: 8 << 10, Avg: 16 << 10, Max: 32 << 10}, f2)
-	res, err = Pull(ctx, sOther, vOther, dst, PullOptions{Jobs: 2, Cache: laterCache(statDir, dst)})
+	sOther, vOther := pushed(t, layout.Params{Min: 8 << 10, Avg: 16 << 10, Max: 32 << 10}, f2)
+	res, err = Materialise(ctx, sOther, vOther, dst, Options{Jobs: 2, StatCache: laterCache(statDir, dst)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,9 +74,9 @@ func TestPullUpgradeHashesNoRecordedFile(t *testing.T) {
 func TestPullUpgradeReplacesInPlace(t *testing.T) {
 	ctx := context.Background()
 	store, v1, v2, f1, f2 := upgradeVersions(t)
-	s1, _ := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
+	s1, _ := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
 	dst := t.TempDir()
-	if _, err := Pull(ctx, s1, v1, dst, PullOptions{Jobs: 2}); err != nil {
+	if _, err := Materialise(ctx, s1, v1, dst, Options{Jobs: 2}); err != nil {
 		t.Fatal(err)
 	}
 	old, err := os.Open(filepath.Join(dst, "big.bin"))
@@ -82,7 +84,7 @@ func TestPullUpgradeReplacesInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer old.Close()
-	if _, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2}); err != nil {
+	if _, err := Materialise(ctx, store, v2, dst, Options{Jobs: 2}); err != nil {
 		t.Fatal(err)
 	}
 	checkPulled(t, dst, f2, nil)

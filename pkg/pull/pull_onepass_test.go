@@ -1,4 +1,4 @@
-package layout
+package pull
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
@@ -46,12 +47,12 @@ func (c *corrupting) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCl
 // read once (reading a file again does not cure it); from a registry it is
 // fetched again, a bounded number of times.
 func TestPullLocalSourceNotRefetched(t *testing.T) {
-	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"f": randBytes(3, 100<<10)})
+	store, v := pushed(t, layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"f": randBytes(3, 100<<10)})
 	for _, local := range []bool{true, false} {
 		c := &corrupting{Fetcher: store, target: v.Index.Chunk(0).Digest, local: local}
-		_, err := Pull(context.Background(), c, v, t.TempDir(), PullOptions{Jobs: 1})
-		if !errors.Is(err, ErrDigestMismatch) {
-			t.Fatalf("local %v: err = %v, want %v", local, err, ErrDigestMismatch)
+		_, err := Materialise(context.Background(), c, v, t.TempDir(), Options{Jobs: 1})
+		if !errors.Is(err, layout.ErrDigestMismatch) {
+			t.Fatalf("local %v: err = %v, want %v", local, err, layout.ErrDigestMismatch)
 		}
 		want := int64(fetchAttempts)
 		if local {
@@ -68,7 +69,7 @@ func TestPullLocalSourceNotRefetched(t *testing.T) {
 // checks each file's SHA-256 and refuses a file that does not match.
 func TestPullChecksFileDigestOnlyWhenAsked(t *testing.T) {
 	files := map[string][]byte{"a": randBytes(4, 200<<10), "b": []byte("b\n")}
-	store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
+	store, v := pushed(t, layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	expand(v.Index)
 	for i := range v.Index.Files {
 		if v.Index.Files[i].Path == "a" {
@@ -76,13 +77,13 @@ func TestPullChecksFileDigestOnlyWhenAsked(t *testing.T) {
 		}
 	}
 	dst := t.TempDir()
-	if _, err := Pull(context.Background(), store, v, dst, PullOptions{Jobs: 2}); err != nil {
+	if _, err := Materialise(context.Background(), store, v, dst, Options{Jobs: 2}); err != nil {
 		t.Fatalf("pull without VerifyFiles: %v", err)
 	}
 	checkPulled(t, dst, files, nil)
-	_, err := Pull(context.Background(), store, v, t.TempDir(), PullOptions{Jobs: 2, VerifyFiles: true})
-	if !errors.Is(err, ErrDigestMismatch) {
-		t.Fatalf("pull with VerifyFiles of a file whose digest differs: err = %v, want %v", err, ErrDigestMismatch)
+	_, err := Materialise(context.Background(), store, v, t.TempDir(), Options{Jobs: 2, VerifyFiles: true})
+	if !errors.Is(err, layout.ErrDigestMismatch) {
+		t.Fatalf("pull with VerifyFiles of a file whose digest differs: err = %v, want %v", err, layout.ErrDigestMismatch)
 	}
 }
 
@@ -110,10 +111,10 @@ func TestPullTemporariesOnlyInFlight(t *testing.T) {
 	for i := range 120 {
 		files[fmt.Sprintf("d%d/f%03d", i%4, i)] = randBytes(uint64(100+i), 40<<10)
 	}
-	store, v := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
+	store, v := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	dst := t.TempDir()
 	c := &tmpCounting{Fetcher: store, dir: dst}
-	if _, err := Pull(context.Background(), c, v, dst, PullOptions{Jobs: 2}); err != nil {
+	if _, err := Materialise(context.Background(), c, v, dst, Options{Jobs: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if c.max > 8 {
@@ -131,7 +132,7 @@ func TestPullTemporariesOnlyInFlight(t *testing.T) {
 func TestPullRefusesKnownWrongDigest(t *testing.T) {
 	for _, name := range []string{"one-chunk", "empty"} {
 		files := map[string][]byte{"one-chunk": []byte("one chunk\n"), "empty": {}}
-		store, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
+		store, v := pushed(t, layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 		expand(v.Index)
 		for i := range v.Index.Files {
 			if v.Index.Files[i].Path == name {
@@ -139,9 +140,9 @@ func TestPullRefusesKnownWrongDigest(t *testing.T) {
 			}
 		}
 		dst := t.TempDir()
-		_, err := Pull(context.Background(), store, v, dst, PullOptions{})
-		if !errors.Is(err, ErrDigestMismatch) {
-			t.Fatalf("%s: err = %v, want %v", name, err, ErrDigestMismatch)
+		_, err := Materialise(context.Background(), store, v, dst, Options{})
+		if !errors.Is(err, layout.ErrDigestMismatch) {
+			t.Fatalf("%s: err = %v, want %v", name, err, layout.ErrDigestMismatch)
 		}
 		if _, err := os.Lstat(filepath.Join(dst, name)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s: under its final name after a refused pull (%v)", name, err)

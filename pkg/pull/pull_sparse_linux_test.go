@@ -1,4 +1,4 @@
-package layout
+package pull
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -67,14 +68,14 @@ func TestMatchingFileSparse(t *testing.T) {
 	}
 	defer d.close(true)
 	before := readBytes(t)
-	fh, _, err := d.matchingFile(d.root, &File{Path: "big", Type: TypeFile, Mode: 0o644, Size: size, Digest: digest.FromString("big")}, nil, nil)
+	fh, _, err := d.matchingFile(d.root, &layout.File{Path: "big", Type: layout.TypeFile, Mode: 0o644, Size: size, Digest: digest.FromString("big")}, nil, nil)
 	if err != nil || fh != nil {
 		t.Errorf("sparse file: %v %v, want no match", fh, err)
 	}
 	if n := readBytes(t) - before; n > 1<<20 {
 		t.Errorf("read %d bytes to look at a sparse file of %d", n, int64(size))
 	}
-	fh, _, err = d.matchingFile(d.root, &File{Path: "ok", Type: TypeFile, Mode: 0o644, Size: int64(len(ok)), Digest: digest.FromBytes(ok)}, nil, nil)
+	fh, _, err = d.matchingFile(d.root, &layout.File{Path: "ok", Type: layout.TypeFile, Mode: 0o644, Size: int64(len(ok)), Digest: digest.FromBytes(ok)}, nil, nil)
 	if err != nil || fh == nil {
 		t.Fatalf("plain matching file: %v %v, want a match", fh, err)
 	}
@@ -86,11 +87,11 @@ func TestMatchingFileSparse(t *testing.T) {
 // same offsets: the pull reads little and writes the right bytes.
 func TestPullOverSparseFile(t *testing.T) {
 	files := map[string][]byte{"w": randBytes(1, 4<<20), "s": []byte("small")}
-	store, v := pushed(t, Params{Min: 64 << 10, Avg: 256 << 10, Max: 1 << 20}, files)
+	store, v := pushed(t, layout.Params{Min: 64 << 10, Avg: 256 << 10, Max: 1 << 20}, files)
 	dst := t.TempDir()
 	plantSparse(t, filepath.Join(dst, "w"), 16<<30)
 	before := readBytes(t)
-	if _, err := Pull(context.Background(), store, v, dst, PullOptions{Jobs: 2}); err != nil {
+	if _, err := Materialise(context.Background(), store, v, dst, Options{Jobs: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if n := readBytes(t) - before; n > 64<<20 {

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package layout
+package pull
 
 import (
 	"errors"

@@ -1,6 +1,7 @@
-package layout
+package pull
 
 import (
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"sync"
 	"sync/atomic"
 )
@@ -9,7 +10,7 @@ import (
 // arrays by entry number: 20 bytes a file, so that a pull of a million
 // files holds 20 MB of it. Paths and sizes are the index's.
 type pullSet struct {
-	x         *Index
+	x         *layout.Index
 	tmps      []*tmpDir      // the pull's temporary directories, by number
 	remaining []atomic.Int64 // bytes not yet written from verified chunks
 	ino       []uint64       // the temporary file's inode, once created
@@ -31,7 +32,7 @@ const (
 	pfTmpShift = 8
 )
 
-func newPullSet(x *Index) *pullSet {
+func newPullSet(x *layout.Index) *pullSet {
 	n := x.Len()
 	return &pullSet{
 		x:         x,
@@ -75,7 +76,7 @@ type pullFile struct {
 
 func (pf pullFile) path() string { return pf.s.x.Path(pf.i) }
 
-func (pf pullFile) size() int64 { return pf.s.x.size(pf.i) }
+func (pf pullFile) size() int64 { return sizeOf(pf.s.x, pf.i) }
 
 func (pf pullFile) tmp() *tmpDir { return pf.s.tmps[pf.s.state[pf.i].Load()>>pfTmpShift] }
 

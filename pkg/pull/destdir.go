@@ -1,10 +1,11 @@
-package layout
+package pull
 
 import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"io"
 	"os"
 	"path"
@@ -18,14 +19,9 @@ import (
 	"github.com/bdnvol/bdnvol/internal/beneath"
 )
 
-// ReservedPrefix starts every name bdnvol keeps for itself in a directory it
-// writes (temporary files, state). No entry of a volume may have a path
-// element with this prefix, so nothing of a volume can collide with them.
-const ReservedPrefix = ".bdnvol-"
-
 // pullDirName is the private directory, inside the directory a pull writes
 // to, that holds the pull's temporary files.
-const pullDirName = ReservedPrefix + "pull"
+const pullDirName = layout.ReservedPrefix + "pull"
 
 // ErrUnsafeDestination is wrapped when something in the directory a pull
 // writes to would make it write elsewhere (a symlink or a hard link where it
@@ -144,15 +140,15 @@ func (d *destDir) openDir(rel string) (int, error) {
 
 // statKey returns the stat key of the regular file at rel, looked at
 // without following symlinks; false if it is not one.
-func (d *destDir) statKey(rel string) (StatKey, bool) {
+func (d *destDir) statKey(rel string) (layout.StatKey, bool) {
 	pfd, err := d.openDir(parentOf(rel))
 	if err != nil {
-		return StatKey{}, false
+		return layout.StatKey{}, false
 	}
 	defer unix.Close(pfd)
 	st, ok, err := lstatAt(pfd, path.Base(rel))
 	if err != nil || !ok || !isRegular(&st) {
-		return StatKey{}, false
+		return layout.StatKey{}, false
 	}
 	return unixStatKey(&st), true
 }
@@ -257,15 +253,6 @@ func (d *destDir) ensureSymlink(rel, target string) error {
 		return &os.PathError{Op: "symlink", Path: d.full(rel), Err: err}
 	}
 	return nil
-}
-
-func readlinkAt(dfd int, name string) (string, error) {
-	buf := make([]byte, maxTargetBytes+1)
-	n, err := unix.Readlinkat(dfd, name, buf)
-	if err != nil {
-		return "", err
-	}
-	return string(buf[:n]), nil
 }
 
 // tmpFor returns the temporary directory for files of the directory pfd
@@ -380,7 +367,7 @@ func (d *destDir) isEmpty() bool {
 	for {
 		names, err := f.Readdirnames(64)
 		for _, n := range names {
-			if !strings.HasPrefix(n, ReservedPrefix) {
+			if !strings.HasPrefix(n, layout.ReservedPrefix) {
 				return false
 			}
 		}

@@ -1,10 +1,12 @@
-package layout
+package pull
 
 import (
 	"context"
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // TestPullBoundedDescriptors pulls thousands of small files packed into a
@@ -15,7 +17,7 @@ func TestPullBoundedDescriptors(t *testing.T) {
 	for i := range 3000 {
 		files[fmt.Sprintf("d%02d/f%04d", i%30, i)] = randBytes(uint64(i), 512)
 	}
-	store, v := pushed(t, Params{Min: 512 << 10, Avg: 1 << 20, Max: 2 << 20}, files)
+	store, v := pushed(t, layout.Params{Min: 512 << 10, Avg: 1 << 20, Max: 2 << 20}, files)
 	if v.NumChunks() > 4 {
 		t.Fatalf("premise: small files packed into few chunks, got %d", v.NumChunks())
 	}
@@ -26,7 +28,7 @@ func TestPullBoundedDescriptors(t *testing.T) {
 	base := int64(len(des))
 	c := &fdSamplingFetcher{Fetcher: store}
 	dst := t.TempDir()
-	if _, err := Pull(context.Background(), c, v, dst, PullOptions{Jobs: 2}); err != nil {
+	if _, err := Materialise(context.Background(), c, v, dst, Options{Jobs: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.maxFDs.Load() - base; got > 2*maxOpenPerChunk+8 {

@@ -1,10 +1,10 @@
-package layout
+package pull
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"io"
 	"os"
 	"path"
@@ -16,18 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// pulledExtents lists where f's chunks are in it, for a later pull.
-func pulledExtents(f *File, x *Index) []pulledExtent {
-	out := make([]pulledExtent, len(f.Extents))
-	for k, e := range f.Extents {
-		out[k].Length = e.Length
-		if e.Offset == 0 && e.Length == x.ChunkSize(e.Chunk) {
-			out[k].Digest = x.ChunkDigest(e.Chunk)
-		}
-	}
-	return out
-}
-
 // localChunk is where a chunk may already be in the destination: the bytes
 // at off in the file at path. It serves them as a fetcher would; the
 // caller verifies them against the chunk's digest.
@@ -38,7 +26,7 @@ type localChunk struct {
 	// vouched is the stat key an earlier pull recorded for the file at
 	// path after writing it from verified chunks: while the file still has
 	// it, its bytes are those chunks and are copied without hashing them.
-	vouched *StatKey
+	vouched *layout.StatKey
 }
 
 // Fetch opens the file, never following a symlink, and returns the chunk's
@@ -83,7 +71,7 @@ var errNotVouched = errors.New("not vouched for by the pull record")
 // the file's stat key, unchanged since that pull verified and wrote it,
 // before and after the copy, stands for its bytes. Any doubt returns
 // errNotVouched (nothing final was touched: targets are temporaries).
-func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts []target, files *pullSet, c *Counters, credited *int64) error {
+func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts []target, files *pullSet, c *layout.Counters, credited *int64) error {
 	if l.vouched == nil {
 		return errNotVouched
 	}
@@ -103,7 +91,7 @@ func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts
 	defer src.Close()
 	same := func() bool {
 		info, err := src.Stat()
-		return err == nil && info.Mode().IsRegular() && statKey(info) == *l.vouched && info.Size() >= l.off+desc.Size
+		return err == nil && info.Mode().IsRegular() && layout.StatKeyOf(info) == *l.vouched && info.Size() >= l.off+desc.Size
 	}
 	if !same() {
 		return errNotVouched
@@ -112,6 +100,9 @@ func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts
 	defer open.close()
 	var written int64
 	for _, t := range ts {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		dst, err := open.get(t.file)
 		if err != nil {
 			return writeError{err}
@@ -164,7 +155,7 @@ func copyLocked(mu *sync.Mutex, dst *os.File, dstOff int64, src *os.File, srcOff
 // (previous records it), else at the same place in a file already at the
 // final name of a file being written (an in-place fine-tune keeps most
 // tensors where they were). Every candidate is verified when copied.
-func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previous map[string]cachedFile) map[int]localChunk {
+func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]slot, files *pullSet, previous map[string]layout.CachedFile) (map[int]localChunk, error) {
 	needed := map[digest.Digest]int{}
 	for k, ts := range byChunk {
 		if len(ts) > 0 {
@@ -173,7 +164,7 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 	}
 	out := map[int]localChunk{}
 	if len(needed) == 0 {
-		return out
+		return out, nil
 	}
 	paths := make([]string, 0, len(previous))
 	for p := range previous {
@@ -181,9 +172,12 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 	}
 	sort.Strings(paths)
 	for _, p := range paths {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		var off int64
 		rec := previous[p]
-		var vouched *StatKey
+		var vouched *layout.StatKey
 		if !rec.Racy {
 			vouched = &rec.Stat
 		}
@@ -197,14 +191,17 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 		}
 	}
 	for i := range x.Len() {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		if !files.active(i) {
 			continue
 		}
-		f := x.fileRef(i)
+		f := fileAt(x, i)
 		if _, ok := previous[f.Path]; !ok && wantsWholeChunk(f, x, byChunk, out) {
 			// No record of what is there: cut it as a push would and
 			// look for the chunks still needed.
-			d.scanChunks(f.Path, x.Chunking, needed, out)
+			d.scanChunks(ctx, f.Path, x.Chunking, needed, out)
 		}
 		if rec, ok := previous[f.Path]; ok && sharesChunks(rec, f, x) && d.holdsRecord(f.Path, rec) {
 			// An earlier pull wrote this file and it is still as written:
@@ -233,12 +230,12 @@ func (d *destDir) localChunks(x *Index, byChunk [][]slot, files *pullSet, previo
 			}
 		}
 	}
-	return out
+	return out, ctx.Err()
 }
 
 // sharesChunks reports whether the recorded file rec holds at least one
 // chunk of f: then both were cut with the same parameters.
-func sharesChunks(rec cachedFile, f *File, x *Index) bool {
+func sharesChunks(rec layout.CachedFile, f *layout.File, x *layout.Index) bool {
 	if len(rec.Extents) == 0 {
 		return false
 	}
@@ -257,7 +254,7 @@ func sharesChunks(rec cachedFile, f *File, x *Index) bool {
 // holdsRecord reports whether the file at rel is still as the earlier pull
 // that recorded rec left it: a record not marked racy, with the stat key
 // the file has now.
-func (d *destDir) holdsRecord(rel string, rec cachedFile) bool {
+func (d *destDir) holdsRecord(rel string, rec layout.CachedFile) bool {
 	if rec.Racy {
 		return false
 	}
@@ -267,7 +264,7 @@ func (d *destDir) holdsRecord(rel string, rec cachedFile) bool {
 
 // wantsWholeChunk reports whether f has an extent that is a whole chunk
 // still needed and not yet found.
-func wantsWholeChunk(f *File, x *Index, byChunk [][]slot, found map[int]localChunk) bool {
+func wantsWholeChunk(f *layout.File, x *layout.Index, byChunk [][]slot, found map[int]localChunk) bool {
 	for _, e := range f.Extents {
 		if _, ok := found[e.Chunk]; !ok && len(byChunk[e.Chunk]) > 0 && e.Offset == 0 && e.Length == x.ChunkSize(e.Chunk) {
 			return true
@@ -278,11 +275,11 @@ func wantsWholeChunk(f *File, x *Index, byChunk [][]slot, found map[int]localChu
 
 // scanChunks cuts the regular file rel into chunks with the parameters p,
 // the way a push does, and records in out where it holds chunks of needed.
-func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int, out map[int]localChunk) {
+func (dd *destDir) scanChunks(ctx context.Context, rel string, p layout.Params, needed map[digest.Digest]int, out map[int]localChunk) {
 	if p.Validate() != nil {
 		return
 	}
-	pfd, err := d.openDir(parentOf(rel))
+	pfd, err := dd.openDir(parentOf(rel))
 	if err != nil {
 		return
 	}
@@ -291,7 +288,7 @@ func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int,
 	if err != nil {
 		return
 	}
-	fh := os.NewFile(uintptr(fd), d.full(rel))
+	fh := os.NewFile(uintptr(fd), dd.full(rel))
 	defer fh.Close()
 	info, err := fh.Stat()
 	if err != nil || !info.Mode().IsRegular() || info.Size() == 0 {
@@ -303,57 +300,13 @@ func (d *destDir) scanChunks(rel string, p Params, needed map[digest.Digest]int,
 		// would read its declared size, holes as zeros: not scanned.
 		return
 	}
-	var cuts []int64
-	cdc := true
-	if IsSafetensors(rel) {
-		if hdrEnd, ts, err := ReadSafetensorsHeader(fh, size); err == nil {
-			cuts, cdc = tensorBoundaries(hdrEnd, ts, size, p), false
-		}
-	}
-	cut := newCutter(p)
-	h := sha256.New()
-	var pos, start int64
-	emit := func() {
-		if pos > start {
-			if k, ok := needed[digest.NewDigest(digest.SHA256, h)]; ok {
-				if _, found := out[k]; !found {
-					out[k] = localChunk{d: d, path: rel, off: start}
-				}
+	layout.CutFile(ctx, fh, rel, size, p, func(off int64, d digest.Digest) {
+		if k, ok := needed[d]; ok {
+			if _, found := out[k]; !found {
+				out[k] = localChunk{d: dd, path: rel, off: off}
 			}
 		}
-		h.Reset()
-		cut.reset()
-		start = pos
-	}
-	buf := make([]byte, 1<<20)
-	r := io.NewSectionReader(fh, 0, size)
-	for {
-		n, rerr := io.ReadFull(r, buf)
-		data := buf[:n]
-		for len(data) > 0 {
-			lim, forced := len(data), false
-			for len(cuts) > 0 && cuts[0] <= pos {
-				cuts = cuts[1:]
-			}
-			if len(cuts) > 0 && cuts[0]-pos <= int64(lim) {
-				lim, forced = int(cuts[0]-pos), true
-			}
-			k, end := lim, false
-			if cdc {
-				k, end = cut.next(data[:lim])
-			}
-			h.Write(data[:k])
-			pos += int64(k)
-			data = data[k:]
-			if end || (forced && k == lim) {
-				emit()
-			}
-		}
-		if rerr != nil {
-			break
-		}
-	}
-	emit()
+	})
 }
 
 // regularSize returns the size of the regular file rel, or 0 when there is
@@ -375,7 +328,7 @@ func (d *destDir) regularSize(rel string) int64 {
 // version x does not have, if they are as that pull left them. Files
 // someone changed since, or that no pull wrote, stay. It returns how many
 // it removed.
-func (d *destDir) removeStale(x *Index, previous map[string]cachedFile) int {
+func (d *destDir) removeStale(x *layout.Index, previous map[string]layout.CachedFile) int {
 	if len(previous) == 0 {
 		return 0
 	}
@@ -386,7 +339,7 @@ func (d *destDir) removeStale(x *Index, previous map[string]cachedFile) int {
 	}
 	n := 0
 	for p, c := range previous {
-		if have[p] || checkPath(p) != nil {
+		if have[p] { // PulledFiles left out paths no index could hold
 			continue
 		}
 		pfd, err := d.openDir(parentOf(p))
@@ -398,7 +351,7 @@ func (d *destDir) removeStale(x *Index, previous map[string]cachedFile) int {
 		if err == nil {
 			fh := os.NewFile(uintptr(fd), d.full(p))
 			info, err := fh.Stat()
-			if err == nil && info.Mode().IsRegular() && statKey(info) == c.Stat && unix.Unlinkat(pfd, base, 0) == nil {
+			if err == nil && info.Mode().IsRegular() && layout.StatKeyOf(info) == c.Stat && unix.Unlinkat(pfd, base, 0) == nil {
 				n++
 			}
 			fh.Close()

@@ -1,4 +1,4 @@
-package layout
+package pull
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
@@ -49,7 +50,7 @@ func fuzzTree(t *testing.T, root string, prog []byte) []string {
 		case 2:
 			targets := []string{"a", "b", "c", "../a", "../../b"}
 			target := targets[int(seed)%len(targets)]
-			if CheckSymlink(p, target) != nil {
+			if layout.CheckSymlink(p, target) != nil {
 				continue
 			}
 			err = os.Symlink(target, full)
@@ -120,11 +121,11 @@ func runPullPlanted(t *testing.T, prog, plants []byte) {
 	}
 	paths := fuzzTree(t, src, prog)
 	store := memory.New()
-	res, err := Push(ctx, store, DirSource(src), PushOptions{Params: Params{Min: 64, Avg: 256, Max: 1024}})
+	res, err := layout.Push(ctx, store, layout.DirSource(src), layout.PushOptions{Params: layout.Params{Min: 64, Avg: 256, Max: 1024}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := Open(ctx, store, res.Root)
+	v, err := layout.Open(ctx, store, res.Root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ type pullMode struct {
 // It fails t if anything outside the destination changed, and returns the
 // destination, the states of what was in it before the pull (by full path)
 // and the pull's error.
-func pullPlanted(t *testing.T, src content.Fetcher, v *Version, paths []string, plants []byte, m pullMode) (string, map[string]fileState, error) {
+func pullPlanted(t *testing.T, src content.Fetcher, v *layout.Version, paths []string, plants []byte, m pullMode) (string, map[string]fileState, error) {
 	t.Helper()
 	base := t.TempDir()
 	dst, out := filepath.Join(base, "dst"), filepath.Join(base, "out")
@@ -194,7 +195,7 @@ func pullPlanted(t *testing.T, src content.Fetcher, v *Version, paths []string, 
 		t.Fatal(err)
 	}
 	d.res.Stepwise.Store(m.stepwise)
-	_, err = pull(context.Background(), src, v, d, PullOptions{Jobs: 2, VerifyFiles: m.verifyFiles})
+	_, err = materialise(context.Background(), src, v, d, Options{Jobs: 2, VerifyFiles: m.verifyFiles})
 	d.close(err == nil)
 	after := states(t, out)
 	for p, s := range before {
@@ -212,7 +213,7 @@ func pullPlanted(t *testing.T, src content.Fetcher, v *Version, paths []string, 
 // contents (regular files with one link, holding their extents' bytes of
 // the chunks in src, which with m.verifyFiles have the file's digest), and
 // nothing else but what was planted there before the pull.
-func checkTree(t *testing.T, dst string, src content.Fetcher, x *Index, planted map[string]fileState, m pullMode) {
+func checkTree(t *testing.T, dst string, src content.Fetcher, x *layout.Index, planted map[string]fileState, m pullMode) {
 	t.Helper()
 	chunks := map[int][]byte{}
 	want := map[string]bool{}
@@ -226,15 +227,15 @@ func checkTree(t *testing.T, dst string, src content.Fetcher, x *Index, planted 
 			continue
 		}
 		switch f.Type {
-		case TypeDir:
+		case layout.TypeDir:
 			if !info.IsDir() || uint32(info.Mode().Perm()) != f.Mode {
 				t.Errorf("%q: %v, want a directory of mode %o", f.Path, info.Mode(), f.Mode)
 			}
-		case TypeSymlink:
+		case layout.TypeSymlink:
 			if got, err := os.Readlink(full); err != nil || got != f.Target {
 				t.Errorf("%q: -> %q (%v), want a symlink to %q", f.Path, got, err, f.Target)
 			}
-		case TypeFile:
+		case layout.TypeFile:
 			if !info.Mode().IsRegular() || uint32(info.Mode().Perm()) != f.Mode || nlink(info) != 1 {
 				t.Errorf("%q: %v with %d links, want a regular file of mode %o", f.Path, info.Mode(), nlink(info), f.Mode)
 				continue

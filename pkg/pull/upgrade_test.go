@@ -1,4 +1,4 @@
-package layout
+package pull
 
 import (
 	"context"
@@ -7,26 +7,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 )
 
 // upgradeVersions pushes v1 and v2 of a tree into one store: v2 changes
 // 64 KiB in the middle of a 1 MiB file, drops one file and adds one.
-func upgradeVersions(t *testing.T) (store *countingFetcher, v1, v2 *Version, f1, f2 map[string][]byte) {
+func upgradeVersions(t *testing.T) (store *countingFetcher, v1, v2 *layout.Version, f1, f2 map[string][]byte) {
 	t.Helper()
 	big := randBytes(7, 1<<20)
 	f1 = map[string][]byte{"big.bin": big, "d/same": randBytes(8, 300<<10), "old": randBytes(9, 100<<10), "small": []byte("s")}
 	big2 := append([]byte(nil), big...)
 	copy(big2[512<<10:], randBytes(10, 64<<10))
 	f2 = map[string][]byte{"big.bin": big2, "d/same": f1["d/same"], "new": randBytes(11, 100<<10), "small": []byte("s")}
-	p := Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}
+	p := layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}
 	s1, v1 := pushed(t, p, f1)
 	s2, v2 := pushed(t, p, f2)
 	_ = s1
 	return &countingFetcher{Fetcher: s2}, v1, v2, f1, f2
 }
 
-func fetchedBytes(c *countingFetcher, v *Version) int64 {
+func fetchedBytes(c *countingFetcher, v *layout.Version) int64 {
 	size := map[digest.Digest]int64{}
 	for _, ch := range v.ChunkDescriptors() {
 		size[ch.Digest] = ch.Size
@@ -48,16 +49,18 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 	store, v1, v2, f1, f2 := upgradeVersions(t)
 	_ = f1
 	// v1 comes from its own store; v2's store only has what v2 needs.
-	s1, _ := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
+	s1, _ := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
 	dst := t.TempDir()
-	cache := func() *StatCache { return OpenStatCache(filepath.Join(t.TempDir(), "..", "statcache"), dst, Params{}) }
-	if _, err := Pull(ctx, s1, v1, dst, PullOptions{Jobs: 2, Cache: cache()}); err != nil {
+	cache := func() *layout.StatCache {
+		return layout.OpenStatCache(filepath.Join(t.TempDir(), "..", "statcache"), dst, layout.Params{})
+	}
+	if _, err := Materialise(ctx, s1, v1, dst, Options{Jobs: 2, StatCache: cache()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dst, "mine"), []byte("user's"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2, Cache: cache()})
+	res, err := Materialise(ctx, store, v2, dst, Options{Jobs: 2, StatCache: cache()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +75,7 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 	}
 	var newBytes int64
 	for _, f := range v2.Index.AllFiles() {
-		if f.Type != TypeFile || same[f.Path] == f.Digest {
+		if f.Type != layout.TypeFile || same[f.Path] == f.Digest {
 			continue
 		}
 		for _, e := range f.Extents {
@@ -103,7 +106,7 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dst, "mine")); err != nil || string(b) != "user's" {
 		t.Errorf("a file no pull wrote was touched: %q, %v", b, err)
 	}
-	diffs, err := VerifyDir(ctx, v2, dst)
+	diffs, err := layout.VerifyDir(ctx, v2, dst)
 	if err != nil || len(diffs) != 1 || diffs[0].Path != "mine" {
 		t.Errorf("verify after upgrade: %v, %v", diffs, err)
 	}
@@ -117,7 +120,7 @@ func TestPullUpgradeWithoutState(t *testing.T) {
 	store, _, v2, f1, f2 := upgradeVersions(t)
 	dst := t.TempDir()
 	writeTree(t, dst, f1)
-	res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2})
+	res, err := Materialise(ctx, store, v2, dst, Options{Jobs: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,20 +146,20 @@ func TestPullUpgradeWithoutState(t *testing.T) {
 // back) is not trusted: its bytes are hashed, and the wrong ones fetched.
 func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
 	ctx := context.Background()
-	p := Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}
+	p := layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}
 	for _, tamper := range []bool{false, true} {
 		store, v1, v2, f1, f2 := upgradeVersions(t)
 		s1, _ := pushed(t, p, f1)
 		dst := t.TempDir()
 		statDir := t.TempDir()
-		cache := func() *StatCache {
-			c := OpenStatCache(filepath.Join(statDir, "statcache"), dst, Params{})
+		cache := func() *layout.StatCache {
+			c := layout.OpenStatCache(filepath.Join(statDir, "statcache"), dst, layout.Params{})
 			// As if the record were saved well after the files were
 			// written: none of them is racy.
-			c.now = func() time.Time { return time.Now().Add(time.Second) }
+			c.SetTestHooks(func() time.Time { return time.Now().Add(time.Second) }, 0)
 			return c
 		}
-		if _, err := Pull(ctx, s1, v1, dst, PullOptions{Jobs: 2, Cache: cache()}); err != nil {
+		if _, err := Materialise(ctx, s1, v1, dst, Options{Jobs: 2, StatCache: cache()}); err != nil {
 			t.Fatal(err)
 		}
 		big := filepath.Join(dst, "big.bin")
@@ -175,7 +178,7 @@ func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2, Cache: cache()})
+		res, err := Materialise(ctx, store, v2, dst, Options{Jobs: 2, StatCache: cache()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +196,7 @@ func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
 		}
 		recorded := map[digest.Digest]bool{}
 		for _, f := range v2.Index.AllFiles() {
-			if f.Type != TypeFile || sameFile[f.Path] == f.Digest {
+			if f.Type != layout.TypeFile || sameFile[f.Path] == f.Digest {
 				continue
 			}
 			for _, e := range f.Extents {
@@ -227,18 +230,18 @@ func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
 func TestPullUpgradeNoGuessesOverRecords(t *testing.T) {
 	ctx := context.Background()
 	store, v1, v2, f1, f2 := upgradeVersions(t)
-	s1, _ := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
+	s1, _ := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
 	dst := t.TempDir()
 	statDir := t.TempDir()
-	cache := func() *StatCache {
-		c := OpenStatCache(filepath.Join(statDir, "statcache"), dst, Params{})
-		c.now = func() time.Time { return time.Now().Add(time.Second) } // no record is racy
+	cache := func() *layout.StatCache {
+		c := layout.OpenStatCache(filepath.Join(statDir, "statcache"), dst, layout.Params{})
+		c.SetTestHooks(func() time.Time { return time.Now().Add(time.Second) }, 0) // no record is racy
 		return c
 	}
-	if _, err := Pull(ctx, s1, v1, dst, PullOptions{Jobs: 2, Cache: cache()}); err != nil {
+	if _, err := Materialise(ctx, s1, v1, dst, Options{Jobs: 2, StatCache: cache()}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Pull(ctx, store, v2, dst, PullOptions{Jobs: 2, Cache: cache()})
+	res, err := Materialise(ctx, store, v2, dst, Options{Jobs: 2, StatCache: cache()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +256,7 @@ func TestPullUpgradeNoGuessesOverRecords(t *testing.T) {
 	// No record: the same upgrade looks in place, and misses.
 	bare := t.TempDir()
 	writeTree(t, bare, f1)
-	res, err = Pull(ctx, store, v2, bare, PullOptions{Jobs: 2})
+	res, err = Materialise(ctx, store, v2, bare, Options{Jobs: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,10 @@
-package layout
+package pull
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"io"
 	"os"
 	"path"
@@ -25,12 +26,12 @@ const packBudget = 32 << 20
 // into memory: it holds more than one file and is no larger than the
 // default largest chunk.
 func packed(desc ocispec.Descriptor, ts []target) bool {
-	return len(ts) > 1 && desc.Size <= DefaultParams.Max
+	return len(ts) > 1 && desc.Size <= layout.DefaultParams.Max
 }
 
 // fetchWhole fetches the chunk desc into buf (grown as needed), checking
 // its size and digest, and returns its bytes.
-func fetchWhole(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, buf *[]byte, c *Counters) ([]byte, error) {
+func fetchWhole(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, buf *[]byte, c *layout.Counters) ([]byte, error) {
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
 		return nil, err
@@ -105,7 +106,7 @@ func (c *dirFD) close() {
 // It reports false, writing nothing, when the
 // temporary file already exists (an interrupted pull left it): the caller
 // writes through it as for any file.
-func (d *destDir) writeWhole(x *Index, pf pullFile, f *File, data []byte, dc *dirFD, opt PullOptions) (bool, error) {
+func (d *destDir) writeWhole(x *layout.Index, pf pullFile, f *layout.File, data []byte, dc *dirFD, opt Options) (bool, error) {
 	mu := pf.lock()
 	mu.Lock()
 	defer mu.Unlock()
@@ -147,7 +148,7 @@ func (d *destDir) writeWhole(x *Index, pf pullFile, f *File, data []byte, dc *di
 	}
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) == nil {
-		opt.Cache.storePulled(x, f.Path, unixStatKey(&st), false, true)
+		opt.StatCache.StorePulled(x, f.Path, unixStatKey(&st), false, true)
 	}
 	return true, nil
 }
@@ -199,8 +200,8 @@ func (d *destDir) renameInto(pf pullFile, pfd int, rel string) error {
 }
 
 // unixStatKey is the stat key of st.
-func unixStatKey(st *unix.Stat_t) StatKey {
-	return StatKey{
+func unixStatKey(st *unix.Stat_t) layout.StatKey {
+	return layout.StatKey{
 		Size:  st.Size,
 		Mtime: st.Mtim.Sec*1e9 + st.Mtim.Nsec,
 		Ctime: st.Ctim.Sec*1e9 + st.Ctim.Nsec,
