@@ -322,6 +322,9 @@ type Removed struct {
 	Versions []string // pinned references whose records went
 	Blobs    int
 	Bytes    int64
+	// Skipped holds why each malformed record (ErrBadRecord) was left
+	// alone: neither it nor anything it names was removed.
+	Skipped []error
 }
 
 // Remove drops the records of the versions matching ref (a pinned
@@ -330,7 +333,7 @@ type Removed struct {
 // holds is refused, naming it.
 func Remove(cache *chunkcache.Cache, ref string) (Removed, error) {
 	store := StoreOf(cache)
-	recs, err := store.List()
+	recs, skipped, err := store.Records()
 	if err != nil {
 		return Removed{}, err
 	}
@@ -341,14 +344,16 @@ func Remove(cache *chunkcache.Cache, ref string) (Removed, error) {
 		}
 	}
 	if len(drop) == 0 {
-		return Removed{}, fmt.Errorf("%s: %w", ref, ErrNoRecord)
+		return Removed{Skipped: skipped}, fmt.Errorf("%s: %w", ref, ErrNoRecord)
 	}
 	for _, r := range drop {
 		if store.InUse(r.Root.Digest) {
-			return Removed{}, fmt.Errorf("%s: %w", r.Pinned, ErrInUse)
+			return Removed{Skipped: skipped}, fmt.Errorf("%s: %w", r.Pinned, ErrInUse)
 		}
 	}
-	return removeRecords(cache, store, recs, drop)
+	out, err := removeRecords(cache, store, recs, drop)
+	out.Skipped = skipped
+	return out, err
 }
 
 // ErrInUse means a mount holds the version.
@@ -358,7 +363,7 @@ var ErrInUse = errors.New("a running mount uses this version")
 // versions in use do not need.
 func GC(cache *chunkcache.Cache) (Removed, error) {
 	store := StoreOf(cache)
-	recs, err := store.List()
+	recs, skipped, err := store.Records()
 	if err != nil {
 		return Removed{}, err
 	}
@@ -368,7 +373,9 @@ func GC(cache *chunkcache.Cache) (Removed, error) {
 			drop = append(drop, r)
 		}
 	}
-	return removeRecords(cache, store, recs, drop)
+	out, err := removeRecords(cache, store, recs, drop)
+	out.Skipped = skipped
+	return out, err
 }
 
 func removeRecords(cache *chunkcache.Cache, store Store, all, drop []Record) (Removed, error) {
