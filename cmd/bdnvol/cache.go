@@ -13,7 +13,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
@@ -56,7 +56,7 @@ func (c *CacheWarmCmd) Run(ctx context.Context, g *Globals) error {
 	var done atomic.Int64
 	start := time.Now()
 	targets, err := warm.Warm(ctx, cache, c.Refs, warm.WarmOptions{
-		Options:  warm.Options{OCI: g.options(), Mirrors: mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}},
+		Options:  warm.Options{OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}},
 		Patterns: c.Prefetch,
 		Fill:     warm.FillOptions{Jobs: c.Jobs, Limiter: warm.NewLimiter(int64(c.Bandwidth)), Progress: func(n int64) { done.Add(n) }},
 	})

@@ -16,7 +16,6 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -30,7 +29,7 @@ var ErrIncomplete = errors.New("not completely cached")
 // Options say how versions are reached.
 type Options struct {
 	OCI     oci.Options
-	Mirrors mounts.MirrorConfig
+	Mirrors oci.MirrorConfig
 	// Wrap, when set, wraps the fetcher of a registry (as mounts.OpenOptions.Wrap).
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 }
