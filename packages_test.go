@@ -85,3 +85,69 @@ func TestPackageMap(t *testing.T) {
 		}
 	}
 }
+
+// readTiers parses the "Tiers:" line of docs/packages.md: the packages of
+// each tier, top down; a trailing "…" names a prefix.
+func readTiers(t *testing.T) [][]string {
+	t.Helper()
+	b, err := os.ReadFile("docs/packages.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Tiers:")
+		if !ok {
+			continue
+		}
+		var tiers [][]string
+		for _, tier := range strings.Split(rest, "→") {
+			var names []string
+			for _, n := range strings.Split(strings.Trim(strings.TrimSpace(tier), "{}"), ",") {
+				names = append(names, strings.Trim(strings.TrimSpace(n), "`"))
+			}
+			tiers = append(tiers, names)
+		}
+		return tiers
+	}
+	t.Fatal("docs/packages.md has no Tiers: line")
+	return nil
+}
+
+// tierOf returns the tier of pkg, or -1.
+func tierOf(tiers [][]string, pkg string) int {
+	for i, names := range tiers {
+		for _, n := range names {
+			if p, ok := strings.CutSuffix(n, "…"); ok && strings.HasPrefix(pkg, p) || pkg == n {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// TestPackageTiers keeps the tier line of docs/packages.md true: every
+// package has a tier, and no import goes to a higher one.
+func TestPackageTiers(t *testing.T) {
+	tiers := readTiers(t)
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg, ok := strings.CutPrefix(fields[0], module)
+		if !ok {
+			continue // the module root
+		}
+		tier := tierOf(tiers, pkg)
+		if tier < 0 {
+			t.Errorf("%s has no tier in docs/packages.md", pkg)
+			continue
+		}
+		for _, imp := range fields[1:] {
+			if imp, ok := strings.CutPrefix(imp, module); ok && tierOf(tiers, imp) >= 0 && tierOf(tiers, imp) < tier {
+				t.Errorf("%s imports %s, a tier above it in docs/packages.md", pkg, imp)
+			}
+		}
+	}
+}

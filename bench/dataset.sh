@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/dataset.sh — bdnvol on dataset-shaped volumes (issue 18): many small
+# bench/dataset.sh — bdnvol on dataset-shaped volumes: many small
 # files in a hundred directories, against a CNCF distribution registry on
 # loopback. For each file count it generates the tree in a temp dir (deleted
 # afterwards) and measures:

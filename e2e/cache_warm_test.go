@@ -131,3 +131,55 @@ func cachedBlobs(t *testing.T) map[string]bool {
 	}
 	return out
 }
+
+// TestCacheRecordsWithMalformedDigests: version records in the cache
+// directory are input. A record naming a chunk "sha256:../../../victim", or
+// a root digest of that form, must not make `cache gc` or `cache rm` delete
+// a file outside the cache: both skip the record with a warning, and remove
+// the well-formed records as usual.
+func TestCacheRecordsWithMalformedDigests(t *testing.T) {
+	lay := "oci:" + filepath.Join(t.TempDir(), "vols")
+	src := filepath.Join(t.TempDir(), "v1")
+	buildTree(t, src, []node{fileNode("config.json", 0o644, []byte("{}\n")), fileNode("a.bin", 0o644, randBytes(9, 300<<10))}, time.Time{})
+	mustRun(t, "push", lay+":v1", src)
+	mustRun(t, "cache", "warm", lay+":v1")
+
+	h := home(t)
+	versions := filepath.Join(h, "bdnvol", "chunks", "versions") // the chunks are in ../sha256
+	victims := []string{filepath.Join(h, "victim"), filepath.Join(h, "victim2.json")}
+	for _, v := range victims {
+		if err := os.WriteFile(v, []byte("not the cache's\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hex1, hex2 := strings.Repeat("1", 64), strings.Repeat("2", 64)
+	for name, body := range map[string]string{
+		hex1: `{"ref":"planted","pinned":"planted","root":{"digest":"sha256:` + hex1 + `","size":2},"chunks":[{"digest":"sha256:../../../victim","size":16}]}`,
+		hex2: `{"ref":"planted2","pinned":"planted2","root":{"digest":"sha256:../../../victim2","size":2},"chunks":[]}`,
+	} {
+		if err := os.WriteFile(filepath.Join(versions, name+".json"), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(what string, res result) {
+		t.Helper()
+		for _, v := range victims {
+			if _, err := os.Stat(v); err != nil {
+				t.Fatalf("%s deleted %s outside the cache (%v):\n%s", what, v, err, res)
+			}
+		}
+		if strings.Count(res.stderr, "warning: skipped") != 2 || !strings.Contains(res.stderr, "../../../victim") {
+			t.Errorf("%s: want a warning for each of the 2 malformed records:\n%s", what, res)
+		}
+	}
+	res := run(t, "cache", "rm", "planted")
+	if res.code == 0 {
+		t.Errorf("rm of a malformed record's ref succeeded:\n%s", res)
+	}
+	check("cache rm", res)
+	res = mustRun(t, "cache", "gc")
+	check("cache gc", res)
+	if !strings.Contains(res.stdout, "removed 1 version") {
+		t.Errorf("cache gc: want the warmed version removed:\n%s", res)
+	}
+}

@@ -541,3 +541,39 @@ func TestImageView(t *testing.T) {
 		}
 	})
 }
+
+// TestImageViewRefusesWhiteoutNames: a version holding a name that starts
+// with ".wh." (a whiteout to a container runtime, which would hide files of
+// the mounted image) is refused by export-image with an error naming the
+// file, and nothing is uploaded.
+func TestImageViewRefusesWhiteoutNames(t *testing.T) {
+	forKinds(t, []string{"distribution", "oci-layout"}, func(t *testing.T, tg target) {
+		src := filepath.Join(t.TempDir(), "src")
+		if err := os.MkdirAll(filepath.Join(src, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for name, body := range map[string]string{"config.json": "{}\n", "model.bin": "weights\n", "sub/.wh.model.bin": "hides ../model.bin\n"} {
+			if err := os.WriteFile(filepath.Join(src, name), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		repo := tg.repo("team/wh")
+		mustRun(t, "push", repo+":v1", src)
+		if tg.reg != nil {
+			tg.reg.ResetStats()
+		}
+		other := tg.repo("team/wh-image")
+		res := run(t, "export-image", repo+":v1", other+":latest")
+		if res.code == 0 || !strings.Contains(res.stderr, `"sub/.wh.model.bin"`) || !strings.Contains(res.stderr, ".wh.") {
+			t.Fatalf("export-image of a version holding sub/.wh.model.bin: want an error naming it:\n%s", res)
+		}
+		if tg.reg != nil {
+			st := tg.reg.Stats()
+			if st.BlobBytesIn != 0 || st.Requests["PUT manifest"] != 0 || st.Requests["POST upload"] != 0 {
+				t.Errorf("a refused export uploaded: %d blob bytes, requests %v", st.BlobBytesIn, st.Requests)
+			}
+		} else if blobs, _ := os.ReadDir(filepath.Join(tg.root, "team/wh-image", "blobs", "sha256")); len(blobs) != 0 {
+			t.Errorf("a refused export wrote %d blobs", len(blobs))
+		}
+	})
+}

@@ -13,7 +13,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
@@ -56,7 +56,7 @@ func (c *CacheWarmCmd) Run(ctx context.Context, g *Globals) error {
 	var done atomic.Int64
 	start := time.Now()
 	targets, err := warm.Warm(ctx, cache, c.Refs, warm.WarmOptions{
-		Options:  warm.Options{OCI: g.options(), Mirrors: mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}},
+		Options:  warm.Options{OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}},
 		Patterns: c.Prefetch,
 		Fill:     warm.FillOptions{Jobs: c.Jobs, Limiter: warm.NewLimiter(int64(c.Bandwidth)), Progress: func(n int64) { done.Add(n) }},
 	})
@@ -124,8 +124,11 @@ func (c *CacheRmCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	for _, ref := range c.Refs {
+	for i, ref := range c.Refs {
 		r, err := warm.Remove(cache, ref)
+		if i == 0 {
+			warnSkipped(g, r.Skipped)
+		}
 		if err != nil {
 			return err
 		}
@@ -146,9 +149,17 @@ func (c *CacheGCCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	r, err := warm.GC(cache)
+	warnSkipped(g, r.Skipped)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(g.stdout, "removed %d version(s): %d chunks, %s\n", len(r.Versions), r.Blobs, units.Bytes(r.Bytes))
 	return nil
+}
+
+// warnSkipped tells of the malformed version records rm and gc left alone.
+func warnSkipped(g *Globals, skipped []error) {
+	for _, err := range skipped {
+		fmt.Fprintln(g.stderr, "bdnvol: warning: skipped", termsafe.Text(err.Error()))
+	}
 }

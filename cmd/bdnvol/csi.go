@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/pkg/csi"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // CSICmd runs the Kubernetes CSI node plugin's two processes.
@@ -44,7 +44,7 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 	// The global --cache-dir names the node's chunk cache, shared by every mount.
 	return csi.ServeMounter(ctx, csi.MounterConfig{
 		Socket: c.MounterSocket, MountsDir: c.MountsDir, StateDir: c.StateDir, CacheDir: g.CacheDir, CacheSize: int64(c.CacheSize),
-		OCI: g.options(), Mirrors: mounts.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
+		OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
 		Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
 		WarmList: c.WarmList, WarmStatus: c.WarmStatus, WarmBandwidth: int64(c.WarmBandwidth),
 		WarmResolveInterval: c.WarmResolveInterval, WarmJobs: c.WarmJobs,

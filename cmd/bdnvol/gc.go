@@ -12,6 +12,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -107,12 +108,21 @@ func dash(s string) string {
 	return s
 }
 
+// mountReferences are the references that the bdnvol mounts ms serve.
+func mountReferences(ms []mounts.Serving) []retention.Reference {
+	var refs []retention.Reference
+	for _, m := range ms {
+		refs = append(refs, retention.Reference{Source: m.Mountpoint, Ref: m.Reference, Digest: m.Digest, Mount: true})
+	}
+	return refs
+}
+
 // newSources returns the reference sources of a command: the files and
 // directories in paths, standard input for "-" (read once, now), and the
 // bdnvol mounts running on this machine.
 func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
 	sources, err := retention.PathSources(repo, paths, os.Stdin, func() []retention.Reference {
-		return retention.MountReferences(g.mountStore().Serving())
+		return mountReferences(g.mountStore().Serving())
 	})
 	if errors.Is(err, retention.ErrStdinTwice) {
 		return nil, usageError{err}

@@ -105,10 +105,10 @@ type MirrorFlags struct {
 
 // config turns the flags into the mirrors to use; each failing mirror is
 // reported once.
-func (m MirrorFlags) config(g *Globals) mounts.MirrorConfig {
-	return mounts.MirrorConfig{
+func (m MirrorFlags) config(g *Globals) oci.MirrorConfig {
+	return oci.MirrorConfig{
 		URLs: m.Mirror, HostsDir: m.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify,
-		OnError: mounts.OncePerMirror(func(mirror string, err error) {
+		OnError: oci.OncePerMirror(func(mirror string, err error) {
 			fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %s\n", termsafe.Text(mirror), termsafe.Text(err.Error()))
 		}),
 	}
@@ -137,7 +137,7 @@ func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store
 }
 
 func (m MirrorFlags) check() error {
-	if err := (mounts.MirrorConfig{URLs: m.Mirror}).Check(); err != nil {
+	if err := (oci.MirrorConfig{URLs: m.Mirror}).Check(); err != nil {
 		return usageError{err}
 	}
 	return nil

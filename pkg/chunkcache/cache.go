@@ -166,15 +166,24 @@ func (c *Cache) path(d digest.Digest) string {
 	return filepath.Join(c.blobDir(), d.Encoded())
 }
 
+// wellFormed reports whether d is a sha256 digest of 64 hex digits, the
+// only kind whose encoded part may be joined into a path of the cache.
+func wellFormed(d digest.Digest) bool {
+	return d.Validate() == nil && d.Algorithm() == digest.SHA256
+}
+
 // Contains reports whether d has an entry on disk.
 func (c *Cache) Contains(d digest.Digest) bool {
+	if !wellFormed(d) {
+		return false
+	}
 	_, err := os.Stat(c.path(d))
 	return err == nil
 }
 
 // cacheable reports whether desc can be held by the cache.
 func cacheable(desc ocispec.Descriptor) bool {
-	return desc.Digest.Algorithm() == digest.SHA256 && desc.Digest.Validate() == nil &&
+	return wellFormed(desc.Digest) &&
 		desc.Size >= 0 && desc.Size <= layout.MaxChunkBytes
 }
 
@@ -242,11 +251,7 @@ func (c *Cache) Has(d digest.Digest) bool {
 	c.mu.Lock()
 	_, fl := c.flight[d]
 	c.mu.Unlock()
-	if fl {
-		return true
-	}
-	_, err := os.Stat(c.path(d))
-	return err == nil
+	return fl || c.Contains(d)
 }
 
 // open returns the disk entry of desc, or nil when there is none usable.

@@ -62,8 +62,12 @@ func (c *Cache) Protected(keep func(owner string) bool) map[digest.Digest]int64 
 func (c *Cache) Max() int64 { return c.max }
 
 // Remove deletes the entry of d unless an owner in this process protects
-// it; it reports whether an entry was removed.
+// it; it reports whether an entry was removed. A digest that is not a
+// well-formed sha256 digest names no entry.
 func (c *Cache) Remove(d digest.Digest) bool {
+	if !wellFormed(d) {
+		return false
+	}
 	c.mu.Lock()
 	pinned := c.pins[d] > 0
 	c.mu.Unlock()
@@ -77,6 +81,9 @@ func (c *Cache) Remove(d digest.Digest) bool {
 
 // EntrySize returns the size of d's entry on disk, and whether there is one.
 func (c *Cache) EntrySize(d digest.Digest) (int64, bool) {
+	if !wellFormed(d) {
+		return 0, false
+	}
 	st, err := os.Stat(c.path(d))
 	if err != nil || !st.Mode().IsRegular() {
 		return 0, false

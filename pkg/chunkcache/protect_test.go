@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
@@ -69,5 +71,30 @@ func TestProtectedSurviveEviction(t *testing.T) {
 	}
 	if c.Size() > c.Max() {
 		t.Fatalf("size %d past the bound %d with everything protected", c.Size(), c.Max())
+	}
+}
+
+// A digest that is not a sha256 digest of 64 hex digits names no entry:
+// Remove, EntrySize and Contains do not turn it into a path.
+func TestMalformedDigestsNameNoEntry(t *testing.T) {
+	top := t.TempDir()
+	c, err := Open(filepath.Join(top, "cache"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(top, "victim")
+	if err := os.WriteFile(victim, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []digest.Digest{"sha256:../../victim", "sha256:../../victim/../victim", "md5:../../victim"} {
+		if _, ok := c.EntrySize(d); ok || c.Contains(d) || c.Has(d) {
+			t.Errorf("%s: found an entry", d)
+		}
+		if c.Remove(d) {
+			t.Errorf("%s: removed", d)
+		}
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Errorf("the file outside the cache: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ type MounterOptions struct {
 	MountsDir    string            // where the per-digest FUSE mounts live
 	Cache        *chunkcache.Cache // the node's shared chunk cache
 	OCI          oci.Options       // how registries are reached (Credentials is set per mount)
-	Mirrors      mounts.MirrorConfig
+	Mirrors      oci.MirrorConfig
 	Jobs         int           // concurrent background fetches per mount
 	FetchTimeout time.Duration // a read fails when a chunk takes longer
 	Logger       *slog.Logger

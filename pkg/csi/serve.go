@@ -11,7 +11,6 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
@@ -25,7 +24,7 @@ type MounterConfig struct {
 	CacheSize int64  // its bound
 
 	OCI          oci.Options
-	Mirrors      mounts.MirrorConfig
+	Mirrors      oci.MirrorConfig
 	Jobs         int           // concurrent background fetches per mount
 	FetchTimeout time.Duration // a read fails when a chunk takes longer
 

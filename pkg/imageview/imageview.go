@@ -62,6 +62,10 @@ const (
 // ErrInvalidOptions is wrapped when Options cannot describe an image.
 var ErrInvalidOptions = errors.New("invalid image view options")
 
+// ErrWhiteoutName is wrapped when a path of the version has a component
+// starting with ".wh.", which container runtimes read as an OCI whiteout.
+var ErrWhiteoutName = errors.New(`name starts with ".wh." (an OCI whiteout in an image layer)`)
+
 // ErrCorrupt is wrapped when a file read from the version does not match
 // its digest in the file index.
 var ErrCorrupt = errors.New("file does not match its digest")
@@ -86,6 +90,9 @@ func (o Options) withDefaults() (Options, error) {
 	o.Root = strings.Trim(o.Root, "/")
 	if o.Root == "" || !isCleanPath(o.Root) {
 		return o, fmt.Errorf("root %q: %w: want a relative, clean directory path", o.Root, ErrInvalidOptions)
+	}
+	if strings.HasPrefix(o.Root, whiteoutPrefix) || strings.Contains(o.Root, "/"+whiteoutPrefix) {
+		return o, fmt.Errorf("root %q: %w: %w", o.Root, ErrInvalidOptions, ErrWhiteoutName)
 	}
 	if o.LayerBytes == 0 {
 		o.LayerBytes = DefaultLayerBytes
@@ -178,6 +185,24 @@ func plan(x *layout.Index, layerBytes int64) [][]int {
 	return out
 }
 
+// checkNames refuses an index with a path a runtime would read as a
+// whiteout: such an entry would hide or remove files of the mounted image,
+// which would then differ from the version.
+func checkNames(x *layout.Index) error {
+	for i := range x.Len() {
+		p := x.File(i).Path
+		for c := range strings.SplitSeq(p, "/") {
+			if strings.HasPrefix(c, whiteoutPrefix) {
+				return fmt.Errorf("%q: %w", p, ErrWhiteoutName)
+			}
+		}
+	}
+	return nil
+}
+
+// whiteoutPrefix marks a whiteout entry in an OCI image layer.
+const whiteoutPrefix = ".wh."
+
 // priority ranks the files a model loader reads first: 0 for config.json,
 // 1 for other JSON and tokenizer files; -1 for the rest.
 func priority(p string) int {
@@ -200,6 +225,9 @@ func Build(ctx context.Context, src content.Fetcher, ver *layout.Version, dsts [
 	opt, err := opt.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if err := checkNames(ver.Index); err != nil {
+		return nil, fmt.Errorf("image view of %s: %w", ver.Root.Digest, err)
 	}
 	rd := &reader{src: src, ver: ver, last: -1}
 	img := &Image{}

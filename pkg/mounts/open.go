@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"sync"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -19,90 +17,10 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
-// MirrorConfig chooses registry mirrors for content fetched by digest.
-type MirrorConfig struct {
-	URLs       []string // mirrors to try first, in order
-	HostsDir   string   // containerd-style hosts directory; "" uses oci.DefaultHostsDir when it exists, "none" disables
-	CAFile     string   // extra roots for the mirrors given by URL
-	SkipVerify bool     // accept any certificate from the mirrors given by URL
-	// OnError is told about each failed mirror request; nil ignores them.
-	OnError func(mirror string, desc ocispec.Descriptor, err error)
-}
-
-// Check reports a malformed mirror URL.
-func (m MirrorConfig) Check() error {
-	for _, u := range m.URLs {
-		if _, err := oci.ParseMirrorURL(u); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// mirrorTimeout bounds how long a mirror may take to answer before the
-// next one, or the registry, is tried.
-const mirrorTimeout = 5 * time.Second
-
-// Fetcher returns src wrapped with the mirrors configured for ref's
-// registry, and the mirror fetcher (nil when there are none). A local
-// layout has no mirrors.
-func (m MirrorConfig) Fetcher(ref oci.Ref, src content.Fetcher) (content.Fetcher, *oci.MirrorFetcher, error) {
-	if ref.Layout != "" {
-		return src, nil, nil
-	}
-	var hosts []oci.HostEntry
-	for _, u := range m.URLs {
-		h := oci.HostEntry{URL: u, SkipVerify: m.SkipVerify}
-		if m.CAFile != "" {
-			h.CA = []string{m.CAFile}
-		}
-		hosts = append(hosts, h)
-	}
-	dir := m.HostsDir
-	if dir == "" {
-		if _, err := os.Stat(oci.DefaultHostsDir); err == nil {
-			dir = oci.DefaultHostsDir
-		}
-	}
-	if dir != "" && dir != "none" {
-		cfg, err := oci.LoadHostsConfig(dir, ref.Registry)
-		if err != nil {
-			return nil, nil, err
-		}
-		hosts = append(hosts, cfg.Mirrors(ref.Registry)...)
-	}
-	if len(hosts) == 0 {
-		return src, nil, nil
-	}
-	mirrors := make([]oci.Mirror, 0, len(hosts))
-	for _, h := range hosts {
-		mr, err := h.Mirror(mirrorTimeout)
-		if err != nil {
-			return nil, nil, err
-		}
-		mirrors = append(mirrors, mr)
-	}
-	onError := m.OnError
-	if onError == nil {
-		onError = func(string, ocispec.Descriptor, error) {}
-	}
-	mf, err := oci.NewMirrorFetcher(src, mirrors, oci.MirrorOptions{
-		Registry:     ref.Registry,
-		Repository:   ref.Repository,
-		MaxBlobBytes: layout.MaxChunkBytes,
-		Timeout:      mirrorTimeout,
-		OnError:      onError,
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return mf, mf, nil
-}
-
 // OpenOptions configure Open.
 type OpenOptions struct {
 	OCI          oci.Options
-	Mirrors      MirrorConfig
+	Mirrors      oci.MirrorConfig
 	Cache        *chunkcache.Cache
 	Jobs         int
 	FetchTimeout time.Duration
@@ -173,17 +91,6 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 		}
 		return v.Prefetch(ctx, m)
 	}, nil
-}
-
-// OncePerMirror returns a MirrorConfig.OnError that tells f of the first
-// failure of each mirror only.
-func OncePerMirror(f func(mirror string, err error)) func(string, ocispec.Descriptor, error) {
-	var seen sync.Map
-	return func(mirror string, _ ocispec.Descriptor, err error) {
-		if _, dup := seen.LoadOrStore(mirror, true); !dup {
-			f(mirror, err)
-		}
-	}
 }
 
 // bytesFetcher serves one blob whose bytes are already here; the cache

@@ -122,7 +122,7 @@ func TestRunServesEveryTargetUntilCanceled(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, ts, RunOptions{
-			Open:  OpenOptions{Cache: cache, Mirrors: MirrorConfig{URLs: []string{"https://mirror.example"}}},
+			Open:  OpenOptions{Cache: cache, Mirrors: oci.MirrorConfig{URLs: []string{"https://mirror.example"}}},
 			Serve: ServeOptions{Store: &store, Logf: func(f string, a ...any) { mu.Lock(); logs = append(logs, fmt.Sprintf(f, a...)); mu.Unlock() }},
 			Hold: func(*Served) func() {
 				mu.Lock()

@@ -9,7 +9,6 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
@@ -18,7 +17,7 @@ import (
 // VerifyFiles, Counters and StatCache). Zero values select defaults.
 type Options struct {
 	OCI     oci.Options
-	Mirrors mounts.MirrorConfig
+	Mirrors oci.MirrorConfig
 	Policy  signature.Policy // checked right after the reference is resolved
 	// CacheDir holds the chunk cache (CacheDir/chunks) and the stat cache of
 	// the directories pulled into.

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
@@ -105,14 +104,14 @@ func TestPullErrorsNameTheReference(t *testing.T) {
 	missing.Tag = "nope"
 	var logs []string
 	_, err := Pull(context.Background(), missing, t.TempDir(), Options{CacheDir: t.TempDir(),
-		Mirrors: mounts.MirrorConfig{URLs: []string{"https://mirror.example"}},
+		Mirrors: oci.MirrorConfig{URLs: []string{"https://mirror.example"}},
 		Logf:    func(f string, a ...any) { logs = append(logs, fmt.Sprintf(f, a...)) }})
 	if err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("missing tag: %v", err)
 	}
 	logs = nil
 	if _, err := Pull(context.Background(), ref, t.TempDir(), Options{CacheDir: t.TempDir(), Cache: CacheOff,
-		Mirrors: mounts.MirrorConfig{URLs: []string{"https://mirror.example"}},
+		Mirrors: oci.MirrorConfig{URLs: []string{"https://mirror.example"}},
 		Logf:    func(f string, a ...any) { logs = append(logs, fmt.Sprintf(f, a...)) }}); err != nil {
 		t.Fatal(err)
 	}

@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -41,17 +38,5 @@ func TestParseRestoreRef(t *testing.T) {
 	}
 	if _, err := ParseRestoreRef("reg.example/vol", ""); !errors.Is(err, versions.ErrNoVersion) {
 		t.Errorf("repository alone: %v", err)
-	}
-}
-
-func TestMountReferences(t *testing.T) {
-	d := digest.FromString("v")
-	got := MountReferences([]mounts.Serving{{Mountpoint: "/mnt/a", Reference: "reg.example/a:v1", Digest: d}})
-	want := Reference{Source: "/mnt/a", Ref: "reg.example/a:v1", Digest: d, Mount: true}
-	if len(got) != 1 || got[0] != want {
-		t.Errorf("references %+v, want [%+v]", got, want)
-	}
-	if got := MountReferences(nil); len(got) != 0 {
-		t.Errorf("no mounts: %+v", got)
 	}
 }

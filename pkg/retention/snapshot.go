@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
@@ -56,16 +55,6 @@ func FileSources(repo oci.Ref, paths []string, stdin []byte, more func() []Refer
 
 // ErrStdinTwice is returned when standard input is named twice as a source.
 var ErrStdinTwice = errors.New("--refs - given twice")
-
-// MountReferences are the references that the bdnvol mounts ms serve: a
-// PathSources' more.
-func MountReferences(ms []mounts.Serving) []Reference {
-	var refs []Reference
-	for _, m := range ms {
-		refs = append(refs, Reference{Source: m.Mountpoint, Ref: m.Reference, Digest: m.Digest, Mount: true})
-	}
-	return refs
-}
 
 // PathSources is FileSources of paths where "-" names stdin, read once,
 // now.

@@ -23,6 +23,11 @@ import (
 // ErrNoRecord means the cache has no record of a version.
 var ErrNoRecord = errors.New("no record of this version in the cache")
 
+// ErrBadRecord is wrapped when a version record on disk names a digest
+// that is not a well-formed sha256 digest, or a version other than the one
+// its file is named after.
+var ErrBadRecord = errors.New("malformed version record")
+
 // Record is what the cache directory remembers of one version it was asked
 // to hold: written when the version is warmed or mounted.
 type Record struct {
@@ -99,17 +104,57 @@ func (s Store) Get(d digest.Digest) (Record, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return Record{}, fmt.Errorf("record of %s: %w", d, err)
 	}
+	if err := r.check(d); err != nil {
+		return Record{}, fmt.Errorf("record of %s: %w: %w", d, ErrBadRecord, err)
+	}
 	return r, nil
 }
 
-// List returns every record, by reference.
+// check refuses a record whose digests could name paths outside the cache
+// (every one is joined into a path): each must be a sha256 digest of 64
+// hex digits, and the root the version d its file is named after.
+func (r Record) check(d digest.Digest) error {
+	if err := checkDigest(r.Root.Digest); err != nil {
+		return fmt.Errorf("root: %w", err)
+	}
+	if r.Root.Digest != d {
+		return fmt.Errorf("root %s in the record of another version", r.Root.Digest)
+	}
+	for i, b := range r.Chunks {
+		if err := checkDigest(b.Digest); err != nil {
+			return fmt.Errorf("chunk %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// checkDigest accepts a well-formed sha256 digest only.
+func checkDigest(d digest.Digest) error {
+	p, err := digest.Parse(string(d))
+	if err != nil {
+		return fmt.Errorf("digest %q: %w", string(d), err)
+	}
+	if p.Algorithm() != digest.SHA256 || len(p.Encoded()) != 64 {
+		return fmt.Errorf("digest %q: want sha256 and 64 hex digits", string(d))
+	}
+	return nil
+}
+
+// List returns every well-formed record, by reference.
 func (s Store) List() ([]Record, error) {
+	recs, _, err := s.Records()
+	return recs, err
+}
+
+// Records is List that also returns why each malformed record (one
+// wrapping ErrBadRecord) was skipped.
+func (s Store) Records() (recs []Record, skipped []error, err error) {
 	des, err := os.ReadDir(s.Dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("version records: %w", err)
+		return nil, nil, fmt.Errorf("version records: %w", err)
 	}
 	var out []Record
 	for _, e := range des {
@@ -122,13 +167,17 @@ func (s Store) List() ([]Record, error) {
 			continue
 		}
 		r, err := s.Get(d)
+		if errors.Is(err, ErrBadRecord) {
+			skipped = append(skipped, err)
+			continue
+		}
 		if err != nil {
 			continue // a torn or foreign file: not ours to judge here
 		}
 		out = append(out, r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Ref < out[j].Ref })
-	return out, nil
+	return out, skipped, nil
 }
 
 // Delete removes the record of d.

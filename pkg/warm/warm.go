@@ -16,7 +16,6 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -30,7 +29,7 @@ var ErrIncomplete = errors.New("not completely cached")
 // Options say how versions are reached.
 type Options struct {
 	OCI     oci.Options
-	Mirrors mounts.MirrorConfig
+	Mirrors oci.MirrorConfig
 	// Wrap, when set, wraps the fetcher of a registry (as mounts.OpenOptions.Wrap).
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 }
@@ -324,6 +323,9 @@ type Removed struct {
 	Versions []string // pinned references whose records went
 	Blobs    int
 	Bytes    int64
+	// Skipped holds why each malformed record (ErrBadRecord) was left
+	// alone: neither it nor anything it names was removed.
+	Skipped []error
 }
 
 // Remove drops the records of the versions matching ref (a pinned
@@ -332,7 +334,7 @@ type Removed struct {
 // holds is refused, naming it.
 func Remove(cache *chunkcache.Cache, ref string) (Removed, error) {
 	store := StoreOf(cache)
-	recs, err := store.List()
+	recs, skipped, err := store.Records()
 	if err != nil {
 		return Removed{}, err
 	}
@@ -343,14 +345,16 @@ func Remove(cache *chunkcache.Cache, ref string) (Removed, error) {
 		}
 	}
 	if len(drop) == 0 {
-		return Removed{}, fmt.Errorf("%s: %w", ref, ErrNoRecord)
+		return Removed{Skipped: skipped}, fmt.Errorf("%s: %w", ref, ErrNoRecord)
 	}
 	for _, r := range drop {
 		if store.InUse(r.Root.Digest) {
-			return Removed{}, fmt.Errorf("%s: %w", r.Pinned, ErrInUse)
+			return Removed{Skipped: skipped}, fmt.Errorf("%s: %w", r.Pinned, ErrInUse)
 		}
 	}
-	return removeRecords(cache, store, recs, drop)
+	out, err := removeRecords(cache, store, recs, drop)
+	out.Skipped = skipped
+	return out, err
 }
 
 // ErrInUse means a mount holds the version.
@@ -360,7 +364,7 @@ var ErrInUse = errors.New("a running mount uses this version")
 // versions in use do not need.
 func GC(cache *chunkcache.Cache) (Removed, error) {
 	store := StoreOf(cache)
-	recs, err := store.List()
+	recs, skipped, err := store.Records()
 	if err != nil {
 		return Removed{}, err
 	}
@@ -370,7 +374,9 @@ func GC(cache *chunkcache.Cache) (Removed, error) {
 			drop = append(drop, r)
 		}
 	}
-	return removeRecords(cache, store, recs, drop)
+	out, err := removeRecords(cache, store, recs, drop)
+	out.Skipped = skipped
+	return out, err
 }
 
 func removeRecords(cache *chunkcache.Cache, store Store, all, drop []Record) (Removed, error) {
