@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +122,43 @@ func TestNodeMounterDownIsUnavailable(t *testing.T) {
 	_, err := n.opt.Mounter.Mount(context.Background(), mountRequest{Ref: "r.example/x@sha256:" + fmt.Sprintf("%064d", 0)})
 	if codeOf(kindOf(err)) != codes.Unavailable {
 		t.Fatalf("mounter not running: %v, want Unavailable", err)
+	}
+}
+
+// TestNodeRefusesHugeArguments: a 1 MiB reference or volume id is refused
+// with an error that does not echo it; so is a prefetch attribute of too
+// many globs, before any registry is asked (the registry named here does
+// not exist: asking it would fail otherwise).
+func TestNodeRefusesHugeArguments(t *testing.T) {
+	n := newTestNode(t)
+	ctx := context.Background()
+	mount := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}}
+	tp := filepath.Join(t.TempDir(), "target")
+	huge := "r.example/x:" + strings.Repeat("a", 1<<20)
+	var globs []string
+	for i := range 120_000 {
+		globs = append(globs, fmt.Sprintf("*.x%d", i))
+	}
+	for name, req := range map[string]*csi.NodePublishVolumeRequest{
+		"huge ref":       {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: huge}},
+		"huge volume id": {VolumeId: huge, TargetPath: tp, VolumeCapability: mount},
+		"huge prefetch":  {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "r.invalid/x:v1", AttrPrefetch: strings.Join(globs, ",")}},
+		"257 globs":      {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "r.invalid/x:v1", AttrPrefetch: strings.Join(globs[:257], ",")}},
+	} {
+		_, err := n.NodePublishVolume(ctx, req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, status.Code(err))
+		}
+		if msg := fmt.Sprint(err); len(msg) >= 4096 {
+			t.Errorf("%s: error of %d bytes", name, len(msg))
+		}
+	}
+	_, err := n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: huge, TargetPath: tp})
+	if status.Code(err) != codes.InvalidArgument || len(fmt.Sprint(err)) >= 4096 {
+		t.Errorf("unpublish of a huge volume id: %v, error of %d bytes", status.Code(err), len(fmt.Sprint(err)))
+	}
+	_, err = n.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: huge, VolumePath: tp})
+	if status.Code(err) != codes.InvalidArgument || len(fmt.Sprint(err)) >= 4096 {
+		t.Errorf("stats of a huge volume id: %v, error of %d bytes", status.Code(err), len(fmt.Sprint(err)))
 	}
 }

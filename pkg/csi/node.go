@@ -145,6 +145,9 @@ func (n *Node) keepLocked(d string) {
 // checks they can read it, and binds the digest's mount read-only at the
 // target path.
 func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if err := checkSizes("volume id", req.GetVolumeId(), "target path", req.GetTargetPath(), AttrRef, req.GetVolumeContext()[AttrRef]); err != nil {
+		return nil, err
+	}
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume id missing")
 	}
@@ -172,7 +175,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	}
 	prefetch := req.GetVolumeContext()[AttrPrefetch]
 	if _, err := mounts.Prefetcher(prefetch); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "volume %s: prefetch %q: %v", req.GetVolumeId(), prefetch, err)
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), AttrPrefetch, err)
 	}
 	policy, err := signature.PolicyFromValue(req.GetVolumeContext()[AttrRequireSignature])
 	if err != nil {
@@ -341,6 +344,9 @@ func (n *Node) podCredentials(ctx context.Context, ref oci.Ref, secrets map[stri
 // NodeUnpublishVolume unbinds the target path and drops its reference; the
 // last reference of a digest unmounts it after the linger.
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if err := checkSizes("volume id", req.GetVolumeId(), "target path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume id missing")
 	}
@@ -374,6 +380,9 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 
 // NodeGetVolumeStats reports the volume's size: its bytes and its entries.
 func (n *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	if err := checkSizes("volume id", req.GetVolumeId(), "volume path", req.GetVolumePath()); err != nil {
+		return nil, err
+	}
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume id missing")
 	}
