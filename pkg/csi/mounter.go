@@ -275,7 +275,8 @@ func writeError(w http.ResponseWriter, err error) {
 	json.NewEncoder(w).Encode(apiError{Kind: kind, Message: err.Error()})
 }
 
-// Listen listens on the unix socket at path, replacing a stale one.
+// Listen listens on the unix socket at path, replacing a stale one. The
+// socket is made 0600, whatever the umask: only root may call it.
 func Listen(path string) (net.Listener, error) {
 	path = strings.TrimPrefix(path, "unix://")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -286,6 +287,10 @@ func Listen(path string) (net.Listener, error) {
 	}
 	l, err := net.Listen("unix", path)
 	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
 	return l, nil
