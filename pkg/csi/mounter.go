@@ -204,13 +204,39 @@ func (m *Mounter) List() []MountInfo {
 	return out
 }
 
-// Close unmounts everything.
+// stopGrace bounds each step of Close's unmount of one mount: a busy
+// mount is detached after it, a server that pods' bind mounts keep going
+// is aborted after it.
+const stopGrace = 2 * time.Second
+
+// Close unmounts everything at once, each mount promptly (see
+// mounts.Served.Stop): a stop must not wait for pods that still bind them.
 func (m *Mounter) Close() error {
-	var errs []error
-	for _, i := range m.List() {
-		errs = append(errs, m.Unmount(context.Background(), digest.Digest(i.Digest)))
+	m.mu.Lock()
+	all := m.served
+	m.served = map[digest.Digest]*mounted{}
+	m.mu.Unlock()
+	errs := make(chan error, len(all))
+	for d, s := range all {
+		go func() {
+			s.stop()
+			err := s.served.Stop(stopGrace)
+			s.served.Volume.Close()
+			s.lease()
+			os.Remove(s.info.Path)
+			if err != nil {
+				m.log.Warn("unmount at stop", "digest", d.String(), "path", s.info.Path, "error", err.Error())
+			} else {
+				m.log.Info("unmounted at stop", "digest", d.String(), "path", s.info.Path)
+			}
+			errs <- err
+		}()
 	}
-	return errors.Join(errs...)
+	var out []error
+	for range all {
+		out = append(out, <-errs)
+	}
+	return errors.Join(out...)
 }
 
 // kindError is an error with the kind the node plugin maps to a CSI code.
