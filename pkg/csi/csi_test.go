@@ -162,3 +162,25 @@ func TestNodeRefusesHugeArguments(t *testing.T) {
 		t.Errorf("stats of a huge volume id: %v, error of %d bytes", status.Code(err), len(fmt.Sprint(err)))
 	}
 }
+
+func TestCheckTargetPath(t *testing.T) {
+	n := &Node{opt: NodeOptions{KubeletDir: "/var/lib/kubelet", MountsDir: "/var/lib/kubelet/plugins/csi.bdnvol.dev/mounts"}}
+	for tp, ok := range map[string]bool{
+		"/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/v/mount":    true,
+		"/var/lib/kubelet/pods/u/../../../../etc/mount":                false,
+		"/var/lib/kubelet/pods/u/./mount":                              false,
+		"/var/lib/kubelet/pods/u/mount/":                               false,
+		"pods/u/mount":                                                 false,
+		"/var/lib/kubelet":                                             false,
+		"/var/lib/kubeletx/pods/u/mount":                               false,
+		"/etc/cron.d":                                                  false,
+		"/var/lib/kubelet/plugins/csi.bdnvol.dev/mounts":               false,
+		"/var/lib/kubelet/plugins/csi.bdnvol.dev/mounts/" + "ab12":     false,
+		"/var/lib/kubelet/plugins/csi.bdnvol.dev/mountsx/pods/u/mount": true,
+	} {
+		err := n.checkTargetPath(tp)
+		if ok && err != nil || !ok && status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v", tp, err)
+		}
+	}
+}
