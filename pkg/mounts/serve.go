@@ -79,10 +79,11 @@ const busyFor = 5 * time.Second
 // mountpoint is gone; then it aborts the FUSE connection.
 const abortAfter = 2 * time.Second
 
-// Unmount unmounts s, detaching it lazily when it stays busy, and waits
-// until it is gone and its state removed; a server that another mount of
-// the same connection (a bind mount) keeps going is aborted after
-// abortAfter. The volume stays open.
+// Unmount unmounts s, detaching it lazily when it stays busy for busyFor,
+// and waits until it is gone and its state removed; a server that another
+// mount of the same connection (a bind mount) keeps going is aborted after
+// abortAfter, one that open files keep going after busyFor more. The
+// volume stays open.
 func (s *Served) Unmount() error { return s.unmount(busyFor, abortAfter) }
 
 // Stop unmounts s at once: detached if it is still busy after grace, its
@@ -100,11 +101,11 @@ func (s *Served) unmount(busy, wait time.Duration) error {
 			return s.wait(0, wait)
 		}
 		if time.Now().After(giveUp) {
-			s.opt.logf("%s is busy (%v); detaching it, it goes away when its last file is closed", s.Mountpoint, err)
+			s.opt.logf("%s is busy (%v); detaching it: files open in it read on for %v at most", s.Mountpoint, err, busy)
 			if err := Detach(s.Mountpoint); err != nil {
 				return fmt.Errorf("unmount %s: %w", s.Mountpoint, err)
 			}
-			return s.wait(wait, wait)
+			return s.wait(busy, wait)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
