@@ -34,7 +34,7 @@ func listDir(t *testing.T, dir string) ([]string, bool) {
 }
 
 // TestCSITargetsConfined: target paths with "..", outside the kubelet
-// directory, through a symlink, or at a non-empty directory are refused
+// directory, through a symlink, at a file or a non-empty directory are refused
 // with InvalidArgument, and nothing outside the kubelet directory changes;
 // the volume was bound there before.
 func TestCSITargetsConfined(t *testing.T) {
@@ -68,10 +68,15 @@ func TestCSITargetsConfined(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(full.target, "data.txt"), []byte("pod data\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	file := n.newPod("file")
+	if err := os.WriteFile(file.target, []byte("a file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name   string
 		target string
 	}{
+		{"file", file.target},
 		{"dotdot staying inside", n.root + "/pods/" + rel + "/dotdot"},
 		{"dotdot lexical", filepath.Join(n.root, "pods", "x") + "/../../" + rel + "/mount"},
 		{"outside", filepath.Join(outside, "mount")},
@@ -93,6 +98,9 @@ func TestCSITargetsConfined(t *testing.T) {
 	}
 	if names, mounted := listDir(t, full.target); !slices.Equal(names, []string{"data.txt"}) || mounted {
 		t.Errorf("the non-empty directory is now %v, mounted %v", names, mounted)
+	}
+	if b, err := os.ReadFile(file.target); err != nil || string(b) != "a file\n" {
+		t.Errorf("the file at the target is now %q, %v", b, err)
 	}
 	// A proper target still works.
 	good := n.newPod("good")

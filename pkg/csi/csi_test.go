@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -73,7 +74,8 @@ func TestTargetsRoundTrip(t *testing.T) {
 func newTestNode(t *testing.T) *Node {
 	t.Helper()
 	n, err := NewNode(context.Background(), NodeOptions{NodeID: "n1", Version: "v0", StateDir: t.TempDir(),
-		Mounter: NewMounterClient(filepath.Join(t.TempDir(), "none.sock")), Linger: time.Second})
+		Mounter: NewMounterClient(filepath.Join(t.TempDir(), "none.sock")), Linger: time.Second,
+		KubeletDir: os.TempDir()}) // where t.TempDir makes the targets
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,6 +101,18 @@ func TestNodeRejectsBadRequests(t *testing.T) {
 		_, err := n.NodePublishVolume(ctx, req)
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+		if name == "bad secret" && !strings.Contains(fmt.Sprint(err), SecretDockerJSON) {
+			t.Errorf("%s: %v, want the secret named", name, err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o644)
+	for name, tp := range map[string]string{"outside the kubelet dir": "/etc/target", "a file": file, "unclean": tp + "/../x"} {
+		_, err := n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "v", TargetPath: tp, VolumeCapability: mount,
+			VolumeContext: map[string]string{AttrRef: "r.invalid/x:v1"}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(fmt.Sprint(err), "target") {
+			t.Errorf("%s: %v, want InvalidArgument naming the target", name, err)
 		}
 	}
 	if _, err := n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{TargetPath: tp}); status.Code(err) != codes.InvalidArgument {
