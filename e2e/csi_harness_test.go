@@ -148,7 +148,8 @@ func (n *csiNode) startNode() {
 	n.nodeLog = &syncBuffer{}
 	os.Remove(n.endpoint)
 	n.node = n.cmd(n.nodeLog, "node", "--endpoint", "unix://"+n.endpoint, "--node-id", "e2e-node",
-		"--mounts-dir", n.mountsDir, "--mounter-socket", n.mounterS, "--state-dir", n.stateDir, "--linger", n.linger.String())
+		"--mounts-dir", n.mountsDir, "--mounter-socket", n.mounterS, "--state-dir", n.stateDir, "--linger", n.linger.String(),
+		"--kubelet-dir", n.root) // targets (pods/..., sanity/...) are all under root
 	if err := n.node.Start(); err != nil {
 		n.t.Fatal(err)
 	}

@@ -251,3 +251,17 @@ func TestHelmChartServiceMonitor(t *testing.T) {
 		t.Errorf("metrics.digests: true does not pass --metrics-digests: %v", c.Args)
 	}
 }
+
+// TestHelmChartKubeletDir: a kubelet with another root directory gets the
+// node plugin's --kubelet-dir, which confines its target paths.
+func TestHelmChartKubeletDir(t *testing.T) {
+	objs := renderChart(t, "image: registry.example.com/bdnvol/bdnvol@sha256:"+strings.Repeat("ab", 32)+"\nkubeletDir: /data/kubelet\n")
+	ds := byKey(t, objs)["DaemonSet/kube-system/bdnvol-csi-node"].obj.(*appsv1.DaemonSet)
+	node := &ds.Spec.Template.Spec.Containers[0]
+	if got := flag(node, "kubelet-dir"); got != "/data/kubelet" {
+		t.Errorf("node --kubelet-dir=%q, want /data/kubelet", got)
+	}
+	if got := flag(node, "mounts-dir"); !strings.HasPrefix(got, "/data/kubelet/") {
+		t.Errorf("node --mounts-dir=%q, not under the kubelet directory", got)
+	}
+}

@@ -58,12 +58,14 @@ type CSINodeCmd struct {
 	Endpoint string        `default:"unix:///csi/csi.sock" help:"The CSI socket kubelet calls."`
 	NodeID   string        `name:"node-id" env:"NODE_NAME" help:"This node's name (default: the host name)."`
 	Linger   time.Duration `default:"2m" help:"How long a digest stays mounted after its last pod is gone."`
+	// KubeletDir confines target paths.
+	KubeletDir string `name:"kubelet-dir" default:"/var/lib/kubelet" help:"The kubelet's root directory: volumes are published only beneath it."`
 }
 
 // Run serves the CSI services until SIGTERM.
 func (c *CSINodeCmd) Run(ctx context.Context, g *Globals) error {
 	return csi.ServeNode(ctx, c.Endpoint, csi.NodeOptions{
-		NodeID: c.NodeID, Version: version, StateDir: c.StateDir, Linger: c.Linger,
+		NodeID: c.NodeID, Version: version, StateDir: c.StateDir, Linger: c.Linger, KubeletDir: c.KubeletDir, MountsDir: c.MountsDir,
 		Mounter: csi.NewMounterClient(c.MounterSocket), OCI: g.options(),
 		Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node"),
 	})

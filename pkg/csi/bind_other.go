@@ -10,8 +10,15 @@ import (
 // errNotLinux is returned where the node plugin cannot work.
 var errNotLinux = errors.New("the CSI node plugin runs on Linux only")
 
-func bindReadOnly(src, target string) error {
-	return fmt.Errorf("bind %s at %s: %w", src, target, errNotLinux)
+// targetDir is a target path; outside Linux nothing can be done there.
+type targetDir struct{ path string }
+
+func openTarget(_, tp string) (*targetDir, error) {
+	return nil, fmt.Errorf("target %s: %w", tp, errNotLinux)
 }
 
-func unbind(target string) error { return fmt.Errorf("unmount %s: %w", target, errNotLinux) }
+func (d *targetDir) Close()                        {}
+func (d *targetDir) check() error                  { return errNotLinux }
+func (d *targetDir) bind(src string) (bool, error) { return false, errNotLinux }
+func (d *targetDir) unbind() error                 { return errNotLinux }
+func (d *targetDir) rmdir(bool) error              { return errNotLinux }

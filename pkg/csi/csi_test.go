@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,7 +103,8 @@ func TestTargetsRoundTrip(t *testing.T) {
 func newTestNode(t *testing.T) *Node {
 	t.Helper()
 	n, err := NewNode(context.Background(), NodeOptions{NodeID: "n1", Version: "v0", StateDir: t.TempDir(),
-		Mounter: NewMounterClient(filepath.Join(t.TempDir(), "none.sock")), Linger: time.Second})
+		Mounter: NewMounterClient(filepath.Join(t.TempDir(), "none.sock")), Linger: time.Second,
+		KubeletDir: os.TempDir()}) // where t.TempDir makes the targets
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,6 +131,18 @@ func TestNodeRejectsBadRequests(t *testing.T) {
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
+		if name == "bad secret" && !strings.Contains(fmt.Sprint(err), SecretDockerJSON) {
+			t.Errorf("%s: %v, want the secret named", name, err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o644)
+	for name, tp := range map[string]string{"outside the kubelet dir": "/etc/target", "a file": file, "unclean": tp + "/../x"} {
+		_, err := n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "v", TargetPath: tp, VolumeCapability: mount,
+			VolumeContext: map[string]string{AttrRef: "r.invalid/x:v1"}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(fmt.Sprint(err), "target") {
+			t.Errorf("%s: %v, want InvalidArgument naming the target", name, err)
+		}
 	}
 	if _, err := n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{TargetPath: tp}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("unpublish without volume id: %v", err)
@@ -150,5 +165,65 @@ func TestNodeMounterDownIsUnavailable(t *testing.T) {
 	_, err := n.opt.Mounter.Mount(context.Background(), mountRequest{Ref: "r.example/x@sha256:" + fmt.Sprintf("%064d", 0)})
 	if codeOf(kindOf(err)) != codes.Unavailable {
 		t.Fatalf("mounter not running: %v, want Unavailable", err)
+	}
+}
+
+// TestNodeRefusesHugeArguments: a 1 MiB reference or volume id is refused
+// with an error that does not echo it; so is a prefetch attribute of too
+// many globs, before any registry is asked (the registry named here does
+// not exist: asking it would fail otherwise).
+func TestNodeRefusesHugeArguments(t *testing.T) {
+	n := newTestNode(t)
+	ctx := context.Background()
+	mount := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}}
+	tp := filepath.Join(t.TempDir(), "target")
+	huge := "r.example/x:" + strings.Repeat("a", 1<<20)
+	var globs []string
+	for i := range 120_000 {
+		globs = append(globs, fmt.Sprintf("*.x%d", i))
+	}
+	for name, req := range map[string]*csi.NodePublishVolumeRequest{
+		"huge ref":       {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: huge}},
+		"huge volume id": {VolumeId: huge, TargetPath: tp, VolumeCapability: mount},
+		"huge prefetch":  {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "r.invalid/x:v1", AttrPrefetch: strings.Join(globs, ",")}},
+		"257 globs":      {VolumeId: "v", TargetPath: tp, VolumeCapability: mount, VolumeContext: map[string]string{AttrRef: "r.invalid/x:v1", AttrPrefetch: strings.Join(globs[:257], ",")}},
+	} {
+		_, err := n.NodePublishVolume(ctx, req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, status.Code(err))
+		}
+		if msg := fmt.Sprint(err); len(msg) >= 4096 {
+			t.Errorf("%s: error of %d bytes", name, len(msg))
+		}
+	}
+	_, err := n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: huge, TargetPath: tp})
+	if status.Code(err) != codes.InvalidArgument || len(fmt.Sprint(err)) >= 4096 {
+		t.Errorf("unpublish of a huge volume id: %v, error of %d bytes", status.Code(err), len(fmt.Sprint(err)))
+	}
+	_, err = n.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: huge, VolumePath: tp})
+	if status.Code(err) != codes.InvalidArgument || len(fmt.Sprint(err)) >= 4096 {
+		t.Errorf("stats of a huge volume id: %v, error of %d bytes", status.Code(err), len(fmt.Sprint(err)))
+	}
+}
+
+func TestCheckTargetPath(t *testing.T) {
+	n := &Node{opt: NodeOptions{KubeletDir: "/var/lib/kubelet", MountsDir: "/var/lib/kubelet/plugins/csi.bdnvol.dev/mounts"}}
+	for tp, ok := range map[string]bool{
+		"/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/v/mount":    true,
+		"/var/lib/kubelet/pods/u/../../../../etc/mount":                false,
+		"/var/lib/kubelet/pods/u/./mount":                              false,
+		"/var/lib/kubelet/pods/u/mount/":                               false,
+		"pods/u/mount":                                                 false,
+		"/var/lib/kubelet":                                             false,
+		"/var/lib/kubeletx/pods/u/mount":                               false,
+		"/etc/cron.d":                                                  false,
+		"/var/lib/kubelet/plugins/csi.bdnvol.dev/mounts":               false,
+		"/var/lib/kubelet/plugins/csi.bdnvol.dev/mounts/" + "ab12":     false,
+		"/var/lib/kubelet/plugins/csi.bdnvol.dev/mountsx/pods/u/mount": true,
+	} {
+		err := n.checkTargetPath(tp)
+		if ok && err != nil || !ok && status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v", tp, err)
+		}
 	}
 }

@@ -244,13 +244,39 @@ func (m *Mounter) List() []MountInfo {
 	return out
 }
 
-// Close unmounts everything.
+// stopGrace bounds each step of Close's unmount of one mount: a busy
+// mount is detached after it, a server that pods' bind mounts keep going
+// is aborted after it.
+const stopGrace = 2 * time.Second
+
+// Close unmounts everything at once, each mount promptly (see
+// mounts.Served.Stop): a stop must not wait for pods that still bind them.
 func (m *Mounter) Close() error {
-	var errs []error
-	for _, i := range m.List() {
-		errs = append(errs, m.Unmount(context.Background(), i.Key))
+	m.mu.Lock()
+	all := m.served
+	m.served = map[string]*mounted{}
+	m.mu.Unlock()
+	errs := make(chan error, len(all))
+	for key, s := range all {
+		go func() {
+			s.stop()
+			err := s.served.Stop(stopGrace)
+			s.served.Volume.Close()
+			s.lease()
+			os.Remove(s.info.Path)
+			if err != nil {
+				m.log.Warn("unmount at stop", "mount", key, "path", s.info.Path, "error", err.Error())
+			} else {
+				m.log.Info("unmounted at stop", "mount", key, "path", s.info.Path)
+			}
+			errs <- err
+		}()
 	}
-	return errors.Join(errs...)
+	var out []error
+	for range all {
+		out = append(out, <-errs)
+	}
+	return errors.Join(out...)
 }
 
 // kindError is an error with the kind the node plugin maps to a CSI code.
@@ -326,7 +352,8 @@ func writeError(w http.ResponseWriter, err error) {
 	json.NewEncoder(w).Encode(apiError{Kind: kind, Message: err.Error()})
 }
 
-// Listen listens on the unix socket at path, replacing a stale one.
+// Listen listens on the unix socket at path, replacing a stale one. The
+// socket is made 0600, whatever the umask: only root may call it.
 func Listen(path string) (net.Listener, error) {
 	path = strings.TrimPrefix(path, "unix://")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -337,6 +364,10 @@ func Listen(path string) (net.Listener, error) {
 	}
 	l, err := net.Listen("unix", path)
 	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
 	return l, nil

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -44,6 +43,11 @@ type NodeOptions struct {
 	OCI      oci.Options    // for resolving references and the access check
 	Linger   time.Duration  // how long an unused version stays mounted
 	Logger   *slog.Logger
+	// KubeletDir is the directory target paths must lie beneath (""
+	// for DefaultKubeletDir); MountsDir is the mounter's, refused as a
+	// target.
+	KubeletDir string
+	MountsDir  string
 }
 
 // Node is the CSI node plugin: the Identity and Node services.
@@ -89,6 +93,10 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	if opt.NodeID == "" {
 		return nil, errors.New("csi node: no node id")
 	}
+	if opt.KubeletDir == "" {
+		opt.KubeletDir = DefaultKubeletDir
+	}
+	opt.KubeletDir, opt.MountsDir = cleanDir(opt.KubeletDir), cleanDir(opt.MountsDir)
 	n := &Node{opt: opt, log: opt.Logger, ts: targets{filepath.Join(opt.StateDir, "targets")}, lingers: map[string]*time.Timer{},
 		pending: map[string]int{}, busy: map[string]bool{}}
 	refs := map[string]int{}
@@ -201,6 +209,9 @@ func (n *Node) keepLocked(d string) {
 // checks they can read it, and binds the digest's mount read-only at the
 // target path.
 func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if err := checkSizes("volume id", req.GetVolumeId(), "target path", req.GetTargetPath(), AttrRef, req.GetVolumeContext()[AttrRef]); err != nil {
+		return nil, err
+	}
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume id missing")
 	}
@@ -228,11 +239,14 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	}
 	prefetch := req.GetVolumeContext()[AttrPrefetch]
 	if _, err := mounts.Prefetcher(prefetch); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "volume %s: prefetch %q: %v", req.GetVolumeId(), prefetch, err)
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), AttrPrefetch, err)
 	}
 	policy, err := signature.PolicyFromValue(req.GetVolumeContext()[AttrRequireSignature])
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), AttrRequireSignature, err)
+	}
+	if err := n.checkTargetPath(tp); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	done, err := n.claim(tp)
@@ -251,6 +265,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		n.ts.remove(tp)
 		n.releaseLocked(targetKey(t))
 		n.mu.Unlock()
+	}
+	if err := n.checkTarget(tp); err != nil {
+		return nil, err
 	}
 
 	// Resolve the reference and check access with the pod's own
@@ -306,38 +323,31 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// bind asks the mounter for pinned's mount, binds it read-only at the
-// target path and records the target. On failure it leaves no bind and no
-// record; info names the mounter's mount when there is one.
+// bind asks the mounter for pinned's mount, records the target and binds
+// the mount read-only there (the record comes first: unpublish acts only on
+// recorded targets). On failure it leaves no bind and no record; info
+// names the mounter's mount when there is one.
 func (n *Node) bind(ctx context.Context, req *csi.NodePublishVolumeRequest, ref, pinned, prefetch string, cred *credential) (target, MountInfo, error) {
 	tp := req.GetTargetPath()
 	info, err := n.opt.Mounter.Mount(ctx, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred})
 	if err != nil {
 		return target{}, MountInfo{}, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), ref, err)
 	}
-	created := false
-	if _, err := os.Stat(tp); os.IsNotExist(err) {
-		if err := os.MkdirAll(tp, 0o750); err != nil {
-			return target{}, info, status.Errorf(codes.Internal, "volume %s: target %s: %v", req.GetVolumeId(), tp, err)
-		}
-		created = true
-	}
-	if err := bindReadOnly(info.Path, tp); err != nil {
-		if created {
-			os.Remove(tp)
-		}
-		return target{}, info, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
-	}
 	t := target{VolumeID: req.GetVolumeId(), Path: tp, Ref: ref, Pinned: pinned, Digest: info.Digest, Bytes: info.Bytes, Files: info.Files}
 	if ns, name := req.GetVolumeContext()[attrPodNamespace], req.GetVolumeContext()[attrPodName]; name != "" {
 		t.Pod = ns + "/" + name
 	}
 	if err := n.ts.write(t); err != nil {
-		unbind(tp)
-		if created {
-			os.Remove(tp)
-		}
 		return target{}, info, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
+	}
+	d, err := openTarget(n.opt.KubeletDir, tp)
+	if err == nil {
+		_, err = d.bind(info.Path)
+		d.Close()
+	}
+	if err != nil {
+		n.ts.remove(tp)
+		return target{}, info, status.Errorf(status.Code(targetStatus(err)), "volume %s: %v", req.GetVolumeId(), err)
 	}
 	return t, info, nil
 }
@@ -399,8 +409,12 @@ func (n *Node) podCredentials(ctx context.Context, ref oci.Ref, secrets map[stri
 }
 
 // NodeUnpublishVolume unbinds the target path and drops its reference; the
-// last reference of a digest unmounts it after the linger.
+// last reference of a digest unmounts it after the linger. It acts only on
+// targets this plugin recorded: any other path is left as it is.
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if err := checkSizes("volume id", req.GetVolumeId(), "target path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume id missing")
 	}
@@ -408,32 +422,37 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	if tp == "" {
 		return nil, status.Error(codes.InvalidArgument, "target path missing")
 	}
+	if err := n.checkTargetPath(tp); err != nil {
+		return nil, err
+	}
 	done, err := n.claim(tp)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	t, known := n.ts.read(tp)
-	if _, mounted := mounts.At(tp); mounted || known {
-		if err := unbind(tp); err != nil {
-			return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
-		}
+	if !known {
+		// Not published here, or unpublished already: whatever is
+		// there (a file, someone's own mount) is not ours to touch.
+		n.log.Info("unpublish of a target not recorded: nothing done", "volume_id", req.GetVolumeId(), "target", tp)
+		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
-	if err := os.Remove(tp); err != nil && !os.IsNotExist(err) {
-		return nil, status.Errorf(codes.Internal, "volume %s: remove target %s: %v", req.GetVolumeId(), tp, err)
+	if err := n.unbindTarget(t); err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
 	}
-	if known {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		n.ts.remove(tp)
-		n.releaseLocked(targetKey(t))
-		n.log.Info("unpublished", "volume_id", req.GetVolumeId(), "digest", t.Digest, "target", tp, "refs_left", n.refcount(targetKey(t)))
-	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.ts.remove(tp)
+	n.releaseLocked(targetKey(t))
+	n.log.Info("unpublished", "volume_id", req.GetVolumeId(), "digest", t.Digest, "target", tp, "refs_left", n.refcount(targetKey(t)))
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
 // NodeGetVolumeStats reports the volume's size: its bytes and its entries.
 func (n *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	if err := checkSizes("volume id", req.GetVolumeId(), "volume path", req.GetVolumePath()); err != nil {
+		return nil, err
+	}
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume id missing")
 	}

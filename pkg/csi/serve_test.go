@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,7 +38,14 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// umask0 runs the test under umask 0, as a careless init might.
+func umask0(t *testing.T) {
+	old := syscall.Umask(0)
+	t.Cleanup(func() { syscall.Umask(old) })
+}
+
 func TestServeMounterServesSocketMetricsAndWarmUntilCanceled(t *testing.T) {
+	umask0(t)
 	dir := t.TempDir()
 	list := filepath.Join(dir, "warm.list")
 	os.WriteFile(list, nil, 0o644)
@@ -73,6 +81,9 @@ func TestServeMounterServesSocketMetricsAndWarmUntilCanceled(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cfg.CacheDir, "chunks")); err != nil {
 		t.Errorf("cache not under CACHE-DIR/chunks: %v", err)
 	}
+	if fi, err := os.Stat(cfg.Socket); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("mounter socket under umask 0: %v, %v; want mode 0600", fi.Mode(), err)
+	}
 	if code, body := get(t, "http://"+cfg.MetricsAddr+"/metrics"); code != 200 || !strings.Contains(body, "bdnvol_") {
 		t.Errorf("/metrics: %d\n%s", code, body)
 	}
@@ -91,6 +102,7 @@ func TestServeMounterServesSocketMetricsAndWarmUntilCanceled(t *testing.T) {
 }
 
 func TestServeNodeDefaultsNodeIDToHostName(t *testing.T) {
+	umask0(t)
 	sock := filepath.Join(t.TempDir(), "csi.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -108,6 +120,9 @@ func TestServeNodeDefaultsNodeIDToHostName(t *testing.T) {
 	info, err := csi.NewIdentityClient(conn).GetPluginInfo(cctx, &csi.GetPluginInfoRequest{}, grpc.WaitForReady(true))
 	if err != nil || info.VendorVersion != "v9" {
 		t.Fatalf("GetPluginInfo = %v, %v", info, err)
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("CSI socket under umask 0: %v, %v; want mode 0600", fi.Mode(), err)
 	}
 	host, _ := os.Hostname()
 	ni, err := csi.NewNodeClient(conn).NodeGetInfo(cctx, &csi.NodeGetInfoRequest{})

@@ -7,9 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -385,33 +383,6 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 		return err
 	}
 	return first
-}
-
-// MatchGlobs returns a match function for Prefetch that accepts a path when
-// any of the comma-separated patterns (path.Match syntax) matches the whole
-// path or its base name.
-func MatchGlobs(patterns string) (func(string) bool, error) {
-	var pats []string
-	for _, p := range strings.Split(patterns, ",") {
-		if p = strings.TrimSpace(p); p == "" {
-			continue
-		}
-		if _, err := path.Match(p, ""); err != nil {
-			return nil, fmt.Errorf("prefetch pattern %q: %w", p, err)
-		}
-		pats = append(pats, p)
-	}
-	return func(name string) bool {
-		for _, p := range pats {
-			if ok, _ := path.Match(p, name); ok {
-				return true
-			}
-			if ok, _ := path.Match(p, path.Base(name)); ok {
-				return true
-			}
-		}
-		return false
-	}, nil
 }
 
 // File is a regular file of a Volume: an io.ReaderAt over its extents.

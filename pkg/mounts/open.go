@@ -66,7 +66,8 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 }
 
 // Prefetcher turns a --prefetch value (none, headers, all, or
-// comma-separated globs) into the background work to start; nil for none.
+// comma-separated globs, see lazy.ParseGlobs) into the background work to
+// start; nil for none.
 func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 	switch s {
 	case "none", "":
@@ -81,7 +82,7 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 			return v.Prefetch(ctx, nil)
 		}, nil
 	}
-	m, err := lazy.MatchGlobs(s)
+	g, err := lazy.ParseGlobs(s)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +90,10 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 		if err := v.PrefetchHeaders(ctx); err != nil {
 			return err
 		}
-		return v.Prefetch(ctx, m)
+		if err := v.Prefetch(ctx, g.Match); err != nil {
+			return err
+		}
+		return g.Err()
 	}, nil
 }
 

@@ -38,6 +38,7 @@ type Served struct {
 	Volume     *lazy.Volume
 	opt        ServeOptions
 	server     *fuse.Server
+	conn       string // the FUSE connection (fusectl's name), "" if unknown
 	done       chan struct{}
 }
 
@@ -56,7 +57,7 @@ func Serve(mp string, vol *lazy.Volume, pinned string, opt ServeOptions) (*Serve
 			opt.logf("warning: cannot record the mount for `bdnvol mounts`: %v", err)
 		}
 	}
-	s := &Served{Mountpoint: mp, Pinned: pinned, Volume: vol, opt: opt, server: server, done: make(chan struct{})}
+	s := &Served{Mountpoint: mp, Pinned: pinned, Volume: vol, opt: opt, server: server, conn: connOf(mp), done: make(chan struct{})}
 	go func() {
 		server.Wait()
 		if opt.Store != nil {
@@ -70,29 +71,91 @@ func Serve(mp string, vol *lazy.Volume, pinned string, opt ServeOptions) (*Serve
 // Done is closed once the mount is gone, however it went.
 func (s *Served) Done() <-chan struct{} { return s.done }
 
-// busyTries is how often Unmount tries a clean unmount of a busy mount,
-// 250ms apart, before it detaches it.
-const busyTries = 20
+// busyFor is how long Unmount tries a clean unmount of a busy mount
+// before it detaches it.
+const busyFor = 5 * time.Second
 
-// Unmount unmounts s, detaching it lazily when it stays busy, and waits
-// until it is gone and its state removed. The volume stays open.
-func (s *Served) Unmount() error {
-	for i := 0; ; i++ {
-		err := s.server.Unmount()
+// abortAfter is how long Unmount waits for the server to end once the
+// mountpoint is gone; then it aborts the FUSE connection.
+const abortAfter = 2 * time.Second
+
+// Unmount unmounts s, detaching it lazily when it stays busy for busyFor,
+// and waits until it is gone and its state removed; a server that another
+// mount of the same connection (a bind mount) keeps going is aborted after
+// abortAfter, one that open files keep going after busyFor more. The
+// volume stays open.
+func (s *Served) Unmount() error { return s.unmount(busyFor, abortAfter) }
+
+// Stop unmounts s at once: detached if it is still busy after grace, its
+// FUSE connection aborted if its server still runs grace after that. The
+// volume stays open.
+func (s *Served) Stop(grace time.Duration) error { return s.unmount(grace, grace) }
+
+func (s *Served) unmount(busy, wait time.Duration) error {
+	giveUp := time.Now().Add(busy)
+	for {
+		err := s.serverUnmount(wait)
 		if err == nil {
-			break
+			// Gone from its mountpoint, and serverUnmount waited for
+			// its server already: abort what still keeps it.
+			return s.wait(0, wait)
 		}
-		if i == busyTries {
-			s.opt.logf("%s is busy (%v); detaching it, it goes away when its last file is closed", s.Mountpoint, err)
+		if time.Now().After(giveUp) {
+			s.opt.logf("%s is busy (%v); detaching it: files open in it read on for %v at most", s.Mountpoint, err, busy)
 			if err := Detach(s.Mountpoint); err != nil {
 				return fmt.Errorf("unmount %s: %w", s.Mountpoint, err)
 			}
-			break
+			return s.wait(busy, wait)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	<-s.done
-	return nil
+}
+
+// serverUnmount is the FUSE server's Unmount, which unmounts the
+// mountpoint (failing when it is busy) and then waits for the server's
+// loops to end: bounded here by wait, as another mount of the connection
+// keeps them going for ever.
+func (s *Served) serverUnmount(wait time.Duration) error {
+	res := make(chan error, 1)
+	go func() { res <- s.server.Unmount() }()
+	select {
+	case err := <-res:
+		return err
+	case <-s.done:
+		return nil
+	case <-time.After(wait):
+		if _, mounted := At(s.Mountpoint); mounted {
+			return fmt.Errorf("unmount %s: still mounted after %v", s.Mountpoint, wait)
+		}
+		return nil // unmounted; what keeps it served is aborted next
+	}
+}
+
+// wait waits up to first for the server to end, then aborts its FUSE
+// connection and waits up to then again.
+func (s *Served) wait(first, then time.Duration) error {
+	t := time.NewTimer(first)
+	defer t.Stop()
+	select {
+	case <-s.done:
+		return nil
+	default:
+		select {
+		case <-s.done:
+			return nil
+		case <-t.C:
+		}
+	}
+	err := abortConn(s.conn)
+	if err == nil {
+		s.opt.logf("%s: still in use after unmount (bound elsewhere); aborted its FUSE connection %s", s.Mountpoint, s.conn)
+	}
+	select {
+	case <-s.done:
+		return nil
+	case <-time.After(then):
+		return fmt.Errorf("unmount %s: the server did not end (abort: %v)", s.Mountpoint, err)
+	}
 }
 
 // Clear checks that mp is a directory to mount on, removing a stale bdnvol

@@ -41,8 +41,14 @@ func requireFUSE(t *testing.T) {
 // testVolume seals a small tree into memory and opens it lazily.
 func testVolume(t *testing.T) (*lazy.Volume, map[string]string) {
 	t.Helper()
-	dir := t.TempDir()
 	files := map[string]string{"a.txt": "alpha\n", "sub/b.txt": "beta beta\n"}
+	return testVolumeOf(t, files), files
+}
+
+// testVolumeOf is a volume of files (path to content), opened lazily.
+func testVolumeOf(t *testing.T, files map[string]string) *lazy.Volume {
+	t.Helper()
+	dir := t.TempDir()
 	for p, s := range files {
 		full := filepath.Join(dir, p)
 		os.MkdirAll(filepath.Dir(full), 0o755)
@@ -65,7 +71,7 @@ func testVolume(t *testing.T) (*lazy.Volume, map[string]string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { v.Close() })
-	return v, files
+	return v
 }
 
 func TestServeAndUnmount(t *testing.T) {

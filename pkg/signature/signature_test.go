@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -330,5 +331,29 @@ func TestSignReferrer(t *testing.T) {
 	}
 	if got, err := Verify(ctx, tg, v, va); err != nil || got.Entry.Referrer {
 		t.Fatalf("verify by tag: %+v, %v", got, err)
+	}
+}
+
+// TestVerifyListsFewClaims: a refusal names at most 8 of the
+// key ids the signatures claim, however many signatures the registry has.
+func TestVerifyListsFewClaims(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	tg, v1, _ := openLayout(t)
+	for i := range 12 {
+		k, _ := newKey(t, dir, fmt.Sprintf("k%d", i))
+		if _, err := Sign(ctx, tg, "repo", v1, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other, _ := newKey(t, dir, "other")
+	_, err := Verify(ctx, tg, v1, []Verifier{other.Verifier()})
+	if !errors.Is(err, ErrOtherKey) {
+		t.Fatalf("other key: %v", err)
+	}
+	msg := err.Error()
+	_, claimed, _ := strings.Cut(msg, "signatures claim key ")
+	if n := strings.Count(claimed, ", ") + 1; n > 8+1 || !strings.Contains(claimed, "and 4 more") {
+		t.Errorf("refusal lists %d claimed ids: %s", n, msg)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
@@ -366,12 +367,20 @@ func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descri
 	for id := range claims {
 		other = append(other, short(id))
 	}
+	slices.Sort(other)
 	why := "no signature verifies with key " + keyList(vs)
+	if len(other) > maxClaimsShown {
+		other = append(other[:maxClaimsShown], fmt.Sprintf("and %d more", len(other)-maxClaimsShown))
+	}
 	if len(other) > 0 {
 		why += "; signatures claim key " + strings.Join(other, ", ")
 	}
 	return nil, fmt.Errorf("version %s: %w (%d signatures: %s)", desc.Digest, ErrOtherKey, len(entries), why)
 }
+
+// maxClaimsShown bounds the key ids a refusal lists: the repository
+// decides how many signatures claim one.
+const maxClaimsShown = 8
 
 func keyList(vs []Verifier) string {
 	ids := make([]string, len(vs))

@@ -3,12 +3,18 @@ package warm
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 func TestParseList(t *testing.T) {
@@ -74,5 +80,42 @@ func TestStoreRecords(t *testing.T) {
 	}
 	if l, _ := s.List(); len(l) != 1 {
 		t.Fatalf("List: %+v", l)
+	}
+}
+
+// TestWarmerRefusesLayouts: an oci: line in the warm list is an error
+// entry; the mounter (root) does not read the node directory it names, even
+// when it holds a valid volume.
+func TestWarmerRefusesLayouts(t *testing.T) {
+	ctx := context.Background()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "secret.txt"), []byte("node secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ref := oci.Ref{Layout: filepath.Join(t.TempDir(), "node-dir")}
+	tg, err := oci.Open(ctx, ref, oci.Options{CreateLayout: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := filepath.Join(t.TempDir(), "warm-list")
+	if err := os.WriteFile(list, []byte(ref.Pinned(res.Root.Digest)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cache, err := chunkcache.Open(t.TempDir(), 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewWarmer(WarmerOptions{Cache: cache, ListFile: list})
+	w.round(ctx)
+	st := w.Status()
+	if len(st.Entries) != 1 || st.Entries[0].State != StateError || !strings.Contains(st.Entries[0].Error, "oci:") {
+		t.Fatalf("status %+v, want one error entry refusing the layout", st.Entries)
+	}
+	if st.Entries[0].Digest != "" || st.Entries[0].Bytes != 0 {
+		t.Errorf("the refused layout was read: %+v", st.Entries[0])
 	}
 }

@@ -3,6 +3,7 @@ package warm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/atomicfile"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // The states of a warm list entry.
@@ -170,6 +172,18 @@ func (w *Warmer) watch(ctx context.Context, cancel context.CancelFunc, at listSt
 	}
 }
 
+// ErrLayoutRefused is the error of a warm list entry naming a local
+// layout: the mounter runs as root and would read a node directory.
+var ErrLayoutRefused = errors.New("oci: layouts are refused in the warm list (the mounter would read a node directory as root); name a registry repository")
+
+// open opens a list entry: a registry reference only.
+func (w *Warmer) open(ctx context.Context, e ListEntry) (*Target, error) {
+	if r, err := oci.ParseRef(e.Ref); err == nil && r.Layout != "" || strings.HasPrefix(e.Ref, "oci:") {
+		return nil, ErrLayoutRefused
+	}
+	return Open(ctx, w.opt.Cache, e.Ref, e.Patterns, w.opt.Options)
+}
+
 // round resolves the list, decides what fits, protects it and fills it.
 func (w *Warmer) round(ctx context.Context) {
 	b, err := os.ReadFile(w.opt.ListFile)
@@ -186,7 +200,7 @@ func (w *Warmer) round(ctx context.Context) {
 	targets := make([]*Target, len(list))
 	for i, e := range list {
 		es := EntryStatus{Ref: e.Ref, State: StateResolving}
-		t, err := Open(ctx, c, e.Ref, e.Patterns, w.opt.Options)
+		t, err := w.open(ctx, e)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

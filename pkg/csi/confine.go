@@ -1,0 +1,107 @@
+package csi
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/bdnvol/bdnvol/pkg/mounts"
+)
+
+// DefaultKubeletDir is where kubelet keeps pods' volumes unless told
+// otherwise; target paths must lie beneath it.
+const DefaultKubeletDir = "/var/lib/kubelet"
+
+// unsafeTargetError is a target path the plugin refuses to publish at.
+type unsafeTargetError struct{ path, why string }
+
+func (e *unsafeTargetError) Error() string { return fmt.Sprintf("target %s: %s", e.path, e.why) }
+
+func unsafeTarget(tp, why string) error { return &unsafeTargetError{tp, why} }
+
+// beneathDir reports whether p lies strictly beneath dir (both clean).
+func beneathDir(dir, p string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// checkTargetPath refuses, with InvalidArgument, a target path that is not
+// a clean absolute path beneath the kubelet directory, or that lies in the
+// mounter's own mounts directory.
+func (n *Node) checkTargetPath(tp string) error {
+	switch {
+	case !filepath.IsAbs(tp) || filepath.Clean(tp) != tp:
+		return targetStatus(unsafeTarget(tp, "not a clean absolute path"))
+	case !beneathDir(n.opt.KubeletDir, tp):
+		return targetStatus(unsafeTarget(tp, "not beneath the kubelet directory "+n.opt.KubeletDir))
+	case n.opt.MountsDir != "" && (tp == n.opt.MountsDir || beneathDir(n.opt.MountsDir, tp)):
+		return targetStatus(unsafeTarget(tp, "in the mounter's own mounts directory"))
+	}
+	return nil
+}
+
+// checkTarget refuses, before anything is fetched, a target that cannot be
+// published: see targetDir.check.
+func (n *Node) checkTarget(tp string) error {
+	d, err := openTarget(n.opt.KubeletDir, tp)
+	if err != nil {
+		return targetStatus(err)
+	}
+	defer d.Close()
+	return targetStatus(d.check())
+}
+
+// targetStatus is err as a gRPC status: InvalidArgument for a refused
+// target, Internal otherwise.
+func targetStatus(err error) error {
+	var ue *unsafeTargetError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ue):
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// cleanDir is dir cleaned, "" kept.
+func cleanDir(dir string) string {
+	if dir == "" {
+		return ""
+	}
+	return filepath.Clean(dir)
+}
+
+// unbindTarget undoes the publish of recorded target t: it unmounts the
+// bind of t's digest there (not another mount put on top) and removes the
+// directory when it is empty; a path now reached through a symlink, or a
+// file there, is left alone.
+func (n *Node) unbindTarget(t target) error {
+	d, err := openTarget(n.opt.KubeletDir, t.Path)
+	var ue *unsafeTargetError
+	if errors.As(err, &ue) {
+		n.log.Warn("recorded target no longer safe to touch; left as it is", "target", t.Path, "error", err.Error())
+		return nil
+	}
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	defer d.Close()
+	if m, mounted := mounts.At(t.Path); mounted && m.Digest == t.Digest {
+		if err := d.unbind(); err != nil {
+			return err
+		}
+	} else if mounted {
+		n.log.Warn("recorded target holds another mount; left as it is", "target", t.Path, "digest", m.Digest)
+		return nil
+	}
+	return d.rmdir(true)
+}
