@@ -34,7 +34,9 @@ type csiNode struct {
 	linger    time.Duration
 	// mounterFlags are extra flags of `bdnvol csi mounter` (startCSIWith).
 	mounterFlags []string
-	cacheSize    string
+	// nodeFlags are extra flags of `bdnvol csi node` (restartNodeWith).
+	nodeFlags []string
+	cacheSize string
 
 	mounter, node *exec.Cmd
 	mounterLog    *syncBuffer
@@ -149,6 +151,7 @@ func (n *csiNode) startNode() {
 	os.Remove(n.endpoint)
 	n.node = n.cmd(n.nodeLog, "node", "--endpoint", "unix://"+n.endpoint, "--node-id", "e2e-node",
 		"--mounts-dir", n.mountsDir, "--mounter-socket", n.mounterS, "--state-dir", n.stateDir, "--linger", n.linger.String())
+	n.node.Args = append(n.node.Args, n.nodeFlags...)
 	if err := n.node.Start(); err != nil {
 		n.t.Fatal(err)
 	}
@@ -160,6 +163,14 @@ func (n *csiNode) startNode() {
 	n.conn = conn
 	n.Node = csi.NewNodeClient(conn)
 	n.Identity = csi.NewIdentityClient(conn)
+}
+
+// restartNodeWith stops the node plugin and starts it again with flags.
+func (n *csiNode) restartNodeWith(flags ...string) {
+	n.t.Helper()
+	n.stopNode()
+	n.nodeFlags = flags
+	n.startNode()
 }
 
 // kill9Node kills the node plugin with SIGKILL.

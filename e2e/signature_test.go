@@ -15,11 +15,13 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // CosignVersion is the cosign CLI the interop tests run; `make cosign`
@@ -517,25 +519,9 @@ func TestCSIRequireSignature(t *testing.T) {
 	}
 	tamperSignature(t, reg, name, tampered)
 	n := startCSI(t, time.Minute)
+	n.restartNodeWith("--key-dir", keys)
 	publish := func(p pod, ref, require string) error {
-		req := &csi.NodePublishVolumeRequest{
-			VolumeId:   p.volumeID,
-			TargetPath: p.target,
-			Readonly:   true,
-			VolumeCapability: &csi.VolumeCapability{
-				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-			},
-			VolumeContext: map[string]string{
-				"ref": ref, "prefetch": "none", "requireSignature": require,
-				"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
-				"csi.storage.k8s.io/ephemeral": "true",
-			},
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		_, err := n.Node.NodePublishVolume(ctx, req)
-		return err
+		return csiPublishRequiring(n, p, ref, require, 2*time.Minute)
 	}
 	inline := string(mustRead(t, pub))
 	for _, c := range []struct{ tag, d, why string }{
@@ -554,6 +540,14 @@ func TestCSIRequireSignature(t *testing.T) {
 	if err := publish(n.newPod("bad-key"), repo+":v1", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"); codeOf(err) != codes.InvalidArgument {
 		t.Fatalf("publish with a broken inline key: %v", err)
 	}
+	// A key file outside the key directory is refused.
+	outside := filepath.Join(t.TempDir(), "release.pub")
+	if err := os.WriteFile(outside, mustRead(t, pub), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := publish(n.newPod("outside"), repo+":v1", outside); codeOf(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--key-dir") {
+		t.Fatalf("publish with a key file outside --key-dir: %v", err)
+	}
 	p := n.newPod("signed")
 	if err := publish(p, repo+":v1", pub); err != nil {
 		t.Fatalf("publish of a signed version: %v", err)
@@ -561,6 +555,144 @@ func TestCSIRequireSignature(t *testing.T) {
 	waitReadable(t, filepath.Join(p.target, "f0.bin"))
 	if m := n.fuseMounts(); len(m) != 1 {
 		t.Fatalf("mounts: %v", m)
+	}
+}
+
+// csiPublishRequiring is NodePublishVolume of ref for p with the
+// requireSignature attribute, bounded by timeout.
+func csiPublishRequiring(n *csiNode, p pod, ref, require string, timeout time.Duration) error {
+	req := &csi.NodePublishVolumeRequest{
+		VolumeId:   p.volumeID,
+		TargetPath: p.target,
+		Readonly:   true,
+		VolumeCapability: &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		},
+		VolumeContext: map[string]string{
+			"ref": ref, "prefetch": "none", "requireSignature": require,
+			"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
+			"csi.storage.k8s.io/ephemeral": "true",
+		},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_, err := n.Node.NodePublishVolume(ctx, req)
+	return err
+}
+
+// mkfifo makes a FIFO at p, and in t.Cleanup opens it for writing once so
+// that a reader stuck opening it (the bug this guards against) goes on.
+func mkfifo(t *testing.T, p string) {
+	t.Helper()
+	if err := syscall.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unblockFIFO(p) })
+}
+
+func unblockFIFO(p string) {
+	if f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+		f.Close()
+	}
+}
+
+// TestCSIRequireSignatureFIFO: a requireSignature attribute naming a FIFO
+// (in the key directory or anywhere on the node) is refused at once, with
+// the message every refused key path gets (a missing file, a file that is
+// no key, a path outside --key-dir), and the plugin then stops at SIGTERM.
+func TestCSIRequireSignatureFIFO(t *testing.T) {
+	keys := t.TempDir()
+	_, pub := keyPair(t, keys, "release")
+	mkfifo(t, filepath.Join(keys, "fifo.pub"))
+	elsewhere := filepath.Join(t.TempDir(), "fifo")
+	mkfifo(t, elsewhere)
+	reg := newDistribution(t)
+	repo := reg.Host + "/vols/fifo"
+	pushJSON(t, repo+":v1", smallVolume(t, 41))
+	n := startCSI(t, time.Minute)
+	// Before the harness stops the plugin: let an open stuck on a FIFO go on.
+	t.Cleanup(func() { unblockFIFO(filepath.Join(keys, "fifo.pub")); unblockFIFO(elsewhere) })
+	n.restartNodeWith("--key-dir", keys)
+
+	var msg string
+	for i, path := range []string{filepath.Join(keys, "fifo.pub"), "fifo.pub", elsewhere, filepath.Join(keys, "missing.pub"),
+		"/etc/passwd", "/nonexistent/x.pub", "../" + filepath.Base(filepath.Dir(elsewhere)) + "/fifo"} {
+		start := time.Now()
+		err := csiPublishRequiring(n, n.newPod(fmt.Sprintf("p%d", i)), repo+":v1", path, 10*time.Second)
+		took := time.Since(start)
+		if codeOf(err) == codes.DeadlineExceeded {
+			t.Fatalf("publish requiring %s: no answer in %v (the plugin hangs opening it)", path, took)
+		}
+		if codeOf(err) != codes.InvalidArgument || took > 5*time.Second {
+			t.Fatalf("publish requiring %s: %v after %v; want InvalidArgument at once", path, err, took)
+		}
+		_, why, _ := strings.Cut(status.Convert(err).Message(), "requireSignature: ")
+		if msg == "" {
+			msg = why
+		}
+		if why != msg || strings.Contains(why, path) {
+			t.Errorf("publish requiring %s: refused with %q; want the one message %q", path, why, msg)
+		}
+	}
+	if !strings.Contains(msg, "--key-dir") {
+		t.Errorf("the refusal %q does not say where key files may be", msg)
+	}
+	if m := n.fuseMounts(); len(m) != 0 {
+		t.Fatalf("mounts after the refusals: %v", m)
+	}
+	// The key beside the FIFO is used.
+	p := n.newPod("signed-by-file")
+	if err := csiPublishRequiring(n, p, repo+":v1", filepath.Base(pub), time.Minute); codeOf(err) != codes.PermissionDenied ||
+		!strings.Contains(err.Error(), "no signature") {
+		t.Fatalf("publish of an unsigned version requiring %s: %v; want PermissionDenied, no signature", pub, err)
+	}
+
+	// No RPC is stuck: the plugin stops at SIGTERM.
+	n.conn.Close()
+	n.conn = nil
+	n.node.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { n.node.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("the node plugin did not stop in 10s after SIGTERM")
+		unblockFIFO(filepath.Join(keys, "fifo.pub"))
+		unblockFIFO(elsewhere)
+		n.node.Process.Kill()
+		<-done
+	}
+	n.node = nil
+}
+
+// TestKeyFileFIFO: the CLI's key files (verify --key, pull
+// --require-signature, sign --key) that are FIFOs are refused at once.
+func TestKeyFileFIFO(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "key.pub")
+	mkfifo(t, fifo)
+	reg := newDistribution(t)
+	repo := reg.Host + "/vols/fifo"
+	pushJSON(t, repo+":v1", smallVolume(t, 42))
+	for _, args := range [][]string{
+		{"verify", "--key", fifo, repo + ":v1"},
+		{"pull", "--require-signature", fifo, repo + ":v1", filepath.Join(t.TempDir(), "out")},
+		{"sign", "--key", fifo, repo + ":v1"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cmd := exec.CommandContext(ctx, bin(t), args...)
+		cmd.Env = cliEnv(t, "COSIGN_PASSWORD=e2e-pass")
+		start := time.Now()
+		out, err := cmd.CombinedOutput()
+		took := time.Since(start)
+		timedOut := ctx.Err() != nil
+		cancel()
+		if timedOut {
+			t.Fatalf("bdnvol %s: still running after %v (hangs opening the FIFO)", strings.Join(args, " "), took)
+		}
+		if err == nil || !strings.Contains(string(out), "not a regular file") {
+			t.Errorf("bdnvol %s: %v after %v; want a refusal of the FIFO:\n%s", strings.Join(args, " "), err, took, out)
+		}
 	}
 }
 
