@@ -696,6 +696,110 @@ func TestKeyFileFIFO(t *testing.T) {
 	}
 }
 
+// pushHostileReferrers stores n signature referrers of version d in name,
+// each of layers entries naming one 64 KiB simple-signing payload (of d),
+// with signatures that verify with no key: what a registry a version
+// comes from can list.
+func pushHostileReferrers(t testing.TB, reg *registry, name, d string, size int64, n, layers int) {
+	t.Helper()
+	pad := strings.Repeat("x", 64<<10)
+	pl := func(pad string) []byte {
+		b, _ := json.Marshal(map[string]any{
+			"critical": map[string]any{"identity": map[string]string{"docker-reference": name},
+				"image": map[string]string{"docker-manifest-digest": d}, "type": "cosign container image signature"},
+			"optional": map[string]string{"pad": pad},
+		})
+		return b
+	}
+	payload := pl(pad[:64<<10-len(pl(""))])
+	pd := uploadBlob(t, reg, name, payload)
+	cfg := uploadBlob(t, reg, name, []byte("{}"))
+	sig := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x30}, 71))
+	type desc struct {
+		MediaType   string            `json:"mediaType"`
+		Digest      string            `json:"digest"`
+		Size        int64             `json:"size"`
+		Annotations map[string]string `json:"annotations,omitempty"`
+	}
+	for i := 0; i < n; i++ {
+		ls := make([]desc, layers)
+		for j := range ls {
+			ls[j] = desc{"application/vnd.dev.cosign.simplesigning.v1+json", pd, int64(len(payload)),
+				map[string]string{"dev.cosignproject.cosign/signature": sig, "dev.bdnvol.signature/key": fmt.Sprintf("%064x", i*layers+j)}}
+		}
+		mb, _ := json.Marshal(map[string]any{
+			"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+			"artifactType": "application/vnd.dev.cosign.artifact.sig.v1+json",
+			"config":       desc{MediaType: "application/vnd.dev.cosign.artifact.sig.v1+json", Digest: cfg, Size: 2},
+			"layers":       ls,
+			"subject":      desc{MediaType: "application/vnd.oci.image.manifest.v1+json", Digest: d, Size: size},
+		})
+		putManifest(t, reg, name, digestOf(mb), "application/vnd.oci.image.manifest.v1+json", mb)
+	}
+}
+
+// peakRSSOf runs the CLI with args and returns its exit error, and its
+// peak RSS in KiB read from its /proc/PID/status (VmHWM) while it runs.
+func peakRSSOf(t testing.TB, args ...string) (int64, []byte, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin(t), args...)
+	cmd.Env = cliEnv(t)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	status := fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)
+	var peak int64
+	for {
+		if b, err := os.ReadFile(status); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+					var kib int64
+					fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kib)
+					peak = max(peak, kib)
+				}
+			}
+		}
+		select {
+		case err := <-done:
+			return peak, out.Bytes(), err
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// TestVerifyHostileReferrersRSS: a version whose registry lists 48
+// signature referrers of 256 entries each, all naming one 64 KiB payload,
+// is refused by verify --key in bounded memory, fetching the payload once.
+func TestVerifyHostileReferrersRSS(t *testing.T) {
+	keys := t.TempDir()
+	_, pub := keyPair(t, keys, "release")
+	reg := newGGCRReferrers(t)
+	name := "models/hostile"
+	v := pushJSON(t, reg.Host+"/"+name+":v1", smallVolume(t, 51))
+	root := registryManifest(t, reg, name, v.Digest)
+	pushHostileReferrers(t, reg, name, v.Digest, int64(len(root)), 48, 256)
+	reg.ResetStats()
+	kib, out, err := peakRSSOf(t, "verify", "--key", pub, reg.Host+"/"+name+"@"+v.Digest)
+	st := reg.Stats()
+	t.Logf("verify --key with 48 hostile referrers x 256 entries: peak RSS %.1f MiB, %d blob bytes served, requests %v",
+		float64(kib)/1024, st.BlobBytesOut, st.Requests)
+	if err == nil || !strings.Contains(string(out), "signed by another key") {
+		t.Fatalf("verify: %v; want a refusal, signed by another key:\n%s", err, out)
+	}
+	if kib == 0 || kib > 128<<10 {
+		t.Errorf("verify --key: peak RSS %.1f MiB, want under 128 MiB", float64(kib)/1024)
+	}
+	if st.BlobBytesOut > 1<<20 {
+		t.Errorf("verify --key: %d blob bytes fetched, want the 64 KiB payload once", st.BlobBytesOut)
+	}
+}
+
 // TestGCDeletesSignatures: rm keeps a deleted version's signature (restore
 // brings it back signed); gc --purge deletes it with the version and keeps
 // the kept versions' signatures: the signature tag on distribution, the
