@@ -800,6 +800,55 @@ func TestVerifyHostileReferrersRSS(t *testing.T) {
 	}
 }
 
+// vmHWMOf is the peak RSS of the running process pid in KiB, from its
+// /proc/PID/status.
+func vmHWMOf(t testing.TB, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kib int64
+			fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kib)
+			return kib
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
+}
+
+// TestCSIRequireSignatureHostileReferrersRSS: a pod requiring a signature
+// of a version whose registry lists 48 hostile signature referrers (256
+// entries each naming one 64 KiB payload) is refused by the node plugin in
+// bounded memory.
+func TestCSIRequireSignatureHostileReferrersRSS(t *testing.T) {
+	keys := t.TempDir()
+	_, pub := keyPair(t, keys, "release")
+	reg := newGGCRReferrers(t)
+	name := "vols/hostile"
+	v := pushJSON(t, reg.Host+"/"+name+":v1", smallVolume(t, 52))
+	pushHostileReferrers(t, reg, name, v.Digest, int64(len(registryManifest(t, reg, name, v.Digest))), 48, 256)
+	n := startCSI(t, time.Minute)
+	before := vmHWMOf(t, n.node.Process.Pid)
+	reg.ResetStats()
+	err := csiPublishRequiring(n, n.newPod("hostile"), reg.Host+"/"+name+":v1", string(mustRead(t, pub)), 2*time.Minute)
+	peak := vmHWMOf(t, n.node.Process.Pid)
+	st := reg.Stats()
+	t.Logf("node plugin publish requiring a signature, 48 hostile referrers x 256 entries: peak RSS %.1f MiB (%.1f MiB before), %d blob bytes served",
+		float64(peak)/1024, float64(before)/1024, st.BlobBytesOut)
+	if codeOf(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "signed by another key") {
+		t.Fatalf("publish: %v; want PermissionDenied, signed by another key", err)
+	}
+	if peak > 128<<10 {
+		t.Errorf("node plugin: peak RSS %.1f MiB after the publish, want under 128 MiB", float64(peak)/1024)
+	}
+	if st.BlobBytesOut > 1<<20 {
+		t.Errorf("node plugin: %d blob bytes fetched, want the 64 KiB payload once", st.BlobBytesOut)
+	}
+}
+
 // TestGCDeletesSignatures: rm keeps a deleted version's signature (restore
 // brings it back signed); gc --purge deletes it with the version and keeps
 // the kept versions' signatures: the signature tag on distribution, the
