@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -464,8 +465,9 @@ type Verified struct {
 	Entry  Entry
 }
 
-// maxClaims is how many of the key ids signatures claim a refusal names.
-const maxClaims = 8
+// maxClaimsShown bounds the key ids a refusal lists: the repository
+// decides how many signatures claim one.
+const maxClaimsShown = 8
 
 // Verify checks that desc carries a valid signature by one of vs. The error
 // names the digest and wraps ErrUnsigned, ErrOtherKey, ErrOtherDigest or
@@ -483,20 +485,12 @@ func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descri
 		found       *Verified
 		otherDigest digest.Digest
 		tampered    bool
-		claims      []string // short ids, at most maxClaims
-		moreClaims  bool
+		claims      = map[string]bool{} // short ids; at most one per entry read
 	)
 	r := newSigReader(t, desc, false)
 	n, err := r.each(ctx, func(e Entry) bool {
 		if e.KeyID != "" {
-			id := short(e.KeyID)
-			switch {
-			case slices.Contains(claims, id):
-			case len(claims) < maxClaims:
-				claims = append(claims, id)
-			default:
-				moreClaims = true
-			}
+			claims[short(e.KeyID)] = true
 		}
 		var by Verifier
 		for _, v := range vs {
@@ -542,12 +536,13 @@ func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descri
 	case tampered:
 		return nil, fmt.Errorf("version %s: %w (a signature claims key %s but does not verify with it%s)", desc.Digest, ErrTampered, keyList(vs), bound)
 	}
+	other := slices.Sorted(maps.Keys(claims))
+	if len(other) > maxClaimsShown {
+		other = append(other[:maxClaimsShown], fmt.Sprintf("and %d more", len(other)-maxClaimsShown))
+	}
 	why := "no signature verifies with key " + keyList(vs)
-	if len(claims) > 0 {
-		why += "; signatures claim key " + strings.Join(claims, ", ")
-		if moreClaims {
-			why += " and others"
-		}
+	if len(other) > 0 {
+		why += "; signatures claim key " + strings.Join(other, ", ")
 	}
 	return nil, fmt.Errorf("version %s: %w (%d signatures: %s%s)", desc.Digest, ErrOtherKey, n, why, bound)
 }
