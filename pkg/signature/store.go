@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -465,10 +464,6 @@ type Verified struct {
 	Entry  Entry
 }
 
-// maxClaimsShown bounds the key ids a refusal lists: the repository
-// decides how many signatures claim one.
-const maxClaimsShown = 8
-
 // Verify checks that desc carries a valid signature by one of vs. The error
 // names the digest and wraps ErrUnsigned, ErrOtherKey, ErrOtherDigest or
 // ErrTampered. Signatures are checked as they are read, and reading stops
@@ -485,7 +480,7 @@ func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descri
 		found       *Verified
 		otherDigest digest.Digest
 		tampered    bool
-		claims      = map[string]bool{} // short ids; at most one per entry read
+		claims      = map[string]bool{} // short ids, at most one per entry read
 	)
 	r := newSigReader(t, desc, false)
 	n, err := r.each(ctx, func(e Entry) bool {
@@ -536,16 +531,24 @@ func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descri
 	case tampered:
 		return nil, fmt.Errorf("version %s: %w (a signature claims key %s but does not verify with it%s)", desc.Digest, ErrTampered, keyList(vs), bound)
 	}
-	other := slices.Sorted(maps.Keys(claims))
+	other := make([]string, 0, len(claims))
+	for id := range claims {
+		other = append(other, short(id))
+	}
+	slices.Sort(other)
+	why := "no signature verifies with key " + keyList(vs)
 	if len(other) > maxClaimsShown {
 		other = append(other[:maxClaimsShown], fmt.Sprintf("and %d more", len(other)-maxClaimsShown))
 	}
-	why := "no signature verifies with key " + keyList(vs)
 	if len(other) > 0 {
 		why += "; signatures claim key " + strings.Join(other, ", ")
 	}
 	return nil, fmt.Errorf("version %s: %w (%d signatures: %s%s)", desc.Digest, ErrOtherKey, n, why, bound)
 }
+
+// maxClaimsShown bounds the key ids a refusal lists: the repository
+// decides how many signatures claim one.
+const maxClaimsShown = 8
 
 func keyList(vs []Verifier) string {
 	ids := make([]string, len(vs))
