@@ -126,6 +126,9 @@ func startCSIWith(t *testing.T, linger time.Duration, cacheSize string, mounterF
 }
 
 func (n *csiNode) cmd(log *syncBuffer, args ...string) *exec.Cmd {
+	if args[0] == "node" {
+		args = append(args, n.nodeFlags...)
+	}
 	cmd := exec.Command(bin(n.t), append(append([]string{"csi"}, args...), n.globals...)...)
 	cmd.Env = cliEnv(n.t)
 	cmd.Stdout, cmd.Stderr = log, log
@@ -151,7 +154,6 @@ func (n *csiNode) startNode() {
 	os.Remove(n.endpoint)
 	n.node = n.cmd(n.nodeLog, "node", "--endpoint", "unix://"+n.endpoint, "--node-id", "e2e-node",
 		"--mounts-dir", n.mountsDir, "--mounter-socket", n.mounterS, "--state-dir", n.stateDir, "--linger", n.linger.String())
-	n.node.Args = append(n.node.Args, n.nodeFlags...)
 	if err := n.node.Start(); err != nil {
 		n.t.Fatal(err)
 	}

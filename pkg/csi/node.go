@@ -39,10 +39,10 @@ type NodeOptions struct {
 	NodeID   string
 	Version  string         // reported by GetPluginInfo
 	StateDir string         // target records (refcounts)
+	KeyDir   string         // where requireSignature may name key files ("": inline keys only)
 	Mounter  *MounterClient // the mounter holding the FUSE mounts
 	OCI      oci.Options    // for resolving references and the access check
 	Linger   time.Duration  // how long an unused digest stays mounted
-	KeyDir   string         // where requireSignature may name key files ("": inline keys only)
 	Logger   *slog.Logger
 }
 
