@@ -34,7 +34,9 @@ type csiNode struct {
 	linger    time.Duration
 	// mounterFlags are extra flags of `bdnvol csi mounter` (startCSIWith).
 	mounterFlags []string
-	cacheSize    string
+	// nodeFlags are extra flags of `bdnvol csi node` (restartNodeWith).
+	nodeFlags []string
+	cacheSize string
 
 	mounter, node *exec.Cmd
 	mounterLog    *syncBuffer
@@ -124,6 +126,9 @@ func startCSIWith(t *testing.T, linger time.Duration, cacheSize string, mounterF
 }
 
 func (n *csiNode) cmd(log *syncBuffer, args ...string) *exec.Cmd {
+	if args[0] == "node" {
+		args = append(args, n.nodeFlags...)
+	}
 	cmd := exec.Command(bin(n.t), append(append([]string{"csi"}, args...), n.globals...)...)
 	cmd.Env = cliEnv(n.t)
 	cmd.Stdout, cmd.Stderr = log, log
@@ -161,6 +166,14 @@ func (n *csiNode) startNode() {
 	n.conn = conn
 	n.Node = csi.NewNodeClient(conn)
 	n.Identity = csi.NewIdentityClient(conn)
+}
+
+// restartNodeWith stops the node plugin and starts it again with flags.
+func (n *csiNode) restartNodeWith(flags ...string) {
+	n.t.Helper()
+	n.stopNode()
+	n.nodeFlags = flags
+	n.startNode()
 }
 
 // kill9Node kills the node plugin with SIGKILL.

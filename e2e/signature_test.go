@@ -15,11 +15,13 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // CosignVersion is the cosign CLI the interop tests run; `make cosign`
@@ -517,25 +519,9 @@ func TestCSIRequireSignature(t *testing.T) {
 	}
 	tamperSignature(t, reg, name, tampered)
 	n := startCSI(t, time.Minute)
+	n.restartNodeWith("--key-dir", keys)
 	publish := func(p pod, ref, require string) error {
-		req := &csi.NodePublishVolumeRequest{
-			VolumeId:   p.volumeID,
-			TargetPath: p.target,
-			Readonly:   true,
-			VolumeCapability: &csi.VolumeCapability{
-				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-			},
-			VolumeContext: map[string]string{
-				"ref": ref, "prefetch": "none", "requireSignature": require,
-				"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
-				"csi.storage.k8s.io/ephemeral": "true",
-			},
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		_, err := n.Node.NodePublishVolume(ctx, req)
-		return err
+		return csiPublishRequiring(n, p, ref, require, 2*time.Minute)
 	}
 	inline := string(mustRead(t, pub))
 	for _, c := range []struct{ tag, d, why string }{
@@ -554,6 +540,14 @@ func TestCSIRequireSignature(t *testing.T) {
 	if err := publish(n.newPod("bad-key"), repo+":v1", "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"); codeOf(err) != codes.InvalidArgument {
 		t.Fatalf("publish with a broken inline key: %v", err)
 	}
+	// A key file outside the key directory is refused.
+	outside := filepath.Join(t.TempDir(), "release.pub")
+	if err := os.WriteFile(outside, mustRead(t, pub), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := publish(n.newPod("outside"), repo+":v1", outside); codeOf(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--key-dir") {
+		t.Fatalf("publish with a key file outside --key-dir: %v", err)
+	}
 	p := n.newPod("signed")
 	if err := publish(p, repo+":v1", pub); err != nil {
 		t.Fatalf("publish of a signed version: %v", err)
@@ -561,6 +555,297 @@ func TestCSIRequireSignature(t *testing.T) {
 	waitReadable(t, filepath.Join(p.target, "f0.bin"))
 	if m := n.fuseMounts(); len(m) != 1 {
 		t.Fatalf("mounts: %v", m)
+	}
+}
+
+// csiPublishRequiring is NodePublishVolume of ref for p with the
+// requireSignature attribute, bounded by timeout.
+func csiPublishRequiring(n *csiNode, p pod, ref, require string, timeout time.Duration) error {
+	req := &csi.NodePublishVolumeRequest{
+		VolumeId:   p.volumeID,
+		TargetPath: p.target,
+		Readonly:   true,
+		VolumeCapability: &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		},
+		VolumeContext: map[string]string{
+			"ref": ref, "prefetch": "none", "requireSignature": require,
+			"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
+			"csi.storage.k8s.io/ephemeral": "true",
+		},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_, err := n.Node.NodePublishVolume(ctx, req)
+	return err
+}
+
+// mkfifo makes a FIFO at p, and in t.Cleanup opens it for writing once so
+// that a reader stuck opening it (the bug this guards against) goes on.
+func mkfifo(t *testing.T, p string) {
+	t.Helper()
+	if err := syscall.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unblockFIFO(p) })
+}
+
+func unblockFIFO(p string) {
+	if f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+		f.Close()
+	}
+}
+
+// TestCSIRequireSignatureFIFO: a requireSignature attribute naming a FIFO
+// (in the key directory or anywhere on the node) is refused at once, with
+// the message every refused key path gets (a missing file, a file that is
+// no key, a path outside --key-dir), and the plugin then stops at SIGTERM.
+func TestCSIRequireSignatureFIFO(t *testing.T) {
+	keys := t.TempDir()
+	_, pub := keyPair(t, keys, "release")
+	mkfifo(t, filepath.Join(keys, "fifo.pub"))
+	elsewhere := filepath.Join(t.TempDir(), "fifo")
+	mkfifo(t, elsewhere)
+	reg := newDistribution(t)
+	repo := reg.Host + "/vols/fifo"
+	pushJSON(t, repo+":v1", smallVolume(t, 41))
+	n := startCSI(t, time.Minute)
+	// Before the harness stops the plugin: let an open stuck on a FIFO go on.
+	t.Cleanup(func() { unblockFIFO(filepath.Join(keys, "fifo.pub")); unblockFIFO(elsewhere) })
+	n.restartNodeWith("--key-dir", keys)
+
+	var msg string
+	for i, path := range []string{filepath.Join(keys, "fifo.pub"), "fifo.pub", elsewhere, filepath.Join(keys, "missing.pub"),
+		"/etc/passwd", "/nonexistent/x.pub", "../" + filepath.Base(filepath.Dir(elsewhere)) + "/fifo"} {
+		start := time.Now()
+		err := csiPublishRequiring(n, n.newPod(fmt.Sprintf("p%d", i)), repo+":v1", path, 10*time.Second)
+		took := time.Since(start)
+		if codeOf(err) == codes.DeadlineExceeded {
+			t.Fatalf("publish requiring %s: no answer in %v (the plugin hangs opening it)", path, took)
+		}
+		if codeOf(err) != codes.InvalidArgument || took > 5*time.Second {
+			t.Fatalf("publish requiring %s: %v after %v; want InvalidArgument at once", path, err, took)
+		}
+		_, why, _ := strings.Cut(status.Convert(err).Message(), "requireSignature: ")
+		if msg == "" {
+			msg = why
+		}
+		if why != msg || strings.Contains(why, path) {
+			t.Errorf("publish requiring %s: refused with %q; want the one message %q", path, why, msg)
+		}
+	}
+	if !strings.Contains(msg, "--key-dir") {
+		t.Errorf("the refusal %q does not say where key files may be", msg)
+	}
+	if m := n.fuseMounts(); len(m) != 0 {
+		t.Fatalf("mounts after the refusals: %v", m)
+	}
+	// The key beside the FIFO is used.
+	p := n.newPod("signed-by-file")
+	if err := csiPublishRequiring(n, p, repo+":v1", filepath.Base(pub), time.Minute); codeOf(err) != codes.PermissionDenied ||
+		!strings.Contains(err.Error(), "no signature") {
+		t.Fatalf("publish of an unsigned version requiring %s: %v; want PermissionDenied, no signature", pub, err)
+	}
+
+	// No RPC is stuck: the plugin stops at SIGTERM.
+	n.conn.Close()
+	n.conn = nil
+	n.node.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { n.node.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("the node plugin did not stop in 10s after SIGTERM")
+		unblockFIFO(filepath.Join(keys, "fifo.pub"))
+		unblockFIFO(elsewhere)
+		n.node.Process.Kill()
+		<-done
+	}
+	n.node = nil
+}
+
+// TestKeyFileFIFO: the CLI's key files (verify --key, pull
+// --require-signature, sign --key) that are FIFOs are refused at once.
+func TestKeyFileFIFO(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "key.pub")
+	mkfifo(t, fifo)
+	reg := newDistribution(t)
+	repo := reg.Host + "/vols/fifo"
+	pushJSON(t, repo+":v1", smallVolume(t, 42))
+	for _, args := range [][]string{
+		{"verify", "--key", fifo, repo + ":v1"},
+		{"pull", "--require-signature", fifo, repo + ":v1", filepath.Join(t.TempDir(), "out")},
+		{"sign", "--key", fifo, repo + ":v1"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cmd := exec.CommandContext(ctx, bin(t), args...)
+		cmd.Env = cliEnv(t, "COSIGN_PASSWORD=e2e-pass")
+		start := time.Now()
+		out, err := cmd.CombinedOutput()
+		took := time.Since(start)
+		timedOut := ctx.Err() != nil
+		cancel()
+		if timedOut {
+			t.Fatalf("bdnvol %s: still running after %v (hangs opening the FIFO)", strings.Join(args, " "), took)
+		}
+		if err == nil || !strings.Contains(string(out), "not a regular file") {
+			t.Errorf("bdnvol %s: %v after %v; want a refusal of the FIFO:\n%s", strings.Join(args, " "), err, took, out)
+		}
+	}
+}
+
+// pushHostileReferrers stores n signature referrers of version d in name,
+// each of layers entries naming one 64 KiB simple-signing payload (of d),
+// with signatures that verify with no key: what a registry a version
+// comes from can list.
+func pushHostileReferrers(t testing.TB, reg *registry, name, d string, size int64, n, layers int) {
+	t.Helper()
+	pad := strings.Repeat("x", 64<<10)
+	pl := func(pad string) []byte {
+		b, _ := json.Marshal(map[string]any{
+			"critical": map[string]any{"identity": map[string]string{"docker-reference": name},
+				"image": map[string]string{"docker-manifest-digest": d}, "type": "cosign container image signature"},
+			"optional": map[string]string{"pad": pad},
+		})
+		return b
+	}
+	payload := pl(pad[:64<<10-len(pl(""))])
+	pd := uploadBlob(t, reg, name, payload)
+	cfg := uploadBlob(t, reg, name, []byte("{}"))
+	sig := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x30}, 71))
+	type desc struct {
+		MediaType   string            `json:"mediaType"`
+		Digest      string            `json:"digest"`
+		Size        int64             `json:"size"`
+		Annotations map[string]string `json:"annotations,omitempty"`
+	}
+	for i := 0; i < n; i++ {
+		ls := make([]desc, layers)
+		for j := range ls {
+			ls[j] = desc{"application/vnd.dev.cosign.simplesigning.v1+json", pd, int64(len(payload)),
+				map[string]string{"dev.cosignproject.cosign/signature": sig, "dev.bdnvol.signature/key": fmt.Sprintf("%064x", i*layers+j)}}
+		}
+		mb, _ := json.Marshal(map[string]any{
+			"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+			"artifactType": "application/vnd.dev.cosign.artifact.sig.v1+json",
+			"config":       desc{MediaType: "application/vnd.dev.cosign.artifact.sig.v1+json", Digest: cfg, Size: 2},
+			"layers":       ls,
+			"subject":      desc{MediaType: "application/vnd.oci.image.manifest.v1+json", Digest: d, Size: size},
+		})
+		putManifest(t, reg, name, digestOf(mb), "application/vnd.oci.image.manifest.v1+json", mb)
+	}
+}
+
+// peakRSSOf runs the CLI with args and returns its exit error, and its
+// peak RSS in KiB read from its /proc/PID/status (VmHWM) while it runs.
+func peakRSSOf(t testing.TB, args ...string) (int64, []byte, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin(t), args...)
+	cmd.Env = cliEnv(t)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	status := fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)
+	var peak int64
+	for {
+		if b, err := os.ReadFile(status); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+					var kib int64
+					fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kib)
+					peak = max(peak, kib)
+				}
+			}
+		}
+		select {
+		case err := <-done:
+			return peak, out.Bytes(), err
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// TestVerifyHostileReferrersRSS: a version whose registry lists 48
+// signature referrers of 256 entries each, all naming one 64 KiB payload,
+// is refused by verify --key in bounded memory, fetching the payload once.
+func TestVerifyHostileReferrersRSS(t *testing.T) {
+	keys := t.TempDir()
+	_, pub := keyPair(t, keys, "release")
+	reg := newGGCRReferrers(t)
+	name := "models/hostile"
+	v := pushJSON(t, reg.Host+"/"+name+":v1", smallVolume(t, 51))
+	root := registryManifest(t, reg, name, v.Digest)
+	pushHostileReferrers(t, reg, name, v.Digest, int64(len(root)), 48, 256)
+	reg.ResetStats()
+	kib, out, err := peakRSSOf(t, "verify", "--key", pub, reg.Host+"/"+name+"@"+v.Digest)
+	st := reg.Stats()
+	t.Logf("verify --key with 48 hostile referrers x 256 entries: peak RSS %.1f MiB, %d blob bytes served, requests %v",
+		float64(kib)/1024, st.BlobBytesOut, st.Requests)
+	if err == nil || !strings.Contains(string(out), "signed by another key") {
+		t.Fatalf("verify: %v; want a refusal, signed by another key:\n%s", err, out)
+	}
+	if kib == 0 || kib > 128<<10 {
+		t.Errorf("verify --key: peak RSS %.1f MiB, want under 128 MiB", float64(kib)/1024)
+	}
+	if st.BlobBytesOut > 1<<20 {
+		t.Errorf("verify --key: %d blob bytes fetched, want the 64 KiB payload once", st.BlobBytesOut)
+	}
+}
+
+// vmHWMOf is the peak RSS of the running process pid in KiB, from its
+// /proc/PID/status.
+func vmHWMOf(t testing.TB, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kib int64
+			fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kib)
+			return kib
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
+}
+
+// TestCSIRequireSignatureHostileReferrersRSS: a pod requiring a signature
+// of a version whose registry lists 48 hostile signature referrers (256
+// entries each naming one 64 KiB payload) is refused by the node plugin in
+// bounded memory.
+func TestCSIRequireSignatureHostileReferrersRSS(t *testing.T) {
+	keys := t.TempDir()
+	_, pub := keyPair(t, keys, "release")
+	reg := newGGCRReferrers(t)
+	name := "vols/hostile"
+	v := pushJSON(t, reg.Host+"/"+name+":v1", smallVolume(t, 52))
+	pushHostileReferrers(t, reg, name, v.Digest, int64(len(registryManifest(t, reg, name, v.Digest))), 48, 256)
+	n := startCSI(t, time.Minute)
+	before := vmHWMOf(t, n.node.Process.Pid)
+	reg.ResetStats()
+	err := csiPublishRequiring(n, n.newPod("hostile"), reg.Host+"/"+name+":v1", string(mustRead(t, pub)), 2*time.Minute)
+	peak := vmHWMOf(t, n.node.Process.Pid)
+	st := reg.Stats()
+	t.Logf("node plugin publish requiring a signature, 48 hostile referrers x 256 entries: peak RSS %.1f MiB (%.1f MiB before), %d blob bytes served",
+		float64(peak)/1024, float64(before)/1024, st.BlobBytesOut)
+	if codeOf(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "signed by another key") {
+		t.Fatalf("publish: %v; want PermissionDenied, signed by another key", err)
+	}
+	if peak > 128<<10 {
+		t.Errorf("node plugin: peak RSS %.1f MiB after the publish, want under 128 MiB", float64(peak)/1024)
+	}
+	if st.BlobBytesOut > 1<<20 {
+		t.Errorf("node plugin: %d blob bytes fetched, want the 64 KiB payload once", st.BlobBytesOut)
 	}
 }
 

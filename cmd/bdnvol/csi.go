@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/bdnvol/bdnvol/pkg/csi"
@@ -55,6 +57,7 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 // CSINodeCmd is `bdnvol csi node`.
 type CSINodeCmd struct {
 	csiDirs  `embed:""`
+	KeyDir   string        `name:"key-dir" type:"path" placeholder:"DIR" help:"Directory of cosign public keys that a volume's requireSignature may name by file name (default none: keys inline as PEM only)."`
 	Endpoint string        `default:"unix:///csi/csi.sock" help:"The CSI socket kubelet calls."`
 	NodeID   string        `name:"node-id" env:"NODE_NAME" help:"This node's name (default: the host name)."`
 	Linger   time.Duration `default:"2m" help:"How long a digest stays mounted after its last pod is gone."`
@@ -64,9 +67,16 @@ type CSINodeCmd struct {
 
 // Run serves the CSI services until SIGTERM.
 func (c *CSINodeCmd) Run(ctx context.Context, g *Globals) error {
+	if c.KeyDir != "" {
+		if fi, err := os.Stat(c.KeyDir); err != nil {
+			return usageError{fmt.Errorf("--key-dir: %w", err)}
+		} else if !fi.IsDir() {
+			return usageError{fmt.Errorf("--key-dir %s: not a directory", c.KeyDir)}
+		}
+	}
 	return csi.ServeNode(ctx, c.Endpoint, csi.NodeOptions{
 		NodeID: c.NodeID, Version: version, StateDir: c.StateDir, Linger: c.Linger, KubeletDir: c.KubeletDir, MountsDir: c.MountsDir,
 		Mounter: csi.NewMounterClient(c.MounterSocket), OCI: g.options(),
-		Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node"),
+		KeyDir: c.KeyDir, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node"),
 	})
 }

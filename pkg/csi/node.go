@@ -26,8 +26,8 @@ import (
 const (
 	AttrRef      = "ref"
 	AttrPrefetch = "prefetch"
-	// AttrRequireSignature names a cosign public key, as a file path on the
-	// node or inline PEM; the version must carry a valid signature by it.
+	// AttrRequireSignature names a cosign public key, inline PEM or a file
+	// under NodeOptions.KeyDir; the version must carry a valid signature by it.
 	AttrRequireSignature = "requireSignature"
 	SecretDockerJSON     = ".dockerconfigjson"
 	attrPodNamespace     = "csi.storage.k8s.io/pod.namespace"
@@ -39,6 +39,7 @@ type NodeOptions struct {
 	NodeID   string
 	Version  string         // reported by GetPluginInfo
 	StateDir string         // target records (refcounts)
+	KeyDir   string         // where requireSignature may name key files ("": inline keys only)
 	Mounter  *MounterClient // the mounter holding the FUSE mounts
 	OCI      oci.Options    // for resolving references and the access check
 	Linger   time.Duration  // how long an unused version stays mounted
@@ -241,7 +242,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if _, err := mounts.Prefetcher(prefetch); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), AttrPrefetch, err)
 	}
-	policy, err := signature.PolicyFromValue(req.GetVolumeContext()[AttrRequireSignature])
+	policy, err := signature.PolicyFromValue(req.GetVolumeContext()[AttrRequireSignature], n.opt.KeyDir)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", req.GetVolumeId(), AttrRequireSignature, err)
 	}

@@ -243,18 +243,40 @@ func EncodePublicKey(pub crypto.PublicKey) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: pemPublic, Bytes: der}), nil
 }
 
+// readKeyFile reads a key file the user names. It is opened without
+// blocking (a FIFO's open waits for a writer) and refused unless it is a
+// regular file of at most maxKeyFile bytes.
 func readKeyFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|openFlags, 0)
 	if err != nil {
 		return nil, fmt.Errorf("key %s: %w", path, err)
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
+	b, err := readRegular(f)
 	if err != nil {
 		return nil, fmt.Errorf("key %s: %w", path, err)
 	}
+	return b, nil
+}
+
+// readRegular reads f, a regular file of at most maxKeyFile bytes.
+func readRegular(f *os.File) ([]byte, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s): %w", fi.Mode().Type(), ErrKey)
+	}
+	if fi.Size() > maxKeyFile {
+		return nil, fmt.Errorf("larger than %d bytes: %w", maxKeyFile, ErrKey)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
+	if err != nil {
+		return nil, err
+	}
 	if len(b) > maxKeyFile {
-		return nil, fmt.Errorf("key %s: larger than %d bytes: %w", path, maxKeyFile, ErrKey)
+		return nil, fmt.Errorf("larger than %d bytes: %w", maxKeyFile, ErrKey)
 	}
 	return b, nil
 }

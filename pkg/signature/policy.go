@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -76,10 +78,19 @@ func LoadPolicy(paths ...string) (Policy, error) {
 	return p, nil
 }
 
-// PolicyFromValue reads a key named by a file path or given inline as a PEM
-// public key (a value starting with "-----BEGIN"), as the node plugin's
-// volume attribute allows.
-func PolicyFromValue(s string) (Policy, error) {
+// ErrKeyName is wrapped, with one and the same message whatever the cause,
+// when a key named by a file name in a volume attribute is refused: so that
+// the attribute tells a pod nothing about which paths exist on the node.
+var ErrKeyName = errors.New("a key file is used only when it names a PEM public key under the node plugin's --key-dir " +
+	"(none by default); give the key inline as PEM")
+
+// PolicyFromValue reads a key given inline as a PEM public key (a value
+// starting with "-----BEGIN") or named as a file under keyDir, as the node
+// plugin's volume attribute allows. The name is relative to keyDir or an
+// absolute path beneath it, and is opened beneath keyDir (os.Root: no
+// "..", no symbolic link out of it). Without keyDir no file is read. Every
+// refusal of a file name is ErrKeyName alone.
+func PolicyFromValue(s, keyDir string) (Policy, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return Policy{}, nil
@@ -91,5 +102,38 @@ func PolicyFromValue(s string) (Policy, error) {
 		}
 		return Policy{Keys: []Verifier{v}}, nil
 	}
-	return LoadPolicy(s)
+	v, err := loadKeyIn(keyDir, s)
+	if err != nil {
+		return Policy{}, fmt.Errorf("%w: %w", ErrKey, ErrKeyName)
+	}
+	return Policy{Keys: []Verifier{v}}, nil
+}
+
+// loadKeyIn reads the public key file name beneath dir.
+func loadKeyIn(dir, name string) (Verifier, error) {
+	if dir == "" {
+		return nil, ErrKeyName
+	}
+	if filepath.IsAbs(name) {
+		rel, err := filepath.Rel(dir, name)
+		if err != nil || !filepath.IsLocal(rel) {
+			return nil, ErrKeyName
+		}
+		name = rel
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	f, err := root.OpenFile(name, os.O_RDONLY|openFlags, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := readRegular(f)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePublicKey(b)
 }

@@ -221,8 +221,8 @@ func TestPolicyFromValue(t *testing.T) {
 	if _, err := Sign(ctx, tg, "repo", v1, a); err != nil {
 		t.Fatal(err)
 	}
-	for _, val := range []string{pub, string(pem)} {
-		p, err := PolicyFromValue(val)
+	for _, val := range []string{pub, "a.pub", string(pem)} {
+		p, err := PolicyFromValue(val, dir)
 		if err != nil || !p.Required() {
 			t.Fatalf("%q: %v", val, err)
 		}
@@ -230,10 +230,16 @@ func TestPolicyFromValue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if p, err := PolicyFromValue(""); err != nil || p.Required() {
+	if p, err := PolicyFromValue(string(pem), ""); err != nil || !p.Required() {
+		t.Fatalf("inline key without a key directory: %v", err)
+	}
+	if _, err := PolicyFromValue(pub, ""); !errors.Is(err, ErrKeyName) {
+		t.Fatalf("a key file without a key directory: %v", err)
+	}
+	if p, err := PolicyFromValue("", ""); err != nil || p.Required() {
 		t.Fatalf("empty: %v", err)
 	}
-	if _, err := PolicyFromValue("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----"); !errors.Is(err, ErrKey) {
+	if _, err := PolicyFromValue("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----", ""); !errors.Is(err, ErrKey) {
 		t.Fatalf("bad inline key: %v", err)
 	}
 	b, _ := newKey(t, dir, "b")

@@ -3,6 +3,7 @@ package signature
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -37,9 +38,16 @@ const (
 	// TagSuffix ends cosign's signature tags: <alg>-<hex>.sig.
 	TagSuffix = ".sig"
 
-	maxPayload  = 64 << 10
-	maxManifest = 1 << 20
-	maxLayers   = 256
+	maxPayload  = 64 << 10 // bytes of one signed payload
+	maxManifest = 1 << 20  // bytes of one signature manifest
+	maxLayers   = 256      // layers of the signature tag's manifest Sign appends to
+
+	// Bounds of what one verification reads, whatever the registry lists:
+	// signature manifests (the tag's and referrers), simple-signing entries
+	// of each, and payload bytes in all (each payload blob is fetched once).
+	maxSigManifests = 64
+	maxSigEntries   = 32
+	maxPayloads     = 4 << 20
 )
 
 // Errors wrapped by Verify; each names why a version is refused.
@@ -222,6 +230,18 @@ func pushIfMissing(ctx context.Context, t oras.Target, d ocispec.Descriptor, b [
 }
 
 func fetchManifest(ctx context.Context, t content.Fetcher, d ocispec.Descriptor) (*ocispec.Manifest, error) {
+	m, err := readManifest(ctx, t, d)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Layers) > maxLayers {
+		return nil, fmt.Errorf("manifest %s: %d layers, more than %d", d.Digest, len(m.Layers), maxLayers)
+	}
+	return m, nil
+}
+
+// readManifest fetches and parses the manifest d, of at most maxManifest bytes.
+func readManifest(ctx context.Context, t content.Fetcher, d ocispec.Descriptor) (*ocispec.Manifest, error) {
 	if d.Size <= 0 || d.Size > maxManifest {
 		return nil, fmt.Errorf("manifest %s of %d bytes", d.Digest, d.Size)
 	}
@@ -233,71 +253,206 @@ func fetchManifest(ctx context.Context, t content.Fetcher, d ocispec.Descriptor)
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", d.Digest, err)
 	}
-	if len(m.Layers) > maxLayers {
-		return nil, fmt.Errorf("manifest %s: %d layers, more than %d", d.Digest, len(m.Layers), maxLayers)
-	}
 	return &m, nil
 }
 
 // Manifests returns the descriptors of the manifests that hold signatures of
 // desc: the tag-scheme one and OCI 1.1 referrers of the signature type.
 func Manifests(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
-	out, _, err := manifests(ctx, t, desc)
-	return out, err
+	var out []ocispec.Descriptor
+	md, ok, err := tagManifest(ctx, t, desc)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		out = append(out, md)
+	}
+	refs, _, err := sigReferrers(ctx, t, desc, -1)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range refs {
+		if !ok || r.Digest != md.Digest {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 
-// manifests is Manifests that also tells how many of them (0 or 1, first)
-// were found by tag.
-func manifests(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]ocispec.Descriptor, int, error) {
-	var out []ocispec.Descriptor
+// tagManifest resolves desc's signature tag; ok is false when there is none.
+func tagManifest(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) (ocispec.Descriptor, bool, error) {
 	tag := Tag(desc.Digest)
 	md, err := t.Resolve(ctx, tag)
 	switch {
 	case err == nil:
-		out = append(out, md)
-	case !errors.Is(err, errdef.ErrNotFound):
-		return nil, 0, fmt.Errorf("signatures of %s (%s): %w", desc.Digest, tag, err)
+		return md, true, nil
+	case errors.Is(err, errdef.ErrNotFound):
+		return ocispec.Descriptor{}, false, nil
 	}
-	tagged := len(out)
-	refs, err := registry.Referrers(ctx, t, desc, ArtifactTypeSignature)
-	if err != nil && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
-		return nil, 0, fmt.Errorf("signature referrers of %s: %w", desc.Digest, err)
-	}
-	for _, r := range refs {
-		if len(out) == 0 || r.Digest != out[0].Digest {
-			out = append(out, r)
-		}
-	}
-	return out, tagged, nil
+	return ocispec.Descriptor{}, false, fmt.Errorf("signatures of %s (%s): %w", desc.Digest, tag, err)
 }
 
-// Find returns every signature of desc stored by tag or as a referrer.
-func Find(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]Entry, error) {
-	mds, tagged, err := manifests(ctx, t, desc)
-	if err != nil {
-		return nil, err
-	}
-	var out []Entry
-	for i, md := range mds {
-		m, err := fetchManifest(ctx, t, md)
-		if err != nil {
-			return nil, fmt.Errorf("signatures of %s: %w", desc.Digest, err)
+// errEnough stops a referrers listing.
+var errEnough = errors.New("enough referrers")
+
+// sigReferrers lists the signature referrers of desc, at most limit of them
+// when limit is not negative (the listing stops there: a registry's pages
+// are not all read); more tells whether the registry lists more.
+func sigReferrers(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor, limit int) (out []ocispec.Descriptor, more bool, err error) {
+	if rl, ok := t.(registry.ReferrerLister); ok {
+		err = rl.Referrers(ctx, desc, ArtifactTypeSignature, func(ds []ocispec.Descriptor) error {
+			for _, d := range ds {
+				if limit >= 0 && len(out) == limit {
+					more = true
+					return errEnough
+				}
+				out = append(out, d)
+			}
+			return nil
+		})
+		if errors.Is(err, errEnough) {
+			err = nil
 		}
+	} else {
+		out, err = registry.Referrers(ctx, t, desc, ArtifactTypeSignature)
+		if limit >= 0 && len(out) > limit {
+			out, more = out[:limit], true
+		}
+	}
+	if err != nil && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
+		return nil, false, fmt.Errorf("signature referrers of %s: %w", desc.Digest, err)
+	}
+	return out, more, nil
+}
+
+// sigReader reads the signatures of one version within the bounds above,
+// fetching each payload blob once.
+type sigReader struct {
+	t    oras.ReadOnlyGraphTarget
+	desc ocispec.Descriptor
+
+	payloads     map[digest.Digest][]byte // fetched payloads; nil when unusable
+	payloadBytes int64                    // bytes of payloads fetched
+	seen         map[[32]byte]bool        // (payload, signature) pairs already handed out; nil: hand repeats out too
+	skipped      int                      // manifests, entries and payloads left unread by the bounds
+}
+
+// newSigReader reads desc's signatures in t; with repeats false, entries
+// repeating a payload and signature already handed out are skipped.
+func newSigReader(t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor, repeats bool) *sigReader {
+	r := &sigReader{t: t, desc: desc, payloads: map[digest.Digest][]byte{}}
+	if !repeats {
+		r.seen = map[[32]byte]bool{}
+	}
+	return r
+}
+
+// each calls fn for each signature of the version, the tag's first, then
+// the referrers', until fn returns true. It returns how many entries fn
+// was given.
+func (r *sigReader) each(ctx context.Context, fn func(Entry) bool) (int, error) {
+	n := 0
+	md, ok, err := tagManifest(ctx, r.t, r.desc)
+	if err != nil {
+		return 0, err
+	}
+	done := map[digest.Digest]bool{}
+	read := func(md ocispec.Descriptor, referrer bool) (bool, error) {
+		if done[md.Digest] {
+			return false, nil
+		}
+		done[md.Digest] = true
+		m, err := readManifest(ctx, r.t, md)
+		if err != nil {
+			return false, fmt.Errorf("signatures of %s: %w", r.desc.Digest, err)
+		}
+		entries := 0
 		for _, l := range m.Layers {
 			if l.MediaType != MediaTypeSimpleSigning {
 				continue
 			}
-			e := Entry{Manifest: md, Referrer: i >= tagged, KeyID: l.Annotations[AnnotationKeyID]}
-			if e.Sig, err = base64.StdEncoding.DecodeString(l.Annotations[AnnotationSignature]); err != nil || len(e.Sig) == 0 {
+			if entries == maxSigEntries {
+				r.skipped++
+				continue
+			}
+			entries++
+			if err := ctx.Err(); err != nil {
+				return false, err
+			}
+			e := Entry{Manifest: md, Referrer: referrer, KeyID: l.Annotations[AnnotationKeyID]}
+			sig := l.Annotations[AnnotationSignature]
+			if r.seen != nil {
+				pair := sha256.Sum256([]byte(l.Digest.String() + "\x00" + sig))
+				if r.seen[pair] {
+					continue
+				}
+				r.seen[pair] = true
+			}
+			if e.Sig, err = base64.StdEncoding.DecodeString(sig); err != nil || len(e.Sig) == 0 {
 				e.Sig = nil
 			}
-			if l.Size > 0 && l.Size <= maxPayload {
-				if b, err := verify.Fetch(ctx, t, "", l); err == nil {
-					e.Payload = b
-				}
+			if e.Sig != nil {
+				e.Payload = r.payload(ctx, l)
 			}
-			out = append(out, e)
+			n++
+			if fn(e) {
+				return true, nil
+			}
 		}
+		return false, nil
+	}
+	if ok {
+		if stop, err := read(md, false); stop || err != nil {
+			return n, err
+		}
+	}
+	refs, more, err := sigReferrers(ctx, r.t, r.desc, maxSigManifests-len(done))
+	if err != nil {
+		return n, err
+	}
+	if more {
+		r.skipped++
+	}
+	for _, rd := range refs {
+		if stop, err := read(rd, true); stop || err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// payload returns the payload l names, fetched once per digest, or nil
+// when it cannot be had: too large, past the bound of payload bytes, or
+// not fetched intact.
+func (r *sigReader) payload(ctx context.Context, l ocispec.Descriptor) []byte {
+	if l.Size <= 0 || l.Size > maxPayload {
+		return nil
+	}
+	if b, ok := r.payloads[l.Digest]; ok {
+		return b
+	}
+	if r.payloadBytes+l.Size > maxPayloads {
+		r.skipped++
+		return nil
+	}
+	r.payloadBytes += l.Size
+	b, err := verify.Fetch(ctx, r.t, "", l)
+	if err != nil {
+		b = nil
+	}
+	r.payloads[l.Digest] = b
+	return b
+}
+
+// Find returns the signatures of desc stored by tag or as a referrer, as
+// far as the bounds of one verification read.
+func Find(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor) ([]Entry, error) {
+	var out []Entry
+	if _, err := newSigReader(t, desc, true).each(ctx, func(e Entry) bool {
+		out = append(out, e)
+		return false
+	}); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -311,27 +466,26 @@ type Verified struct {
 
 // Verify checks that desc carries a valid signature by one of vs. The error
 // names the digest and wraps ErrUnsigned, ErrOtherKey, ErrOtherDigest or
-// ErrTampered.
+// ErrTampered. Signatures are checked as they are read, and reading stops
+// at the first valid one; only that one is kept.
 func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor, vs []Verifier) (*Verified, error) {
 	if len(vs) == 0 {
 		return nil, fmt.Errorf("verify %s: %w: no key given", desc.Digest, ErrKey)
-	}
-	entries, err := Find(ctx, t, desc)
-	if err != nil {
-		return nil, err
-	}
-	if len(entries) == 0 {
-		return nil, fmt.Errorf("version %s: %w (looked for tag %s and referrers)", desc.Digest, ErrUnsigned, Tag(desc.Digest))
 	}
 	ids := map[string]bool{}
 	for _, v := range vs {
 		ids[v.KeyID()] = true
 	}
-	var otherDigest digest.Digest
-	tampered, claims := false, map[string]bool{}
-	for _, e := range entries {
+	var (
+		found       *Verified
+		otherDigest digest.Digest
+		tampered    bool
+		claims      = map[string]bool{} // short ids, at most one per entry read
+	)
+	r := newSigReader(t, desc, false)
+	n, err := r.each(ctx, func(e Entry) bool {
 		if e.KeyID != "" {
-			claims[e.KeyID] = true
+			claims[short(e.KeyID)] = true
 		}
 		var by Verifier
 		for _, v := range vs {
@@ -344,24 +498,38 @@ func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descri
 			if ids[e.KeyID] {
 				tampered = true
 			}
-			continue
+			return false
 		}
 		d, err := signedDigest(e.Payload)
 		if err != nil {
 			tampered = true
-			continue
+			return false
 		}
 		if d != desc.Digest {
 			otherDigest = d
-			continue
+			return false
 		}
-		return &Verified{Digest: desc.Digest, KeyID: by.KeyID(), Entry: e}, nil
+		found = &Verified{Digest: desc.Digest, KeyID: by.KeyID(), Entry: e}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if found != nil {
+		return found, nil
+	}
+	var bound string
+	if r.skipped > 0 {
+		bound = fmt.Sprintf("; more signatures than bdnvol reads (%d manifests, %d entries each, %d payload bytes) not read",
+			maxSigManifests, maxSigEntries, maxPayloads)
 	}
 	switch {
+	case n == 0:
+		return nil, fmt.Errorf("version %s: %w (looked for tag %s and referrers%s)", desc.Digest, ErrUnsigned, Tag(desc.Digest), bound)
 	case otherDigest != "":
-		return nil, fmt.Errorf("version %s: %w (the signature by the key names %s)", desc.Digest, ErrOtherDigest, otherDigest)
+		return nil, fmt.Errorf("version %s: %w (the signature by the key names %s%s)", desc.Digest, ErrOtherDigest, otherDigest, bound)
 	case tampered:
-		return nil, fmt.Errorf("version %s: %w (a signature claims key %s but does not verify with it)", desc.Digest, ErrTampered, keyList(vs))
+		return nil, fmt.Errorf("version %s: %w (a signature claims key %s but does not verify with it%s)", desc.Digest, ErrTampered, keyList(vs), bound)
 	}
 	other := make([]string, 0, len(claims))
 	for id := range claims {
@@ -375,7 +543,7 @@ func Verify(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descri
 	if len(other) > 0 {
 		why += "; signatures claim key " + strings.Join(other, ", ")
 	}
-	return nil, fmt.Errorf("version %s: %w (%d signatures: %s)", desc.Digest, ErrOtherKey, len(entries), why)
+	return nil, fmt.Errorf("version %s: %w (%d signatures: %s%s)", desc.Digest, ErrOtherKey, n, why, bound)
 }
 
 // maxClaimsShown bounds the key ids a refusal lists: the repository
