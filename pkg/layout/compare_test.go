@@ -10,9 +10,9 @@ import (
 	"testing"
 )
 
-// TestVerifyDir: a freshly pulled directory matches its version; each kind
+// TestCompareDir: a freshly pulled directory matches its version; each kind
 // of change is listed once, and the pull's own names are not.
-func TestVerifyDir(t *testing.T) {
+func TestCompareDir(t *testing.T) {
 	ctx := context.Background()
 	files := map[string][]byte{
 		"a":       randBytes(1, 70<<10),
@@ -28,7 +28,7 @@ func TestVerifyDir(t *testing.T) {
 	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	dst := t.TempDir()
 	writeVolumeTree(t, dst, files) // as a pull leaves it
-	diffs, err := VerifyDir(ctx, v, dst)
+	diffs, err := CompareDir(ctx, v, dst)
 	if err != nil || len(diffs) != 0 {
 		t.Fatalf("fresh pull: %v, %v", diffs, err)
 	}
@@ -47,7 +47,7 @@ func TestVerifyDir(t *testing.T) {
 	must(os.Remove(filepath.Join(dst, "s")))
 	must(os.Symlink("elsewhere", filepath.Join(dst, "s")))
 	must(os.Mkdir(filepath.Join(dst, ReservedPrefix+"pull"), 0o700))
-	diffs, err = VerifyDir(ctx, v, dst)
+	diffs, err = CompareDir(ctx, v, dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,11 +62,11 @@ func TestVerifyDir(t *testing.T) {
 	}
 }
 
-// TestVerifyDirRefusesSwappedDir: a directory swapped for a symlink to an
-// outside directory after VerifyDir found it a directory is not read
-// through: VerifyDir fails naming it, and neither compares nor lists what
+// TestCompareDirRefusesSwappedDir: a directory swapped for a symlink to an
+// outside directory after CompareDir found it a directory is not read
+// through: CompareDir fails naming it, and neither compares nor lists what
 // the outside directory holds.
-func TestVerifyDirRefusesSwappedDir(t *testing.T) {
+func TestCompareDirRefusesSwappedDir(t *testing.T) {
 	ctx := context.Background()
 	files := map[string][]byte{"sub/f": []byte("inside-bytes")}
 	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
@@ -74,13 +74,13 @@ func TestVerifyDirRefusesSwappedDir(t *testing.T) {
 	dst, outside := filepath.Join(base, "dst"), filepath.Join(base, "outside")
 	writeVolumeTree(t, dst, files) // as a pull leaves it
 	writeTree(t, outside, map[string][]byte{"f": []byte("secret-bytes"), "secret-name": nil})
-	verifyHook = func(p string) {
+	compareHook = func(p string) {
 		if p == "sub" {
 			swapTree(t, dst, outside)
 		}
 	}
-	defer func() { verifyHook = nil }()
-	diffs, err := VerifyDir(ctx, v, dst)
+	defer func() { compareHook = nil }()
+	diffs, err := CompareDir(ctx, v, dst)
 	if !errors.Is(err, ErrUnsupportedFile) || !strings.Contains(err.Error(), filepath.Join(dst, "sub")) {
 		t.Errorf("verify: %v, want ErrUnsupportedFile naming sub", err)
 	}
