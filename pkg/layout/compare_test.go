@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/bdnvol/bdnvol/internal/testutil"
 )
 
 // TestCompareDir: a freshly pulled directory matches its version; each kind
@@ -15,7 +17,7 @@ import (
 func TestCompareDir(t *testing.T) {
 	ctx := context.Background()
 	files := map[string][]byte{
-		"a":       randBytes(1, 70<<10),
+		"a":       testutil.RandBytes(1, 70<<10),
 		"d/b":     []byte("bbbb"),
 		"d/c":     []byte("cccc"),
 		"d/e/f":   []byte("f"),
@@ -27,7 +29,7 @@ func TestCompareDir(t *testing.T) {
 	}
 	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	dst := t.TempDir()
-	writeVolumeTree(t, dst, files) // as a pull leaves it
+	testutil.WriteVolumeTree(t, dst, files) // as a pull leaves it
 	diffs, err := CompareDir(ctx, v, dst)
 	if err != nil || len(diffs) != 0 {
 		t.Fatalf("fresh pull: %v, %v", diffs, err)
@@ -72,8 +74,8 @@ func TestCompareDirRefusesSwappedDir(t *testing.T) {
 	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	base := t.TempDir()
 	dst, outside := filepath.Join(base, "dst"), filepath.Join(base, "outside")
-	writeVolumeTree(t, dst, files) // as a pull leaves it
-	writeTree(t, outside, map[string][]byte{"f": []byte("secret-bytes"), "secret-name": nil})
+	testutil.WriteVolumeTree(t, dst, files) // as a pull leaves it
+	testutil.WriteTree(t, outside, map[string][]byte{"f": []byte("secret-bytes"), "secret-name": nil})
 	compareHook = func(p string) {
 		if p == "sub" {
 			swapTree(t, dst, outside)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -13,7 +14,7 @@ import (
 func publishTree(t *testing.T, tg oci.Target, files map[string][]byte, opt PublishOptions) (*Published, error) {
 	t.Helper()
 	dir := t.TempDir()
-	writeTree(t, dir, files)
+	testutil.WriteTree(t, dir, files)
 	return Publish(context.Background(), tg, layout.DirSource(dir), opt)
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -22,24 +21,12 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote/auth"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 var smallParams = layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}
-
-func writeTree(t *testing.T, root string, files map[string][]byte) {
-	t.Helper()
-	for p, b := range files {
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 func pattern(seed byte, n int) []byte {
 	b := make([]byte, n)
@@ -56,7 +43,7 @@ func pushVersion(t *testing.T, tg oci.Target, files map[string][]byte, sealed ti
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
-	writeTree(t, dir, files)
+	testutil.WriteTree(t, dir, files)
 	res, err := layout.Push(ctx, tg, layout.DirSource(dir), layout.PushOptions{Params: smallParams})
 	if err != nil {
 		t.Fatal(err)
