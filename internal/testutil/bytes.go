@@ -39,3 +39,15 @@ func (s *SyncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// Pattern returns n bytes from a linear congruential generator started at
+// seed: cheap, deterministic, and different for different seeds.
+func Pattern(seed byte, n int) []byte {
+	b := make([]byte, n)
+	x := uint32(seed) + 1
+	for i := range b {
+		x = x*1664525 + 1013904223
+		b[i] = byte(x >> 24)
+	}
+	return b
+}

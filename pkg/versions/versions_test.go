@@ -28,16 +28,6 @@ import (
 
 var smallParams = layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}
 
-func pattern(seed byte, n int) []byte {
-	b := make([]byte, n)
-	x := uint32(seed) + 1
-	for i := range b {
-		x = x*1664525 + 1013904223
-		b[i] = byte(x >> 24)
-	}
-	return b
-}
-
 // pushVersion pushes files to t as a version sealed at sealed, with tags.
 func pushVersion(t *testing.T, tg oci.Target, files map[string][]byte, sealed time.Time, tags ...string) *layout.PushResult {
 	t.Helper()
@@ -66,11 +56,11 @@ func openLayout(t *testing.T) oci.Target {
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func threeVersions(t *testing.T, tg oci.Target) [3]*layout.PushResult {
-	base := map[string][]byte{"a.bin": pattern(1, 200<<10), "b.txt": []byte("hello")}
+	base := map[string][]byte{"a.bin": testutil.Pattern(1, 200<<10), "b.txt": []byte("hello")}
 	v1 := pushVersion(t, tg, base, t0, "v1")
-	two := map[string][]byte{"a.bin": append(pattern(1, 200<<10), pattern(9, 50<<10)...), "b.txt": []byte("hello"), "c.txt": []byte("new")}
+	two := map[string][]byte{"a.bin": append(testutil.Pattern(1, 200<<10), testutil.Pattern(9, 50<<10)...), "b.txt": []byte("hello"), "c.txt": []byte("new")}
 	v2 := pushVersion(t, tg, two, t0.Add(time.Minute), "v2")
-	three := map[string][]byte{"a.bin": pattern(1, 200<<10), "d.txt": []byte("d")}
+	three := map[string][]byte{"a.bin": testutil.Pattern(1, 200<<10), "d.txt": []byte("d")}
 	v3 := pushVersion(t, tg, three, t0.Add(2*time.Minute), "v3", "prod")
 	return [3]*layout.PushResult{v1, v2, v3}
 }
