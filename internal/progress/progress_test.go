@@ -1,11 +1,11 @@
 package progress
 
 import (
-	"bytes"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/testutil"
 )
 
 // TestLineClamps: processed bytes past the total (or below zero) draw a
@@ -34,25 +34,8 @@ func TestLineClamps(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestStartDrawsOnlyOnATerminalAndClearsTheLine(t *testing.T) {
-	var w syncBuffer
+	var w testutil.SyncBuffer
 	// Not a terminal: nothing is drawn.
 	Start(&w, "push", func() (int64, int64, int64) { return 10, 5, 5 })()
 	if w.String() != "" {

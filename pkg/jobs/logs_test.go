@@ -1,32 +1,14 @@
 package jobs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe to read while CopyLog writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestCopyLog(t *testing.T) {
 	ctx := context.Background()
@@ -38,7 +20,7 @@ func TestCopyLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	if err := s.CopyLog(ctx, j.ID, &out, false); err != nil || out.String() != "" {
 		t.Fatalf("no log yet: %q, %v", out.String(), err)
 	}
@@ -53,7 +35,7 @@ func TestCopyLog(t *testing.T) {
 	}
 
 	// Following: lines written later arrive, and it returns once the job ends.
-	var follow syncBuffer
+	var follow testutil.SyncBuffer
 	done := make(chan error, 1)
 	go func() { done <- s.CopyLog(ctx, j.ID, &follow, true) }()
 	f, err := os.OpenFile(s.LogPath(j.ID), os.O_WRONLY|os.O_APPEND, 0)

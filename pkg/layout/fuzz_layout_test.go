@@ -3,73 +3,15 @@ package layout
 import (
 	"bytes"
 	"context"
-	"os"
-	"path/filepath"
 	"runtime"
-	"strconv"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
-
-// Placeholders a fuzzed layout uses to name its own blobs, which the
-// fuzzer could not guess the digests of.
-const (
-	phBlobDigest     = "@BD@"
-	phBlobSize       = "@BS@"
-	phManifestDigest = "@MD@"
-	phManifestSize   = "@MS@"
-	phDataDigest     = "@DD@"
-	phDataSize       = "@DS@"
-)
-
-// buildFuzzLayout writes an OCI layout to dir: data as is, blob with the
-// data's placeholders filled in, manifest with the blob's and the data's,
-// index.json with all three's. The data blob (a chunk or an index piece) is
-// written only when there is one.
-func buildFuzzLayout(t *testing.T, dir string, index, manifest, blob []byte, data ...[]byte) {
-	t.Helper()
-	var dataBlob []byte
-	if len(data) > 0 {
-		dataBlob = data[0]
-	}
-	fill := func(b []byte, rs [][2]string) []byte {
-		for _, r := range rs {
-			b = bytes.ReplaceAll(b, []byte(r[0]), []byte(r[1]))
-		}
-		return b
-	}
-	dd := digest.FromBytes(dataBlob)
-	rs := [][2]string{{phDataDigest, string(dd)}, {phDataSize, strconv.Itoa(len(dataBlob))}}
-	blob = fill(blob, rs)
-	bd := digest.FromBytes(blob)
-	rs = append(rs, [2]string{phBlobDigest, string(bd)}, [2]string{phBlobSize, strconv.Itoa(len(blob))})
-	manifest = fill(manifest, rs)
-	md := digest.FromBytes(manifest)
-	index = fill(index, append(rs, [2]string{phManifestDigest, string(md)}, [2]string{phManifestSize, strconv.Itoa(len(manifest))}))
-	blobs := filepath.Join(dir, "blobs", "sha256")
-	if err := os.MkdirAll(blobs, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{
-		filepath.Join(dir, ocispec.ImageLayoutFile):                        []byte(`{"imageLayoutVersion":"1.0.0"}`),
-		filepath.Join(dir, ocispec.ImageIndexFile):                         index,
-		filepath.Join(blobs, bd.Encoded()):                                 blob,
-		filepath.Join(blobs, md.Encoded()):                                 manifest,
-		filepath.Join(blobs, ocispec.DescriptorEmptyJSON.Digest.Encoded()): []byte("{}"),
-	}
-	if len(data) > 0 {
-		files[filepath.Join(blobs, dd.Encoded())] = dataBlob
-	}
-	for p, b := range files {
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // fuzzSeeds returns a valid one-manifest version in placeholder form, and
 // variants with hostile sizes and shapes.
@@ -80,18 +22,18 @@ func fuzzSeeds(t testing.TB) [][3][]byte {
 		t.Fatal(err)
 	}
 	idx := s.Blobs[0]
-	man := bytes.ReplaceAll(s.Root.Data, []byte(idx.Desc.Digest), []byte(phBlobDigest))
-	index := []byte(`{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phManifestDigest + `","size":` + phManifestSize + `,"annotations":{"org.opencontainers.image.ref.name":"v1"}}]}`)
-	huge := bytes.ReplaceAll(index, []byte(phManifestSize), []byte("1099511627776"))
-	parts := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","artifactType":"` + ArtifactTypeVolume + `","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phBlobDigest + `","size":` + phBlobSize + `},{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phBlobDigest + `","size":` + phBlobSize + `}]}`)
-	nested := []byte(`{"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"` + ArtifactTypeVolume + `","manifests":[{"digest":"` + phBlobDigest + `","size":4611686018427387904}],"layers":[{"mediaType":"` + MediaTypeIndex + `","digest":"` + phBlobDigest + `","size":` + phBlobSize + `}]}`)
+	man := bytes.ReplaceAll(s.Root.Data, []byte(idx.Desc.Digest), []byte(testutil.PhBlobDigest))
+	index := []byte(`{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + testutil.PhManifestDigest + `","size":` + testutil.PhManifestSize + `,"annotations":{"org.opencontainers.image.ref.name":"v1"}}]}`)
+	huge := bytes.ReplaceAll(index, []byte(testutil.PhManifestSize), []byte("1099511627776"))
+	parts := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","artifactType":"` + ArtifactTypeVolume + `","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + testutil.PhBlobDigest + `","size":` + testutil.PhBlobSize + `},{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + testutil.PhBlobDigest + `","size":` + testutil.PhBlobSize + `}]}`)
+	nested := []byte(`{"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"` + ArtifactTypeVolume + `","manifests":[{"digest":"` + testutil.PhBlobDigest + `","size":4611686018427387904}],"layers":[{"mediaType":"` + MediaTypeIndex + `","digest":"` + testutil.PhBlobDigest + `","size":` + testutil.PhBlobSize + `}]}`)
 	// An empty version 2 volume: its top-level index lists no pieces.
 	s2, err := Seal(&Index{Version: FormatVersion, Chunking: DefaultParams}, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	top := s2.Blobs[0]
-	man2 := bytes.ReplaceAll(s2.Root.Data, []byte(top.Desc.Digest), []byte(phBlobDigest))
+	man2 := bytes.ReplaceAll(s2.Root.Data, []byte(top.Desc.Digest), []byte(testutil.PhBlobDigest))
 	return [][3][]byte{
 		{index, man, idx.Data},
 		{index, man2, top.Data},
@@ -106,7 +48,7 @@ func TestFuzzSeedsOpen(t *testing.T) {
 	seeds := fuzzSeeds(t)
 	for i := range 2 { // a version 1 and a version 2 volume
 		dir := t.TempDir()
-		buildFuzzLayout(t, dir, seeds[i][0], seeds[i][1], seeds[i][2])
+		testutil.BuildFuzzLayout(t, dir, seeds[i][0], seeds[i][1], seeds[i][2])
 		ctx := context.Background()
 		tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
 		if err != nil {
@@ -133,7 +75,7 @@ func FuzzOpenLayout(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, index, manifest, blob []byte) {
 		dir := t.TempDir()
-		buildFuzzLayout(t, dir, index, manifest, blob)
+		testutil.BuildFuzzLayout(t, dir, index, manifest, blob)
 		ctx := context.Background()
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
@@ -176,13 +118,4 @@ func fuzzVersions(ctx context.Context, dir string, blob []byte, n int, fn func(t
 		v, err := Open(ctx, tg, d)
 		fn(tg, d, v, err)
 	}
-}
-
-// placeholders rewrites b with the placeholders of the descriptor of blob
-// (its digest, and its size where it follows the digest, as in a
-// descriptor, a chunk or a piece reference).
-func placeholders(b, blob []byte, ds, ss string) []byte {
-	d := digest.FromBytes(blob)
-	b = bytes.ReplaceAll(b, []byte(`"`+d+`","size":`+digest.Digest(strconv.Itoa(len(blob)))), []byte(`"`+ds+`","size":`+ss))
-	return bytes.ReplaceAll(b, []byte(d), []byte(ds))
 }

@@ -7,27 +7,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
 	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/content/memory"
 )
-
-func randBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := make([]byte, n)
-	for i := 0; i+8 <= n; i += 8 {
-		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
-	}
-	return b
-}
 
 // cutAll returns the chunk lengths the cutter gives for data.
 func cutAll(p Params, data []byte) []int {
@@ -51,7 +42,7 @@ func cutAll(p Params, data []byte) []int {
 
 func TestCutterBoundsAndResync(t *testing.T) {
 	p := Params{Min: 16 << 10, Avg: 64 << 10, Max: 256 << 10}
-	data := randBytes(1, 8<<20)
+	data := testutil.RandBytes(1, 8<<20)
 	sizes := cutAll(p, data)
 	total := 0
 	for i, s := range sizes {
@@ -69,7 +60,7 @@ func TestCutterBoundsAndResync(t *testing.T) {
 	}
 	// Insert 100 bytes in the middle: all but a couple of chunks survive.
 	mid := len(data) / 2
-	edited := append(append(append([]byte{}, data[:mid]...), randBytes(2, 100)...), data[mid:]...)
+	edited := append(append(append([]byte{}, data[:mid]...), testutil.RandBytes(2, 100)...), data[mid:]...)
 	set := func(d []byte) map[digest.Digest]bool {
 		m := map[digest.Digest]bool{}
 		off := 0
@@ -187,19 +178,6 @@ func TestDecodeIndexRoundTrip(t *testing.T) {
 	}
 	if _, err := DecodeIndex([]byte(strings.Replace(string(b), `"version":1`, `"version":1,"extra":1`, 1))); err == nil {
 		t.Fatal("accepted an unknown field")
-	}
-}
-
-func writeTree(t *testing.T, root string, files map[string][]byte) {
-	t.Helper()
-	for p, data := range files {
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -321,12 +299,12 @@ func TestChunkEdges(t *testing.T) {
 	// file cut by FastCDC, and small files packed past EdgeMinChunk.
 	hdr := []byte(`{"a":{"dtype":"BF16","shape":[1],"data_offsets":[0,5000000]},"b":{"dtype":"BF16","shape":[1],"data_offsets":[5000000,9000123]}}`)
 	st := binary.LittleEndian.AppendUint64(nil, uint64(len(hdr)))
-	st = append(append(st, hdr...), randBytes(11, 9000123)...)
-	files := map[string][]byte{"m.safetensors": st, "cdc.bin": randBytes(12, 9<<20)}
+	st = append(append(st, hdr...), testutil.RandBytes(11, 9000123)...)
+	files := map[string][]byte{"m.safetensors": st, "cdc.bin": testutil.RandBytes(12, 9<<20)}
 	for i := range 40 {
-		files[fmt.Sprintf("small/%02d", i)] = randBytes(uint64(200+i), 100<<10)
+		files[fmt.Sprintf("small/%02d", i)] = testutil.RandBytes(uint64(200+i), 100<<10)
 	}
-	writeTree(t, src, files)
+	testutil.WriteTree(t, src, files)
 	store := memory.New()
 	res, err := Push(ctx, store, DirSource(src), PushOptions{Params: p})
 	if err != nil {
@@ -384,34 +362,13 @@ func TestValidateEdges(t *testing.T) {
 	}
 }
 
-// writeVolumeTree writes files under root (path -> bytes; "->target" as
-// the bytes of a path ending in "@" makes a symlink).
-func writeVolumeTree(t *testing.T, root string, files map[string][]byte) {
-	t.Helper()
-	regular := map[string][]byte{}
-	for name, data := range files {
-		if strings.HasSuffix(name, "@") {
-			full := filepath.Join(root, strings.TrimSuffix(name, "@"))
-			if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Symlink(string(data), full); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		regular[name] = data
-	}
-	writeTree(t, root, regular)
-}
-
-// pushed pushes files (as writeVolumeTree takes them) and opens the
+// pushed pushes files (as testutil.WriteVolumeTree takes them) and opens the
 // version.
 func pushed(t *testing.T, p Params, files map[string][]byte) (content.Storage, *Version) {
 	t.Helper()
 	ctx := context.Background()
 	src := t.TempDir()
-	writeVolumeTree(t, src, files)
+	testutil.WriteVolumeTree(t, src, files)
 	store := memory.New()
 	res, err := Push(ctx, store, DirSource(src), PushOptions{Params: p})
 	if err != nil {

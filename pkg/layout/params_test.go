@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -68,7 +69,7 @@ func TestValidateReservedNames(t *testing.T) {
 // TestWalkSkipsReservedNames: what an interrupted pull left is not pushed.
 func TestWalkSkipsReservedNames(t *testing.T) {
 	root := t.TempDir()
-	writeTree(t, root, map[string][]byte{"a": []byte("a"), ".bdnvol-pull/0123.part": []byte("partial"), "d/.bdnvol-x.part": nil})
+	testutil.WriteTree(t, root, map[string][]byte{"a": []byte("a"), ".bdnvol-pull/0123.part": []byte("partial"), "d/.bdnvol-x.part": nil})
 	es, err := Walk(root)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +87,7 @@ func TestWalkSkipsReservedNames(t *testing.T) {
 // that directory (symlinks inside are still not followed).
 func TestWalkFollowsRootSymlink(t *testing.T) {
 	base := t.TempDir()
-	writeTree(t, filepath.Join(base, "real"), map[string][]byte{"a": []byte("a"), "d/b": []byte("b")})
+	testutil.WriteTree(t, filepath.Join(base, "real"), map[string][]byte{"a": []byte("a"), "d/b": []byte("b")})
 	if err := os.Symlink("real", filepath.Join(base, "link")); err != nil {
 		t.Fatal(err)
 	}

@@ -9,44 +9,17 @@ import (
 	"io"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
 )
 
-// countingFetcher counts the fetches of each digest.
-type countingFetcher struct {
-	content.Fetcher
-	mu sync.Mutex
-	n  map[digest.Digest]int
-}
-
-func (c *countingFetcher) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
-	c.mu.Lock()
-	if c.n == nil {
-		c.n = map[digest.Digest]int{}
-	}
-	c.n[d.Digest]++
-	c.mu.Unlock()
-	return c.Fetcher.Fetch(ctx, d)
-}
-
-func (c *countingFetcher) total() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, v := range c.n {
-		n += v
-	}
-	return n
-}
-
-// localFetcher is a countingFetcher that says it reads local files.
-type localFetcher struct{ *countingFetcher }
+// localFetcher is a testutil.CountingFetcher that says it reads local files.
+type localFetcher struct{ *testutil.CountingFetcher }
 
 func (localFetcher) Local() bool { return true }
 
@@ -127,12 +100,12 @@ func TestOpenRefusesDuplicateParts(t *testing.T) {
 	}
 	root.Manifests = []ocispec.Descriptor{root.Manifests[0], root.Manifests[0], root.Manifests[0], root.Manifests[0], root.Manifests[0], root.Manifests[0], root.Manifests[0]}
 	rd := pushJSON(t, store, ocispec.MediaTypeImageIndex, root)
-	src := &countingFetcher{Fetcher: store}
+	src := &testutil.CountingFetcher{Fetcher: store}
 	_, err := Open(context.Background(), src, rd)
 	if !errors.Is(err, ErrInvalidIndex) || !strings.Contains(err.Error(), "twice") {
 		t.Fatalf("open: %v, want ErrInvalidIndex for a part listed twice", err)
 	}
-	if n := src.total(); n != 1 {
+	if n := src.Total(); n != 1 {
 		t.Errorf("%d fetches, want 1 (the root)", n)
 	}
 }
@@ -193,18 +166,18 @@ func TestOpenLocalNotRefetched(t *testing.T) {
 	root.Manifests[0].ArtifactType = ArtifactTypePart
 	rd := pushJSON(t, store, ocispec.MediaTypeImageIndex, root)
 
-	local := localFetcher{&countingFetcher{Fetcher: corrupt}}
+	local := localFetcher{&testutil.CountingFetcher{Fetcher: corrupt}}
 	if _, err := Open(context.Background(), local, rd); !errors.Is(err, ErrDigestMismatch) {
 		t.Fatalf("open: %v, want ErrDigestMismatch", err)
 	}
-	if n := local.n[bad.Digest]; n != 1 {
+	if n := local.Count(bad.Digest); n != 1 {
 		t.Errorf("a local corrupt file index was read %d times, want 1", n)
 	}
-	remote := &countingFetcher{Fetcher: corrupt}
+	remote := &testutil.CountingFetcher{Fetcher: corrupt}
 	if _, err := Open(context.Background(), remote, rd); !errors.Is(err, ErrDigestMismatch) {
 		t.Fatalf("open: %v, want ErrDigestMismatch", err)
 	}
-	if n := remote.n[bad.Digest]; n != fetchAttempts {
+	if n := remote.Count(bad.Digest); n != fetchAttempts {
 		t.Errorf("a remote corrupt file index was fetched %d times, want %d", n, fetchAttempts)
 	}
 }
@@ -256,18 +229,18 @@ func TestOpenCorruptManifest(t *testing.T) {
 	rd := pushJSON(t, store, ocispec.MediaTypeImageIndex, root)
 	corrupt := &mismatch{Fetcher: store, as: bad.Digest, real: chunk}
 
-	local := localFetcher{&countingFetcher{Fetcher: corrupt}}
+	local := localFetcher{&testutil.CountingFetcher{Fetcher: corrupt}}
 	if _, err := Open(context.Background(), local, rd); !errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrNotVolume) {
 		t.Fatalf("open: %v, want ErrDigestMismatch", err)
 	}
-	if n := local.n[bad.Digest]; n != 1 {
+	if n := local.Count(bad.Digest); n != 1 {
 		t.Errorf("a local corrupt manifest was read %d times, want 1", n)
 	}
-	remote := &countingFetcher{Fetcher: corrupt}
+	remote := &testutil.CountingFetcher{Fetcher: corrupt}
 	if _, err := Open(context.Background(), remote, rd); !errors.Is(err, ErrDigestMismatch) {
 		t.Fatalf("open: %v, want ErrDigestMismatch", err)
 	}
-	if n := remote.n[bad.Digest]; n != fetchAttempts {
+	if n := remote.Count(bad.Digest); n != fetchAttempts {
 		t.Errorf("a remote corrupt manifest was fetched %d times, want %d", n, fetchAttempts)
 	}
 }

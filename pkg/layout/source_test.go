@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
@@ -83,8 +84,8 @@ func makeSwapTrees(t *testing.T) (root, outside string) {
 	t.Helper()
 	base := t.TempDir()
 	root, outside = filepath.Join(base, "root"), filepath.Join(base, "outside")
-	writeTree(t, root, map[string][]byte{"sub/f": []byte("inside-bytes")})
-	writeTree(t, outside, map[string][]byte{"f": []byte("secret-bytes")})
+	testutil.WriteTree(t, root, map[string][]byte{"sub/f": []byte("inside-bytes")})
+	testutil.WriteTree(t, outside, map[string][]byte{"f": []byte("secret-bytes")})
 	return root, outside
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -88,7 +89,7 @@ func mustFind(t *testing.T, x *Index, p string) int {
 // whose recent files are fewer bytes than the threshold does not wait.
 func TestSettleDropsChangedRecords(t *testing.T) {
 	ctx := context.Background()
-	_, v1 := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"big.bin": randBytes(7, 1<<20), "d/same": randBytes(8, 300<<10), "old": randBytes(9, 100<<10), "small": []byte("s")}) // upgradeVersions' v1
+	_, v1 := pushed(t, Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"big.bin": testutil.RandBytes(7, 1<<20), "d/same": testutil.RandBytes(8, 300<<10), "old": testutil.RandBytes(9, 100<<10), "small": []byte("s")}) // upgradeVersions' v1
 	x := v1.Index
 	statDir := t.TempDir()
 	c := OpenStatCache(statDir, "/nowhere", Params{})

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/content"
@@ -36,7 +37,7 @@ func fuzzTree(t *testing.T, root string, prog []byte) []string {
 		switch kind {
 		case 0:
 			modes := []os.FileMode{0o644, 0o600, 0o755, 0o400}
-			err = os.WriteFile(full, randBytes(uint64(seed), int(seed)*37%3000), 0o600)
+			err = os.WriteFile(full, testutil.RandBytes(uint64(seed), int(seed)*37%3000), 0o600)
 			if err == nil {
 				err = os.Chmod(full, modes[seed%4])
 			}

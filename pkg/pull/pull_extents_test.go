@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -53,8 +54,8 @@ func pullBounded(t *testing.T, what string, fn func() error) error {
 // DefaultParams.Max) and from one streamed (over it).
 func TestPullManyExtents(t *testing.T) {
 	const n = 500_000
-	packedData := randBytes(41, n)      // 1-byte extents
-	streamedData := randBytes(42, 36*n) // 36-byte extents, over 16 MiB
+	packedData := testutil.RandBytes(41, n)      // 1-byte extents
+	streamedData := testutil.RandBytes(42, 36*n) // 36-byte extents, over 16 MiB
 	if int64(len(streamedData)) <= layout.DefaultParams.Max {
 		t.Fatal("the streamed chunk must be larger than a packed one")
 	}
@@ -105,7 +106,7 @@ func (c *cancelOnFetch) Fetch(ctx context.Context, d ocispec.Descriptor) (io.Rea
 // and stops writing: the file never reaches its final name.
 func TestPullCancelledManyExtents(t *testing.T) {
 	const n = 1_000_000
-	data := randBytes(43, n)
+	data := testutil.RandBytes(43, n)
 	store := memory.New()
 	v := sealFiles(t, store, []layout.File{splitFile("f", data, 0, n), {Path: "g", Type: layout.TypeFile, Mode: 0o644, Digest: digest.FromBytes(data), Size: int64(len(data)), Extents: []layout.Extent{{Chunk: 0, Length: int64(len(data))}}}}, data)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -15,7 +16,7 @@ import (
 func TestPullBoundedDescriptors(t *testing.T) {
 	files := map[string][]byte{}
 	for i := range 3000 {
-		files[fmt.Sprintf("d%02d/f%04d", i%30, i)] = randBytes(uint64(i), 512)
+		files[fmt.Sprintf("d%02d/f%04d", i%30, i)] = testutil.RandBytes(uint64(i), 512)
 	}
 	store, v := pushed(t, layout.Params{Min: 512 << 10, Avg: 1 << 20, Max: 2 << 20}, files)
 	if v.NumChunks() > 4 {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -47,7 +48,7 @@ func (c *corrupting) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCl
 // read once (reading a file again does not cure it); from a registry it is
 // fetched again, a bounded number of times.
 func TestPullLocalSourceNotRefetched(t *testing.T) {
-	store, v := pushed(t, layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"f": randBytes(3, 100<<10)})
+	store, v := pushed(t, layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"f": testutil.RandBytes(3, 100<<10)})
 	for _, local := range []bool{true, false} {
 		c := &corrupting{Fetcher: store, target: v.Index.Chunk(0).Digest, local: local}
 		_, err := Materialise(context.Background(), c, v, t.TempDir(), Options{Jobs: 1})
@@ -68,7 +69,7 @@ func TestPullLocalSourceNotRefetched(t *testing.T) {
 // chunk digests and does not read files back; with VerifyFiles it also
 // checks each file's SHA-256 and refuses a file that does not match.
 func TestPullChecksFileDigestOnlyWhenAsked(t *testing.T) {
-	files := map[string][]byte{"a": randBytes(4, 200<<10), "b": []byte("b\n")}
+	files := map[string][]byte{"a": testutil.RandBytes(4, 200<<10), "b": []byte("b\n")}
 	store, v := pushed(t, layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	expand(v.Index)
 	for i := range v.Index.Files {
@@ -109,7 +110,7 @@ func (c *tmpCounting) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadC
 func TestPullTemporariesOnlyInFlight(t *testing.T) {
 	files := map[string][]byte{}
 	for i := range 120 {
-		files[fmt.Sprintf("d%d/f%03d", i%4, i)] = randBytes(uint64(100+i), 40<<10)
+		files[fmt.Sprintf("d%d/f%03d", i%4, i)] = testutil.RandBytes(uint64(100+i), 40<<10)
 	}
 	store, v := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	dst := t.TempDir()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -18,7 +19,7 @@ import (
 func smallFiles(n, dirs, size int) map[string][]byte {
 	files := map[string][]byte{}
 	for i := range n {
-		files[fmt.Sprintf("d%02d/f%05d", i%dirs, i)] = randBytes(uint64(7000+i), size)
+		files[fmt.Sprintf("d%02d/f%05d", i%dirs, i)] = testutil.RandBytes(uint64(7000+i), size)
 	}
 	return files
 }

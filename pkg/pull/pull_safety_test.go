@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -159,7 +160,7 @@ func TestPullPlantedLinks(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/stepwise=%v", pl.name, stepwise), func(t *testing.T) {
 				base := t.TempDir()
 				out, dst := filepath.Join(base, "outside"), filepath.Join(base, "dst")
-				writeTree(t, out, map[string][]byte{"victim": []byte("victim\n"), "g-twin": files["g"], "dir/keep": []byte("keep\n")})
+				testutil.WriteTree(t, out, map[string][]byte{"victim": []byte("victim\n"), "g-twin": files["g"], "dir/keep": []byte("keep\n")})
 				if err := os.Chmod(filepath.Join(out, "g-twin"), 0o640); err != nil {
 					t.Fatal(err)
 				}
@@ -218,7 +219,7 @@ func (f failing) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser
 // private directory; the next one fetches only the chunks still missing.
 func TestPullResumes(t *testing.T) {
 	ctx := context.Background()
-	data := randBytes(21, 300<<10)
+	data := testutil.RandBytes(21, 300<<10)
 	store, v := pushed(t, layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"d/f.bin": data, "small": []byte("s")})
 	if v.NumChunks() < 4 {
 		t.Fatalf("premise: several chunks, got %d", v.NumChunks())
@@ -254,7 +255,7 @@ func TestLeftoverExtentsSkipsHoles(t *testing.T) {
 	const n = 16 << 10 // 16 GiB declared
 	x := &layout.Index{Version: 1, Chunking: v1Params}
 	f := layout.File{Path: "big", Type: layout.TypeFile, Mode: 0o644, Size: n * chunk, Digest: digest.FromString("big")}
-	written := map[int][]byte{3: randBytes(1, chunk), 9000: randBytes(2, chunk), n - 1: randBytes(3, chunk)}
+	written := map[int][]byte{3: testutil.RandBytes(1, chunk), 9000: testutil.RandBytes(2, chunk), n - 1: testutil.RandBytes(3, chunk)}
 	for i := range n {
 		d := digest.FromString(fmt.Sprint(i))
 		if b, ok := written[i]; ok {
@@ -277,7 +278,7 @@ func TestLeftoverExtentsSkipsHoles(t *testing.T) {
 		}
 	}
 	// One more written extent with the wrong bytes.
-	if _, err := fh.WriteAt(randBytes(4, chunk), 5*chunk); err != nil {
+	if _, err := fh.WriteAt(testutil.RandBytes(4, chunk), 5*chunk); err != nil {
 		t.Fatal(err)
 	}
 	done, read := leftoverExtents(context.Background(), fh, &f, x, make([]byte, 64<<10))
@@ -329,7 +330,7 @@ func (s *sampler) Read(p []byte) (int, error) {
 // cut), processed bytes end at the total, not past it.
 func TestPullProgressCountsOnce(t *testing.T) {
 	ctx := context.Background()
-	data := randBytes(31, 300<<10)
+	data := testutil.RandBytes(31, 300<<10)
 	store, v := pushed(t, layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, map[string][]byte{"f.bin": data})
 	for _, fl := range []*flaky{
 		{Fetcher: store, target: v.Chunk(1).Digest, bad: 2, cut: true},

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 )
@@ -60,8 +61,8 @@ func TestMatchingFileSparse(t *testing.T) {
 	dst := t.TempDir()
 	const size = 16 << 30
 	plantSparse(t, filepath.Join(dst, "big"), size)
-	ok := randBytes(1, 1<<20)
-	writeTree(t, dst, map[string][]byte{"ok": ok})
+	ok := testutil.RandBytes(1, 1<<20)
+	testutil.WriteTree(t, dst, map[string][]byte{"ok": ok})
 	d, err := openDest(dst)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +87,7 @@ func TestMatchingFileSparse(t *testing.T) {
 // a 4 MiB file is neither hashed, cut into chunks nor read for chunks at the
 // same offsets: the pull reads little and writes the right bytes.
 func TestPullOverSparseFile(t *testing.T) {
-	files := map[string][]byte{"w": randBytes(1, 4<<20), "s": []byte("small")}
+	files := map[string][]byte{"w": testutil.RandBytes(1, 4<<20), "s": []byte("small")}
 	store, v := pushed(t, layout.Params{Min: 64 << 10, Avg: 256 << 10, Max: 1 << 20}, files)
 	dst := t.TempDir()
 	plantSparse(t, filepath.Join(dst, "w"), 16<<30)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/opencontainers/go-digest"
@@ -23,11 +24,11 @@ func TestPushPullMemory(t *testing.T) {
 	ctx := context.Background()
 	p := layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
 	src := t.TempDir()
-	files := map[string][]byte{"big.bin": randBytes(3, 1<<20), "x/small.txt": []byte("hello"), "x/empty": nil}
+	files := map[string][]byte{"big.bin": testutil.RandBytes(3, 1<<20), "x/small.txt": []byte("hello"), "x/empty": nil}
 	for i := range 300 {
-		files[fmt.Sprintf("many/%03d", i)] = randBytes(uint64(100+i), 1024)
+		files[fmt.Sprintf("many/%03d", i)] = testutil.RandBytes(uint64(100+i), 1024)
 	}
-	writeTree(t, src, files)
+	testutil.WriteTree(t, src, files)
 	if err := os.Symlink("../big.bin", filepath.Join(src, "x", "link")); err != nil {
 		t.Fatal(err)
 	}
@@ -82,8 +83,8 @@ func TestPushRemoteSourceBuffers(t *testing.T) {
 	ctx := context.Background()
 	p := layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
 	src := t.TempDir()
-	files := map[string][]byte{"big.bin": randBytes(7, 700<<10), "a/small": []byte("small file")}
-	writeTree(t, src, files)
+	files := map[string][]byte{"big.bin": testutil.RandBytes(7, 700<<10), "a/small": []byte("small file")}
+	testutil.WriteTree(t, src, files)
 	local, remote := memory.New(), memory.New()
 	want, err := layout.Push(ctx, local, layout.DirSource(src), layout.PushOptions{Params: p})
 	if err != nil {
@@ -143,8 +144,8 @@ func TestPullRefetchesSpoiledChunks(t *testing.T) {
 	ctx := context.Background()
 	p := layout.Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}
 	src := t.TempDir()
-	data := randBytes(11, 300<<10)
-	writeTree(t, src, map[string][]byte{"f.bin": data})
+	data := testutil.RandBytes(11, 300<<10)
+	testutil.WriteTree(t, src, map[string][]byte{"f.bin": data})
 	store := memory.New()
 	res, err := layout.Push(ctx, store, layout.DirSource(src), layout.PushOptions{Params: p})
 	if err != nil {
@@ -187,7 +188,7 @@ func TestPullRefetchesSpoiledChunks(t *testing.T) {
 // index blob, data blob) that pull: a version 1 volume whose files share
 // its one chunk, and a version 2 volume whose one piece is the data blob.
 func pullSeeds(t testing.TB) [][4][]byte {
-	index := []byte(`{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + phManifestDigest + `","size":` + phManifestSize + `,"annotations":{"org.opencontainers.image.ref.name":"v1"}}]}`)
+	index := []byte(`{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"` + testutil.PhManifestDigest + `","size":` + testutil.PhManifestSize + `,"annotations":{"org.opencontainers.image.ref.name":"v1"}}]}`)
 	chunk := []byte("0123456789abcdef")
 	cd := digest.FromBytes(chunk)
 	x1 := &layout.Index{Version: layout.FormatVersion1, Chunking: v1Params, Chunks: []layout.Chunk{{Digest: cd, Size: int64(len(chunk))}}, Files: []layout.File{
@@ -204,7 +205,7 @@ func pullSeeds(t testing.TB) [][4][]byte {
 		t.Fatal(err)
 	}
 	ib := s1.Blobs[0].Data
-	man1 := placeholders(placeholders(s1.Root.Data, chunk, phDataDigest, phDataSize), ib, phBlobDigest, phBlobSize)
+	man1 := testutil.Placeholders(testutil.Placeholders(s1.Root.Data, chunk, testutil.PhDataDigest, testutil.PhDataSize), ib, testutil.PhBlobDigest, testutil.PhBlobSize)
 	x2 := &layout.Index{Version: layout.FormatVersion, Chunking: layout.DefaultParams, Chunks: []layout.Chunk{}, Files: []layout.File{
 		{Path: "d", Type: layout.TypeDir, Mode: 0o750},
 		{Path: "d/e", Type: layout.TypeFile, Mode: 0o644, Digest: digest.FromBytes(nil)},
@@ -218,10 +219,10 @@ func pullSeeds(t testing.TB) [][4][]byte {
 		t.Fatalf("version 2 seed has %d blobs", len(s2.Blobs))
 	}
 	top, pc := s2.Blobs[0].Data, s2.Blobs[1].Data
-	man2 := placeholders(placeholders(s2.Root.Data, pc, phDataDigest, phDataSize), top, phBlobDigest, phBlobSize)
+	man2 := testutil.Placeholders(testutil.Placeholders(s2.Root.Data, pc, testutil.PhDataDigest, testutil.PhDataSize), top, testutil.PhBlobDigest, testutil.PhBlobSize)
 	return [][4][]byte{
-		{index, man1, placeholders(ib, chunk, phDataDigest, phDataSize), chunk},
-		{index, man2, placeholders(top, pc, phDataDigest, phDataSize), pc},
+		{index, man1, testutil.Placeholders(ib, chunk, testutil.PhDataDigest, testutil.PhDataSize), chunk},
+		{index, man2, testutil.Placeholders(top, pc, testutil.PhDataDigest, testutil.PhDataSize), pc},
 	}
 }
 
@@ -230,7 +231,7 @@ func TestPullSeedsPull(t *testing.T) {
 		for _, stepwise := range []bool{false, true} {
 			ctx := context.Background()
 			dir := t.TempDir()
-			buildFuzzLayout(t, dir, s[0], s[1], s[2], s[3])
+			testutil.BuildFuzzLayout(t, dir, s[0], s[1], s[2], s[3])
 			tg, err := oci.Open(ctx, oci.Ref{Layout: dir}, oci.Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -277,7 +278,7 @@ func FuzzPullLayout(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, index, manifest, blob, data, plants []byte, stepwise, verifyFiles bool) {
 		dir := t.TempDir()
-		buildFuzzLayout(t, dir, index, manifest, blob, data)
+		testutil.BuildFuzzLayout(t, dir, index, manifest, blob, data)
 		fuzzVersions(context.Background(), dir, blob, 5, func(tg oci.Target, _ ocispec.Descriptor, v *layout.Version, err error) {
 			if err != nil {
 				return

@@ -7,35 +7,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 )
 
 // upgradeVersions pushes v1 and v2 of a tree into one store: v2 changes
 // 64 KiB in the middle of a 1 MiB file, drops one file and adds one.
-func upgradeVersions(t *testing.T) (store *countingFetcher, v1, v2 *layout.Version, f1, f2 map[string][]byte) {
+func upgradeVersions(t *testing.T) (store *testutil.CountingFetcher, v1, v2 *layout.Version, f1, f2 map[string][]byte) {
 	t.Helper()
-	big := randBytes(7, 1<<20)
-	f1 = map[string][]byte{"big.bin": big, "d/same": randBytes(8, 300<<10), "old": randBytes(9, 100<<10), "small": []byte("s")}
+	big := testutil.RandBytes(7, 1<<20)
+	f1 = map[string][]byte{"big.bin": big, "d/same": testutil.RandBytes(8, 300<<10), "old": testutil.RandBytes(9, 100<<10), "small": []byte("s")}
 	big2 := append([]byte(nil), big...)
-	copy(big2[512<<10:], randBytes(10, 64<<10))
-	f2 = map[string][]byte{"big.bin": big2, "d/same": f1["d/same"], "new": randBytes(11, 100<<10), "small": []byte("s")}
+	copy(big2[512<<10:], testutil.RandBytes(10, 64<<10))
+	f2 = map[string][]byte{"big.bin": big2, "d/same": f1["d/same"], "new": testutil.RandBytes(11, 100<<10), "small": []byte("s")}
 	p := layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}
 	s1, v1 := pushed(t, p, f1)
 	s2, v2 := pushed(t, p, f2)
 	_ = s1
-	return &countingFetcher{Fetcher: s2}, v1, v2, f1, f2
+	return &testutil.CountingFetcher{Fetcher: s2}, v1, v2, f1, f2
 }
 
-func fetchedBytes(c *countingFetcher, v *layout.Version) int64 {
+func fetchedBytes(c *testutil.CountingFetcher, v *layout.Version) int64 {
 	size := map[digest.Digest]int64{}
 	for _, ch := range v.ChunkDescriptors() {
 		size[ch.Digest] = ch.Size
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var n int64
-	for d, k := range c.n {
+	for d, k := range c.Counts() {
 		n += int64(k) * size[d]
 	}
 	return n
@@ -106,7 +105,7 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dst, "mine")); err != nil || string(b) != "user's" {
 		t.Errorf("a file no pull wrote was touched: %q, %v", b, err)
 	}
-	diffs, err := layout.VerifyDir(ctx, v2, dst)
+	diffs, err := layout.CompareDir(ctx, v2, dst)
 	if err != nil || len(diffs) != 1 || diffs[0].Path != "mine" {
 		t.Errorf("verify after upgrade: %v, %v", diffs, err)
 	}
@@ -119,7 +118,7 @@ func TestPullUpgradeWithoutState(t *testing.T) {
 	ctx := context.Background()
 	store, _, v2, f1, f2 := upgradeVersions(t)
 	dst := t.TempDir()
-	writeTree(t, dst, f1)
+	testutil.WriteTree(t, dst, f1)
 	res, err := Materialise(ctx, store, v2, dst, Options{Jobs: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -255,7 +254,7 @@ func TestPullUpgradeNoGuessesOverRecords(t *testing.T) {
 
 	// No record: the same upgrade looks in place, and misses.
 	bare := t.TempDir()
-	writeTree(t, bare, f1)
+	testutil.WriteTree(t, bare, f1)
 	res, err = Materialise(ctx, store, v2, bare, Options{Jobs: 2})
 	if err != nil {
 		t.Fatal(err)

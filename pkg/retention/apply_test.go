@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/pull"
@@ -21,16 +22,6 @@ import (
 )
 
 var smallParams = layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}
-
-func pattern(seed byte, n int) []byte {
-	b := make([]byte, n)
-	x := uint32(seed) + 1
-	for i := range b {
-		x = x*1664525 + 1013904223
-		b[i] = byte(x >> 24)
-	}
-	return b
-}
 
 type repo struct {
 	dir string
@@ -120,10 +111,10 @@ func blobBytes(t *testing.T, dir string) int64 {
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func threeVersions(t *testing.T, r repo) [3]*layout.PushResult {
-	shared := pattern(1, 200<<10)
-	v1 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": pattern(11, 100<<10)}, t0, 0, "v1")
-	v2 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": pattern(12, 100<<10)}, t0.Add(time.Minute), 0, "v2")
-	v3 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": pattern(13, 100<<10)}, t0.Add(2*time.Minute), 0, "v3", "prod")
+	shared := testutil.Pattern(1, 200<<10)
+	v1 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": testutil.Pattern(11, 100<<10)}, t0, 0, "v1")
+	v2 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": testutil.Pattern(12, 100<<10)}, t0.Add(time.Minute), 0, "v2")
+	v3 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": testutil.Pattern(13, 100<<10)}, t0.Add(2*time.Minute), 0, "v3", "prod")
 	return [3]*layout.PushResult{v1, v2, v3}
 }
 
@@ -204,7 +195,7 @@ func TestPurgeAndSweep(t *testing.T) {
 	r := openLayout(t)
 	vs := threeVersions(t, r)
 	// v4 is a root index of parts (3 layers per part).
-	v4 := r.push(t, map[string][]byte{"a.bin": pattern(1, 200<<10), "w.bin": pattern(14, 300<<10)}, t0.Add(3*time.Minute), 3)
+	v4 := r.push(t, map[string][]byte{"a.bin": testutil.Pattern(1, 200<<10), "w.bin": testutil.Pattern(14, 300<<10)}, t0.Add(3*time.Minute), 3)
 	if v4.Root.MediaType != ocispec.MediaTypeImageIndex {
 		t.Fatalf("v4 root is %s", v4.Root.MediaType)
 	}
@@ -349,7 +340,7 @@ func TestApplyRechecks(t *testing.T) {
 	if _, err := versions.Tag(ctx, r.t, root, []string{"keep-me"}, versions.TagOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	v4 := r.push(t, map[string][]byte{"x": pattern(4, 10<<10)}, t0.Add(time.Hour), 0)
+	v4 := r.push(t, map[string][]byte{"x": testutil.Pattern(4, 10<<10)}, t0.Add(time.Hour), 0)
 	src := func(context.Context) ([]Reference, error) {
 		return []Reference{{Source: "deploy/app.yaml:3", Digest: vs[1].Root.Digest}}, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -17,8 +18,8 @@ func TestSnapshotAndFileSources(t *testing.T) {
 	ctx := context.Background()
 	r := openLayout(t)
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	v1 := r.push(t, map[string][]byte{"a": pattern(1, 10<<10)}, t0, 0, "v1")
-	v2 := r.push(t, map[string][]byte{"a": pattern(2, 10<<10)}, t0.Add(time.Hour), 0, "v2")
+	v1 := r.push(t, map[string][]byte{"a": testutil.Pattern(1, 10<<10)}, t0, 0, "v1")
+	v2 := r.push(t, map[string][]byte{"a": testutil.Pattern(2, 10<<10)}, t0.Add(time.Hour), 0, "v2")
 	if _, err := SoftDelete(ctx, r.t, v1.Root.Digest, DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -22,7 +23,7 @@ import (
 func TestSweepLayoutHostileIndex(t *testing.T) {
 	ctx := context.Background()
 	r := openLayout(t)
-	r.push(t, map[string][]byte{"a": pattern(1, 100<<10)}, time.Now(), 0, "v1")
+	r.push(t, map[string][]byte{"a": testutil.Pattern(1, 100<<10)}, time.Now(), 0, "v1")
 	orphan := []byte("an orphan blob")
 	od := digest.FromBytes(orphan)
 	op := filepath.Join(r.dir, "blobs", "sha256", od.Encoded())
@@ -73,7 +74,7 @@ func TestSweepLayoutHostileIndex(t *testing.T) {
 func TestSweepLayoutRefusesSymlinkedBlobs(t *testing.T) {
 	ctx := context.Background()
 	r := openLayout(t)
-	r.push(t, map[string][]byte{"a": pattern(1, 100<<10)}, time.Now(), 0, "v1")
+	r.push(t, map[string][]byte{"a": testutil.Pattern(1, 100<<10)}, time.Now(), 0, "v1")
 	blobs := filepath.Join(r.dir, "blobs")
 	outside := t.TempDir()
 	// An unreachable blob outside, where a followed blobs/ would lead.

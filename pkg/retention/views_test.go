@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -16,8 +17,8 @@ func TestApplyDeletesImageViews(t *testing.T) {
 	ctx := context.Background()
 	r := openLayout(t)
 	now := time.Now()
-	old := r.push(t, map[string][]byte{"a": pattern(1, 50<<10)}, now.Add(-time.Hour), 0)
-	cur := r.push(t, map[string][]byte{"a": pattern(2, 50<<10)}, now, 0)
+	old := r.push(t, map[string][]byte{"a": testutil.Pattern(1, 50<<10)}, now.Add(-time.Hour), 0)
+	cur := r.push(t, map[string][]byte{"a": testutil.Pattern(2, 50<<10)}, now, 0)
 	view := func(res *layout.PushResult) {
 		ver, err := layout.Open(ctx, r.t, res.Root)
 		if err != nil {

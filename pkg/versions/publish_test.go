@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -13,7 +14,7 @@ import (
 func publishTree(t *testing.T, tg oci.Target, files map[string][]byte, opt PublishOptions) (*Published, error) {
 	t.Helper()
 	dir := t.TempDir()
-	writeTree(t, dir, files)
+	testutil.WriteTree(t, dir, files)
 	return Publish(context.Background(), tg, layout.DirSource(dir), opt)
 }
 
@@ -33,7 +34,7 @@ func TestPublishSealsTagsProtectsAndRecordsHistory(t *testing.T) {
 		t.Fatalf("params of an empty repository: %+v", got)
 	}
 
-	v1, err := publishTree(t, tg, map[string][]byte{"a": pattern(1, 100<<10)}, PublishOptions{
+	v1, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(1, 100<<10)}, PublishOptions{
 		Tag: "main", Extra: []string{"stable"}, Push: layout.PushOptions{Params: smallParams}, Now: t0,
 	})
 	if err != nil {
@@ -57,7 +58,7 @@ func TestPublishSealsTagsProtectsAndRecordsHistory(t *testing.T) {
 	}
 
 	// Zero params: the new version is chunked like the one main points at.
-	v2, err := publishTree(t, tg, map[string][]byte{"a": pattern(2, 100<<10)}, PublishOptions{Tag: "main"})
+	v2, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(2, 100<<10)}, PublishOptions{Tag: "main"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func TestPublishSealsTagsProtectsAndRecordsHistory(t *testing.T) {
 	}
 
 	// Publishing the same tree again moves nothing and records nothing.
-	again, err := publishTree(t, tg, map[string][]byte{"a": pattern(2, 100<<10)}, PublishOptions{Tag: "main"})
+	again, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(2, 100<<10)}, PublishOptions{Tag: "main"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestPublishCheckFailureTagsNothing(t *testing.T) {
 	tg := openLayout(t)
 	bad := errors.New("file a differs from the source")
 	var checked *layout.Index
-	_, err := publishTree(t, tg, map[string][]byte{"a": pattern(3, 10<<10)}, PublishOptions{
+	_, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(3, 10<<10)}, PublishOptions{
 		Tag: "main", Push: layout.PushOptions{Params: smallParams},
 		Check: func(x *layout.Index) error { checked = x; return bad },
 	})
@@ -112,7 +113,7 @@ func TestPublishCheckFailureTagsNothing(t *testing.T) {
 func TestPublishWithoutTagsGivesOnlyTheProtectiveTag(t *testing.T) {
 	tg := openLayout(t)
 	// No tag at all: only the protective tag.
-	p, err := publishTree(t, tg, map[string][]byte{"a": pattern(4, 10<<10)}, PublishOptions{Push: layout.PushOptions{Params: smallParams}})
+	p, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(4, 10<<10)}, PublishOptions{Push: layout.PushOptions{Params: smallParams}})
 	if err != nil {
 		t.Fatal(err)
 	}

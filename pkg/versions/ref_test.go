@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -69,7 +70,7 @@ func TestPushParams(t *testing.T) {
 	if p, err := PushParams(ctx, tg, "main", layout.Params{}); err != nil || p != layout.DefaultParams {
 		t.Errorf("nothing given, empty repository: %+v, %v; want the defaults", p, err)
 	}
-	pushVersion(t, tg, map[string][]byte{"a": pattern(1, 100<<10)}, t0, "main")
+	pushVersion(t, tg, map[string][]byte{"a": testutil.Pattern(1, 100<<10)}, t0, "main")
 	if p, err := PushParams(ctx, tg, "main", layout.Params{}); err != nil || p != smallParams.Inherited() {
 		t.Errorf("nothing given: %+v, %v; want main's %+v", p, err, smallParams.Inherited())
 	}

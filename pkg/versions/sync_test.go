@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/source"
@@ -16,7 +17,7 @@ import (
 
 func TestSyncSealsVerifiesAndTags(t *testing.T) {
 	ctx := context.Background()
-	body := pattern(3, 200<<10)
+	body := testutil.Pattern(3, 200<<10)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.ServeContent(w, r, "weights.bin", t0, strings.NewReader(string(body)))
 	}))

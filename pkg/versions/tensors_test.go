@@ -19,6 +19,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -48,7 +49,7 @@ func safetensors(ts []testTensor) []byte {
 func TestCompareTensors(t *testing.T) {
 	ctx := context.Background()
 	tg := openLayout(t)
-	big := func(seed byte) []byte { return pattern(seed, 40<<10) }
+	big := func(seed byte) []byte { return testutil.Pattern(seed, 40<<10) }
 	a := []testTensor{
 		{"w.0", "F16", []int64{160, 128}, big(1)},
 		{"w.1", "F16", []int64{160, 128}, big(2)},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
@@ -24,7 +25,7 @@ func TestVerifyDirReportsDifferences(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	writeTree(t, dir, files)
+	testutil.WriteTree(t, dir, files)
 	got, err := VerifyDir(ctx, tg, ref, root, dir)
 	if err != nil || !got.OK || got.Reference != ref.Pinned(root.Desc.Digest) || got.Dir != dir || len(got.Differences) != 0 {
 		t.Fatalf("same tree: %+v, %v", got, err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -22,41 +21,19 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/registry/remote/auth"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 var smallParams = layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}
 
-func writeTree(t *testing.T, root string, files map[string][]byte) {
-	t.Helper()
-	for p, b := range files {
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func pattern(seed byte, n int) []byte {
-	b := make([]byte, n)
-	x := uint32(seed) + 1
-	for i := range b {
-		x = x*1664525 + 1013904223
-		b[i] = byte(x >> 24)
-	}
-	return b
-}
-
 // pushVersion pushes files to t as a version sealed at sealed, with tags.
 func pushVersion(t *testing.T, tg oci.Target, files map[string][]byte, sealed time.Time, tags ...string) *layout.PushResult {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
-	writeTree(t, dir, files)
+	testutil.WriteTree(t, dir, files)
 	res, err := layout.Push(ctx, tg, layout.DirSource(dir), layout.PushOptions{Params: smallParams})
 	if err != nil {
 		t.Fatal(err)
@@ -79,11 +56,11 @@ func openLayout(t *testing.T) oci.Target {
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func threeVersions(t *testing.T, tg oci.Target) [3]*layout.PushResult {
-	base := map[string][]byte{"a.bin": pattern(1, 200<<10), "b.txt": []byte("hello")}
+	base := map[string][]byte{"a.bin": testutil.Pattern(1, 200<<10), "b.txt": []byte("hello")}
 	v1 := pushVersion(t, tg, base, t0, "v1")
-	two := map[string][]byte{"a.bin": append(pattern(1, 200<<10), pattern(9, 50<<10)...), "b.txt": []byte("hello"), "c.txt": []byte("new")}
+	two := map[string][]byte{"a.bin": append(testutil.Pattern(1, 200<<10), testutil.Pattern(9, 50<<10)...), "b.txt": []byte("hello"), "c.txt": []byte("new")}
 	v2 := pushVersion(t, tg, two, t0.Add(time.Minute), "v2")
-	three := map[string][]byte{"a.bin": pattern(1, 200<<10), "d.txt": []byte("d")}
+	three := map[string][]byte{"a.bin": testutil.Pattern(1, 200<<10), "d.txt": []byte("d")}
 	v3 := pushVersion(t, tg, three, t0.Add(2*time.Minute), "v3", "prod")
 	return [3]*layout.PushResult{v1, v2, v3}
 }

@@ -8,14 +8,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/bdnvol/bdnvol/internal/testutil"
 )
 
-// TestVerifyDir: a freshly pulled directory matches its version; each kind
+// TestCompareDir: a freshly pulled directory matches its version; each kind
 // of change is listed once, and the pull's own names are not.
-func TestVerifyDir(t *testing.T) {
+func TestCompareDir(t *testing.T) {
 	ctx := context.Background()
 	files := map[string][]byte{
-		"a":       randBytes(1, 70<<10),
+		"a":       testutil.RandBytes(1, 70<<10),
 		"d/b":     []byte("bbbb"),
 		"d/c":     []byte("cccc"),
 		"d/e/f":   []byte("f"),
@@ -27,8 +29,8 @@ func TestVerifyDir(t *testing.T) {
 	}
 	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	dst := t.TempDir()
-	writeVolumeTree(t, dst, files) // as a pull leaves it
-	diffs, err := VerifyDir(ctx, v, dst)
+	testutil.WriteVolumeTree(t, dst, files) // as a pull leaves it
+	diffs, err := CompareDir(ctx, v, dst)
 	if err != nil || len(diffs) != 0 {
 		t.Fatalf("fresh pull: %v, %v", diffs, err)
 	}
@@ -47,7 +49,7 @@ func TestVerifyDir(t *testing.T) {
 	must(os.Remove(filepath.Join(dst, "s")))
 	must(os.Symlink("elsewhere", filepath.Join(dst, "s")))
 	must(os.Mkdir(filepath.Join(dst, ReservedPrefix+"pull"), 0o700))
-	diffs, err = VerifyDir(ctx, v, dst)
+	diffs, err = CompareDir(ctx, v, dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,25 +64,25 @@ func TestVerifyDir(t *testing.T) {
 	}
 }
 
-// TestVerifyDirRefusesSwappedDir: a directory swapped for a symlink to an
-// outside directory after VerifyDir found it a directory is not read
-// through: VerifyDir fails naming it, and neither compares nor lists what
+// TestCompareDirRefusesSwappedDir: a directory swapped for a symlink to an
+// outside directory after CompareDir found it a directory is not read
+// through: CompareDir fails naming it, and neither compares nor lists what
 // the outside directory holds.
-func TestVerifyDirRefusesSwappedDir(t *testing.T) {
+func TestCompareDirRefusesSwappedDir(t *testing.T) {
 	ctx := context.Background()
 	files := map[string][]byte{"sub/f": []byte("inside-bytes")}
 	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	base := t.TempDir()
 	dst, outside := filepath.Join(base, "dst"), filepath.Join(base, "outside")
-	writeVolumeTree(t, dst, files) // as a pull leaves it
-	writeTree(t, outside, map[string][]byte{"f": []byte("secret-bytes"), "secret-name": nil})
-	verifyHook = func(p string) {
+	testutil.WriteVolumeTree(t, dst, files) // as a pull leaves it
+	testutil.WriteTree(t, outside, map[string][]byte{"f": []byte("secret-bytes"), "secret-name": nil})
+	compareHook = func(p string) {
 		if p == "sub" {
 			swapTree(t, dst, outside)
 		}
 	}
-	defer func() { verifyHook = nil }()
-	diffs, err := VerifyDir(ctx, v, dst)
+	defer func() { compareHook = nil }()
+	diffs, err := CompareDir(ctx, v, dst)
 	if !errors.Is(err, ErrUnsupportedFile) || !strings.Contains(err.Error(), filepath.Join(dst, "sub")) {
 		t.Errorf("verify: %v, want ErrUnsupportedFile naming sub", err)
 	}

@@ -34,14 +34,14 @@ func (d Difference) String() string {
 	return fmt.Sprintf("%s: %s %s, want %s", d.Path, d.Kind, d.Got, d.Want)
 }
 
-// VerifyDir compares the directory dir with the version v: every entry's
+// CompareDir compares the directory dir with the version v: every entry's
 // type and permission bits, every file's size and SHA-256, every symlink's
 // target, and entries missing from dir or not in v. Names bdnvol keeps for
 // itself (ReservedPrefix) are not compared. It reads dir through directory
 // descriptors, each opened from its parent's without following a symlink,
 // so a directory swapped for a symlink is never read through, and it
 // writes nothing.
-func VerifyDir(ctx context.Context, v *Version, dir string) ([]Difference, error) {
+func CompareDir(ctx context.Context, v *Version, dir string) ([]Difference, error) {
 	info, err := os.Stat(dir)
 	if err != nil {
 		return nil, err
@@ -54,7 +54,7 @@ func VerifyDir(ctx context.Context, v *Version, dir string) ([]Difference, error
 		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer unix.Close(root)
-	w := &dirVerifier{
+	w := &dirComparer{
 		dir:  dir,
 		want: make(map[string]*File, v.Index.Len()),
 		buf:  make([]byte, 1<<20),
@@ -75,12 +75,12 @@ func VerifyDir(ctx context.Context, v *Version, dir string) ([]Difference, error
 	return w.diffs, nil
 }
 
-// verifyHook, when set (by tests), runs after VerifyDir has looked at the
+// compareHook, when set (by tests), runs after CompareDir has looked at the
 // entry p and before it reads it.
-var verifyHook func(p string)
+var compareHook func(p string)
 
-// dirVerifier is one run of VerifyDir.
-type dirVerifier struct {
+// dirComparer is one run of CompareDir.
+type dirComparer struct {
 	dir   string
 	want  map[string]*File
 	seen  map[string]bool
@@ -88,11 +88,11 @@ type dirVerifier struct {
 	buf   []byte
 }
 
-func (w *dirVerifier) full(rel string) string { return filepath.Join(w.dir, filepath.FromSlash(rel)) }
+func (w *dirComparer) full(rel string) string { return filepath.Join(w.dir, filepath.FromSlash(rel)) }
 
 // walk compares the entries of the directory dfd (rel under dir) in name
 // order, depth first.
-func (w *dirVerifier) walk(ctx context.Context, dfd int, rel string) error {
+func (w *dirComparer) walk(ctx context.Context, dfd int, rel string) error {
 	names, err := beneath.Names(dfd, w.full(rel))
 	if err != nil {
 		return err
@@ -113,7 +113,7 @@ func (w *dirVerifier) walk(ctx context.Context, dfd int, rel string) error {
 }
 
 // entry compares the entry name of the directory dfd, at p under dir.
-func (w *dirVerifier) entry(ctx context.Context, dfd int, name, p string) error {
+func (w *dirComparer) entry(ctx context.Context, dfd int, name, p string) error {
 	f, ok := w.want[p]
 	if !ok {
 		w.diffs = append(w.diffs, Difference{Path: p, Kind: "extra"})
@@ -132,8 +132,8 @@ func (w *dirVerifier) entry(ctx context.Context, dfd int, name, p string) error 
 	if perm := uint32(st.Mode) & 0o777; f.Type != TypeSymlink && perm != f.Mode {
 		w.diffs = append(w.diffs, Difference{Path: p, Kind: "mode", Want: fmt.Sprintf("%04o", f.Mode), Got: fmt.Sprintf("%04o", perm)})
 	}
-	if verifyHook != nil {
-		verifyHook(p)
+	if compareHook != nil {
+		compareHook(p)
 	}
 	switch f.Type {
 	case TypeSymlink:
