@@ -1,0 +1,307 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bdnvol/bdnvol/e2e/synth"
+)
+
+// copyResult is what `bdnvol copy --json` prints.
+type copyResult struct {
+	Reference         string   `json:"reference"`
+	Digest            string   `json:"digest"`
+	Tags              []string `json:"tags"`
+	Blobs             int      `json:"blobs"`
+	BlobsSent         int      `json:"blobs_sent"`
+	BlobsSkipped      int      `json:"blobs_skipped"`
+	BlobsMounted      int      `json:"blobs_mounted"`
+	Bytes             int64    `json:"bytes"`
+	BytesSent         int64    `json:"bytes_sent"`
+	BytesSkipped      int64    `json:"bytes_skipped"`
+	BytesMounted      int64    `json:"bytes_mounted"`
+	ManifestsSent     int      `json:"manifests_sent"`
+	ManifestBytesSent int64    `json:"manifest_bytes_sent"`
+}
+
+// copyJSON runs `bdnvol copy --json` and decodes its report.
+func copyJSON(t testing.TB, args ...string) copyResult {
+	t.Helper()
+	res := mustRun(t, append([]string{"copy", "--json"}, args...)...)
+	var r copyResult
+	if err := json.Unmarshal([]byte(strings.TrimSpace(res.stdout)), &r); err != nil {
+		t.Fatalf("copy --json: %v\n%s", err, res)
+	}
+	return r
+}
+
+// blobPresent reports whether the registry's repository name holds blob d.
+func blobPresent(t testing.TB, reg *registry, name, d string) bool {
+	t.Helper()
+	resp, err := http.Head(reg.URL + "/v2/" + name + "/blobs/" + d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// sumBlobs adds the sizes of the blobs of a that b lacks (b may be nil).
+func sumBlobs(a, b map[string]int64) int64 {
+	var n int64
+	for d, s := range a {
+		if _, ok := b[d]; !ok {
+			n += s
+		}
+	}
+	return n
+}
+
+// fineTunePair writes a synthetic checkpoint and a fine-tune of it that
+// changes 30% of its tensor bytes, and returns their directories.
+func fineTunePair(t *testing.T, size int64) (string, string) {
+	t.Helper()
+	base := t.TempDir()
+	v1, v2 := filepath.Join(base, "v1"), filepath.Join(base, "v2")
+	if err := synth.Generate(v1, synth.Options{TargetBytes: size, Shards: 3, Seed: 1, Layers: 2, Hidden: 768, Intermediate: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := synth.FineTune(v1, v2, synth.FineTuneOptions{Fraction: 0.30, Seed: 2}); err != nil {
+		t.Fatal(err)
+	}
+	return v1, v2
+}
+
+// TestCopyRegistryToRegistry copies v1 into an empty registry (every blob
+// sent), then a fine-tune v2 into the registry holding v1: exactly the
+// blobs v2 has and v1 lacks are sent, the digests are the source's, the
+// protective tags come along, and a pull of the copy is the source tree.
+func TestCopyRegistryToRegistry(t *testing.T) {
+	bin(t)
+	v1, v2 := fineTunePair(t, 24<<20)
+	src := newDistribution(t)
+	d1 := pushJSON(t, src.Host+"/model:v1", v1).Digest
+	d2 := pushJSON(t, src.Host+"/model:v2", v2).Digest
+	b1, b2 := versionBlobs(t, src, "model", d1), versionBlobs(t, src, "model", d2)
+
+	forKinds(t, []string{"distribution", "ggcr"}, func(t *testing.T, tg target) {
+		dst := tg.reg
+		dst.ResetStats()
+		r1 := copyJSON(t, src.Host+"/model:v1", dst.Host+"/mirror/model")
+		in := dst.Stats().BlobBytesIn
+		total := sumBlobs(b1, nil)
+		t.Logf("v1 into an empty registry: sent %d bytes (registry received %d), ideal %d (all %d blobs)", r1.BytesSent, in, total, len(b1))
+		if r1.Digest != d1 || tagDigest(t, dst, "mirror/model", "v1") != d1 {
+			t.Errorf("copy of v1: digest %s, tag v1 -> %s; want %s", r1.Digest, tagDigest(t, dst, "mirror/model", "v1"), d1)
+		}
+		if r1.BytesSent != total || in != total || r1.BlobsSent != len(b1) || r1.BytesSkipped != 0 {
+			t.Errorf("copy of v1: sent %d bytes in %d blobs (registry got %d), skipped %d; want all %d bytes in %d blobs", r1.BytesSent, r1.BlobsSent, in, r1.BytesSkipped, total, len(b1))
+		}
+		sealed := 0
+		for _, tag := range listTags(t, dst, "mirror/model") {
+			if strings.HasPrefix(tag, "sealed-") && strings.HasSuffix(tag, strings.TrimPrefix(d1, "sha256:")[:12]) {
+				sealed++
+			}
+		}
+		if sealed != 1 {
+			t.Errorf("copy of v1: %d protective tags of v1 at the destination, want 1: %v", sealed, listTags(t, dst, "mirror/model"))
+		}
+
+		dst.ResetStats()
+		r2 := copyJSON(t, src.Host+"/model:v2", dst.Host+"/mirror/model")
+		in = dst.Stats().BlobBytesIn
+		ideal := sumBlobs(b2, b1)
+		t.Logf("v2 into the registry holding v1: sent %d bytes (registry received %d), ideal %d of %d; skipped %d", r2.BytesSent, in, ideal, sumBlobs(b2, nil), r2.BytesSkipped)
+		if r2.Digest != d2 || tagDigest(t, dst, "mirror/model", "v2") != d2 {
+			t.Errorf("copy of v2: digest %s, want %s", r2.Digest, d2)
+		}
+		if r2.BytesSent != ideal || in != ideal || r2.BytesSkipped != sumBlobs(b2, nil)-ideal {
+			t.Errorf("copy of v2: sent %d (registry got %d), skipped %d; want sent %d, skipped %d", r2.BytesSent, in, r2.BytesSkipped, ideal, sumBlobs(b2, nil)-ideal)
+		}
+		out := filepath.Join(t.TempDir(), "out")
+		pull(t, dst.Host+"/mirror/model:v2", out)
+		compareTrees(t, v2, out)
+		mustRun(t, "verify", dst.Host+"/mirror/model:v2", out)
+
+		// Nothing is missing now: a re-run sends nothing.
+		dst.ResetStats()
+		r3 := copyJSON(t, src.Host+"/model:v2", dst.Host+"/mirror/model")
+		if in := dst.Stats().BlobBytesIn; r3.BytesSent != 0 || in != 0 || r3.ManifestsSent != 0 {
+			t.Errorf("repeated copy: sent %d bytes (registry got %d) and %d manifests, want none", r3.BytesSent, in, r3.ManifestsSent)
+		}
+	})
+}
+
+// TestCopyMountsWithinARegistry copies between two repositories of one
+// registry by mounting: no blob byte is uploaded.
+func TestCopyMountsWithinARegistry(t *testing.T) {
+	bin(t)
+	v1, _ := fineTunePair(t, 8<<20)
+	reg := newDistribution(t)
+	d := pushJSON(t, reg.Host+"/staging/model:v1", v1).Digest
+	reg.ResetStats()
+	r := copyJSON(t, reg.Host+"/staging/model:v1", reg.Host+"/prod/model:v1")
+	st := reg.Stats()
+	t.Logf("mount: %d of %d blobs mounted, %d bytes sent, registry received %d blob bytes", r.BlobsMounted, r.Blobs, r.BytesSent, st.BlobBytesIn)
+	if r.Digest != d || r.BlobsMounted != r.Blobs || r.BytesSent != 0 || st.BlobBytesIn != 0 {
+		t.Errorf("copy within a registry: %+v, registry received %d blob bytes; want every blob mounted, none sent", r, st.BlobBytesIn)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	pull(t, reg.Host+"/prod/model:v1", out)
+	compareTrees(t, v1, out)
+}
+
+// TestCopyKilledResumes kills a copy with SIGKILL once some bytes have
+// arrived; the re-run sends exactly the blobs the destination still lacks.
+func TestCopyKilledResumes(t *testing.T) {
+	bin(t)
+	v1, _ := fineTunePair(t, 96<<20)
+	src := newDistribution(t)
+	d := pushJSON(t, src.Host+"/model:v1", v1).Digest
+	blobs := versionBlobs(t, src, "model", d)
+	total := sumBlobs(blobs, nil)
+	dst := newDistribution(t)
+
+	cmd := exec.Command(bin(t), "copy", "--jobs", "1", src.Host+"/model:v1", dst.Host+"/model")
+	cmd.Env = cliEnv(t)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	killed := false
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		select {
+		case err := <-done:
+			t.Fatalf("copy ended before the kill (%v):\n%s", err, out.String())
+		default:
+		}
+		if dst.Stats().BlobBytesIn >= total/3 {
+			cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+			killed = true
+			break
+		}
+	}
+	if !killed {
+		t.Fatal("no bytes arrived within a minute")
+	}
+	dst.Settle(t)
+	if tag := tagDigest(t, dst, "model", "v1"); tag != "" {
+		t.Fatalf("the killed copy left tag v1 -> %s", tag)
+	}
+	missing := map[string]int64{}
+	for b, size := range blobs {
+		if !blobPresent(t, dst, "model", b) {
+			missing[b] = size
+		}
+	}
+	want := sumBlobs(missing, nil)
+	before := dst.Stats().BlobBytesIn
+	dst.ResetStats()
+	r := copyJSON(t, src.Host+"/model:v1", dst.Host+"/model")
+	in := dst.Stats().BlobBytesIn
+	t.Logf("killed after %d of %d blob bytes had arrived (%d of %d blobs whole); re-run sent %d bytes (registry received %d), ideal %d", before, total, len(blobs)-len(missing), len(blobs), r.BytesSent, in, want)
+	if r.Digest != d || r.BytesSent != want || in != want || r.BlobsSent != len(missing) {
+		t.Errorf("re-run after the kill: %+v, registry received %d; want %d bytes in %d blobs", r, in, want, len(missing))
+	}
+	if want == 0 || want == total {
+		t.Errorf("the kill came at an edge (%d of %d bytes missing): the test proved nothing", want, total)
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	pull(t, dst.Host+"/model:v1", dir)
+	compareTrees(t, v1, dir)
+}
+
+// TestCopyCorruptSource copies from a registry that serves one chunk with a
+// flipped byte: the copy fails with a digest error, the destination never
+// holds that blob, and no tag points at the version.
+func TestCopyCorruptSource(t *testing.T) {
+	bin(t)
+	v1, _ := fineTunePair(t, 8<<20)
+	src := newDistribution(t)
+	d := pushJSON(t, src.Host+"/model:v1", v1).Digest
+	var bad string
+	var size int64
+	for b, s := range versionBlobs(t, src, "model", d) {
+		if s > size {
+			bad, size = b, s
+		}
+	}
+	src.Corrupt(bad)
+	forKinds(t, []string{"distribution", "ggcr", "oci-layout"}, func(t *testing.T, tg target) {
+		res := run(t, "copy", src.Host+"/model:v1", tg.repo("model"))
+		if res.code == 0 || !strings.Contains(res.stderr, "does not match its digest") || !strings.Contains(res.stderr, bad) {
+			t.Fatalf("copy from a corrupting source: want a digest error naming %s:\n%s", bad, res)
+		}
+		if tg.reg != nil {
+			if blobPresent(t, tg.reg, "model", bad) {
+				t.Errorf("the destination holds the corrupted blob %s", bad)
+			}
+			if tag := tagDigest(t, tg.reg, "model", "v1"); tag != "" {
+				t.Errorf("tag v1 -> %s after a failed copy", tag)
+			}
+			return
+		}
+		p := filepath.Join(tg.root, "model", "blobs", "sha256", strings.TrimPrefix(bad, "sha256:"))
+		if res := run(t, "resolve", tg.repo("model")+":v1"); res.code == 0 {
+			t.Errorf("tag v1 resolves after a failed copy:\n%s", res)
+		}
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("the layout holds the corrupted blob %s", p)
+		}
+	})
+}
+
+// TestCopyLayoutRoundTrip copies registry -> OCI layout -> another
+// registry: digests preserved, the second leg sends every blob once, and
+// the final copy pulls bit-identical; a layout -> layout copy too.
+func TestCopyLayoutRoundTrip(t *testing.T) {
+	bin(t)
+	v1, v2 := fineTunePair(t, 16<<20)
+	src := newDistribution(t)
+	d1 := pushJSON(t, src.Host+"/model:v1", v1).Digest
+	d2 := pushJSON(t, src.Host+"/model:v2", v2).Digest
+	b1, b2 := versionBlobs(t, src, "model", d1), versionBlobs(t, src, "model", d2)
+	lay := "oci:" + filepath.Join(t.TempDir(), "layout")
+
+	r1 := copyJSON(t, src.Host+"/model:v1", lay)
+	r2 := copyJSON(t, src.Host+"/model:v2", lay)
+	t.Logf("registry -> layout: v1 wrote %d bytes (ideal %d), v2 wrote %d (ideal %d)", r1.BytesSent, sumBlobs(b1, nil), r2.BytesSent, sumBlobs(b2, b1))
+	if r1.Digest != d1 || r2.Digest != d2 || r1.BytesSent != sumBlobs(b1, nil) || r2.BytesSent != sumBlobs(b2, b1) {
+		t.Errorf("into the layout: %+v / %+v; want digests %s %s and bytes %d %d", r1, r2, d1, d2, sumBlobs(b1, nil), sumBlobs(b2, b1))
+	}
+	if got := strings.TrimSpace(mustRun(t, "resolve", lay+":v2").stdout); !strings.HasSuffix(got, "@"+d2) {
+		t.Errorf("layout tag v2 resolves to %s, want %s", got, d2)
+	}
+
+	dst := newGGCR(t)
+	r3 := copyJSON(t, lay+":v1", dst.Host+"/model")
+	r4 := copyJSON(t, lay+":v2", dst.Host+"/model")
+	t.Logf("layout -> registry: v1 sent %d bytes (ideal %d), v2 sent %d (ideal %d)", r3.BytesSent, sumBlobs(b1, nil), r4.BytesSent, sumBlobs(b2, b1))
+	if r3.Digest != d1 || r4.Digest != d2 || r3.BytesSent != sumBlobs(b1, nil) || r4.BytesSent != sumBlobs(b2, b1) {
+		t.Errorf("out of the layout: %+v / %+v", r3, r4)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	pull(t, dst.Host+"/model:v2", out)
+	compareTrees(t, v2, out)
+
+	lay2 := "oci:" + filepath.Join(t.TempDir(), "layout2")
+	r5 := copyJSON(t, lay+":v2", lay2+":prod")
+	if r5.Digest != d2 || r5.BytesSent != sumBlobs(b2, nil) {
+		t.Errorf("layout -> layout: %+v", r5)
+	}
+	out2 := filepath.Join(t.TempDir(), "out2")
+	pull(t, lay2+":prod", out2)
+	compareTrees(t, v2, out2)
+}
