@@ -305,3 +305,62 @@ func TestCopyLayoutRoundTrip(t *testing.T) {
 	pull(t, lay2+":prod", out2)
 	compareTrees(t, v2, out2)
 }
+
+// TestCopyThroughFaults copies through fault proxies: the source cuts the
+// first GET of every blob half-way and answers every 7th request 503, the
+// destination refuses upload bodies over 1 MiB (413) and answers every 5th
+// request 503. The copy completes, sends every blob once, and the copy pulls
+// bit-identical.
+func TestCopyThroughFaults(t *testing.T) {
+	bin(t)
+	v1, _ := fineTunePair(t, 8<<20)
+	src, dst := newDistribution(t), newDistribution(t)
+	d := pushJSON(t, src.Host+"/model:v1", v1).Digest
+	sp, dp := newFaultProxy(t, src), newFaultProxy(t, dst)
+	sp.Set(faultConfig{CutFirstBlobGET: true, Fail503Every: 7})
+	dp.Set(faultConfig{MaxBody: 1 << 20, Fail503Every: 5})
+	blobs := versionBlobs(t, src, "model", d)
+	r := copyJSON(t, sp.Host+"/model:v1", dp.Host+"/model")
+	t.Logf("through faults: source injected %v, destination injected %v; sent %d bytes in %d blobs (ideal %d in %d)", sp.Injected(), dp.Injected(), r.BytesSent, r.BlobsSent, sumBlobs(blobs, nil), len(blobs))
+	if r.Digest != d || r.BytesSent != sumBlobs(blobs, nil) {
+		t.Errorf("copy through faults: %+v", r)
+	}
+	if sp.Injected()["cut"] == 0 || dp.Injected()["413"] == 0 || dp.Injected()["503"] == 0 {
+		t.Errorf("faults not exercised: source %v, destination %v", sp.Injected(), dp.Injected())
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	pull(t, dst.Host+"/model:v1", out)
+	compareTrees(t, v1, out)
+}
+
+// TestCopyIndexOfParts copies a version stored as an image index of part
+// manifests: the digest of the root and of every part is the source's.
+func TestCopyIndexOfParts(t *testing.T) {
+	bin(t)
+	v1, v2 := fineTunePair(t, 4<<20)
+	src, dst := newDistribution(t), newGGCR(t)
+	flags := []string{"--chunk-min", "16KiB", "--chunk-avg", "32KiB", "--chunk-max", "64KiB", "--max-layers", "40"}
+	d1 := pushJSON(t, src.Host+"/model:v1", v1, flags...).Digest
+	d2 := pushJSON(t, src.Host+"/model:v2", v2, flags...).Digest
+	raw, _ := getManifest(t, src, "model", d2, manifestAccepts)
+	var idx ociManifest
+	mustJSON(t, raw, &idx)
+	if len(idx.Manifests) < 2 {
+		t.Fatalf("v2 is not an index of parts: %s", raw)
+	}
+	b1, b2 := versionBlobs(t, src, "model", d1), versionBlobs(t, src, "model", d2)
+	copyJSON(t, src.Host+"/model:v1", dst.Host+"/model")
+	r := copyJSON(t, src.Host+"/model:v2", dst.Host+"/model")
+	t.Logf("index of %d parts: v2 after v1 sent %d bytes, ideal %d; %d manifests sent", len(idx.Manifests), r.BytesSent, sumBlobs(b2, b1), r.ManifestsSent)
+	if r.Digest != d2 || r.BytesSent != sumBlobs(b2, b1) {
+		t.Errorf("copy of an index of parts: %+v", r)
+	}
+	for _, p := range idx.Manifests {
+		if got, _ := getManifest(t, dst, "model", p.Digest, manifestAccepts); digestOf(got) != p.Digest {
+			t.Errorf("part %s: the destination serves %s", p.Digest, digestOf(got))
+		}
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	pull(t, dst.Host+"/model:v2", out)
+	compareTrees(t, v2, out)
+}

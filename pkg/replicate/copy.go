@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/errdef"
 	"oras.land/oras-go/v2/registry"
+	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -45,6 +47,14 @@ type Options struct {
 	// Counters receive progress: Total the bytes of the blobs, Processed
 	// those found or sent, Sent those sent. May be nil.
 	Counters *layout.Counters
+	// PartSize is the destination's upload part size (oci.Options.PartSize);
+	// a blob larger than it is read whole into memory, verified, and sent
+	// in parts. 0: blobs stream in one request each, and after a
+	// destination answers 413 to one, they are sent as with PartSize set.
+	PartSize int64
+	// MaxBuffered bounds the blob read into memory to be sent in parts;
+	// <= 0 means 256 MiB (the largest chunk). A larger blob streams.
+	MaxBuffered int64
 	// Now is the sealing time of a protective tag made for a volume whose
 	// source has none; zero means time.Now.
 	Now time.Time
@@ -221,6 +231,7 @@ type copier struct {
 	tags      []tagging
 
 	report Report
+	parts  atomic.Bool // the destination refused a whole blob body (413)
 }
 
 func newCopier(src, dst Side, opt Options) *copier {
@@ -229,6 +240,9 @@ func newCopier(src, dst Side, opt Options) *copier {
 	}
 	if opt.Attempts <= 0 {
 		opt.Attempts = 3
+	}
+	if opt.MaxBuffered <= 0 {
+		opt.MaxBuffered = 256 << 20
 	}
 	c := &copier{src: src, dst: dst, opt: opt, seen: map[digest.Digest]bool{}, byDigest: map[digest.Digest]int{}}
 	if src.Ref.Layout == "" && dst.Ref.Layout == "" && src.Ref.Registry == dst.Ref.Registry && src.Ref.Repository != dst.Ref.Repository {
@@ -477,14 +491,27 @@ func (c *copier) blob(ctx context.Context, d ocispec.Descriptor) (outcome, error
 		// The mount failed: send the blob.
 	}
 	for attempt := 1; ; attempt++ {
-		r, err := c.open(ctx, d)
-		if err != nil {
-			return 0, err
-		}
-		err = c.dst.Target.Push(ctx, d, r)
-		r.Close()
-		if serr := r.failure(); serr != nil && errors.Is(serr, verify.ErrDigestMismatch) {
-			return 0, serr
+		var err error
+		if c.buffered(d) {
+			err = c.sendBuffered(ctx, d)
+			if errors.Is(err, verify.ErrDigestMismatch) {
+				return 0, err
+			}
+		} else {
+			r, oerr := c.open(ctx, d)
+			if oerr != nil {
+				return 0, oerr
+			}
+			err = c.dst.Target.Push(ctx, d, r)
+			r.Close()
+			if serr := r.failure(); serr != nil && errors.Is(serr, verify.ErrDigestMismatch) {
+				return 0, serr
+			}
+			if tooLarge(err) && d.Size <= c.opt.MaxBuffered {
+				c.parts.Store(true)
+				attempt--
+				continue
+			}
 		}
 		if err == nil || errors.Is(err, errdef.ErrAlreadyExists) {
 			return sent, nil
@@ -498,6 +525,38 @@ func (c *copier) blob(ctx context.Context, d ocispec.Descriptor) (outcome, error
 		case <-time.After(time.Duration(attempt) * 500 * time.Millisecond):
 		}
 	}
+}
+
+// buffered reports whether d is sent from memory, in parts.
+func (c *copier) buffered(d ocispec.Descriptor) bool {
+	if d.Size > c.opt.MaxBuffered || c.dst.Ref.Layout != "" {
+		return false
+	}
+	return c.parts.Load() || c.opt.PartSize > 0 && d.Size > c.opt.PartSize
+}
+
+// sendBuffered reads d whole from the source, verifies it, and pushes it
+// as an io.ReaderAt, which the destination sends in parts with resumption.
+func (c *copier) sendBuffered(ctx context.Context, d ocispec.Descriptor) error {
+	rc, err := c.src.Target.Fetch(ctx, d)
+	if err != nil {
+		return fmt.Errorf("%s: fetch blob %s: %w", c.src.Ref.Repo(), d.Digest, err)
+	}
+	b, err := verify.ReadAll(rc, "blob", d)
+	rc.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.src.Ref.Repo(), err)
+	}
+	if c.opt.Counters != nil {
+		c.opt.Counters.Sent.Add(d.Size)
+	}
+	return c.dst.Target.Push(ctx, d, bytes.NewReader(b))
+}
+
+// tooLarge reports whether err is a registry's 413 answer.
+func tooLarge(err error) bool {
+	var er *errcode.ErrorResponse
+	return errors.As(err, &er) && er.StatusCode == http.StatusRequestEntityTooLarge
 }
 
 // open fetches d from the source as a streamReader.
