@@ -364,3 +364,120 @@ func TestCopyIndexOfParts(t *testing.T) {
 	pull(t, dst.Host+"/model:v2", out)
 	compareTrees(t, v2, out)
 }
+
+// TestCopyAllTags copies a whole repository: every tag (protective, human,
+// history) points at the source's digest, and `versions` lists the same
+// versions at the destination.
+func TestCopyAllTags(t *testing.T) {
+	bin(t)
+	v1, v2 := fineTunePair(t, 4<<20)
+	src := newDistribution(t)
+	pushJSON(t, src.Host+"/model:v1", v1)
+	pushJSON(t, src.Host+"/model:v2", v2, "--tag", "prod")
+	mustRun(t, "tag", src.Host+"/model:v1", "prod") // a rollback, with tag history
+	forKinds(t, []string{"distribution", "oci-layout"}, func(t *testing.T, tg target) {
+		dstRepo := tg.repo("mirror")
+		r := copyJSON(t, "--all-tags", src.Host+"/model", dstRepo)
+		tags := listTags(t, src, "model")
+		t.Logf("--all-tags: %d tags, %d blobs, sent %d bytes, %d manifests", len(tags), r.Blobs, r.BytesSent, r.ManifestsSent)
+		for _, tag := range tags {
+			want := tagDigest(t, src, "model", tag)
+			got := layoutOrRegistryTag(t, tg, "mirror", tag)
+			if got != want {
+				t.Errorf("tag %s: destination resolves to %s, source to %s", tag, got, want)
+			}
+		}
+		if len(r.Tags) != len(tags) {
+			t.Errorf("copied %d tags, the source has %d", len(r.Tags), len(tags))
+		}
+		vs := func(repo string) string {
+			out := mustRun(t, "versions", "--json", repo).stdout
+			return strings.ReplaceAll(out, repo, "REPO")
+		}
+		if a, b := vs(src.Host+"/model"), vs(dstRepo); a != b {
+			t.Errorf("versions differ:\nsource %s\ncopy   %s", a, b)
+		}
+		hist := func(repo string) string {
+			out := mustRun(t, "history", "--json", repo+":prod").stdout
+			return strings.ReplaceAll(out, repo, "REPO")
+		}
+		if a, b := hist(src.Host+"/model"), hist(dstRepo); a != b {
+			t.Errorf("history of prod differs:\nsource %s\ncopy   %s", a, b)
+		}
+	})
+}
+
+// TestCopyReferrers copies a version with its image view (a referrer whose
+// subject is the version) into a registry serving the referrers API.
+func TestCopyReferrers(t *testing.T) {
+	bin(t)
+	v1, _ := fineTunePair(t, 4<<20)
+	src := newGGCRReferrers(t)
+	d := pushJSON(t, src.Host+"/model:v1", v1).Digest
+	mustRun(t, "export-image", src.Host+"/model:v1")
+	dst := newGGCRReferrers(t)
+	r := copyJSON(t, src.Host+"/model:v1", dst.Host+"/model")
+	if r.Digest != d {
+		t.Fatalf("copy: %+v", r)
+	}
+	refs := func(reg *registry) string {
+		resp, err := http.Get(reg.URL + "/v2/model/referrers/" + d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var idx ociManifest
+		if err := json.NewDecoder(resp.Body).Decode(&idx); err != nil {
+			t.Fatal(err)
+		}
+		var ds []string
+		for _, m := range idx.Manifests {
+			ds = append(ds, m.Digest)
+		}
+		return strings.Join(ds, ",")
+	}
+	a, b := refs(src), refs(dst)
+	t.Logf("referrers: source %s, copy %s; %d manifests sent", a, b, r.ManifestsSent)
+	if a == "" || a != b {
+		t.Errorf("referrers of the copy %q, of the source %q", b, a)
+	}
+	if res := run(t, "copy", "--no-referrers", src.Host+"/model:v1", dst.Host+"/bare"); res.code != 0 {
+		t.Fatalf("copy --no-referrers:\n%s", res)
+	}
+	resp, err := http.Get(dst.URL + "/v2/bare/referrers/" + d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx ociManifest
+	json.NewDecoder(resp.Body).Decode(&idx)
+	resp.Body.Close()
+	if len(idx.Manifests) != 0 {
+		t.Errorf("copy --no-referrers copied %d referrers", len(idx.Manifests))
+	}
+}
+
+// layoutOrRegistryTag returns the digest tag points at in the repository
+// name of tg, or "".
+func layoutOrRegistryTag(t testing.TB, tg target, name, tag string) string {
+	t.Helper()
+	if tg.reg != nil {
+		return tagDigest(t, tg.reg, name, tag)
+	}
+	b, err := os.ReadFile(filepath.Join(tg.root, name, "index.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx struct {
+		Manifests []struct {
+			Digest      string            `json:"digest"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"manifests"`
+	}
+	mustJSON(t, b, &idx)
+	for _, m := range idx.Manifests {
+		if m.Annotations["org.opencontainers.image.ref.name"] == tag {
+			return m.Digest
+		}
+	}
+	return ""
+}
