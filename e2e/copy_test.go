@@ -481,3 +481,23 @@ func layoutOrRegistryTag(t testing.TB, tg target, name, tag string) string {
 	}
 	return ""
 }
+
+// TestCopySignature copies a signed version: the cosign signature tag comes
+// along, and `verify --key` passes on the copy.
+func TestCopySignature(t *testing.T) {
+	bin(t)
+	key, pub := keyPair(t, t.TempDir(), "k")
+	src := newDistribution(t)
+	d := pushJSON(t, src.Host+"/model:v1", smallVolume(t, 1)).Digest
+	if res := signRun(t, "sign", "--key", key, src.Host+"/model:v1"); res.code != 0 {
+		t.Fatalf("sign:\n%s", res)
+	}
+	forKinds(t, []string{"distribution", "ggcr-referrers"}, func(t *testing.T, tg target) {
+		r := copyJSON(t, src.Host+"/model@"+d, tg.repo("model")+":v1")
+		t.Logf("signed copy: tags %v", r.Tags)
+		if tagDigest(t, tg.reg, "model", sigTag(d)) == "" {
+			t.Errorf("the copy has no %s tag: %v", sigTag(d), listTags(t, tg.reg, "model"))
+		}
+		mustRun(t, "verify", "--key", pub, tg.repo("model")+":v1")
+	})
+}
