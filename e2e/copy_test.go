@@ -501,3 +501,32 @@ func TestCopySignature(t *testing.T) {
 		mustRun(t, "verify", "--key", pub, tg.repo("model")+":v1")
 	})
 }
+
+// TestCopyListOfVersions copies two versions in one command: each keeps
+// its tag, and the blobs they share are sent once.
+func TestCopyListOfVersions(t *testing.T) {
+	bin(t)
+	v1, v2 := fineTunePair(t, 4<<20)
+	src, dst := newDistribution(t), newGGCR(t)
+	d1 := pushJSON(t, src.Host+"/model:v1", v1).Digest
+	d2 := pushJSON(t, src.Host+"/model:v2", v2).Digest
+	b1, b2 := versionBlobs(t, src, "model", d1), versionBlobs(t, src, "model", d2)
+	union := map[string]int64{}
+	for _, m := range []map[string]int64{b1, b2} {
+		for d, s := range m {
+			union[d] = s
+		}
+	}
+	r := copyJSON(t, src.Host+"/model:v1", src.Host+"/model:v2", dst.Host+"/model")
+	in := dst.Stats().BlobBytesIn
+	t.Logf("v1 and v2 in one copy: sent %d bytes (registry received %d), ideal %d", r.BytesSent, in, sumBlobs(union, nil))
+	if r.BytesSent != sumBlobs(union, nil) || in != r.BytesSent {
+		t.Errorf("copy of two versions: %+v, registry received %d; want %d", r, in, sumBlobs(union, nil))
+	}
+	if tagDigest(t, dst, "model", "v1") != d1 || tagDigest(t, dst, "model", "v2") != d2 {
+		t.Errorf("tags at the copy: v1 -> %s, v2 -> %s", tagDigest(t, dst, "model", "v1"), tagDigest(t, dst, "model", "v2"))
+	}
+	if res := run(t, "copy", src.Host+"/model:v1", src.Host+"/model:v2", dst.Host+"/model:x"); res.code != 2 {
+		t.Errorf("two sources and a destination tag: want a usage error:\n%s", res)
+	}
+}
