@@ -51,7 +51,7 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	counters := &layout.Counters{}
-	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize}
+	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize, Logf: g.logf}
 	stop := startProgress(g.stderr, "copy", counters)
 	defer stop()
 	total := copyReport{}

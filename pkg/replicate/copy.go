@@ -55,6 +55,8 @@ type Options struct {
 	// MaxBuffered bounds the blob read into memory to be sent in parts;
 	// <= 0 means 256 MiB (the largest chunk). A larger blob streams.
 	MaxBuffered int64
+	// Logf (if set) is told of retried blobs and of a switch to parts.
+	Logf func(format string, args ...any)
 	// Now is the sealing time of a protective tag made for a volume whose
 	// source has none; zero means time.Now.
 	Now time.Time
@@ -508,7 +510,9 @@ func (c *copier) blob(ctx context.Context, d ocispec.Descriptor) (outcome, error
 				return 0, serr
 			}
 			if tooLarge(err) && d.Size <= c.opt.MaxBuffered {
-				c.parts.Store(true)
+				if !c.parts.Swap(true) {
+					c.logf("%s refused a whole blob body (413): sending blobs in parts", c.dst.Ref.Repo())
+				}
 				attempt--
 				continue
 			}
@@ -519,11 +523,18 @@ func (c *copier) blob(ctx context.Context, d ocispec.Descriptor) (outcome, error
 		if attempt >= c.opt.Attempts || ctx.Err() != nil {
 			return 0, fmt.Errorf("%s: send blob %s: %w", c.dst.Ref.Repo(), d.Digest, err)
 		}
+		c.logf("blob %s: attempt %d of %d failed, retrying: %v", d.Digest, attempt, c.opt.Attempts, err)
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-time.After(time.Duration(attempt) * 500 * time.Millisecond):
 		}
+	}
+}
+
+func (c *copier) logf(format string, args ...any) {
+	if c.opt.Logf != nil {
+		c.opt.Logf(format, args...)
 	}
 }
 
