@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -529,4 +531,62 @@ func TestCopyListOfVersions(t *testing.T) {
 	if res := run(t, "copy", src.Host+"/model:v1", src.Host+"/model:v2", dst.Host+"/model:x"); res.code != 2 {
 		t.Errorf("two sources and a destination tag: want a usage error:\n%s", res)
 	}
+}
+
+// TestCopyAuthTLS copies from a registry that wants bearer tokens to one
+// that wants basic auth, both over TLS with their own CAs (one by
+// --ca-file, one by SSL_CERT_FILE), with the credentials `login` saved; and
+// within the token registry, where the blobs are mounted.
+func TestCopyAuthTLS(t *testing.T) {
+	bin(t)
+	ip := net.IPv4(127, 0, 0, 1)
+	const user = "e2e-user"
+	pass := "pw-" + hex.EncodeToString(randBytes(uint64(time.Now().UnixNano()), 12))
+	src := newAuthRegistry(t, ip, "token", user, pass)
+	dst := newAuthRegistry(t, ip, "htpasswd", user, pass)
+	var seen []result
+	runWith := func(t testing.TB, stdin string, env []string, args ...string) result {
+		t.Helper()
+		res := runWith(t, stdin, env, args...)
+		seen = append(seen, res)
+		return res
+	}
+	for _, r := range []*authRegistry{src, dst} {
+		if res := runWith(t, pass+"\n", nil, "login", "--tls", "--ca-file", r.CA.File, r.Host, "-u", user, "--password-stdin"); res.code != 0 {
+			t.Fatalf("login:\n%s", res)
+		}
+	}
+	v1 := filepath.Join(t.TempDir(), "src")
+	buildTree(t, v1, richTree(), time.Time{})
+	res := runWith(t, "", nil, append(append([]string{"push", "--json", "--tls", "--ca-file", src.CA.File}, smallChunks...), src.Host+"/vols/a:v1", v1)...)
+	if res.code != 0 {
+		t.Fatalf("push:\n%s", res)
+	}
+	var pr pushResult
+	mustJSON(t, []byte(strings.TrimSpace(res.stdout)), &pr)
+
+	res = runWith(t, "", []string{"SSL_CERT_FILE=" + dst.CA.File}, "copy", "--json", "--tls", "--ca-file", src.CA.File, src.Host+"/vols/a:v1", dst.Host+"/vols/b")
+	if res.code != 0 {
+		t.Fatalf("copy across registries with auth:\n%s", res)
+	}
+	var r copyResult
+	mustJSON(t, []byte(strings.TrimSpace(res.stdout)), &r)
+	if r.Digest != pr.Digest || r.BlobsSent != r.Blobs {
+		t.Errorf("copy across registries with auth: %+v, want %s with every blob sent", r, pr.Digest)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	if res := runWith(t, "", nil, "pull", "--tls", "--ca-file", dst.CA.File, dst.Host+"/vols/b:v1", out); res.code != 0 {
+		t.Fatalf("pull of the copy:\n%s", res)
+	}
+	compareTrees(t, v1, out)
+
+	res = runWith(t, "", nil, "copy", "--json", "--tls", "--ca-file", src.CA.File, src.Host+"/vols/a:v1", src.Host+"/vols/c")
+	if res.code != 0 {
+		t.Fatalf("copy within the token registry:\n%s", res)
+	}
+	mustJSON(t, []byte(strings.TrimSpace(res.stdout)), &r)
+	if r.Digest != pr.Digest || r.BlobsMounted != r.Blobs {
+		t.Errorf("copy within the token registry: %+v, want every blob mounted", r)
+	}
+	checkNoSecrets(t, src, user, pass, seen, []string{home(t)})
 }
