@@ -528,6 +528,10 @@ func TestCopyListOfVersions(t *testing.T) {
 	if tagDigest(t, dst, "model", "v1") != d1 || tagDigest(t, dst, "model", "v2") != d2 {
 		t.Errorf("tags at the copy: v1 -> %s, v2 -> %s", tagDigest(t, dst, "model", "v1"), tagDigest(t, dst, "model", "v2"))
 	}
+	if r := copyJSON(t, "--tag", "prod", "--tag", "stable", src.Host+"/model:v2", dst.Host+"/model"); r.ManifestsSent != 0 ||
+		tagDigest(t, dst, "model", "prod") != d2 || tagDigest(t, dst, "model", "stable") != d2 || tagDigest(t, dst, "model", "v2") != d2 {
+		t.Errorf("copy --tag: %+v; tags prod, stable, v2 -> %s, %s, %s", r, tagDigest(t, dst, "model", "prod"), tagDigest(t, dst, "model", "stable"), tagDigest(t, dst, "model", "v2"))
+	}
 	if res := run(t, "copy", src.Host+"/model:v1", src.Host+"/model:v2", dst.Host+"/model:x"); res.code != 2 {
 		t.Errorf("two sources and a destination tag: want a usage error:\n%s", res)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/replicate"
+	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // CopyCmd copies versions between registries and OCI layouts.
@@ -16,6 +18,7 @@ type CopyCmd struct {
 	Refs      []string `arg:"" name:"SRC... DST" help:"Sources (HOST/REPO:TAG, HOST/REPO@DIGEST, oci:PATH[:TAG|@DIGEST]), then the destination (HOST/REPO[:TAG] or oci:PATH[:TAG])."`
 	AllTags   bool     `name:"all-tags" help:"Copy every tag of the source repository (protective tags, signatures and referrers indexes included)."`
 	Referrers bool     `default:"true" negatable:"" help:"Also copy the manifests that refer to each version (signatures, image views)."`
+	Tag       []string `help:"Extra tag to point at the copied version (repeatable; one source)."`
 	JSON      bool     `name:"json" help:"Print one JSON object instead of text."`
 	Jobs      int      `default:"8" help:"Concurrent blob checks and transfers."`
 }
@@ -41,7 +44,10 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 	if dstRef.Digest != "" {
 		return usageError{fmt.Errorf("copy: destination %s: a digest is the source's; give a repository or a tag", dstArg)}
 	}
-	if (len(srcs) > 1 || c.AllTags) && dstRef.Tag != "" {
+	if err := versions.CheckTags(c.Tag...); err != nil {
+		return usageError{err}
+	}
+	if (len(srcs) > 1 || c.AllTags) && (dstRef.Tag != "" || len(c.Tag) > 0) {
 		return usageError{fmt.Errorf("copy: destination %s: with several sources or --all-tags, each keeps its own tags", dstArg)}
 	}
 	opt := g.options()
@@ -69,6 +75,12 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		st, err := oci.Open(ctx, srcRef, g.options())
 		if err != nil {
 			return err
+		}
+		if len(c.Tag) > 0 {
+			ropt.Tags = c.Tag
+			if t := cmp.Or(dstRef.Tag, srcRef.Tag); t != "" {
+				ropt.Tags = append([]string{t}, c.Tag...)
+			}
 		}
 		var rep *replicate.Report
 		if c.AllTags {
