@@ -594,3 +594,48 @@ func TestCopyAuthTLS(t *testing.T) {
 	}
 	checkNoSecrets(t, src, user, pass, seen, []string{home(t)})
 }
+
+// TestCopyMakesOneProtectiveTag copies a volume whose source gives it no
+// protective tag (an OCI layout whose sealed- tag was removed): the copy
+// gets one, and a second copy does not add another.
+func TestCopyMakesOneProtectiveTag(t *testing.T) {
+	bin(t)
+	dir := filepath.Join(t.TempDir(), "layout")
+	d := pushJSON(t, "oci:"+dir+":v1", smallVolume(t, 3)).Digest
+	p := filepath.Join(dir, "index.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx map[string]any
+	mustJSON(t, b, &idx)
+	var kept []any
+	for _, m := range idx["manifests"].([]any) {
+		ann, _ := m.(map[string]any)["annotations"].(map[string]any)
+		if name, _ := ann["org.opencontainers.image.ref.name"].(string); !strings.HasPrefix(name, "sealed-") {
+			kept = append(kept, m)
+		}
+	}
+	idx["manifests"] = kept
+	b, _ = json.Marshal(idx)
+	mustWrite(t, p, b)
+
+	dst := newDistribution(t)
+	sealed := func() []string {
+		var s []string
+		for _, tag := range listTags(t, dst, "model") {
+			if strings.HasPrefix(tag, "sealed-") {
+				s = append(s, tag)
+			}
+		}
+		return s
+	}
+	for i := range 2 {
+		if r := copyJSON(t, "oci:"+dir+":v1", dst.Host+"/model"); r.Digest != d {
+			t.Fatalf("copy %d: %+v", i, r)
+		}
+		if s := sealed(); len(s) != 1 || tagDigest(t, dst, "model", s[0]) != d {
+			t.Fatalf("after copy %d: protective tags %v, want one at %s", i+1, s, d)
+		}
+	}
+}

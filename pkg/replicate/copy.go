@@ -150,6 +150,12 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		carried = append(carried, t)
 	}
 	if !protected && c.artifactType(root.Digest) == layout.ArtifactTypeVolume {
+		// A protective tag the destination already gives it will do.
+		if protected, err = hasProtectiveTag(ctx, dst, root); err != nil {
+			return nil, err
+		}
+	}
+	if !protected && c.artifactType(root.Digest) == layout.ArtifactTypeVolume {
 		now := opt.Now
 		if now.IsZero() {
 			now = time.Now()
@@ -167,6 +173,22 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 	c.report.Digest = root.Digest
 	c.report.Tags = append(carried, tags...)
 	return &c.report, nil
+}
+
+// hasProtectiveTag reports whether a protective tag in dst points at root.
+func hasProtectiveTag(ctx context.Context, dst Side, root ocispec.Descriptor) (bool, error) {
+	tags, err := oci.ListTags(ctx, dst.Target)
+	if err != nil {
+		return false, fmt.Errorf("%s: list tags: %w", dst.Ref.Repo(), err)
+	}
+	for _, t := range tags {
+		if _, h, ok := oci.ParseProtectiveTag(t); ok && strings.HasPrefix(root.Digest.Encoded(), h) {
+			if d, err := dst.Target.Resolve(ctx, t); err == nil && d.Digest == root.Digest {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // CopyAll copies every tag of src's repository, and what it points to, to
