@@ -102,12 +102,14 @@ const maxDepth = 8
 // with its protective tags and cosign signature tags, and points the tags
 // of opt (or dst.Ref's or src.Ref's tag) at it, last.
 func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
-	root, b, err := oci.ResolveBytes(ctx, src.Target, src.Ref, oci.MaxManifestBytes)
+	// The manifest is fetched by the digest resolved and checked against
+	// it, so a registry that claims a digest must serve its bytes.
+	root, err := oci.Resolve(ctx, src.Target, src.Ref)
 	if err != nil {
 		return nil, err
 	}
 	c := newCopier(src, dst, opt)
-	if err := c.addRoot(ctx, root, b); err != nil {
+	if err := c.addRoot(ctx, root, nil); err != nil {
 		return nil, err
 	}
 	tags := opt.Tags
@@ -213,11 +215,11 @@ func CopyAll(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 	}
 	slices.SortStableFunc(tags, func(a, b string) int { return rank(a) - rank(b) })
 	for _, t := range tags {
-		d, b, err := oci.ResolveBytes(ctx, src.Target, oci.Ref{Layout: src.Ref.Layout, Registry: src.Ref.Registry, Repository: src.Ref.Repository, Tag: t}, oci.MaxManifestBytes)
+		d, err := oci.Resolve(ctx, src.Target, oci.Ref{Layout: src.Ref.Layout, Registry: src.Ref.Registry, Repository: src.Ref.Repository, Tag: t})
 		if err != nil {
 			return nil, err
 		}
-		if err := c.addRoot(ctx, d, b); err != nil {
+		if err := c.addRoot(ctx, d, nil); err != nil {
 			return nil, err
 		}
 		c.tag(d, t)
