@@ -53,6 +53,7 @@ type CLI struct {
 
 	Push    PushCmd    `cmd:"" help:"Seal a directory as a new version and push it."`
 	Pull    PullCmd    `cmd:"" help:"Materialise a version in a directory."`
+	Copy    CopyCmd    `cmd:"" help:"Copy versions between registries and OCI layouts, sending only the blobs the destination lacks."`
 	Login   LoginCmd   `cmd:"" help:"Save credentials for a registry."`
 	Logout  LogoutCmd  `cmd:"" help:"Remove saved credentials for a registry."`
 	Version VersionCmd `cmd:"" help:"Print the version."`

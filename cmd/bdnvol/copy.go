@@ -1,0 +1,112 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/replicate"
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
+
+// CopyCmd copies versions between registries and OCI layouts.
+type CopyCmd struct {
+	Refs      []string `arg:"" name:"SRC... DST" help:"Sources (HOST/REPO:TAG, HOST/REPO@DIGEST, oci:PATH[:TAG|@DIGEST]), then the destination (HOST/REPO[:TAG] or oci:PATH[:TAG])."`
+	AllTags   bool     `name:"all-tags" help:"Copy every tag of the source repository (protective tags, signatures and referrers indexes included)."`
+	Referrers bool     `default:"true" negatable:"" help:"Also copy the manifests that refer to each version (signatures, image views)."`
+	Tag       []string `help:"Extra tag to point at the copied version (repeatable; one source)."`
+	JSON      bool     `name:"json" help:"Print one JSON object instead of text."`
+	Jobs      int      `default:"8" help:"Concurrent blob checks and transfers."`
+}
+
+// copyReport is the --json output of copy.
+type copyReport struct {
+	Reference string `json:"reference,omitempty"`
+	replicate.Report
+	Seconds float64 `json:"seconds"`
+}
+
+// Run copies the versions.
+func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
+	start := time.Now()
+	if len(c.Refs) < 2 {
+		return usageError{fmt.Errorf("copy: want SRC... DST")}
+	}
+	srcs, dstArg := c.Refs[:len(c.Refs)-1], c.Refs[len(c.Refs)-1]
+	dstRef, err := oci.ParseRef(dstArg)
+	if err != nil {
+		return usageError{err}
+	}
+	if dstRef.Digest != "" {
+		return usageError{fmt.Errorf("copy: destination %s: a digest is the source's; give a repository or a tag", dstArg)}
+	}
+	if err := versions.CheckTags(c.Tag...); err != nil {
+		return usageError{err}
+	}
+	if (len(srcs) > 1 || c.AllTags) && (dstRef.Tag != "" || len(c.Tag) > 0) {
+		return usageError{fmt.Errorf("copy: destination %s: with several sources or --all-tags, each keeps its own tags", dstArg)}
+	}
+	opt := g.options()
+	opt.CreateLayout = true
+	dt, err := oci.Open(ctx, dstRef, opt)
+	if err != nil {
+		return err
+	}
+	counters := &layout.Counters{}
+	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize, Logf: g.logf}
+	stop := startProgress(g.stderr, "copy", counters)
+	defer stop()
+	total := copyReport{}
+	for _, s := range srcs {
+		srcRef, err := oci.ParseRef(s)
+		if err != nil {
+			return usageError{err}
+		}
+		if c.AllTags && srcRef.Reference() != "" {
+			return usageError{fmt.Errorf("copy --all-tags: source %s: give a repository without tag or digest", s)}
+		}
+		if !c.AllTags && srcRef.Reference() == "" {
+			return usageError{fmt.Errorf("copy: source %s: no tag or digest (or use --all-tags)", s)}
+		}
+		st, err := oci.Open(ctx, srcRef, g.options())
+		if err != nil {
+			return err
+		}
+		if len(c.Tag) > 0 {
+			ropt.Tags = c.Tag
+			if t := cmp.Or(dstRef.Tag, srcRef.Tag); t != "" {
+				ropt.Tags = append([]string{t}, c.Tag...)
+			}
+		}
+		var rep *replicate.Report
+		if c.AllTags {
+			rep, err = replicate.CopyAll(ctx, replicate.Side{Ref: srcRef, Target: st}, replicate.Side{Ref: dstRef, Target: dt}, ropt)
+		} else {
+			rep, err = replicate.Copy(ctx, replicate.Side{Ref: srcRef, Target: st}, replicate.Side{Ref: dstRef, Target: dt}, ropt)
+		}
+		if err != nil {
+			return fmt.Errorf("copy %s to %s: %w", srcRef, dstRef.Repo(), err)
+		}
+		total.Add(rep)
+		if len(srcs) == 1 && rep.Digest != "" {
+			total.Digest = rep.Digest
+			total.Reference = dstRef.Pinned(rep.Digest)
+		}
+	}
+	stop()
+	total.Seconds = time.Since(start).Seconds()
+	if c.JSON {
+		return g.printJSON(total)
+	}
+	fmt.Fprintf(g.stderr, "copied %d blobs, %s: sent %d (%s), mounted %d (%s), skipped %d (%s) already there; %d manifests sent, in %.1fs\n",
+		total.Blobs, units.Bytes(total.Bytes), total.BlobsSent, units.Bytes(total.BytesSent), total.BlobsMounted, units.Bytes(total.BytesMounted),
+		total.BlobsSkipped, units.Bytes(total.BytesSkipped), total.ManifestsSent, total.Seconds)
+	if total.Reference != "" {
+		fmt.Fprintln(g.stdout, total.Reference)
+	}
+	return nil
+}

@@ -1,0 +1,648 @@
+package replicate
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
+	"oras.land/oras-go/v2/errdef"
+	"oras.land/oras-go/v2/registry"
+	"oras.land/oras-go/v2/registry/remote/errcode"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// Side is one end of a copy: a repository and the reference that named it.
+type Side struct {
+	Ref    oci.Ref
+	Target oci.Target
+}
+
+// Options configure a copy. Zero values select defaults.
+type Options struct {
+	// Jobs bounds the concurrent blob checks and transfers; <= 0 means 8.
+	Jobs int
+	// Tags are pointed at the copied version at the destination; nil means
+	// the destination reference's tag, else the source reference's.
+	Tags []string
+	// Referrers also copies the manifests whose subject is a copied root
+	// (signatures, image views), and theirs.
+	Referrers bool
+	// Attempts bounds the transfers tried for one blob; <= 0 means 3.
+	Attempts int
+	// Counters receive progress: Total the bytes of the blobs, Processed
+	// those found or sent, Sent those sent. May be nil.
+	Counters *layout.Counters
+	// PartSize is the destination's upload part size (oci.Options.PartSize);
+	// a blob larger than it is read whole into memory, verified, and sent
+	// in parts. 0: blobs stream in one request each, and after a
+	// destination answers 413 to one, they are sent as with PartSize set.
+	PartSize int64
+	// MaxBuffered bounds the blob read into memory to be sent in parts;
+	// <= 0 means 256 MiB (the largest chunk). A larger blob streams.
+	MaxBuffered int64
+	// Logf (if set) is told of retried blobs and of a switch to parts.
+	Logf func(format string, args ...any)
+	// Now is the sealing time of a protective tag made for a volume whose
+	// source has none; zero means time.Now.
+	Now time.Time
+}
+
+// Report says what a copy moved.
+type Report struct {
+	Digest            digest.Digest `json:"digest,omitempty"`
+	Tags              []string      `json:"tags"`
+	Blobs             int           `json:"blobs"`
+	BlobsSent         int           `json:"blobs_sent"`
+	BlobsSkipped      int           `json:"blobs_skipped"`
+	BlobsMounted      int           `json:"blobs_mounted"`
+	Bytes             int64         `json:"bytes"`
+	BytesSent         int64         `json:"bytes_sent"`
+	BytesSkipped      int64         `json:"bytes_skipped"`
+	BytesMounted      int64         `json:"bytes_mounted"`
+	Manifests         int           `json:"manifests"`
+	ManifestsSent     int           `json:"manifests_sent"`
+	ManifestBytesSent int64         `json:"manifest_bytes_sent"`
+}
+
+// Add adds the counts of o to r (the digest and tags are appended).
+func (r *Report) Add(o *Report) {
+	r.Tags = append(r.Tags, o.Tags...)
+	r.Blobs += o.Blobs
+	r.BlobsSent += o.BlobsSent
+	r.BlobsSkipped += o.BlobsSkipped
+	r.BlobsMounted += o.BlobsMounted
+	r.Bytes += o.Bytes
+	r.BytesSent += o.BytesSent
+	r.BytesSkipped += o.BytesSkipped
+	r.BytesMounted += o.BytesMounted
+	r.Manifests += o.Manifests
+	r.ManifestsSent += o.ManifestsSent
+	r.ManifestBytesSent += o.ManifestBytesSent
+}
+
+// maxDepth bounds how deeply indexes may nest.
+const maxDepth = 8
+
+// Copy copies the version that src.Ref names (by tag or digest) to dst,
+// with its protective tags and cosign signature tags, and points the tags
+// of opt (or dst.Ref's or src.Ref's tag) at it, last.
+func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
+	// The manifest is fetched by the digest resolved and checked against
+	// it, so a registry that claims a digest must serve its bytes.
+	root, err := oci.Resolve(ctx, src.Target, src.Ref)
+	if err != nil {
+		return nil, err
+	}
+	c := newCopier(src, dst, opt)
+	if err := c.addRoot(ctx, root, nil); err != nil {
+		return nil, err
+	}
+	tags := opt.Tags
+	if tags == nil {
+		switch {
+		case dst.Ref.Tag != "":
+			tags = []string{dst.Ref.Tag}
+		case src.Ref.Tag != "":
+			tags = []string{src.Ref.Tag}
+		}
+	}
+	// The tags that keep the version and its signatures at the source go
+	// with it: its protective tags, and cosign's sha256-<hex>.sig/.att/.sbom.
+	srcTags, err := oci.ListTags(ctx, src.Target)
+	if err != nil {
+		return nil, fmt.Errorf("%s: list tags: %w", src.Ref.Repo(), err)
+	}
+	hex := root.Digest.Encoded()
+	protected := false
+	var carried []string
+	for _, t := range srcTags {
+		_, h, ok := oci.ParseProtectiveTag(t)
+		sig := strings.HasPrefix(t, root.Digest.Algorithm().String()+"-"+hex+".")
+		if !(ok && strings.HasPrefix(hex, h)) && !sig {
+			continue
+		}
+		d, err := src.Target.Resolve(ctx, t)
+		if err != nil {
+			return nil, fmt.Errorf("%s: resolve %s: %w", src.Ref.Repo(), t, err)
+		}
+		if ok {
+			if d.Digest != root.Digest {
+				continue
+			}
+			protected = true
+		} else if err := c.addRoot(ctx, d, nil); err != nil {
+			return nil, err
+		}
+		c.tag(d, t)
+		carried = append(carried, t)
+	}
+	if !protected && c.artifactType(root.Digest) == layout.ArtifactTypeVolume {
+		// A protective tag the destination already gives it will do.
+		if protected, err = hasProtectiveTag(ctx, dst, root); err != nil {
+			return nil, err
+		}
+	}
+	if !protected && c.artifactType(root.Digest) == layout.ArtifactTypeVolume {
+		now := opt.Now
+		if now.IsZero() {
+			now = time.Now()
+		}
+		t := oci.ProtectiveTag(root.Digest, now)
+		c.tag(root, t)
+		carried = append(carried, t)
+	}
+	for _, t := range tags {
+		c.tag(root, t)
+	}
+	if err := c.run(ctx); err != nil {
+		return nil, err
+	}
+	c.report.Digest = root.Digest
+	c.report.Tags = append(carried, tags...)
+	return &c.report, nil
+}
+
+// hasProtectiveTag reports whether a protective tag in dst points at root.
+func hasProtectiveTag(ctx context.Context, dst Side, root ocispec.Descriptor) (bool, error) {
+	tags, err := oci.ListTags(ctx, dst.Target)
+	if err != nil {
+		return false, fmt.Errorf("%s: list tags: %w", dst.Ref.Repo(), err)
+	}
+	for _, t := range tags {
+		if _, h, ok := oci.ParseProtectiveTag(t); ok && strings.HasPrefix(root.Digest.Encoded(), h) {
+			if d, err := dst.Target.Resolve(ctx, t); err == nil && d.Digest == root.Digest {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// CopyAll copies every tag of src's repository, and what it points to, to
+// dst's repository under the same tag: protective and tombstone tags, tag
+// history, cosign signature tags and referrers indexes included.
+func CopyAll(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
+	tags, err := oci.ListTags(ctx, src.Target)
+	if err != nil {
+		return nil, fmt.Errorf("%s: list tags: %w", src.Ref.Repo(), err)
+	}
+	c := newCopier(src, dst, opt)
+	// Protective and tombstone tags first, then human tags, then the tags
+	// of referrers and signatures, whose subjects are then tagged.
+	rank := func(t string) int {
+		switch {
+		case strings.HasPrefix(t, oci.SealedTagPrefix), strings.HasPrefix(t, oci.DeletedTagPrefix):
+			return 0
+		case strings.HasPrefix(t, "sha256-"):
+			return 2
+		}
+		return 1
+	}
+	slices.SortStableFunc(tags, func(a, b string) int { return rank(a) - rank(b) })
+	for _, t := range tags {
+		d, err := oci.Resolve(ctx, src.Target, oci.Ref{Layout: src.Ref.Layout, Registry: src.Ref.Registry, Repository: src.Ref.Repository, Tag: t})
+		if err != nil {
+			return nil, err
+		}
+		if err := c.addRoot(ctx, d, nil); err != nil {
+			return nil, err
+		}
+		c.tag(d, t)
+	}
+	if err := c.run(ctx); err != nil {
+		return nil, err
+	}
+	c.report.Tags = tags
+	return &c.report, nil
+}
+
+// manifest is a manifest or index to push, with its bytes.
+type manifest struct {
+	desc ocispec.Descriptor
+	b    []byte
+	at   string // artifactType
+}
+
+type tagging struct {
+	desc ocispec.Descriptor
+	tag  string
+}
+
+// copier holds the graph of what to copy: blobs in no order, manifests
+// children first, tags last.
+type copier struct {
+	src, dst  Side
+	opt       Options
+	mountFrom string // the source repository, when both are on one registry
+
+	seen      map[digest.Digest]bool
+	blobs     []ocispec.Descriptor
+	manifests []manifest
+	byDigest  map[digest.Digest]int // index into manifests
+	tags      []tagging
+
+	report Report
+	parts  atomic.Bool // the destination refused a whole blob body (413)
+}
+
+func newCopier(src, dst Side, opt Options) *copier {
+	if opt.Jobs <= 0 {
+		opt.Jobs = 8
+	}
+	if opt.Attempts <= 0 {
+		opt.Attempts = 3
+	}
+	if opt.MaxBuffered <= 0 {
+		opt.MaxBuffered = 256 << 20
+	}
+	c := &copier{src: src, dst: dst, opt: opt, seen: map[digest.Digest]bool{}, byDigest: map[digest.Digest]int{}}
+	if src.Ref.Layout == "" && dst.Ref.Layout == "" && src.Ref.Registry == dst.Ref.Registry && src.Ref.Repository != dst.Ref.Repository {
+		c.mountFrom = src.Ref.Repository
+	}
+	return c
+}
+
+func (c *copier) tag(d ocispec.Descriptor, t string) {
+	c.tags = append(c.tags, tagging{desc: d, tag: t})
+}
+
+func (c *copier) artifactType(d digest.Digest) string {
+	if i, ok := c.byDigest[d]; ok {
+		return c.manifests[i].at
+	}
+	return ""
+}
+
+// addRoot adds the graph of root (whose bytes are b, or nil to fetch them)
+// and, with opt.Referrers, the graphs of its referrers.
+func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte) error {
+	if err := c.addManifest(ctx, root, b, 0); err != nil {
+		return err
+	}
+	if !c.opt.Referrers {
+		return nil
+	}
+	refs, err := oci.Referrers(ctx, c.src.Target, root, "")
+	if err != nil {
+		return err
+	}
+	for _, r := range refs {
+		if c.seen[r.Digest] {
+			continue
+		}
+		if err := c.addRoot(ctx, ocispec.Descriptor{MediaType: r.MediaType, Digest: r.Digest, Size: r.Size, ArtifactType: r.ArtifactType}, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// node is what a manifest or an index names.
+type node struct {
+	ArtifactType string               `json:"artifactType"`
+	Config       *ocispec.Descriptor  `json:"config"`
+	Layers       []ocispec.Descriptor `json:"layers"`
+	Manifests    []ocispec.Descriptor `json:"manifests"`
+	Blobs        []ocispec.Descriptor `json:"blobs"`
+}
+
+func checkDesc(d ocispec.Descriptor) error {
+	if err := d.Digest.Validate(); err != nil {
+		return fmt.Errorf("descriptor %q: %w", d.Digest, err)
+	}
+	if d.Size < 0 {
+		return fmt.Errorf("descriptor %s: negative size %d", d.Digest, d.Size)
+	}
+	return nil
+}
+
+// addManifest adds the manifest d, after its children.
+func (c *copier) addManifest(ctx context.Context, d ocispec.Descriptor, b []byte, depth int) error {
+	if c.seen[d.Digest] {
+		return nil
+	}
+	if depth > maxDepth {
+		return fmt.Errorf("manifest %s: indexes nested more than %d deep", d.Digest, maxDepth)
+	}
+	if err := checkDesc(d); err != nil {
+		return err
+	}
+	if d.Size > oci.MaxManifestBytes {
+		return fmt.Errorf("manifest %s: %d bytes: %w", d.Digest, d.Size, errdef.ErrSizeExceedsLimit)
+	}
+	if b == nil {
+		rc, err := c.src.Target.Fetch(ctx, d)
+		if err != nil {
+			return fmt.Errorf("%s: fetch manifest %s: %w", c.src.Ref.Repo(), d.Digest, err)
+		}
+		b, err = verify.ReadAll(rc, "manifest", d)
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.src.Ref.Repo(), err)
+		}
+	} else if err := verify.Bytes("manifest", b, d); err != nil {
+		return err
+	}
+	var n node
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("manifest %s: %w", d.Digest, err)
+	}
+	c.seen[d.Digest] = true
+	var children []ocispec.Descriptor
+	if n.Config != nil {
+		children = append(children, *n.Config)
+	}
+	children = append(children, n.Layers...)
+	children = append(children, n.Blobs...)
+	children = append(children, n.Manifests...)
+	for _, ch := range children {
+		if err := checkDesc(ch); err != nil {
+			return fmt.Errorf("manifest %s: %w", d.Digest, err)
+		}
+		if isManifest(ch.MediaType) {
+			if err := c.addManifest(ctx, ch, nil, depth+1); err != nil {
+				return err
+			}
+			continue
+		}
+		if c.seen[ch.Digest] {
+			continue
+		}
+		c.seen[ch.Digest] = true
+		c.blobs = append(c.blobs, ocispec.Descriptor{MediaType: ch.MediaType, Digest: ch.Digest, Size: ch.Size})
+	}
+	c.byDigest[d.Digest] = len(c.manifests)
+	c.manifests = append(c.manifests, manifest{desc: ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size, ArtifactType: n.ArtifactType}, b: b, at: n.ArtifactType})
+	return nil
+}
+
+func isManifest(mt string) bool {
+	switch mt {
+	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
+		"application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json":
+		return true
+	}
+	return false
+}
+
+// run sends the blobs, then the manifests children first, then the tags.
+func (c *copier) run(ctx context.Context) error {
+	var total int64
+	for _, b := range c.blobs {
+		total += b.Size
+	}
+	if c.opt.Counters != nil {
+		c.opt.Counters.Total.Add(total)
+	}
+	c.report.Blobs, c.report.Bytes, c.report.Manifests = len(c.blobs), total, len(c.manifests)
+	if err := c.sendBlobs(ctx); err != nil {
+		return err
+	}
+	for _, m := range c.manifests {
+		ok, err := c.dst.Target.Exists(ctx, m.desc)
+		if err != nil {
+			return fmt.Errorf("%s: manifest %s: %w", c.dst.Ref.Repo(), m.desc.Digest, err)
+		}
+		if ok && c.dst.Ref.Layout == "" {
+			continue
+		}
+		// A layout's Push also lists a stored manifest in index.json.
+		if err := c.dst.Target.Push(ctx, m.desc, bytes.NewReader(m.b)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+			return fmt.Errorf("%s: push manifest %s: %w", c.dst.Ref.Repo(), m.desc.Digest, err)
+		}
+		if ok {
+			continue
+		}
+		c.report.ManifestsSent++
+		c.report.ManifestBytesSent += m.desc.Size
+	}
+	for _, t := range c.tags {
+		var b []byte
+		if i, ok := c.byDigest[t.desc.Digest]; ok {
+			b = c.manifests[i].b
+		}
+		d := ocispec.Descriptor{MediaType: t.desc.MediaType, Digest: t.desc.Digest, Size: t.desc.Size}
+		if err := oci.TagBytes(ctx, c.dst.Target, d, b, t.tag); err != nil {
+			return fmt.Errorf("%s: %w", c.dst.Ref.Repo(), err)
+		}
+	}
+	return nil
+}
+
+// sendBlobs checks and sends the blobs with bounded concurrency.
+func (c *copier) sendBlobs(ctx context.Context) error {
+	var mu sync.Mutex
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(c.opt.Jobs)
+	for _, d := range c.blobs {
+		g.Go(func() error {
+			how, err := c.blob(ctx, d)
+			if err != nil {
+				return err
+			}
+			if c.opt.Counters != nil {
+				c.opt.Counters.Processed.Add(d.Size)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch how {
+			case skipped:
+				c.report.BlobsSkipped++
+				c.report.BytesSkipped += d.Size
+			case mounted:
+				c.report.BlobsMounted++
+				c.report.BytesMounted += d.Size
+			default:
+				c.report.BlobsSent++
+				c.report.BytesSent += d.Size
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+type outcome int
+
+const (
+	sent outcome = iota
+	skipped
+	mounted
+)
+
+// blob makes the destination hold d: present already, mounted from the
+// source repository, or streamed from the source.
+func (c *copier) blob(ctx context.Context, d ocispec.Descriptor) (outcome, error) {
+	ok, err := c.dst.Target.Exists(ctx, d)
+	if err != nil {
+		return 0, fmt.Errorf("%s: blob %s: %w", c.dst.Ref.Repo(), d.Digest, err)
+	}
+	if ok {
+		return skipped, nil
+	}
+	if m, ok := c.dst.Target.(registry.Mounter); ok && c.mountFrom != "" {
+		var r *streamReader
+		err := m.Mount(ctx, d, c.mountFrom, func() (io.ReadCloser, error) {
+			rr, err := c.open(ctx, d)
+			r = rr
+			return rr, err
+		})
+		if r == nil && err == nil {
+			return mounted, nil
+		}
+		if r != nil {
+			r.Close()
+			if serr := r.failure(); serr != nil && errors.Is(serr, verify.ErrDigestMismatch) {
+				return 0, serr
+			}
+			if err == nil {
+				return sent, nil
+			}
+		}
+		// The mount failed: send the blob.
+	}
+	for attempt := 1; ; attempt++ {
+		var err error
+		if c.buffered(d) {
+			err = c.sendBuffered(ctx, d)
+			if errors.Is(err, verify.ErrDigestMismatch) {
+				return 0, err
+			}
+		} else {
+			r, oerr := c.open(ctx, d)
+			if oerr != nil {
+				return 0, oerr
+			}
+			err = c.dst.Target.Push(ctx, d, r)
+			r.Close()
+			if serr := r.failure(); serr != nil && errors.Is(serr, verify.ErrDigestMismatch) {
+				return 0, serr
+			}
+			if tooLarge(err) && d.Size <= c.opt.MaxBuffered {
+				if !c.parts.Swap(true) {
+					c.logf("%s refused a whole blob body (413): sending blobs in parts", c.dst.Ref.Repo())
+				}
+				attempt--
+				continue
+			}
+		}
+		if err == nil || errors.Is(err, errdef.ErrAlreadyExists) {
+			return sent, nil
+		}
+		if attempt >= c.opt.Attempts || ctx.Err() != nil {
+			return 0, fmt.Errorf("%s: send blob %s: %w", c.dst.Ref.Repo(), d.Digest, err)
+		}
+		c.logf("blob %s: attempt %d of %d failed, retrying: %v", d.Digest, attempt, c.opt.Attempts, err)
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(time.Duration(attempt) * 500 * time.Millisecond):
+		}
+	}
+}
+
+func (c *copier) logf(format string, args ...any) {
+	if c.opt.Logf != nil {
+		c.opt.Logf(format, args...)
+	}
+}
+
+// buffered reports whether d is sent from memory, in parts.
+func (c *copier) buffered(d ocispec.Descriptor) bool {
+	if d.Size > c.opt.MaxBuffered || c.dst.Ref.Layout != "" {
+		return false
+	}
+	return c.parts.Load() || c.opt.PartSize > 0 && d.Size > c.opt.PartSize
+}
+
+// sendBuffered reads d whole from the source, verifies it, and pushes it
+// as an io.ReaderAt, which the destination sends in parts with resumption.
+func (c *copier) sendBuffered(ctx context.Context, d ocispec.Descriptor) error {
+	rc, err := c.src.Target.Fetch(ctx, d)
+	if err != nil {
+		return fmt.Errorf("%s: fetch blob %s: %w", c.src.Ref.Repo(), d.Digest, err)
+	}
+	b, err := verify.ReadAll(rc, "blob", d)
+	rc.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.src.Ref.Repo(), err)
+	}
+	if c.opt.Counters != nil {
+		c.opt.Counters.Sent.Add(d.Size)
+	}
+	return c.dst.Target.Push(ctx, d, bytes.NewReader(b))
+}
+
+// tooLarge reports whether err is a registry's 413 answer.
+func tooLarge(err error) bool {
+	var er *errcode.ErrorResponse
+	return errors.As(err, &er) && er.StatusCode == http.StatusRequestEntityTooLarge
+}
+
+// open fetches d from the source as a streamReader.
+func (c *copier) open(ctx context.Context, d ocispec.Descriptor) (*streamReader, error) {
+	rc, err := c.src.Target.Fetch(ctx, d)
+	if err != nil {
+		return nil, fmt.Errorf("%s: fetch blob %s: %w", c.src.Ref.Repo(), d.Digest, err)
+	}
+	var sent *atomic.Int64
+	if c.opt.Counters != nil {
+		sent = &c.opt.Counters.Sent
+	}
+	return &streamReader{rc: rc, v: verify.Reader(rc, "blob", d), sent: sent, src: c.src.Ref.Repo()}, nil
+}
+
+// streamReader passes a source blob on while verifying it, and holds back
+// the bytes of the read that completes it unless they complete the right
+// digest: a source that lies never gives the destination a whole body.
+type streamReader struct {
+	rc   io.ReadCloser
+	v    *verify.VerifyingReader
+	sent *atomic.Int64
+	src  string
+
+	mu  sync.Mutex
+	err error // the source's failure, sticky
+}
+
+// Read reads verified bytes; the read that ends a wrong blob returns none.
+func (s *streamReader) Read(p []byte) (int, error) {
+	n, err := s.v.Read(p)
+	if err != nil && err != io.EOF {
+		s.mu.Lock()
+		if s.err == nil {
+			s.err = fmt.Errorf("%s: %w", s.src, err)
+		}
+		s.mu.Unlock()
+		return 0, err
+	}
+	if s.sent != nil {
+		s.sent.Add(int64(n))
+	}
+	return n, err
+}
+
+// Close closes the source stream.
+func (s *streamReader) Close() error { return s.rc.Close() }
+
+// failure returns the source's failure, if it failed.
+func (s *streamReader) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
