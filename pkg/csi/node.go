@@ -113,11 +113,13 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	if err != nil {
 		n.log.Warn("mounter not reachable at start", "error", err.Error())
 	}
+	n.mu.Lock() // a short linger may fire before the loop ends
 	for _, m := range served {
 		if k := infoKey(m); refs[k] == 0 {
 			n.lingerLocked(k)
 		}
 	}
+	n.mu.Unlock()
 	n.log.Info("re-attached", "targets", len(n.ts.all()), "mounts", len(refs), "mounter_mounts", len(served))
 	return n, nil
 }
