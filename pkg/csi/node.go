@@ -52,11 +52,16 @@ type Node struct {
 	log *slog.Logger
 	ts  targets
 
-	mu      sync.Mutex             // guards the maps and the records' refcounts
-	lingers map[string]*time.Timer // digests waiting to be unmounted
-	pending map[string]int         // publishes in progress, by digest
-	busy    map[string]bool        // target paths being worked on
+	mu         sync.Mutex               // guards the maps and the records' refcounts; never held across a mounter call
+	lingers    map[string]*time.Timer   // digests waiting to be unmounted
+	unmounting map[string]chan struct{} // digests the mounter is unmounting, closed when done
+	pending    map[string]int           // publishes in progress, by digest
+	busy       map[string]bool          // target paths being worked on
 }
+
+// mounterCallTimeout bounds every call to the mounter: one that does not
+// answer fails that call, and holds up nothing else.
+var mounterCallTimeout = 2 * time.Minute
 
 // NewNode returns the node plugin, re-attached to what an earlier one left:
 // records whose target is no longer mounted are dropped, and digests the
@@ -69,7 +74,7 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 		return nil, errors.New("csi node: no node id")
 	}
 	n := &Node{opt: opt, log: opt.Logger, ts: targets{filepath.Join(opt.StateDir, "targets")}, lingers: map[string]*time.Timer{},
-		pending: map[string]int{}, busy: map[string]bool{}}
+		unmounting: map[string]chan struct{}{}, pending: map[string]int{}, busy: map[string]bool{}}
 	refs := map[string]int{}
 	for _, t := range n.ts.all() {
 		if m, ok := mounts.At(t.Path); !ok || m.Digest != t.Digest {
@@ -79,7 +84,9 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 		}
 		refs[t.Digest]++
 	}
-	served, err := opt.Mounter.List(ctx)
+	lctx, cancel := context.WithTimeout(ctx, mounterCallTimeout)
+	served, err := opt.Mounter.List(lctx)
+	cancel()
 	if err != nil {
 		n.log.Warn("mounter not reachable at start", "error", err.Error())
 	}
@@ -121,17 +128,42 @@ func (n *Node) lingerLocked(d string) {
 	}
 	n.lingers[d] = time.AfterFunc(n.opt.Linger, func() {
 		n.mu.Lock()
-		defer n.mu.Unlock()
 		delete(n.lingers, d)
-		if n.refcount(d) > 0 {
+		if n.refcount(d) > 0 || n.unmounting[d] != nil {
+			n.mu.Unlock()
 			return
 		}
-		if err := n.opt.Mounter.Unmount(context.Background(), d); err != nil {
+		done := n.startUnmountLocked(d)
+		n.mu.Unlock()
+		err := n.unmount(d)
+		done()
+		if err != nil {
 			n.log.Warn("unmount after linger failed", "digest", d, "error", err.Error())
 			return
 		}
 		n.log.Info("unmounted after linger", "digest", d)
 	})
+}
+
+// startUnmountLocked marks digest d as being unmounted until the returned
+// function is called: a publish of d meanwhile waits for it. Call with n.mu
+// held, and call the mounter after releasing it.
+func (n *Node) startUnmountLocked(d string) (done func()) {
+	ch := make(chan struct{})
+	n.unmounting[d] = ch
+	return func() {
+		n.mu.Lock()
+		delete(n.unmounting, d)
+		n.mu.Unlock()
+		close(ch)
+	}
+}
+
+// unmount asks the mounter to unmount digest d, within mounterCallTimeout.
+func (n *Node) unmount(d string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), mounterCallTimeout)
+	defer cancel()
+	return n.opt.Mounter.Unmount(ctx, d)
 }
 
 func (n *Node) keepLocked(d string) {
@@ -226,22 +258,35 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	n.mu.Lock()
 	n.keepLocked(d)
 	n.pending[d]++
+	wait := n.unmounting[d]
 	n.mu.Unlock()
-	t, info, err := n.bind(ctx, req, s, pinned, prefetch, cred)
+	var t target
+	var info MountInfo
+	if wait != nil { // an unmount after the linger is under way: mount anew after it
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			err = status.Errorf(codes.Unavailable, "volume %s: %s: waiting for its unmount: %v", req.GetVolumeId(), s, ctx.Err())
+		}
+	}
+	if err == nil {
+		t, info, err = n.bind(ctx, req, s, pinned, prefetch, cred)
+	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	n.pending[d]--
 	if n.pending[d] == 0 {
 		delete(n.pending, d)
 	}
 	if err != nil {
 		if info.Digest != "" {
-			n.abandonLocked(info)
+			n.abandon(info) // unlocks
 		} else {
 			n.releaseLocked(d)
+			n.mu.Unlock()
 		}
 		return nil, err
 	}
+	n.mu.Unlock()
 	n.log.Info("published", "volume_id", t.VolumeID, "ref", s, "digest", info.Digest, "target", tp, "pod", t.Pod,
 		"new_mount", info.New, "ms", time.Since(start).Milliseconds())
 	return &csi.NodePublishVolumeResponse{}, nil
@@ -252,7 +297,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 // record; info names the mounter's mount when there is one.
 func (n *Node) bind(ctx context.Context, req *csi.NodePublishVolumeRequest, ref, pinned, prefetch string, cred *credential) (target, MountInfo, error) {
 	tp := req.GetTargetPath()
-	info, err := n.opt.Mounter.Mount(ctx, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred})
+	mctx, cancel := context.WithTimeout(ctx, mounterCallTimeout)
+	info, err := n.opt.Mounter.Mount(mctx, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred})
+	cancel()
 	if err != nil {
 		return target{}, MountInfo{}, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), ref, err)
 	}
@@ -306,16 +353,25 @@ func (n *Node) releaseLocked(d string) {
 	}
 }
 
-// abandonLocked undoes a failed publish's mount: a digest this publish
-// mounted and no target uses is unmounted now, so nothing is left behind.
-func (n *Node) abandonLocked(info MountInfo) {
-	if !info.New || n.refcount(info.Digest) > 0 {
-		n.releaseLocked(info.Digest)
+// abandon undoes a failed publish's mount: a digest this publish mounted
+// and no target uses is unmounted now, so nothing is left behind. Call with
+// n.mu held; it returns with n.mu released.
+func (n *Node) abandon(info MountInfo) {
+	d := info.Digest
+	if !info.New || n.refcount(d) > 0 || n.unmounting[d] != nil {
+		n.releaseLocked(d)
+		n.mu.Unlock()
 		return
 	}
-	if err := n.opt.Mounter.Unmount(context.Background(), info.Digest); err != nil {
-		n.log.Warn("unmount after a failed publish", "digest", info.Digest, "error", err.Error())
-		n.lingerLocked(info.Digest)
+	done := n.startUnmountLocked(d)
+	n.mu.Unlock()
+	err := n.unmount(d)
+	done()
+	if err != nil {
+		n.log.Warn("unmount after a failed publish", "digest", d, "error", err.Error())
+		n.mu.Lock()
+		n.lingerLocked(d)
+		n.mu.Unlock()
 	}
 }
 
