@@ -3,7 +3,7 @@ GO ?= go
 BIN ?= bin/bdnvol
 DEMO ?= $(CURDIR)/.demo
 
-.PHONY: build test vet unit e2e fuzz bench demo clean cosign image image-push deploy-manifests check-manifests release-check
+.PHONY: build test vet unit e2e fuzz bench demo clean cosign cluster-tools cluster-deps image image-push deploy-manifests check-manifests release-check
 
 build:
 	$(GO) build -o $(BIN) ./cmd/bdnvol
@@ -54,7 +54,42 @@ cosign: $(COSIGN)
 $(COSIGN):
 	cd / && GOBIN=$(dir $(COSIGN)) GOFLAGS= GOWORK=off $(GO) install github.com/sigstore/cosign/v2/cmd/cosign@$(COSIGN_VERSION)
 
-e2e: $(COSIGN)
+# The Kubernetes and etcd binaries the cluster tests run, built once from the
+# wrapper module internal/tools/k8sbuild (its go.mod holds the versions) into
+# cache directories keyed by version, which later runs reuse. The first build
+# takes 15-30 minutes on 2 cores and about 2 GiB of memory.
+K8SBUILD = internal/tools/k8sbuild
+K8S_VERSION := $(shell sed -n 's/^[[:space:]]*k8s.io\/kubernetes \(v[^ ]*\).*$$/\1/p' $(K8SBUILD)/go.mod)
+ETCD_VERSION := $(shell sed -n 's/^[[:space:]]*go.etcd.io\/etcd\/server\/v3 \(v[^ ]*\).*$$/\1/p' $(K8SBUILD)/go.mod)
+K8S_TOOLS = $(TOOLS)/kubernetes-$(K8S_VERSION)
+ETCD_TOOLS = $(TOOLS)/etcd-$(ETCD_VERSION)
+K8S_CMDS = $(addprefix k8s.io/kubernetes/cmd/,kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+K8S_MINOR = $(word 2,$(subst ., ,$(K8S_VERSION)))
+K8S_LDFLAGS = -s -w $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+	-X $(p).gitVersion=$(K8S_VERSION) -X $(p).gitMajor=1 -X $(p).gitMinor=$(K8S_MINOR) -X $(p).gitTreeState=clean)
+K8SGO = cd $(K8SBUILD) && CGO_ENABLED=0 GOFLAGS=-trimpath GOWORK=off nice -n 10 $(GO)
+
+cluster-tools: $(K8S_TOOLS)/kubectl $(ETCD_TOOLS)/etcd
+
+$(K8S_TOOLS)/kubectl:
+	rm -rf $(K8S_TOOLS).tmp && mkdir -p $(K8S_TOOLS).tmp
+	$(K8SGO) build -ldflags '$(K8S_LDFLAGS)' -o $(K8S_TOOLS).tmp/ $(K8S_CMDS)
+	rm -rf $(K8S_TOOLS) && mv $(K8S_TOOLS).tmp $(K8S_TOOLS)
+
+$(ETCD_TOOLS)/etcd:
+	rm -rf $(ETCD_TOOLS).tmp && mkdir -p $(ETCD_TOOLS).tmp
+	$(K8SGO) build -ldflags '-s -w' -o $(ETCD_TOOLS).tmp/etcd go.etcd.io/etcd/server/v3
+	rm -rf $(ETCD_TOOLS) && mv $(ETCD_TOOLS).tmp $(ETCD_TOOLS)
+
+# What the cluster tests need from Debian: a container runtime, and busybox
+# for the test pods' image.
+cluster-deps:
+	@command -v containerd >/dev/null && command -v runc >/dev/null && test -x /bin/busybox || { \
+		SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq containerd runc busybox-static >/dev/null; }
+
+e2e: $(COSIGN) cluster-tools cluster-deps
 	cd e2e && BDNVOL_COSIGN=$(COSIGN) CI=$${CI:-true} $(GO) test -count=1 -timeout 25m ./...
 
 # Unit tests first, then vet, fuzz and the end-to-end tests. The image pin in

@@ -380,6 +380,24 @@ func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
 			}
 		}
 	}
+	// A container that sees the per-digest FUSE mounts through a mount
+	// without propagation keeps a private copy of each one mounted when it
+	// was created (the node plugin after a restart): the mounter's unmount
+	// then never completes, and the node plugin waits on it for ever.
+	mountsHost := vw(node).hostPath(node, flag(node, "mounts-dir"))
+	for _, c := range []*corev1.Container{registrar, mounter, node} {
+		for i := range c.VolumeMounts {
+			m := &c.VolumeMounts[i]
+			vol := vw(c).volume(m.Name)
+			if vol == nil || vol.HostPath == nil || !strings.HasPrefix(mountsHost+"/", strings.TrimSuffix(vol.HostPath.Path, "/")+"/") {
+				continue
+			}
+			if m.MountPropagation == nil || *m.MountPropagation == corev1.MountPropagationNone {
+				t.Errorf("%s: %s (host %s) holds the FUSE mounts under %s but has no mountPropagation (want HostToContainer or Bidirectional)",
+					c.Name, m.MountPath, vol.HostPath.Path, mountsHost)
+			}
+		}
+	}
 	if hp := vw(mounter).hostPath(mounter, flag(mounter, "cache-dir")); !strings.HasPrefix(hp+"/", cacheHost) {
 		t.Errorf("the chunk cache %q is at %q on the host, want under %s", flag(mounter, "cache-dir"), hp, cacheHost)
 	}

@@ -60,11 +60,16 @@ type Node struct {
 
 	// Mounts are keyed by REGISTRY/REPOSITORY@DIGEST (see MountKey), never
 	// by digest alone.
-	mu      sync.Mutex             // guards the maps and the records' refcounts
-	lingers map[string]*time.Timer // mount keys waiting to be unmounted
-	pending map[string]int         // publishes in progress, by mount key
-	busy    map[string]bool        // target paths being worked on
+	mu         sync.Mutex               // guards the maps and the records' refcounts; never held across a mounter call
+	lingers    map[string]*time.Timer   // mount keys waiting to be unmounted
+	unmounting map[string]chan struct{} // mount keys the mounter is unmounting, closed when done
+	pending    map[string]int           // publishes in progress, by mount key
+	busy       map[string]bool          // target paths being worked on
 }
+
+// mounterCallTimeout bounds every call to the mounter: one that does not
+// answer fails that call, and holds up nothing else.
+var mounterCallTimeout = 2 * time.Minute
 
 // targetKey is the mount key of a target record, from its pinned
 // reference (records older than mount keys have it too).
@@ -99,7 +104,7 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	}
 	opt.KubeletDir, opt.MountsDir = cleanDir(opt.KubeletDir), cleanDir(opt.MountsDir)
 	n := &Node{opt: opt, log: opt.Logger, ts: targets{filepath.Join(opt.StateDir, "targets")}, lingers: map[string]*time.Timer{},
-		pending: map[string]int{}, busy: map[string]bool{}}
+		unmounting: map[string]chan struct{}{}, pending: map[string]int{}, busy: map[string]bool{}}
 	refs := map[string]int{}
 	for _, t := range n.ts.all() {
 		if m, ok := mounts.At(t.Path); !ok || m.Digest != t.Digest {
@@ -109,7 +114,9 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 		}
 		refs[targetKey(t)]++
 	}
-	served, err := opt.Mounter.List(ctx)
+	lctx, cancel := context.WithTimeout(ctx, mounterCallTimeout)
+	served, err := opt.Mounter.List(lctx)
+	cancel()
 	if err != nil {
 		n.log.Warn("mounter not reachable at start", "error", err.Error())
 	}
@@ -153,12 +160,16 @@ func (n *Node) lingerLocked(d string) {
 	}
 	n.lingers[d] = time.AfterFunc(n.opt.Linger, func() {
 		n.mu.Lock()
-		defer n.mu.Unlock()
 		delete(n.lingers, d)
-		if n.refcount(d) > 0 {
+		if n.refcount(d) > 0 || n.unmounting[d] != nil {
+			n.mu.Unlock()
 			return
 		}
-		if err := n.unmountLocked(d); err != nil {
+		done := n.startUnmountLocked(d)
+		n.mu.Unlock()
+		err := n.unmount(d)
+		done()
+		if err != nil {
 			n.log.Warn("unmount after linger failed", "key", d, "error", err.Error())
 			return
 		}
@@ -166,21 +177,45 @@ func (n *Node) lingerLocked(d string) {
 	})
 }
 
-// unmountLocked asks the mounter to unmount the mount of key k. A mounter
-// older than mount keys (it reports none) holds one mount per digest,
-// which pods of another repository may use: it is left to the last key of
-// the digest. Call with n.mu held.
-func (n *Node) unmountLocked(k string) error {
-	ctx := context.Background()
+// startUnmountLocked marks mount key k as being unmounted until the
+// returned function is called: a publish of k meanwhile waits for it. Call
+// with n.mu held, and call the mounter after releasing it.
+func (n *Node) startUnmountLocked(k string) (done func()) {
+	ch := make(chan struct{})
+	n.unmounting[k] = ch
+	return func() {
+		n.mu.Lock()
+		delete(n.unmounting, k)
+		n.mu.Unlock()
+		close(ch)
+	}
+}
+
+// unmount asks the mounter to unmount the mount of key k, each call within
+// mounterCallTimeout. A mounter older than mount keys (it reports none)
+// holds one mount per digest, which pods of another repository may use: it
+// is left to the last key of the digest. Call without n.mu.
+func (n *Node) unmount(k string) error {
 	if _, d, ok := strings.Cut(k, "@"); ok {
-		if ms, err := n.opt.Mounter.List(ctx); err == nil {
+		lctx, cancel := context.WithTimeout(context.Background(), mounterCallTimeout)
+		ms, err := n.opt.Mounter.List(lctx)
+		cancel()
+		if err == nil {
 			for _, m := range ms {
-				if m.Key == "" && m.Digest == d && n.digestRefsLocked(d) > 0 {
+				if m.Key != "" || m.Digest != d {
+					continue
+				}
+				n.mu.Lock()
+				used := n.digestRefsLocked(d) > 0
+				n.mu.Unlock()
+				if used {
 					return nil
 				}
 			}
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), mounterCallTimeout)
+	defer cancel()
 	return n.opt.Mounter.Unmount(ctx, k)
 }
 
@@ -305,22 +340,35 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	n.mu.Lock()
 	n.keepLocked(d)
 	n.pending[d]++
+	wait := n.unmounting[d]
 	n.mu.Unlock()
-	t, info, err := n.bind(ctx, req, s, pinned, prefetch, cred)
+	var t target
+	var info MountInfo
+	if wait != nil { // an unmount after the linger is under way: mount anew after it
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			err = status.Errorf(codes.Unavailable, "volume %s: %s: waiting for its unmount: %v", req.GetVolumeId(), s, ctx.Err())
+		}
+	}
+	if err == nil {
+		t, info, err = n.bind(ctx, req, s, pinned, prefetch, cred)
+	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	n.pending[d]--
 	if n.pending[d] == 0 {
 		delete(n.pending, d)
 	}
 	if err != nil {
 		if info.Digest != "" {
-			n.abandonLocked(info)
+			n.abandon(info) // unlocks
 		} else {
 			n.releaseLocked(d)
+			n.mu.Unlock()
 		}
 		return nil, err
 	}
+	n.mu.Unlock()
 	n.log.Info("published", "volume_id", t.VolumeID, "ref", s, "digest", info.Digest, "target", tp, "pod", t.Pod,
 		"new_mount", info.New, "ms", time.Since(start).Milliseconds())
 	return &csi.NodePublishVolumeResponse{}, nil
@@ -332,7 +380,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 // names the mounter's mount when there is one.
 func (n *Node) bind(ctx context.Context, req *csi.NodePublishVolumeRequest, ref, pinned, prefetch string, cred *credential) (target, MountInfo, error) {
 	tp := req.GetTargetPath()
-	info, err := n.opt.Mounter.Mount(ctx, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred})
+	mctx, cancel := context.WithTimeout(ctx, mounterCallTimeout)
+	info, err := n.opt.Mounter.Mount(mctx, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred})
+	cancel()
 	if err != nil {
 		return target{}, MountInfo{}, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), ref, err)
 	}
@@ -378,17 +428,25 @@ func (n *Node) releaseLocked(d string) {
 	}
 }
 
-// abandonLocked undoes a failed publish's mount: a version this publish
-// mounted and no target uses is unmounted now, so nothing is left behind.
-func (n *Node) abandonLocked(info MountInfo) {
+// abandon undoes a failed publish's mount: a version this publish mounted
+// and no target uses is unmounted now, so nothing is left behind. Call with
+// n.mu held; it returns with n.mu released.
+func (n *Node) abandon(info MountInfo) {
 	k := infoKey(info)
-	if !info.New || n.refcount(k) > 0 {
+	if !info.New || n.refcount(k) > 0 || n.unmounting[k] != nil {
 		n.releaseLocked(k)
+		n.mu.Unlock()
 		return
 	}
-	if err := n.unmountLocked(k); err != nil {
+	done := n.startUnmountLocked(k)
+	n.mu.Unlock()
+	err := n.unmount(k)
+	done()
+	if err != nil {
 		n.log.Warn("unmount after a failed publish", "key", k, "error", err.Error())
+		n.mu.Lock()
 		n.lingerLocked(k)
+		n.mu.Unlock()
 	}
 }
 
