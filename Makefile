@@ -37,10 +37,10 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/layout
-	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=300x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=300x -fuzzminimizetime=50x ./pkg/pull
 	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=30000x -fuzzminimizetime=50x ./pkg/oci
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=1200x -fuzzminimizetime=50x ./pkg/layout
-	$(GO) test -run='^$$' -fuzz='^FuzzPullLayout$$' -fuzztime=1200x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzPullLayout$$' -fuzztime=1200x -fuzzminimizetime=50x ./pkg/pull
 
 # The cosign CLI the signature e2e tests run against, installed once into a
 # cache directory that later runs reuse (keep COSIGN_VERSION in step with
