@@ -12,6 +12,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/kuberefs"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/retention"
@@ -25,7 +26,7 @@ type GCCmd struct {
 	KeepLast      int                `name:"keep-last" default:"3" help:"Keep the newest N versions."`
 	KeepTag       []string           `name:"keep-tag" default:"*" help:"Keep versions with a human tag matching this glob (repeatable; default: any tag)."`
 	KeepWithin    retention.Duration `name:"keep-within" default:"0s" help:"Keep versions pushed within this long (e.g. 7d, 36h)."`
-	Refs          []string           `name:"refs" help:"YAML/JSON file or directory whose volume references keep versions; - reads standard input (repeatable)."`
+	Refs          []string           `name:"refs" help:"YAML/JSON file or directory whose volume references keep versions; - reads standard input; k8s://[CONTEXT] reads a live cluster (repeatable)."`
 	Apply         bool               `help:"Carry the plan out (default: only print it)."`
 	JSON          bool               `name:"json" help:"Print the plan (and results) as JSON."`
 	Purge         bool               `help:"Also delete for real the versions deleted more than --restore-window ago."`
@@ -118,14 +119,49 @@ func mountReferences(ms []mounts.Serving) []retention.Reference {
 }
 
 // newSources returns the reference sources of a command: the files and
-// directories in paths, standard input for "-" (read once, now), and the
-// bdnvol mounts running on this machine.
+// directories in paths, standard input for "-" (read once, now), the live
+// clusters named k8s://[CONTEXT] (read at each call, in full or not at
+// all), and the bdnvol mounts running on this machine.
 func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
-	sources, err := retention.PathSources(repo, paths, os.Stdin, func() []retention.Reference {
+	var files []string
+	var clusters []*kuberefs.Cluster
+	for _, p := range paths {
+		if !kuberefs.IsSource(p) {
+			files = append(files, p)
+			continue
+		}
+		c, err := kuberefs.Open(p)
+		if err != nil {
+			return nil, fmt.Errorf("refs: %w", err)
+		}
+		clusters = append(clusters, c)
+	}
+	sources, err := retention.PathSources(repo, files, os.Stdin, func() []retention.Reference {
 		return mountReferences(g.mountStore().Serving())
 	})
 	if errors.Is(err, retention.ErrStdinTwice) {
 		return nil, usageError{err}
 	}
-	return sources, err
+	if err != nil || len(clusters) == 0 {
+		return sources, err
+	}
+	return func(ctx context.Context) ([]retention.Reference, error) {
+		refs, err := sources(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range clusters {
+			err := c.Objects(ctx, func(name string, obj []byte) error {
+				for _, r := range retention.Scan(repo, name, obj) {
+					r.Source = name // one object, not a line of a file
+					refs = append(refs, r)
+				}
+				return nil
+			})
+			if err != nil {
+				return nil, fmt.Errorf("refs: %w", err)
+			}
+		}
+		return refs, nil
+	}, nil
 }

@@ -12,7 +12,7 @@ import (
 // RmCmd soft-deletes one version.
 type RmCmd struct {
 	Ref   string   `arg:"" help:"The version: HOST/REPO@DIGEST, HOST/REPO:TAG or oci:PATH[:TAG|@DIGEST]."`
-	Refs  []string `name:"refs" help:"YAML/JSON file or directory whose volume references must not name it; - reads standard input (repeatable)."`
+	Refs  []string `name:"refs" help:"YAML/JSON file or directory whose volume references must not name it; - reads standard input; k8s://[CONTEXT] reads a live cluster (repeatable)."`
 	Force bool     `help:"Delete it even if a reference source or a running mount names it."`
 }
 
