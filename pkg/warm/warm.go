@@ -17,6 +17,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 )
 
 // ErrDoesNotFit means the versions asked for, with what running mounts
@@ -49,29 +50,22 @@ type Target struct {
 // Open resolves ref (a tag becomes a digest now), reads its index through
 // cache and lists the chunks of the files patterns matches (every file when
 // patterns is "" or "all").
+//
+// No signature policy is checked: a warm only puts blobs in the cache, each
+// verified against its digest, and nothing in the cache is used but through
+// a mount, which checks its own policy when it resolves the reference
+// (bdnvol mount in origin.Resolve, the node plugin at publish) before any of
+// the version is read.
 func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, opt Options) (*Target, error) {
 	r, err := oci.ParseRef(ref)
 	if err != nil {
 		return nil, err
 	}
-	t, err := oci.Open(ctx, r, opt.OCI)
+	o, err := origin.Resolve(ctx, r, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Wrap: opt.Wrap})
 	if err != nil {
 		return nil, err
 	}
-	// A GET whose bytes must hash to the digest: a registry's claimed
-	// digest is not trusted, as the version is read through the cache.
-	desc, _, err := oci.FetchManifest(ctx, t, r, oci.MaxManifestBytes)
-	if err != nil {
-		return nil, err
-	}
-	var reg content.Fetcher = t
-	if opt.Wrap != nil && r.Layout == "" {
-		reg = opt.Wrap("registry", r.Registry, reg)
-	}
-	src, _, err := opt.Mirrors.Fetcher(r, reg)
-	if err != nil {
-		return nil, err
-	}
+	desc, src := o.Root, o.Fetcher
 	ver, err := layout.Open(ctx, cache.Fetcher(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
