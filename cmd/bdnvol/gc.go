@@ -125,7 +125,7 @@ func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, er
 		return mountReferences(g.mountStore().Serving())
 	})
 	if errors.Is(err, retention.ErrStdinTwice) {
-		return nil, usageError{err}
+		return nil, usageError{fmt.Errorf("--refs -: %w", err)}
 	}
 	return sources, err
 }

@@ -97,7 +97,7 @@ type Result struct {
 func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, error) {
 	start := time.Now()
 	if ref.Layout != "" && len(opt.Mirrors.URLs) > 0 && opt.Logf != nil {
-		opt.Logf("%s is a local layout; --mirror is not used", ref.Repo())
+		opt.Logf("%s is a local layout; mirrors are not used", ref.Repo())
 	}
 	o, err := origin.Resolve(ctx, ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy})
 	if err != nil {

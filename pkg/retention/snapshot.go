@@ -54,7 +54,7 @@ func FileSources(repo oci.Ref, paths []string, stdin []byte, more func() []Refer
 }
 
 // ErrStdinTwice is returned when standard input is named twice as a source.
-var ErrStdinTwice = errors.New("--refs - given twice")
+var ErrStdinTwice = errors.New("standard input named twice")
 
 // PathSources is FileSources of paths where "-" names stdin, read once,
 // now.
