@@ -327,28 +327,18 @@ type Removed struct {
 // version in use and no other recorded version needs. A version a mount
 // holds is refused, naming it.
 func Remove(cache *chunkcache.Cache, ref string) (Removed, error) {
-	store := StoreOf(cache)
-	recs, skipped, err := store.Records()
-	if err != nil {
-		return Removed{}, err
-	}
-	var drop []Record
-	for _, r := range recs {
-		if r.Ref == ref || r.Pinned == ref || r.Root.Digest.String() == ref {
-			drop = append(drop, r)
+	match := func(_ Store, r Record) bool { return r.Ref == ref || r.Pinned == ref || r.Root.Digest.String() == ref }
+	return removeWhere(cache, match, func(store Store, drop []Record) error {
+		if len(drop) == 0 {
+			return fmt.Errorf("%s: %w", ref, ErrNoRecord)
 		}
-	}
-	if len(drop) == 0 {
-		return Removed{Skipped: skipped}, fmt.Errorf("%s: %w", ref, ErrNoRecord)
-	}
-	for _, r := range drop {
-		if store.InUse(r.Root.Digest) {
-			return Removed{Skipped: skipped}, fmt.Errorf("%s: %w", r.Pinned, ErrInUse)
+		for _, r := range drop {
+			if store.InUse(r.Root.Digest) {
+				return fmt.Errorf("%s: %w", r.Pinned, ErrInUse)
+			}
 		}
-	}
-	out, err := removeRecords(cache, store, recs, drop)
-	out.Skipped = skipped
-	return out, err
+		return nil
+	})
 }
 
 // ErrInUse means a mount holds the version.
@@ -357,6 +347,14 @@ var ErrInUse = errors.New("a running mount uses this version")
 // GC drops every recorded version no mount holds, and its blobs that
 // versions in use do not need.
 func GC(cache *chunkcache.Cache) (Removed, error) {
+	unused := func(store Store, r Record) bool { return !store.InUse(r.Root.Digest) }
+	return removeWhere(cache, unused, nil)
+}
+
+// removeWhere drops the recorded versions pick chooses, with their blobs
+// that no other version needs (removeRecords); refuse, when set, may
+// refuse the choice before anything is removed.
+func removeWhere(cache *chunkcache.Cache, pick func(Store, Record) bool, refuse func(Store, []Record) error) (Removed, error) {
 	store := StoreOf(cache)
 	recs, skipped, err := store.Records()
 	if err != nil {
@@ -364,8 +362,13 @@ func GC(cache *chunkcache.Cache) (Removed, error) {
 	}
 	var drop []Record
 	for _, r := range recs {
-		if !store.InUse(r.Root.Digest) {
+		if pick(store, r) {
 			drop = append(drop, r)
+		}
+	}
+	if refuse != nil {
+		if err := refuse(store, drop); err != nil {
+			return Removed{Skipped: skipped}, err
 		}
 	}
 	out, err := removeRecords(cache, store, recs, drop)
