@@ -28,7 +28,8 @@ const maxParts = 20000
 const maxManifestLayers = 1 << 16
 
 // Version is a sealed version opened for reading: its root and its
-// validated index, whose chunks it names as blobs with Chunk.
+// validated index, whose chunks it names as blobs with Chunk. (A version
+// as a listing reports it, with its tags, is a versions.Version.)
 type Version struct {
 	Root  ocispec.Descriptor
 	Index *Index

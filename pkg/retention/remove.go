@@ -60,7 +60,7 @@ func Remove(ctx context.Context, ref oci.Ref, ociOpt oci.Options, opt RemoveOpti
 				return err
 			}
 			var why []string
-			for _, r := range KeepReasons(Version{Digest: d, Tags: tags}, refs, Policy{}) {
+			for _, r := range KeepReasons(versions.Version{Digest: d, Tags: tags}, refs, Policy{}) {
 				why = append(why, r.Text)
 			}
 			if len(why) > 0 {

@@ -18,9 +18,7 @@ func Snapshot(ctx context.Context, t oci.Target, sources Sources) (Input, error)
 	if err != nil {
 		return in, err
 	}
-	for _, v := range vs {
-		in.Versions = append(in.Versions, Version{Digest: v.Digest, Sealed: v.Sealed, Tags: v.Tags})
-	}
+	in.Versions = vs
 	if in.Deleted, err = ListDeleted(ctx, t); err != nil {
 		return in, err
 	}

@@ -35,9 +35,9 @@ type Options struct {
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 }
 
-// Target is one version opened for warming: its index read (through the
+// Plan is one version opened for warming: its index read (through the
 // cache) and the blobs the asked-for files need.
-type Target struct {
+type Plan struct {
 	Ref     string // as given
 	Pinned  string
 	Version *layout.Version
@@ -56,7 +56,7 @@ type Target struct {
 // a mount, which checks its own policy when it resolves the reference
 // (bdnvol mount in origin.Resolve, the node plugin at publish) before any of
 // the version is read.
-func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, opt Options) (*Target, error) {
+func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, opt Options) (*Plan, error) {
 	r, err := oci.ParseRef(ref)
 	if err != nil {
 		return nil, err
@@ -79,7 +79,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
-	tg := &Target{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: src}
+	tg := &Plan{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: src}
 	seen := map[int]bool{}
 	for fi := range ver.Index.Len() {
 		f := ver.Index.File(fi)
@@ -97,10 +97,10 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 }
 
 // Digest returns the version's digest.
-func (t *Target) Digest() digest.Digest { return t.Version.Root.Digest }
+func (t *Plan) Digest() digest.Digest { return t.Version.Root.Digest }
 
 // Record returns the record of t.
-func (t *Target) Record() Record {
+func (t *Plan) Record() Record {
 	r := Record{Ref: t.Ref, Pinned: t.Pinned, Root: t.Version.Root, Patterns: t.Patterns}
 	for _, d := range t.Need {
 		r.Chunks = append(r.Chunks, Blob{Digest: d.Digest, Size: d.Size})
@@ -109,7 +109,7 @@ func (t *Target) Record() Record {
 }
 
 // Bytes returns the size of the blobs t needs.
-func (t *Target) Bytes() int64 {
+func (t *Plan) Bytes() int64 {
 	var n int64
 	for _, d := range t.Need {
 		n += d.Size
@@ -130,7 +130,7 @@ type FillOptions struct {
 // missing, and stops at the first failure (a registry that fails one chunk
 // mostly fails the next). Blobs already cached are checked, not fetched, so
 // a stopped fill resumes where it was.
-func (t *Target) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOptions) error {
+func (t *Plan) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOptions) error {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 4
 	}
@@ -216,8 +216,8 @@ type WarmOptions struct {
 	Options
 	Patterns string // --prefetch-style globs; "" or "all" for whole versions
 	Fill     FillOptions
-	// OnTarget is told about each version once it is resolved.
-	OnTarget func(t *Target)
+	// OnPlan is told about each version once it is resolved.
+	OnPlan func(t *Plan)
 }
 
 // Warm fills cache with the versions refs name, all of them or none: it
@@ -225,14 +225,14 @@ type WarmOptions struct {
 // versions mounted now do not fit together in the cache's bound. While it
 // runs, this process evicts neither their blobs nor those of mounted
 // versions. It returns nil only when every blob is cached and verified.
-func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmOptions) ([]*Target, error) {
+func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmOptions) ([]*Plan, error) {
 	store := StoreOf(cache)
 	used, _ := InUseBlobs(store)
 	need := map[digest.Digest]int64{}
 	for d, n := range used {
 		need[d] = n
 	}
-	var targets []*Target
+	var targets []*Plan
 	for _, ref := range refs {
 		t, err := Open(ctx, cache, ref, opt.Patterns, opt.Options)
 		if err != nil {
@@ -240,8 +240,8 @@ func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmO
 		}
 		targets = append(targets, t)
 		union(need, t.Need)
-		if opt.OnTarget != nil {
-			opt.OnTarget(t)
+		if opt.OnPlan != nil {
+			opt.OnPlan(t)
 		}
 	}
 	if n := total(need); n > cache.Max() {
