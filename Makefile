@@ -130,16 +130,19 @@ image-push:
 	@test -n "$(IMAGE)" || (echo "usage: make image-push IMAGE=host/repo:tag"; exit 1)
 	$(MKIMAGE) -out dist/image -push $(IMAGE)
 
-# Pin the bdnvol image in deploy/kubernetes/*.yaml and the Helm chart's values.yaml to the digest make image
-# gives; IMAGE_REPO=host/repo also replaces the repository.
+# Pin the bdnvol image in the Helm chart's values.yaml to the digest make image
+# gives (IMAGE_REPO=host/repo also replaces the repository), then write
+# deploy/kubernetes/*.yaml from the chart: the chart is the one source.
 deploy-manifests:
-	$(MKIMAGE) -out dist/image -manifests deploy/kubernetes $(if $(IMAGE_REPO),-image-repo $(IMAGE_REPO))
 	$(MKIMAGE) -out dist/image -manifests deploy/helm/bdnvol-csi $(if $(IMAGE_REPO),-image-repo $(IMAGE_REPO))
+	cd e2e && $(GO) run ./cmd/manifests
 
-# Fail unless deploy/kubernetes pins the image this source builds.
+# Fail unless the chart and deploy/kubernetes pin the image this source
+# builds, and deploy/kubernetes is what the chart renders.
 check-manifests:
-	$(MKIMAGE) -out dist/image -check deploy/kubernetes
 	$(MKIMAGE) -out dist/image -check deploy/helm/bdnvol-csi
+	$(MKIMAGE) -out dist/image -check deploy/kubernetes
+	cd e2e && $(GO) run ./cmd/manifests -check
 
 clean:
 	rm -rf bin dist $(DEMO)

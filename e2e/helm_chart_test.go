@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -9,15 +11,12 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v4/pkg/chart/common"
-	"helm.sh/helm/v4/pkg/chart/common/util"
-	"helm.sh/helm/v4/pkg/chart/v2/loader"
-	"helm.sh/helm/v4/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"sigs.k8s.io/yaml"
+
+	"github.com/bdnvol/bdnvol/e2e/helmchart"
 )
 
 const chartDir = "../deploy/helm/bdnvol-csi"
@@ -27,23 +26,9 @@ const chartDir = "../deploy/helm/bdnvol-csi"
 // added to the default capabilities, and decodes the result strictly.
 func renderChart(t *testing.T, values string, extra ...string) []k8sObject {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
+	out, err := helmchart.Render(chartDir, "kube-system", values, extra...)
 	if err != nil {
-		t.Fatalf("load %s: %v", chartDir, err)
-	}
-	vals := map[string]any{}
-	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
-		t.Fatalf("values: %v", err)
-	}
-	caps := *common.DefaultCapabilities
-	caps.APIVersions = append(append(common.VersionSet{}, caps.APIVersions...), extra...)
-	top, err := util.ToRenderValues(ch, vals, common.ReleaseOptions{Name: "bdnvol-csi", Namespace: "kube-system", IsInstall: true}, &caps)
-	if err != nil {
-		t.Fatalf("values: %v", err)
-	}
-	out, err := engine.Render(ch, top)
-	if err != nil {
-		t.Fatalf("render: %v", err)
+		t.Fatal(err)
 	}
 	names := make([]string, 0, len(out))
 	for n := range out {
@@ -97,6 +82,34 @@ func plainManifests(t *testing.T) []k8sObject {
 		}
 	}
 	return out
+}
+
+// TestKubernetesManifestsFromChart: deploy/kubernetes is what the chart
+// renders with its default values (make deploy-manifests), byte for byte,
+// and holds no other manifest beside its examples.
+func TestKubernetesManifestsFromChart(t *testing.T) {
+	want, err := helmchart.Manifests(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range want {
+		got, err := os.ReadFile(filepath.Join(manifestsDir, name))
+		if err != nil || !bytes.Equal(got, b) {
+			t.Errorf("%s/%s is not what the chart renders (run make deploy-manifests): %v", manifestsDir, name, err)
+		}
+	}
+	have, err := filepath.Glob(filepath.Join(manifestsDir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range have {
+		if _, ok := want[filepath.Base(p)]; !ok {
+			t.Errorf("%s is not rendered from the chart", p)
+		}
+	}
+	if len(have) != len(want) || len(want) < 5 {
+		t.Errorf("%d manifests, %d rendered: %v", len(have), len(want), have)
+	}
 }
 
 // TestHelmChartMatchesManifests renders the chart with its default values

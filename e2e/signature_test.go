@@ -545,7 +545,7 @@ func TestCSIRequireSignature(t *testing.T) {
 	if err := os.WriteFile(outside, mustRead(t, pub), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := publish(n.newPod("outside"), repo+":v1", outside); codeOf(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "--key-dir") {
+	if err := publish(n.newPod("outside"), repo+":v1", outside); codeOf(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "key directory") {
 		t.Fatalf("publish with a key file outside --key-dir: %v", err)
 	}
 	p := n.newPod("signed")
@@ -635,7 +635,7 @@ func TestCSIRequireSignatureFIFO(t *testing.T) {
 			t.Errorf("publish requiring %s: refused with %q; want the one message %q", path, why, msg)
 		}
 	}
-	if !strings.Contains(msg, "--key-dir") {
+	if !strings.Contains(msg, "key directory") {
 		t.Errorf("the refusal %q does not say where key files may be", msg)
 	}
 	if m := n.fuseMounts(); len(m) != 0 {

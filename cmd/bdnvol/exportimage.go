@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/imageview"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // ExportImageCmd builds the image view of a version.
@@ -22,7 +25,7 @@ type ExportImageCmd struct {
 // Run builds and pushes the image.
 func (c *ExportImageCmd) Run(ctx context.Context, g *Globals) error {
 	start := time.Now()
-	osName, arch, err := imageview.ParsePlatform(c.Platform)
+	osName, arch, err := parsePlatform(c.Platform)
 	if err != nil {
 		return usageError{err}
 	}
@@ -30,7 +33,7 @@ func (c *ExportImageCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	dst, err := imageview.ParseDestination(c.ImageRef)
+	dst, err := parseImageDestination(c.ImageRef)
 	if err != nil {
 		return usageError{err}
 	}
@@ -51,4 +54,33 @@ func (c *ExportImageCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Fprintln(g.stdout, out.Image)
 	return nil
+}
+
+// errPlatform is wrapped when --platform is not OS/ARCH.
+var errPlatform = errors.New("want OS/ARCH")
+
+// parsePlatform splits a --platform value, OS/ARCH.
+func parsePlatform(s string) (osName, arch string, err error) {
+	osName, arch, ok := strings.Cut(s, "/")
+	if !ok || osName == "" || arch == "" || strings.Contains(arch, "/") {
+		return "", "", fmt.Errorf("--platform %q: %w", s, errPlatform)
+	}
+	return osName, arch, nil
+}
+
+// parseImageDestination parses where the image view goes: HOST/REPO[:TAG]
+// or oci:PATH[:TAG], never a digest; "" is the zero Ref (the volume's
+// repository, untagged).
+func parseImageDestination(s string) (oci.Ref, error) {
+	if s == "" {
+		return oci.Ref{}, nil
+	}
+	dst, err := oci.ParseRef(s)
+	if err != nil {
+		return dst, err
+	}
+	if dst.Digest != "" {
+		return dst, fmt.Errorf("%s: %w", s, imageview.ErrDestinationDigest)
+	}
+	return dst, nil
 }

@@ -140,7 +140,7 @@ func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, er
 		return mountReferences(g.mountStore().Serving())
 	})
 	if errors.Is(err, retention.ErrStdinTwice) {
-		return nil, usageError{err}
+		return nil, usageError{fmt.Errorf("--refs -: %w", err)}
 	}
 	if err != nil || len(clusters) == 0 {
 		return sources, err

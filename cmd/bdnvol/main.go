@@ -209,7 +209,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	if err := kctx.Run(); err != nil {
-		fmt.Fprintln(stderr, "bdnvol:", termsafe.Text(err.Error()))
+		fmt.Fprintln(stderr, "bdnvol:", termsafe.Text(err.Error())+flagHint(err))
 		var ue usageError
 		if errors.As(err, &ue) {
 			return exitUsage

@@ -46,7 +46,7 @@ func parseVersionRef(s string) (oci.Ref, error) {
 
 // Run mounts and serves until SIGINT, SIGTERM or `bdnvol umount`.
 func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
-	targets, key, err := mounts.FromArgs(c.Ref, c.Mountpoint, c.Spec, c.RequireSignature, g.logf)
+	targets, key, err := mountTargets(c.Ref, c.Mountpoint, c.Spec, c.RequireSignature, g.logf)
 	if err != nil {
 		return usageError{err}
 	}

@@ -68,14 +68,50 @@ func FineTune(src, dst string, opts FineTuneOptions) (Report, error) {
 	if opts.Fraction < 0 || opts.Fraction > 1 {
 		return rep, fmt.Errorf("synth: fraction %v out of range [0,1]", opts.Fraction)
 	}
-	entries, err := os.ReadDir(src)
+	shards, others, err := readCheckpoint(src)
 	if err != nil {
 		return rep, err
 	}
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return rep, err
 	}
+	changed, tensorBytes := pickChanged(shards, opts, &rep)
+	newShard, newSpec := -1, tensorSpec{}
+	if !opts.NoNewTensor {
+		if newShard, newSpec = placeNewTensor(shards); newShard < 0 {
+			return rep, fmt.Errorf("synth: no shard with a layer to add a tensor to")
+		}
+		rep.NewTensor, rep.NewTensorShard, rep.NewTensorBytes = newSpec.name, shards[newShard].File, newSpec.size()
+	}
+	if err := writeShards(src, dst, shards, changed, newShard, newSpec, opts.Seed); err != nil {
+		return rep, err
+	}
+	// Copy or rewrite the other files.
+	for _, name := range others {
+		sp, dp := filepath.Join(src, name), filepath.Join(dst, name)
+		if name == IndexName && newShard >= 0 {
+			if err := addToIndex(sp, dp, newSpec, shards[newShard].File, tensorBytes); err != nil {
+				return rep, err
+			}
+			continue
+		}
+		if err := copyFile(sp, dp); err != nil {
+			return rep, err
+		}
+	}
+	if err := measureShards(src, dst, shards, &rep); err != nil {
+		return rep, err
+	}
+	return rep, measureOthers(src, dst, &rep)
+}
 
+// readCheckpoint lists the checkpoint in src: its shards, read and sorted
+// by file name, and its other regular files.
+func readCheckpoint(src string) ([]*Shard, []string, error) {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return nil, nil, err
+	}
 	var shards []*Shard
 	var others []string
 	for _, e := range entries {
@@ -85,7 +121,7 @@ func FineTune(src, dst string, opts FineTuneOptions) (Report, error) {
 		if strings.HasSuffix(e.Name(), ".safetensors") {
 			s, err := ReadShard(filepath.Join(src, e.Name()))
 			if err != nil {
-				return rep, err
+				return nil, nil, err
 			}
 			shards = append(shards, s)
 		} else {
@@ -93,12 +129,17 @@ func FineTune(src, dst string, opts FineTuneOptions) (Report, error) {
 		}
 	}
 	if len(shards) == 0 {
-		return rep, fmt.Errorf("synth: no .safetensors files in %s", src)
+		return nil, nil, fmt.Errorf("synth: no .safetensors files in %s", src)
 	}
 	sort.Slice(shards, func(a, b int) bool { return shards[a].File < shards[b].File })
+	return shards, others, nil
+}
 
-	// Pick the tensors to rewrite: a seeded shuffle, taken greedily while
-	// they fit under the target.
+// pickChanged picks the tensors to rewrite: a seeded shuffle, taken
+// greedily while they fit under opts.Fraction of the tensor bytes. It
+// records them in rep and returns them by name, with the tensor bytes of
+// src.
+func pickChanged(shards []*Shard, opts FineTuneOptions, rep *Report) (map[string]bool, int64) {
 	type ref struct {
 		shard int
 		t     Tensor
@@ -126,43 +167,42 @@ func FineTune(src, dst string, opts FineTuneOptions) (Report, error) {
 		}
 	}
 	sort.Strings(rep.ChangedTensors)
+	return changed, tensorBytes
+}
 
-	// Where to insert the new tensor: the lowest layer of the first shard
-	// holding a layer, as a self_attn.o_proj.bias (sorted into the middle of
-	// that layer's tensors).
-	newShard, newSpec := -1, tensorSpec{}
-	if !opts.NoNewTensor {
-		for k, s := range shards {
-			best := -1
-			var hidden int64
-			for _, t := range s.Tensors {
-				l, ok := layerOf(t.Name)
-				if ok && (best < 0 || l < best) {
-					best = l
-				}
+// placeNewTensor returns where to insert the new tensor: the lowest layer
+// of the first shard holding a layer, as a self_attn.o_proj.bias (sorted
+// into the middle of that layer's tensors); -1 when no shard has one.
+func placeNewTensor(shards []*Shard) (int, tensorSpec) {
+	for k, s := range shards {
+		best := -1
+		var hidden int64
+		for _, t := range s.Tensors {
+			l, ok := layerOf(t.Name)
+			if ok && (best < 0 || l < best) {
+				best = l
 			}
-			if best < 0 {
-				continue
-			}
-			for _, t := range s.Tensors {
-				if l, _ := layerOf(t.Name); l == best && len(t.Shape) == 2 && strings.Contains(t.Name, "self_attn.") {
-					hidden = t.Shape[0]
-				}
-			}
-			if hidden == 0 {
-				continue
-			}
-			newShard = k
-			newSpec = tensorSpec{name: fmt.Sprintf("model.layers.%d.self_attn.o_proj.bias", best), shape: []int64{hidden}}
-			break
 		}
-		if newShard < 0 {
-			return rep, fmt.Errorf("synth: no shard with a layer to add a tensor to")
+		if best < 0 {
+			continue
 		}
-		rep.NewTensor, rep.NewTensorShard, rep.NewTensorBytes = newSpec.name, shards[newShard].File, newSpec.size()
+		for _, t := range s.Tensors {
+			if l, _ := layerOf(t.Name); l == best && len(t.Shape) == 2 && strings.Contains(t.Name, "self_attn.") {
+				hidden = t.Shape[0]
+			}
+		}
+		if hidden == 0 {
+			continue
+		}
+		return k, tensorSpec{name: fmt.Sprintf("model.layers.%d.self_attn.o_proj.bias", best), shape: []int64{hidden}}
 	}
+	return -1, tensorSpec{}
+}
 
-	// Write the shards.
+// writeShards writes the shards into dst, in parallel: copied when
+// untouched, else with the changed tensors regenerated and, in shard
+// newShard (-1 for none), the new tensor added.
+func writeShards(src, dst string, shards []*Shard, changed map[string]bool, newShard int, newSpec tensorSpec, seed uint64) error {
 	var jobs []func() error
 	var files []*os.File
 	defer func() {
@@ -182,59 +222,51 @@ func FineTune(src, dst string, opts FineTuneOptions) (Report, error) {
 		}
 		f, err := os.Open(srcPath)
 		if err != nil {
-			return rep, err
+			return err
 		}
 		files = append(files, f)
 		var plan []plannedTensor
 		for _, t := range s.Tensors {
 			spec := tensorSpec{name: t.Name, shape: t.Shape, norm: isNorm(t.Name)}
 			if changed[t.Name] {
-				plan = append(plan, plannedTensor{spec: spec, src: genSource{seed: opts.Seed, tag: "finetune", norm: spec.norm}})
+				plan = append(plan, plannedTensor{spec: spec, src: genSource{seed: seed, tag: "finetune", norm: spec.norm}})
 			} else {
 				plan = append(plan, plannedTensor{spec: spec, copyFrom: f, copyOff: s.DataStart() + t.Begin})
 			}
 		}
 		if k == newShard {
-			plan = append(plan, plannedTensor{spec: newSpec, src: genSource{seed: opts.Seed, tag: "finetune-new"}})
+			plan = append(plan, plannedTensor{spec: newSpec, src: genSource{seed: seed, tag: "finetune-new"}})
 		}
 		jobs = append(jobs, func() error { return writeShard(dstPath, plan) })
 	}
-	if err := runParallel(jobs); err != nil {
-		return rep, err
-	}
+	return runParallel(jobs)
+}
 
-	// Copy or rewrite the other files.
-	for _, name := range others {
-		sp, dp := filepath.Join(src, name), filepath.Join(dst, name)
-		if name == IndexName && newShard >= 0 {
-			b, err := os.ReadFile(sp)
-			if err != nil {
-				return rep, err
-			}
-			var idx indexFile
-			if err := json.Unmarshal(b, &idx); err != nil {
-				return rep, fmt.Errorf("%s: %w", sp, err)
-			}
-			if idx.Metadata == nil {
-				idx.Metadata = map[string]any{}
-			}
-			idx.WeightMap[newSpec.name] = shards[newShard].File
-			idx.Metadata["total_size"] = tensorBytes + newSpec.size()
-			if err := writeJSON(dp, idx); err != nil {
-				return rep, err
-			}
-			continue
-		}
-		if err := copyFile(sp, dp); err != nil {
-			return rep, err
-		}
+// addToIndex writes the index sp to dp with the new tensor in shard file
+// added, and the total size grown by it.
+func addToIndex(sp, dp string, newSpec tensorSpec, file string, tensorBytes int64) error {
+	b, err := os.ReadFile(sp)
+	if err != nil {
+		return err
 	}
+	var idx indexFile
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return fmt.Errorf("%s: %w", sp, err)
+	}
+	if idx.Metadata == nil {
+		idx.Metadata = map[string]any{}
+	}
+	idx.WeightMap[newSpec.name] = file
+	idx.Metadata["total_size"] = tensorBytes + newSpec.size()
+	return writeJSON(dp, idx)
+}
 
-	// Measure the result.
+// measureShards adds the header and tensor bytes of dst's shards to rep.
+func measureShards(src, dst string, shards []*Shard, rep *Report) error {
 	for _, s := range shards {
 		d, err := ReadShard(filepath.Join(dst, s.File))
 		if err != nil {
-			return rep, err
+			return err
 		}
 		rep.HeaderBytes += d.DataStart()
 		for _, t := range d.Tensors {
@@ -242,20 +274,26 @@ func FineTune(src, dst string, opts FineTuneOptions) (Report, error) {
 		}
 		same, err := sameRange(filepath.Join(src, s.File), filepath.Join(dst, s.File), s.DataStart(), d.DataStart())
 		if err != nil {
-			return rep, err
+			return err
 		}
 		if !same {
 			rep.ChangedHeaderBytes += d.DataStart()
 		}
 	}
+	return nil
+}
+
+// measureOthers adds the size of dst's regular files to rep, and the files
+// other than shards that differ from src's.
+func measureOthers(src, dst string, rep *Report) error {
 	dstEntries, err := os.ReadDir(dst)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	for _, e := range dstEntries {
 		fi, err := e.Info()
 		if err != nil {
-			return rep, err
+			return err
 		}
 		if !fi.Mode().IsRegular() {
 			continue
@@ -270,7 +308,7 @@ func FineTune(src, dst string, opts FineTuneOptions) (Report, error) {
 		if same {
 			same, err = sameRange(sp, filepath.Join(dst, e.Name()), fi.Size(), fi.Size())
 			if err != nil {
-				return rep, err
+				return err
 			}
 		}
 		if !same {
@@ -278,7 +316,7 @@ func FineTune(src, dst string, opts FineTuneOptions) (Report, error) {
 			rep.ChangedFileBytes += fi.Size()
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 // layerOf returns N for "model.layers.N.…".

@@ -70,3 +70,29 @@ func TestOpenRefusesSymlinks(t *testing.T) {
 		}
 	}
 }
+
+// TestReadlink: a target within max is read whole; a longer one comes back
+// longer than max, for the caller to refuse.
+func TestReadlink(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink("a/b", filepath.Join(dir, "short")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("0123456789", filepath.Join(dir, "long")); err != nil {
+		t.Fatal(err)
+	}
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dfd)
+	if got, err := Readlink(dfd, "short", 8); err != nil || got != "a/b" {
+		t.Errorf("short: %q, %v", got, err)
+	}
+	if got, err := Readlink(dfd, "long", 8); err != nil || len(got) != 9 {
+		t.Errorf("long: %q, %v; want 9 bytes, more than the 8 allowed", got, err)
+	}
+	if _, err := Readlink(dfd, "missing", 8); err == nil {
+		t.Error("a missing link was read")
+	}
+}

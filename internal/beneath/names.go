@@ -23,3 +23,15 @@ func Names(dfd int, full string) ([]string, error) {
 	slices.Sort(names)
 	return names, nil
 }
+
+// Readlink returns the target of the symbolic link name in the directory
+// dfd, read into a buffer of max+1 bytes: a target longer than max shows as
+// longer than max (cut at max+1 bytes), for the caller to refuse.
+func Readlink(dfd int, name string, max int) (string, error) {
+	buf := make([]byte, max+1)
+	n, err := unix.Readlinkat(dfd, name, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}

@@ -285,7 +285,7 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 	c.mu.Lock()
 	checked := c.verified[desc.Digest]
 	c.mu.Unlock()
-	if !checked && sealedEntry(f, st) {
+	if !checked && vouchedEntry(f, st) {
 		checked = true // hashed when it was stored, unchanged since
 	}
 	if !checked {
@@ -298,7 +298,7 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 		}
 		now := time.Now()
 		os.Chtimes(p, now, now) // the on-disk LRU order other processes start from
-		sealEntry(p)
+		vouchEntry(p)
 	}
 	c.mu.Lock()
 	c.verified[desc.Digest] = true
@@ -314,13 +314,13 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 }
 
 // intact reports whether the entry f (with stat st) holds the bytes of d:
-// this process hashed it, or it carries a valid seal, or hashing it now
+// this process hashed it, or it carries a valid mark (vouch.go), or hashing it now
 // matches. Entries larger than any chunk are not hashed.
 func (c *Cache) intact(f *os.File, st os.FileInfo, d digest.Digest) bool {
 	c.mu.Lock()
 	checked := c.verified[d]
 	c.mu.Unlock()
-	if checked || sealedEntry(f, st) {
+	if checked || vouchedEntry(f, st) {
 		return true
 	}
 	if !st.Mode().IsRegular() || st.Size() > layout.MaxChunkBytes {
@@ -428,7 +428,7 @@ func (c *Cache) fetchToFile(ctx context.Context, src content.Fetcher, desc ocisp
 	if err := os.Rename(f.Name(), c.path(desc.Digest)); err != nil {
 		return nil, &storeError{err}
 	}
-	sealEntry(c.path(desc.Digest))
+	vouchEntry(c.path(desc.Digest))
 	c.added(desc)
 	keep = true
 	return f, nil

@@ -39,8 +39,8 @@ func TestWrongSizeKeepsVerifiedEntry(t *testing.T) {
 	}
 	ch.Close()
 	p := c1.path(desc.Digest)
-	// Drop the seal so that a new process must hash the entry to trust it.
-	_ = unix.Removexattr(p, sealXattr)
+	// Drop the mark so that a new process must hash the entry to trust it.
+	_ = unix.Removexattr(p, vouchXattr)
 
 	for _, size := range []int64{desc.Size - 1, desc.Size + 7, 1} {
 		wrong := desc

@@ -19,3 +19,19 @@ func checkSizes(kv ...string) error {
 	}
 	return nil
 }
+
+// checkRequest refuses, with InvalidArgument, a request whose volume id or
+// path (called pathName) is missing, or whose id, path or further named
+// values (name, value, ...) are longer than maxArgBytes.
+func checkRequest(volumeID, pathName, path string, more ...string) error {
+	if err := checkSizes(append([]string{"volume id", volumeID, pathName, path}, more...)...); err != nil {
+		return err
+	}
+	if volumeID == "" {
+		return status.Error(codes.InvalidArgument, "volume id missing")
+	}
+	if path == "" {
+		return status.Errorf(codes.InvalidArgument, "%s missing", pathName)
+	}
+	return nil
+}

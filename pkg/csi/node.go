@@ -165,16 +165,22 @@ func (n *Node) lingerLocked(d string) {
 			n.mu.Unlock()
 			return
 		}
-		done := n.startUnmountLocked(d)
-		n.mu.Unlock()
-		err := n.unmount(d)
-		done()
-		if err != nil {
+		if err := n.unmountUnlocking(d); err != nil {
 			n.log.Warn("unmount after linger failed", "key", d, "error", err.Error())
 			return
 		}
 		n.log.Info("unmounted after linger", "key", d)
 	})
+}
+
+// unmountUnlocking unmounts mount key k, marked as being unmounted
+// meanwhile (startUnmountLocked). Call with n.mu held; it returns with n.mu
+// released, and the mounter's error.
+func (n *Node) unmountUnlocking(k string) error {
+	done := n.startUnmountLocked(k)
+	n.mu.Unlock()
+	defer done()
+	return n.unmount(k)
 }
 
 // startUnmountLocked marks mount key k as being unmounted until the
@@ -247,16 +253,10 @@ func (n *Node) keepLocked(d string) {
 // checks they can read it, and binds the digest's mount read-only at the
 // target path.
 func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	if err := checkSizes("volume id", req.GetVolumeId(), "target path", req.GetTargetPath(), AttrRef, req.GetVolumeContext()[AttrRef]); err != nil {
+	if err := checkRequest(req.GetVolumeId(), "target path", req.GetTargetPath(), AttrRef, req.GetVolumeContext()[AttrRef]); err != nil {
 		return nil, err
 	}
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id missing")
-	}
 	tp := req.GetTargetPath()
-	if tp == "" {
-		return nil, status.Error(codes.InvalidArgument, "target path missing")
-	}
 	vc := req.GetVolumeCapability()
 	if vc == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume capability missing")
@@ -438,11 +438,7 @@ func (n *Node) abandon(info MountInfo) {
 		n.mu.Unlock()
 		return
 	}
-	done := n.startUnmountLocked(k)
-	n.mu.Unlock()
-	err := n.unmount(k)
-	done()
-	if err != nil {
+	if err := n.unmountUnlocking(k); err != nil {
 		n.log.Warn("unmount after a failed publish", "key", k, "error", err.Error())
 		n.mu.Lock()
 		n.lingerLocked(k)
@@ -473,16 +469,10 @@ func (n *Node) podCredentials(ctx context.Context, ref oci.Ref, secrets map[stri
 // last reference of a digest unmounts it after the linger. It acts only on
 // targets this plugin recorded: any other path is left as it is.
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	if err := checkSizes("volume id", req.GetVolumeId(), "target path", req.GetTargetPath()); err != nil {
+	if err := checkRequest(req.GetVolumeId(), "target path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id missing")
-	}
 	tp := req.GetTargetPath()
-	if tp == "" {
-		return nil, status.Error(codes.InvalidArgument, "target path missing")
-	}
 	if err := n.checkTargetPath(tp); err != nil {
 		return nil, err
 	}
@@ -511,16 +501,10 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 
 // NodeGetVolumeStats reports the volume's size: its bytes and its entries.
 func (n *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	if err := checkSizes("volume id", req.GetVolumeId(), "volume path", req.GetVolumePath()); err != nil {
+	if err := checkRequest(req.GetVolumeId(), "volume path", req.GetVolumePath()); err != nil {
 		return nil, err
 	}
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume id missing")
-	}
 	p := req.GetVolumePath()
-	if p == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume path missing")
-	}
 	t, ok := n.ts.read(p)
 	if !ok || t.VolumeID != req.GetVolumeId() {
 		return nil, status.Errorf(codes.NotFound, "volume %s is not published at %s", req.GetVolumeId(), p)

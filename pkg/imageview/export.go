@@ -41,8 +41,12 @@ type ExportedLayer struct {
 // repository ref names, opened as t, and attaches it there as a referrer.
 // When dst names another repository (opened with dstOpt, a layout created
 // if missing) the image is pushed there too; a tag of dst is pointed at
-// it. A zero dst is the volume's repository, untagged.
+// it. A zero dst is the volume's repository, untagged; a dst with a digest
+// is refused (ErrDestinationDigest).
 func Export(ctx context.Context, t oci.Target, ref oci.Ref, root ocispec.Descriptor, rootBytes int64, dst oci.Ref, dstOpt oci.Options, opt Options) (*Exported, error) {
+	if dst.Digest != "" {
+		return nil, fmt.Errorf("%s: %w", dst, ErrDestinationDigest)
+	}
 	start := time.Now()
 	ver, err := layout.Open(ctx, t, root)
 	if err != nil {

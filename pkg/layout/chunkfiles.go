@@ -50,142 +50,33 @@ func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) err
 // chunkFile cuts one large file into chunks and hands each to submit.
 func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(chunkJob) error) error {
 	e := b.entries[i]
-	path := e.Path
 	if c, ok := b.opt.Cache.Lookup(e.Path, e.Stat); ok && c.Chunks != nil && b.buffer == nil {
-		var off int64
-		res := fileChunks{digest: c.Digest}
-		for _, ch := range c.Chunks {
-			if err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{path, off, ch.Size}}}); err != nil {
-				return err
-			}
-			res.extents = append(res.extents, extentRef{chunk: ch, length: ch.Size})
-			off += ch.Size
-		}
-		b.results[i] = res
-		b.opt.Counters.Processed.Add(e.Size)
-		return nil
+		return b.chunkFileCached(i, c, submit)
 	}
-	ra, err := b.src.Open(ctx, path)
+	ra, err := b.src.Open(ctx, e.Path)
 	if err != nil {
 		return err
 	}
 	defer ra.Close()
-	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
-	var cuts []int64
-	cdc := true
+	fc := &fileCut{b: b, path: e.Path, ra: ra, submit: submit, cdc: true,
+		chunkHash: sha256.New(), cut: newCutter(b.opt.Params)}
 	if IsSafetensors(e.Path) {
 		if hdrEnd, ts, err := ReadSafetensorsHeader(ra, e.Size); err == nil {
 			// The header says where every tensor is: cut there, and
 			// at fixed offsets inside big tensors, with no rolling hash.
-			cuts = tensorBoundaries(hdrEnd, ts, e.Size, b.opt.Params)
-			cdc = false
+			fc.cuts = tensorBoundaries(hdrEnd, ts, e.Size, b.opt.Params)
+			fc.cdc = false
 		}
 	}
-	// Each byte is hashed twice, for its chunk and for the file; the
-	// file's hash starts as a copy of its first chunk's state (the same
-	// bytes from the same start), and a chunk's head edge digest is the
-	// chunk's state after EdgeBytes, so neither is hashed again.
-	var fileHash hash.Hash // nil until the first chunk ends
-	chunkHash := sha256.New()
-	var head digest.Digest // of the current chunk, once it has EdgeBytes
-	cut := newCutter(b.opt.Params)
-	var (
-		pos, start int64
-		res        fileChunks
-		held       []byte // the current chunk's bytes, for remote sources
-	)
-	emitChunk := func() error {
-		n := pos - start
-		if n == 0 {
-			return nil
-		}
-		if fileHash == nil {
-			h, err := cloneHash(chunkHash)
-			if err != nil {
-				return err
-			}
-			fileHash = h
-		}
-		ch := Chunk{Digest: digest.NewDigest(digest.SHA256, chunkHash), Size: n}
-		chunkHash.Reset()
-		if n >= EdgeMinChunk {
-			ch.Head = head
-			tail := held
-			if tail == nil {
-				tail = make([]byte, EdgeBytes)
-				k, err := ra.ReadAt(tail, start+n-EdgeBytes)
-				switch {
-				case err == io.EOF && k == len(tail):
-				case err == io.EOF:
-					return fmt.Errorf("%s: %w", path, ErrFileChanged)
-				case err != nil:
-					return fmt.Errorf("read %s: %w", path, err)
-				}
-			}
-			ch.Tail = digest.FromBytes(tail[len(tail)-EdgeBytes:])
-		}
-		head = ""
-		cut.reset()
-		res.extents = append(res.extents, extentRef{chunk: ch, length: n})
-		job := chunkJob{Chunk: ch, src: []section{{path, start, n}}}
-		if b.buffer != nil {
-			if err := b.buffer.Acquire(ctx, min(n, bufferBudget)); err != nil {
-				return err
-			}
-			job.data, held = held, nil
-		}
-		err := b.emit(submit, job)
-		start = pos
-		return err
-	}
+	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		n, rerr := io.ReadFull(f, buf)
 		if n > 0 {
-			data := buf[:n]
-			for len(data) > 0 {
-				lim := len(data)
-				forced := false
-				for len(cuts) > 0 && cuts[0] <= pos {
-					cuts = cuts[1:]
-				}
-				if len(cuts) > 0 && cuts[0]-pos <= int64(lim) {
-					lim = int(cuts[0] - pos)
-					forced = true
-				}
-				k, end := lim, false
-				if cdc {
-					k, end = cut.next(data[:lim])
-				}
-				if fileHash != nil {
-					fileHash.Write(data[:k])
-				}
-				if in := pos - start; in < EdgeBytes && in+int64(k) >= EdgeBytes {
-					// The chunk reaches EdgeBytes in this piece: its state
-					// there is the head edge's digest.
-					h := int(EdgeBytes - in)
-					chunkHash.Write(data[:h])
-					hh, err := cloneHash(chunkHash)
-					if err != nil {
-						return err
-					}
-					head = digest.NewDigest(digest.SHA256, hh)
-					chunkHash.Write(data[h:k])
-				} else {
-					chunkHash.Write(data[:k])
-				}
-				if b.buffer != nil {
-					held = append(held, data[:k]...)
-				}
-				pos += int64(k)
-				data = data[k:]
-				if end || (forced && k == lim) {
-					if err := emitChunk(); err != nil {
-						return err
-					}
-				}
+			if err := fc.feed(ctx, buf[:n]); err != nil {
+				return err
 			}
 			b.opt.Counters.Processed.Add(int64(n))
 		}
@@ -193,16 +84,17 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 			break
 		}
 		if rerr != nil {
-			return fmt.Errorf("read %s: %w", path, rerr)
+			return fmt.Errorf("read %s: %w", e.Path, rerr)
 		}
 	}
-	if pos != e.Size {
-		return fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, e.Size, pos)
+	if fc.pos != e.Size {
+		return fmt.Errorf("%s: %w (size %d, read %d)", e.Path, ErrFileChanged, e.Size, fc.pos)
 	}
-	if err := emitChunk(); err != nil {
+	if err := fc.emit(ctx); err != nil {
 		return err
 	}
-	res.digest = digest.NewDigest(digest.SHA256, fileHash)
+	res := fc.res
+	res.digest = digest.NewDigest(digest.SHA256, fc.fileHash)
 	b.results[i] = res
 	chunks := make([]Chunk, len(res.extents))
 	for k, x := range res.extents {
@@ -210,6 +102,160 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	}
 	b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: res.digest, Chunks: chunks})
 	return nil
+}
+
+// chunkFileCached hands on the chunks the stat cache records for file i,
+// unchanged since, without reading it.
+func (b *builder) chunkFileCached(i int, c CachedFile, submit func(chunkJob) error) error {
+	e := b.entries[i]
+	var off int64
+	res := fileChunks{digest: c.Digest}
+	for _, ch := range c.Chunks {
+		if err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{e.Path, off, ch.Size}}}); err != nil {
+			return err
+		}
+		res.extents = append(res.extents, extentRef{chunk: ch, length: ch.Size})
+		off += ch.Size
+	}
+	b.results[i] = res
+	b.opt.Counters.Processed.Add(e.Size)
+	return nil
+}
+
+// fileCut is one large file being cut into chunks as its bytes are read.
+//
+// Each byte is hashed twice, for its chunk and for the file; the file's
+// hash starts as a copy of its first chunk's state (the same bytes from
+// the same start), and a chunk's head edge digest is the chunk's state
+// after EdgeBytes, so neither is hashed again.
+type fileCut struct {
+	b      *builder
+	path   string
+	ra     ReadAtCloser
+	submit func(chunkJob) error
+	cuts   []int64 // forced cut offsets (tensor boundaries), ascending
+	cdc    bool    // cut by content where no forced cut is due
+
+	fileHash   hash.Hash // nil until the first chunk ends
+	chunkHash  hash.Hash
+	head       digest.Digest // of the current chunk, once it has EdgeBytes
+	cut        *cutter
+	pos, start int64 // bytes read; where the current chunk starts
+	res        fileChunks
+	held       []byte // the current chunk's bytes, for remote sources
+}
+
+// feed hashes data, the file's next bytes, and emits each chunk that ends
+// in it.
+func (fc *fileCut) feed(ctx context.Context, data []byte) error {
+	for len(data) > 0 {
+		lim := len(data)
+		forced := false
+		for len(fc.cuts) > 0 && fc.cuts[0] <= fc.pos {
+			fc.cuts = fc.cuts[1:]
+		}
+		if len(fc.cuts) > 0 && fc.cuts[0]-fc.pos <= int64(lim) {
+			lim = int(fc.cuts[0] - fc.pos)
+			forced = true
+		}
+		k, end := lim, false
+		if fc.cdc {
+			k, end = fc.cut.next(data[:lim])
+		}
+		if err := fc.hash(data[:k]); err != nil {
+			return err
+		}
+		if fc.b.buffer != nil {
+			fc.held = append(fc.held, data[:k]...)
+		}
+		fc.pos += int64(k)
+		data = data[k:]
+		if end || (forced && k == lim) {
+			if err := fc.emit(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// hash adds p, bytes of the current chunk, to the file's and the chunk's
+// hashes, and takes the head edge's digest where the chunk reaches
+// EdgeBytes.
+func (fc *fileCut) hash(p []byte) error {
+	if fc.fileHash != nil {
+		fc.fileHash.Write(p)
+	}
+	in := fc.pos - fc.start
+	if in >= EdgeBytes || in+int64(len(p)) < EdgeBytes {
+		fc.chunkHash.Write(p)
+		return nil
+	}
+	h := int(EdgeBytes - in)
+	fc.chunkHash.Write(p[:h])
+	hh, err := cloneHash(fc.chunkHash)
+	if err != nil {
+		return err
+	}
+	fc.head = digest.NewDigest(digest.SHA256, hh)
+	fc.chunkHash.Write(p[h:])
+	return nil
+}
+
+// emit ends the current chunk (if it has bytes) and hands it on.
+func (fc *fileCut) emit(ctx context.Context) error {
+	n := fc.pos - fc.start
+	if n == 0 {
+		return nil
+	}
+	if fc.fileHash == nil {
+		h, err := cloneHash(fc.chunkHash)
+		if err != nil {
+			return err
+		}
+		fc.fileHash = h
+	}
+	ch := Chunk{Digest: digest.NewDigest(digest.SHA256, fc.chunkHash), Size: n}
+	fc.chunkHash.Reset()
+	if n >= EdgeMinChunk {
+		ch.Head = fc.head
+		tail, err := fc.tail(n)
+		if err != nil {
+			return err
+		}
+		ch.Tail = digest.FromBytes(tail[len(tail)-EdgeBytes:])
+	}
+	fc.head = ""
+	fc.cut.reset()
+	fc.res.extents = append(fc.res.extents, extentRef{chunk: ch, length: n})
+	job := chunkJob{Chunk: ch, src: []section{{fc.path, fc.start, n}}}
+	if fc.b.buffer != nil {
+		if err := fc.b.buffer.Acquire(ctx, min(n, bufferBudget)); err != nil {
+			return err
+		}
+		job.data, fc.held = fc.held, nil
+	}
+	err := fc.b.emit(fc.submit, job)
+	fc.start = fc.pos
+	return err
+}
+
+// tail returns bytes ending the current chunk of n bytes, at least
+// EdgeBytes of them: the chunk held, or its last EdgeBytes read again.
+func (fc *fileCut) tail(n int64) ([]byte, error) {
+	if fc.held != nil {
+		return fc.held, nil
+	}
+	tail := make([]byte, EdgeBytes)
+	k, err := fc.ra.ReadAt(tail, fc.start+n-EdgeBytes)
+	switch {
+	case err == io.EOF && k == len(tail):
+	case err == io.EOF:
+		return nil, fmt.Errorf("%s: %w", fc.path, ErrFileChanged)
+	case err != nil:
+		return nil, fmt.Errorf("read %s: %w", fc.path, err)
+	}
+	return tail, nil
 }
 
 // cloneHash returns a copy of h's state.

@@ -137,7 +137,7 @@ func (w *dirComparer) entry(ctx context.Context, dfd int, name, p string) error 
 	}
 	switch f.Type {
 	case TypeSymlink:
-		target, err := readlinkAt(dfd, name)
+		target, err := beneath.Readlink(dfd, name, MaxTargetBytes)
 		if err != nil {
 			return &os.PathError{Op: "readlink", Path: w.full(p), Err: err}
 		}
@@ -226,14 +226,3 @@ func fileDigestAt(dfd int, name, full string, buf []byte) (digest.Digest, error)
 func isDir(st *unix.Stat_t) bool     { return st.Mode&unix.S_IFMT == unix.S_IFDIR }
 func isRegular(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFREG }
 func isSymlink(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFLNK }
-
-// readlinkAt reads the symlink name in the directory dfd, up to the longest
-// target an index may hold.
-func readlinkAt(dfd int, name string) (string, error) {
-	buf := make([]byte, maxTargetBytes+1)
-	n, err := unix.Readlinkat(dfd, name, buf)
-	if err != nil {
-		return "", err
-	}
-	return string(buf[:n]), nil
-}

@@ -53,7 +53,7 @@ const (
 	MaxChunks      = 10_000_000
 	MaxChunkBytes  = 256 << 20 // largest chunk accepted
 	maxPathBytes   = 4096
-	maxTargetBytes = 4096
+	MaxTargetBytes = 4096 // longest symbolic link target accepted
 )
 
 // Entry types.
@@ -425,7 +425,7 @@ func Reserved(p string) bool {
 // CheckSymlink returns an error when a symlink at path p with the given
 // target would resolve outside the volume root.
 func CheckSymlink(p, target string) error {
-	if target == "" || len(target) > maxTargetBytes || strings.IndexByte(target, 0) >= 0 || !utf8.ValidString(target) {
+	if target == "" || len(target) > MaxTargetBytes || strings.IndexByte(target, 0) >= 0 || !utf8.ValidString(target) {
 		return refuse("symlink %q: bad target %q", p, target)
 	}
 	if strings.HasPrefix(target, "/") {

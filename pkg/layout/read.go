@@ -28,7 +28,8 @@ const maxParts = 20000
 const maxManifestLayers = 1 << 16
 
 // Version is a sealed version opened for reading: its root and its
-// validated index, whose chunks it names as blobs with Chunk.
+// validated index, whose chunks it names as blobs with Chunk. (A version
+// as a listing reports it, with its tags, is a versions.Version.)
 type Version struct {
 	Root  ocispec.Descriptor
 	Index *Index
@@ -65,98 +66,22 @@ func OpenWith(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor,
 		return nil, fmt.Errorf("%s: artifactType %q: %w", desc.Digest, root.ArtifactType, ErrNotVolume)
 	}
 	v := &Version{Root: desc, Meta: []ocispec.Descriptor{desc}}
-	var parts []ocispec.Descriptor
-	first := root
-	switch root.MediaType {
-	case ocispec.MediaTypeImageManifest:
-		if len(root.Manifests) > 0 {
-			return nil, fmt.Errorf("%s: %w: a manifest that lists manifests", desc.Digest, ErrInvalidIndex)
-		}
-	case ocispec.MediaTypeImageIndex:
-		if root.NumLayers > 0 || len(root.Manifests) == 0 {
-			return nil, fmt.Errorf("%s: %w: %d part manifests", desc.Digest, ErrInvalidIndex, len(root.Manifests))
-		}
-		parts = root.Manifests
-		seen := make(map[digest.Digest]bool, len(parts))
-		for _, pd := range parts {
-			if seen[pd.Digest] {
-				return nil, fmt.Errorf("part %s of %s: %w: listed twice", pd.Digest, desc.Digest, ErrInvalidIndex)
-			}
-			seen[pd.Digest] = true
-		}
-		if first, err = fetchPart(ctx, src, desc, parts[0]); err != nil {
-			return nil, err
-		}
-		v.Meta = append(v.Meta, parts[0])
-	default:
-		return nil, fmt.Errorf("%s: media type %q: %w", desc.Digest, root.MediaType, ErrNotVolume)
+	parts, first, err := v.firstPart(ctx, src, root)
+	if err != nil {
+		return nil, err
 	}
 	if first.Config.Digest != "" {
 		v.Meta = append(v.Meta, first.Config)
 	}
-	ix := first.First
-	if first.NumLayers == 0 || (ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2) {
-		return nil, fmt.Errorf("%s: %w: first layer is not a file index", desc.Digest, ErrNotVolume)
+	m := &layerCheck{src: src, v: v}
+	if m.x, m.rd, err = v.readIndex(ctx, src, first, opt.SkipEdges); err != nil {
+		return nil, err
 	}
-	v2 := ix.MediaType == MediaTypeIndexV2
-	limit := int64(MaxIndexBytes)
-	if v2 {
-		limit = MaxTopIndexBytes
-	}
-	if ix.Size <= 0 || ix.Size > limit {
-		return nil, fmt.Errorf("%s: %w: file index of %d bytes", desc.Digest, ErrInvalidIndex, ix.Size)
-	}
-	v.Meta = append(v.Meta, ix)
-	b, err := fetchAll(ctx, src, ix)
-	if err != nil {
-		return nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
-	}
-	var (
-		x  *Index
-		rd *v2Reader
-	)
-	if v2 {
-		top, err := decodeTop(b)
-		if err != nil {
-			return nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
-		}
-		rd = newV2Reader(top, opt.SkipEdges)
-		x = rd.x
-	} else if x, err = DecodeIndex(b); err != nil {
-		return nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
-	}
-	b = nil
 	// The layers after the index are the pieces (version 2), in the order
 	// the top-level index lists them, then the chunks in index order. Each
 	// piece is read when its layer comes, so every piece is known before the
 	// first chunk layer is checked.
-	next := 0
-	match := func(ll layer) error {
-		if rd != nil && rd.next < len(rd.top.Pieces) {
-			l := ll.desc()
-			p := rd.top.Pieces[rd.next]
-			if l.Digest != p.Digest || l.Size != p.Size || l.MediaType != MediaTypePiece {
-				return fmt.Errorf("%s: %w: layer %s does not match index piece %s", desc.Digest, ErrInvalidIndex, l.Digest, p.Digest)
-			}
-			pb, err := fetchAll(ctx, src, l)
-			if err != nil {
-				return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
-			}
-			if err := rd.add(pb); err != nil {
-				return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
-			}
-			v.Meta = append(v.Meta, l)
-			return nil
-		}
-		if next >= x.NumChunks() {
-			return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, x.NumChunks())
-		}
-		if sum, size, ok := ll.chunk(); !ok || !x.chunkIs(next, &sum, size) {
-			return fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, next+1, ll.desc().Digest, x.ChunkDigest(next))
-		}
-		next++
-		return nil
-	}
+	match := func(l layer) error { return m.match(ctx, l) }
 	err = first.eachLayer(func(l layer) error {
 		if l.i == 0 {
 			return nil // the file index, read above
@@ -179,19 +104,139 @@ func OpenWith(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor,
 			return nil, err
 		}
 	}
-	if rd != nil {
-		if _, err := rd.done(); err != nil {
-			return nil, fmt.Errorf("%s: %w", desc.Digest, err)
+	if err := m.finish(opt.SkipEdges); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// firstPart checks the root's form and returns its part manifests (none
+// for a single manifest) and the manifest that starts with the file index:
+// the root itself, or its first part, fetched.
+func (v *Version) firstPart(ctx context.Context, src content.Fetcher, root *manifestOrIndex) ([]ocispec.Descriptor, *manifestOrIndex, error) {
+	desc := v.Root
+	switch root.MediaType {
+	case ocispec.MediaTypeImageManifest:
+		if len(root.Manifests) > 0 {
+			return nil, nil, fmt.Errorf("%s: %w: a manifest that lists manifests", desc.Digest, ErrInvalidIndex)
+		}
+		return nil, root, nil
+	case ocispec.MediaTypeImageIndex:
+		if root.NumLayers > 0 || len(root.Manifests) == 0 {
+			return nil, nil, fmt.Errorf("%s: %w: %d part manifests", desc.Digest, ErrInvalidIndex, len(root.Manifests))
+		}
+		parts := root.Manifests
+		seen := make(map[digest.Digest]bool, len(parts))
+		for _, pd := range parts {
+			if seen[pd.Digest] {
+				return nil, nil, fmt.Errorf("part %s of %s: %w: listed twice", pd.Digest, desc.Digest, ErrInvalidIndex)
+			}
+			seen[pd.Digest] = true
+		}
+		first, err := fetchPart(ctx, src, desc, parts[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		v.Meta = append(v.Meta, parts[0])
+		return parts, first, nil
+	}
+	return nil, nil, fmt.Errorf("%s: media type %q: %w", desc.Digest, root.MediaType, ErrNotVolume)
+}
+
+// readIndex fetches and decodes the file index, the first layer of first:
+// a whole index (version 1), or the top-level index of a version 2 one,
+// with the reader its pieces are added to.
+func (v *Version) readIndex(ctx context.Context, src content.Fetcher, first *manifestOrIndex, skipEdges bool) (*Index, *v2Reader, error) {
+	desc := v.Root
+	ix := first.First
+	if first.NumLayers == 0 || (ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2) {
+		return nil, nil, fmt.Errorf("%s: %w: first layer is not a file index", desc.Digest, ErrNotVolume)
+	}
+	v2 := ix.MediaType == MediaTypeIndexV2
+	limit := int64(MaxIndexBytes)
+	if v2 {
+		limit = MaxTopIndexBytes
+	}
+	if ix.Size <= 0 || ix.Size > limit {
+		return nil, nil, fmt.Errorf("%s: %w: file index of %d bytes", desc.Digest, ErrInvalidIndex, ix.Size)
+	}
+	v.Meta = append(v.Meta, ix)
+	b, err := fetchAll(ctx, src, ix)
+	if err != nil {
+		return nil, nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
+	}
+	if !v2 {
+		x, err := DecodeIndex(b)
+		if err != nil {
+			return nil, nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
+		}
+		return x, nil, nil
+	}
+	top, err := decodeTop(b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
+	}
+	rd := newV2Reader(top, skipEdges)
+	return rd.x, rd, nil
+}
+
+// layerCheck matches the layers after the file index, in order, against
+// the index: its pieces first (version 2), read as they come, then one
+// layer per chunk.
+type layerCheck struct {
+	src  content.Fetcher
+	v    *Version
+	x    *Index
+	rd   *v2Reader // nil for a version 1 index
+	next int       // chunks matched
+}
+
+// match checks the next layer ll.
+func (m *layerCheck) match(ctx context.Context, ll layer) error {
+	desc, x, rd := m.v.Root, m.x, m.rd
+	if rd != nil && rd.next < len(rd.top.Pieces) {
+		l := ll.desc()
+		p := rd.top.Pieces[rd.next]
+		if l.Digest != p.Digest || l.Size != p.Size || l.MediaType != MediaTypePiece {
+			return fmt.Errorf("%s: %w: layer %s does not match index piece %s", desc.Digest, ErrInvalidIndex, l.Digest, p.Digest)
+		}
+		pb, err := fetchAll(ctx, m.src, l)
+		if err != nil {
+			return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
+		}
+		if err := rd.add(pb); err != nil {
+			return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
+		}
+		m.v.Meta = append(m.v.Meta, l)
+		return nil
+	}
+	if m.next >= x.NumChunks() {
+		return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, x.NumChunks())
+	}
+	if sum, size, ok := ll.chunk(); !ok || !x.chunkIs(m.next, &sum, size) {
+		return fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, m.next+1, ll.desc().Digest, x.ChunkDigest(m.next))
+	}
+	m.next++
+	return nil
+}
+
+// finish checks that every piece and every chunk had its layer, and sets
+// the version's index, compacted.
+func (m *layerCheck) finish(skipEdges bool) error {
+	desc := m.v.Root
+	if m.rd != nil {
+		if _, err := m.rd.done(); err != nil {
+			return fmt.Errorf("%s: %w", desc.Digest, err)
 		}
 	}
-	if next != x.NumChunks() {
-		return nil, fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, next, x.NumChunks())
+	if m.next != m.x.NumChunks() {
+		return fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, m.next, m.x.NumChunks())
 	}
-	if err := x.compact(opt.SkipEdges); err != nil {
-		return nil, fmt.Errorf("%s: %w", desc.Digest, err)
+	if err := m.x.compact(skipEdges); err != nil {
+		return fmt.Errorf("%s: %w", desc.Digest, err)
 	}
-	v.Index = x
-	return v, nil
+	m.v.Index = m.x
+	return nil
 }
 
 // NumChunks returns the number of chunks of the version.

@@ -71,28 +71,36 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // bytes served and fetched (by registry and by mirror), evictions, size
 // and verification failures.
 func (m *Metrics) Cache(c *chunkcache.Cache) {
-	stat := func(f func(chunkcache.Stats) int64) func() float64 {
-		return func() float64 { return float64(f(c.Stats())) }
+	for _, k := range cacheCounters {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: k.name, Help: k.help},
+			func() float64 { return float64(k.stat(c.Stats())) }))
 	}
 	m.reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_hits_total", Help: "Chunk loads served from the node's cache."},
-			stat(func(s chunkcache.Stats) int64 { return s.Hits })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_misses_total", Help: "Chunk loads that fetched the chunk (from a mirror or the registry) and verified it."},
-			stat(func(s chunkcache.Stats) int64 { return s.Fetches })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_served_bytes_total", Help: "Bytes of chunk loads served from the cache."},
-			stat(func(s chunkcache.Stats) int64 { return s.HitBytes })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_evictions_total", Help: "Chunks evicted to keep the cache within its bound."},
-			stat(func(s chunkcache.Stats) int64 { return s.Evictions })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_verification_failures_total", Help: "Fetched chunks or cache entries whose bytes did not match their digest."},
-			stat(func(s chunkcache.Stats) int64 { return s.Corrupt })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_cache_store_errors_total", Help: "Verified chunks that could not be written to the cache (disk full)."},
-			stat(func(s chunkcache.Stats) int64 { return s.StoreErrors })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bdnvol_cache_size_bytes", Help: "Bytes in the node's chunk cache."},
 			func() float64 { return float64(c.Size()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bdnvol_cache_max_bytes", Help: "The bound of the node's chunk cache."},
 			func() float64 { return float64(c.Max()) }),
 		&fetchedCollector{m: m, c: c},
 	)
+}
+
+// cacheCounters are the counters of the chunk cache's Stats, by name.
+var cacheCounters = []struct {
+	name, help string
+	stat       func(chunkcache.Stats) int64
+}{
+	{"bdnvol_cache_hits_total", "Chunk loads served from the node's cache.",
+		func(s chunkcache.Stats) int64 { return s.Hits }},
+	{"bdnvol_cache_misses_total", "Chunk loads that fetched the chunk (from a mirror or the registry) and verified it.",
+		func(s chunkcache.Stats) int64 { return s.Fetches }},
+	{"bdnvol_cache_served_bytes_total", "Bytes of chunk loads served from the cache.",
+		func(s chunkcache.Stats) int64 { return s.HitBytes }},
+	{"bdnvol_cache_evictions_total", "Chunks evicted to keep the cache within its bound.",
+		func(s chunkcache.Stats) int64 { return s.Evictions }},
+	{"bdnvol_verification_failures_total", "Fetched chunks or cache entries whose bytes did not match their digest.",
+		func(s chunkcache.Stats) int64 { return s.Corrupt }},
+	{"bdnvol_cache_store_errors_total", "Verified chunks that could not be written to the cache (disk full).",
+		func(s chunkcache.Stats) int64 { return s.StoreErrors }},
 }
 
 // fetchedCollector splits the verified bytes the cache fetched into those

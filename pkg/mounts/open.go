@@ -1,19 +1,16 @@
 package mounts
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"time"
 
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
@@ -35,34 +32,15 @@ type OpenOptions struct {
 // Open resolves ref (a tag becomes a digest now) and opens the version it
 // names for lazy reading. It returns the volume and its pinned reference.
 func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, string, error) {
-	t, err := oci.Open(ctx, ref, opt.OCI)
+	o, err := origin.Resolve(ctx, ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy, Wrap: opt.Wrap, Preload: opt.Cache})
 	if err != nil {
 		return nil, "", err
 	}
-	// The manifest comes with the resolution (one round trip, not two):
-	// it goes into the cache, where the volume reads it.
-	desc, b, err := signature.ResolveBytes(ctx, t, ref, opt.Policy, layout.MaxManifestBytes)
-	if err != nil {
-		return nil, "", err
-	}
-	if b != nil && opt.Cache != nil {
-		if ch, err := opt.Cache.Load(ctx, bytesFetcher(b), desc); err == nil {
-			ch.Close()
-		}
-	}
-	var reg content.Fetcher = t
-	if opt.Wrap != nil && ref.Layout == "" {
-		reg = opt.Wrap("registry", ref.Registry, reg)
-	}
-	src, _, err := opt.Mirrors.Fetcher(ref, reg)
-	if err != nil {
-		return nil, "", err
-	}
-	vol, err := lazy.Open(ctx, src, desc, lazy.Options{Cache: opt.Cache, Jobs: opt.Jobs, FetchTimeout: opt.FetchTimeout})
+	vol, err := lazy.Open(ctx, o.Fetcher, o.Root, lazy.Options{Cache: opt.Cache, Jobs: opt.Jobs, FetchTimeout: opt.FetchTimeout})
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", ref, err)
 	}
-	return vol, ref.Pinned(desc.Digest), nil
+	return vol, o.Pinned(), nil
 }
 
 // Prefetcher turns a --prefetch value (none, headers, all, or
@@ -95,12 +73,4 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 		}
 		return g.Err()
 	}, nil
-}
-
-// bytesFetcher serves one blob whose bytes are already here; the cache
-// verifies them against the descriptor it asks for.
-type bytesFetcher []byte
-
-func (b bytesFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
-	return io.NopCloser(bytes.NewReader(b)), nil
 }

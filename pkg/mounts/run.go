@@ -153,7 +153,7 @@ func Run(ctx context.Context, targets []Target, opt RunOptions) error {
 // runOne resolves t's reference, opens the version and mounts it.
 func runOne(ctx context.Context, t Target, opt RunOptions) (*Served, error) {
 	if t.Ref.Layout != "" && len(opt.Open.Mirrors.URLs) > 0 {
-		opt.Serve.logf("%s is a local layout; --mirror is not used", t.Ref.Repo())
+		opt.Serve.logf("%s is a local layout; mirrors are not used", t.Ref.Repo())
 	}
 	o := opt.Open
 	o.Policy = t.Policy

@@ -167,7 +167,7 @@ func TestRunServesEveryTargetUntilCanceled(t *testing.T) {
 		t.Errorf("held %d, released %d; want 2 and 2", held, released)
 	}
 	joined := strings.Join(logs, "\n")
-	if strings.Count(joined, "is a local layout; --mirror is not used") != 2 || strings.Count(joined, "unmounted ") != 2 {
+	if strings.Count(joined, "is a local layout; mirrors are not used") != 2 || strings.Count(joined, "unmounted ") != 2 {
 		t.Errorf("logs:\n%s", joined)
 	}
 }

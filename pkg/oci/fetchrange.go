@@ -77,8 +77,5 @@ func (s *layoutStore) FetchRange(ctx context.Context, desc ocispec.Descriptor, o
 	if err != nil {
 		return nil, err
 	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.NewSectionReader(f, off, n), f}, nil
+	return readCloser{io.NewSectionReader(f, off, n), f}, nil
 }

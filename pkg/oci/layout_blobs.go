@@ -111,10 +111,13 @@ func (s *layoutStore) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Re
 	if err != nil {
 		return nil, err
 	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.LimitReader(f, desc.Size), f}, nil
+	return readCloser{io.LimitReader(f, desc.Size), f}, nil
+}
+
+// readCloser reads from one part of a file and closes the file.
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // Exists reports whether the blob desc is stored: a regular file of its
@@ -147,7 +150,7 @@ func (s *layoutStore) Exists(ctx context.Context, desc ocispec.Descriptor) (bool
 // Push stores a blob, verifying its size and digest, and records a manifest
 // in index.json.
 func (s *layoutStore) Push(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
-	manifest := isManifest(desc.MediaType)
+	manifest := IsManifest(desc.MediaType)
 	if desc.Size < 0 || manifest && desc.Size > MaxManifestBytes {
 		return fmt.Errorf("%s: push %s: size %d: %w", s.root, desc.Digest, desc.Size, errdef.ErrSizeExceedsLimit)
 	}

@@ -230,7 +230,7 @@ func checkManifestDesc(d ocispec.Descriptor) error {
 	if err := d.Digest.Validate(); err != nil {
 		return fmt.Errorf("descriptor %q: %w: %v", d.Digest, ErrInvalidLayout, err)
 	}
-	if !isManifest(d.MediaType) {
+	if !IsManifest(d.MediaType) {
 		return fmt.Errorf("descriptor %s: %w: media type %q is not a manifest's", d.Digest, ErrInvalidLayout, d.MediaType)
 	}
 	if d.Size <= 0 || d.Size > MaxManifestBytes {
@@ -308,7 +308,7 @@ func (s *layoutStore) resolveBlob(d digest.Digest) (ocispec.Descriptor, error) {
 			var m struct {
 				MediaType string `json:"mediaType"`
 			}
-			if json.Unmarshal(b, &m) == nil && isManifest(m.MediaType) {
+			if json.Unmarshal(b, &m) == nil && IsManifest(m.MediaType) {
 				desc.MediaType = m.MediaType
 			}
 		}
@@ -561,7 +561,7 @@ func LayoutReachable(ctx context.Context, dir string) (map[digest.Digest]bool, e
 			continue
 		}
 		reach[d.Digest] = true
-		if !isManifest(d.MediaType) {
+		if !IsManifest(d.MediaType) {
 			continue
 		}
 		b, err := s.fetchManifest(d)

@@ -233,7 +233,7 @@ func (m *mirror) markDown(d time.Duration) {
 func (f *MirrorFetcher) blobURL(m *mirror, desc ocispec.Descriptor) string {
 	u := *m.base
 	kind := "blobs"
-	if isManifest(desc.MediaType) {
+	if IsManifest(desc.MediaType) {
 		kind = "manifests"
 	}
 	u.Path = u.Path + "/" + strings.Trim(f.opt.Repository, "/") + "/" + kind + "/" + desc.Digest.String()
@@ -250,7 +250,7 @@ func (f *MirrorFetcher) fetchFrom(ctx context.Context, m *mirror, desc ocispec.D
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %v", ErrMirror, m.name, err)
 	}
-	if isManifest(desc.MediaType) {
+	if IsManifest(desc.MediaType) {
 		req.Header.Set("Accept", desc.MediaType)
 	}
 	resp, err := m.client.Do(req)

@@ -49,7 +49,7 @@ func Referrers(ctx context.Context, t Target, subject ocispec.Descriptor, artifa
 		return nil, fmt.Errorf("referrers of %s: %w", subject.Digest, err)
 	}
 	for _, d := range preds {
-		if !isManifest(d.MediaType) || d.Size <= 0 || d.Size > MaxManifestBytes {
+		if !IsManifest(d.MediaType) || d.Size <= 0 || d.Size > MaxManifestBytes {
 			continue
 		}
 		b, err := verify.Fetch(ctx, pf, "", d)

@@ -44,7 +44,7 @@ type repository struct {
 // is uploaded with retries and resumption; other content goes to oras-go.
 func (r *repository) Push(ctx context.Context, desc ocispec.Descriptor, content io.Reader) error {
 	ra, ok := content.(io.ReaderAt)
-	if !ok || isManifest(desc.MediaType) {
+	if !ok || IsManifest(desc.MediaType) {
 		return r.Repository.Push(ctx, desc, content)
 	}
 	src := &sourceReaderAt{r: ra}
@@ -98,7 +98,9 @@ func (s *sourceReaderAt) failure() error {
 	return s.err
 }
 
-func isManifest(mt string) bool {
+// IsManifest reports whether mt is the media type of an OCI or Docker
+// manifest or index (stored under /manifests/, not /blobs/).
+func IsManifest(mt string) bool {
 	switch mt {
 	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
 		"application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json":

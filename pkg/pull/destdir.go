@@ -238,7 +238,7 @@ func (d *destDir) ensureSymlink(rel, target string) error {
 	}
 	if ok {
 		if isSymlink(&st) {
-			if cur, err := readlinkAt(pfd, base); err == nil && cur == target {
+			if cur, err := beneath.Readlink(pfd, base, layout.MaxTargetBytes); err == nil && cur == target {
 				return nil
 			}
 		}

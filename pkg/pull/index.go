@@ -3,8 +3,6 @@ package pull
 import (
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -79,17 +77,4 @@ func parentOf(p string) string {
 		return p[:i]
 	}
 	return ""
-}
-
-// maxTargetBytes is the longest symlink target an index may hold.
-const maxTargetBytes = 4096
-
-// readlinkAt reads the symlink name in the directory dfd.
-func readlinkAt(dfd int, name string) (string, error) {
-	buf := make([]byte, maxTargetBytes+1)
-	n, err := unix.Readlinkat(dfd, name, buf)
-	if err != nil {
-		return "", err
-	}
-	return string(buf[:n]), nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
@@ -95,21 +96,14 @@ type Result struct {
 // writes the version's tree into dir (created if missing).
 func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, error) {
 	start := time.Now()
-	t, err := oci.Open(ctx, ref, opt.OCI)
-	if err != nil {
-		return nil, err
-	}
-	desc, err := signature.Resolve(ctx, t, ref, opt.Policy)
-	if err != nil {
-		return nil, err
-	}
 	if ref.Layout != "" && len(opt.Mirrors.URLs) > 0 && opt.Logf != nil {
-		opt.Logf("%s is a local layout; --mirror is not used", ref.Repo())
+		opt.Logf("%s is a local layout; mirrors are not used", ref.Repo())
 	}
-	src, mirrors, err := opt.Mirrors.Fetcher(ref, t)
+	o, err := origin.Resolve(ctx, ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy})
 	if err != nil {
 		return nil, err
 	}
+	desc, src, mirrors := o.Root, o.Fetcher, o.Mirrors
 	var cache *chunkcache.Cache
 	if opt.Cache != CacheOff {
 		// Without CacheFill nothing is added, so open with no bound: a

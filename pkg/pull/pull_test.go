@@ -115,7 +115,7 @@ func TestPullErrorsNameTheReference(t *testing.T) {
 		Logf:    func(f string, a ...any) { logs = append(logs, fmt.Sprintf(f, a...)) }}); err != nil {
 		t.Fatal(err)
 	}
-	if len(logs) != 1 || !strings.Contains(logs[0], "is a local layout; --mirror is not used") {
+	if len(logs) != 1 || !strings.Contains(logs[0], "is a local layout; mirrors are not used") {
 		t.Errorf("logs for a layout with mirrors: %q", logs)
 	}
 }

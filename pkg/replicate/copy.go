@@ -374,7 +374,7 @@ func (c *copier) addManifest(ctx context.Context, d ocispec.Descriptor, b []byte
 		if err := checkDesc(ch); err != nil {
 			return fmt.Errorf("manifest %s: %w", d.Digest, err)
 		}
-		if isManifest(ch.MediaType) {
+		if oci.IsManifest(ch.MediaType) {
 			if err := c.addManifest(ctx, ch, nil, depth+1); err != nil {
 				return err
 			}
@@ -389,15 +389,6 @@ func (c *copier) addManifest(ctx context.Context, d ocispec.Descriptor, b []byte
 	c.byDigest[d.Digest] = len(c.manifests)
 	c.manifests = append(c.manifests, manifest{desc: ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size, ArtifactType: n.ArtifactType}, b: b, at: n.ArtifactType})
 	return nil
-}
-
-func isManifest(mt string) bool {
-	switch mt {
-	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex,
-		"application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json":
-		return true
-	}
-	return false
 }
 
 // run sends the blobs, then the manifests children first, then the tags.

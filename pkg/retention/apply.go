@@ -33,7 +33,7 @@ func refCheck(ctx context.Context, src Sources, d digest.Digest, tags []string, 
 			return fmt.Errorf("re-reading references: %w", err)
 		}
 	}
-	if rs := KeepReasons(Version{Digest: d, Tags: tags}, refs, p); len(rs) > 0 {
+	if rs := KeepReasons(versions.Version{Digest: d, Tags: tags}, refs, p); len(rs) > 0 {
 		return fmt.Errorf("%w: %s", ErrKept, Decision{Reasons: rs}.Why())
 	}
 	return nil

@@ -317,9 +317,9 @@ func TestApplyRechecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var in []Version
+	var in []versions.Version
 	for _, v := range snapshot {
-		in = append(in, Version{Digest: v.Digest, Sealed: v.Sealed, Tags: v.Tags})
+		in = append(in, v)
 	}
 	// Keep nothing but what is tagged "keep-*": all three are planned for deletion.
 	plan, err := NewPlan(Input{Versions: in}, Policy{KeepTags: []string{"keep-*"}})
@@ -376,7 +376,7 @@ func TestConcurrentApply(t *testing.T) {
 	ctx := context.Background()
 	r := openLayout(t)
 	vs := threeVersions(t, r)
-	in := []Version{{Digest: vs[0].Root.Digest, Sealed: t0}, {Digest: vs[1].Root.Digest, Sealed: t0.Add(time.Minute)}}
+	in := []versions.Version{{Digest: vs[0].Root.Digest, Sealed: t0}, {Digest: vs[1].Root.Digest, Sealed: t0.Add(time.Minute)}}
 	plan, err := NewPlan(Input{Versions: in}, Policy{})
 	if err != nil {
 		t.Fatal(err)

@@ -10,14 +10,9 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-)
 
-// Version is what the policy needs to know about one live version.
-type Version struct {
-	Digest digest.Digest `json:"digest"`
-	Sealed time.Time     `json:"sealed"`
-	Tags   []string      `json:"tags"` // human tags pointing at it
-}
+	"github.com/bdnvol/bdnvol/pkg/versions"
+)
 
 // Deleted is a soft-deleted version: one tombstone and what it records.
 type Deleted struct {
@@ -131,7 +126,7 @@ func (w Warning) String() string { return w.Source + ": " + w.Ref + ": " + w.Tex
 
 // Input is the snapshot a plan is made from.
 type Input struct {
-	Versions   []Version
+	Versions   []versions.Version
 	Deleted    []Deleted
 	References []Reference
 	Now        time.Time // zero: time.Now()
@@ -159,7 +154,7 @@ func NewPlan(in Input, p Policy) (*Plan, error) {
 		now = time.Now()
 	}
 	vs := slices.Clone(in.Versions)
-	slices.SortStableFunc(vs, func(a, b Version) int {
+	slices.SortStableFunc(vs, func(a, b versions.Version) int {
 		if c := b.Sealed.Compare(a.Sealed); c != 0 {
 			return c
 		}
@@ -227,7 +222,7 @@ func NewPlan(in Input, p Policy) (*Plan, error) {
 			continue // restored or re-pushed: not deleted any more
 		}
 		d := Decision{Digest: r.Digest, Sealed: r.Sealed, Deleted: r.Deleted, Tags: nonNil(r.Tags), Record: r}
-		d.Reasons = KeepReasons(Version{Digest: r.Digest}, in.References, Policy{})
+		d.Reasons = KeepReasons(versions.Version{Digest: r.Digest}, in.References, Policy{})
 		switch {
 		case len(d.Reasons) > 0:
 			d.Action = ActionKeep
@@ -246,7 +241,7 @@ func NewPlan(in Input, p Policy) (*Plan, error) {
 // KeepReasons returns the reasons that keep v whatever its age: a human tag
 // matching p.KeepTags, a reference to its digest (or to one of its tags),
 // a running mount of it.
-func KeepReasons(v Version, refs []Reference, p Policy) []Reason {
+func KeepReasons(v versions.Version, refs []Reference, p Policy) []Reason {
 	reasons := []Reason{}
 	for _, tag := range v.Tags {
 		for _, g := range p.KeepTags {

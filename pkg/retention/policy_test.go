@@ -8,19 +8,21 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 var now = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 
 // six returns versions v1..v6 sealed a day apart, v6 newest, with digests
 // named after them; prod is on v5.
-func six() ([]Version, map[string]digest.Digest) {
+func six() ([]versions.Version, map[string]digest.Digest) {
 	ds := map[string]digest.Digest{}
-	var vs []Version
+	var vs []versions.Version
 	for i := 1; i <= 6; i++ {
 		name := fmt.Sprintf("v%d", i)
 		ds[name] = digest.FromString(name)
-		v := Version{Digest: ds[name], Sealed: now.Add(-time.Duration(7-i) * 24 * time.Hour)}
+		v := versions.Version{Digest: ds[name], Sealed: now.Add(-time.Duration(7-i) * 24 * time.Hour)}
 		if i == 5 {
 			v.Tags = []string{"prod"}
 		}

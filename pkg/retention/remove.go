@@ -60,12 +60,12 @@ func Remove(ctx context.Context, ref oci.Ref, ociOpt oci.Options, opt RemoveOpti
 				return err
 			}
 			var why []string
-			for _, r := range KeepReasons(Version{Digest: d, Tags: tags}, refs, Policy{}) {
+			for _, r := range KeepReasons(versions.Version{Digest: d, Tags: tags}, refs, Policy{}) {
 				why = append(why, r.Text)
 			}
 			if len(why) > 0 {
-				return fmt.Errorf("%s is still needed: %s; new replicas would fail to start without it (--force deletes it anyway)",
-					ref.Pinned(d), strings.Join(why, "; "))
+				return fmt.Errorf("%s is %w: %s; new replicas would fail to start without it",
+					ref.Pinned(d), ErrStillNeeded, strings.Join(why, "; "))
 			}
 			return nil
 		},
@@ -86,7 +86,12 @@ func Remove(ctx context.Context, ref oci.Ref, ociOpt oci.Options, opt RemoveOpti
 var ErrNoRepository = errors.New("name the repository too: HOST/REPO@DIGEST or oci:PATH@DIGEST")
 
 // ErrNoDigest is wrapped when a version to restore is named by a tag.
-var ErrNoDigest = errors.New("restore takes a digest (bdnvol versions --deleted lists them)")
+var ErrNoDigest = errors.New("restore takes a digest")
+
+// ErrStillNeeded is wrapped when a version to remove is still referenced
+// (a deploy file, a running mount, a protective tag) and removal is not
+// forced.
+var ErrStillNeeded = errors.New("still needed")
 
 // ParseRestoreRef parses the deleted version to restore: REPO@DIGEST, or
 // the repository s and the digest d apart (d "" when s holds both).
@@ -118,7 +123,7 @@ func RestoreRef(ctx context.Context, ref oci.Ref, ociOpt oci.Options) (tag strin
 	defer unlock()
 	tag, warn, err = Restore(ctx, t, ref.Digest, time.Now())
 	if errors.Is(err, ErrNoTombstone) {
-		return "", nil, fmt.Errorf("%s: %w (bdnvol versions --deleted lists what can be restored)", ref.Pinned(ref.Digest), ErrNoTombstone)
+		return "", nil, fmt.Errorf("%s: %w", ref.Pinned(ref.Digest), ErrNoTombstone)
 	}
 	return tag, warn, err
 }

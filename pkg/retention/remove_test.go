@@ -20,7 +20,7 @@ func TestRemoveRefusesANeededVersionUnlessForced(t *testing.T) {
 		return []Reference{{Source: "k8s.yaml:7", Ref: "x@" + d.String(), Digest: d}}, nil
 	}
 	_, err := Remove(ctx, ref, oci.Options{}, RemoveOptions{Sources: sources})
-	if err == nil || !strings.Contains(err.Error(), ref.Pinned(d)+" is still needed: ") || !strings.Contains(err.Error(), "k8s.yaml:7") {
+	if !errors.Is(err, ErrStillNeeded) || !strings.Contains(err.Error(), ref.Pinned(d)+" is still needed: ") || !strings.Contains(err.Error(), "k8s.yaml:7") {
 		t.Fatalf("Remove of a referenced version = %v", err)
 	}
 	if !slices.Contains(r.list(t), d) {
@@ -59,7 +59,7 @@ func TestRestoreRefBringsARemovedVersionBack(t *testing.T) {
 	d := v[0].Root.Digest
 	ref := oci.Ref{Layout: r.dir, Digest: d}
 	if _, _, err := RestoreRef(ctx, ref, oci.Options{}); !errors.Is(err, ErrNoTombstone) ||
-		!strings.HasPrefix(err.Error(), ref.Pinned(d)+": ") || !strings.Contains(err.Error(), "versions --deleted") {
+		!strings.HasPrefix(err.Error(), ref.Pinned(d)+": ") {
 		t.Fatalf("restore of a live version: %v", err)
 	}
 	if _, err := Remove(ctx, ref, oci.Options{}, RemoveOptions{}); err != nil {

@@ -18,9 +18,7 @@ func Snapshot(ctx context.Context, t oci.Target, sources Sources) (Input, error)
 	if err != nil {
 		return in, err
 	}
-	for _, v := range vs {
-		in.Versions = append(in.Versions, Version{Digest: v.Digest, Sealed: v.Sealed, Tags: v.Tags})
-	}
+	in.Versions = vs
 	if in.Deleted, err = ListDeleted(ctx, t); err != nil {
 		return in, err
 	}
@@ -54,7 +52,7 @@ func FileSources(repo oci.Ref, paths []string, stdin []byte, more func() []Refer
 }
 
 // ErrStdinTwice is returned when standard input is named twice as a source.
-var ErrStdinTwice = errors.New("--refs - given twice")
+var ErrStdinTwice = errors.New("standard input named twice")
 
 // PathSources is FileSources of paths where "-" names stdin, read once,
 // now.

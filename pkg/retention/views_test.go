@@ -34,9 +34,9 @@ func TestApplyDeletesImageViews(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var in []Version
+	var in []versions.Version
 	for _, v := range snapshot {
-		in = append(in, Version{Digest: v.Digest, Sealed: v.Sealed, Tags: v.Tags})
+		in = append(in, v)
 	}
 	plan, err := NewPlan(Input{Versions: in, Now: now}, Policy{KeepLast: 1})
 	if err != nil {

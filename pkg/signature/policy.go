@@ -81,7 +81,7 @@ func LoadPolicy(paths ...string) (Policy, error) {
 // ErrKeyName is wrapped, with one and the same message whatever the cause,
 // when a key named by a file name in a volume attribute is refused: so that
 // the attribute tells a pod nothing about which paths exist on the node.
-var ErrKeyName = errors.New("a key file is used only when it names a PEM public key under the node plugin's --key-dir " +
+var ErrKeyName = errors.New("a key file is used only when it names a PEM public key under the node plugin's key directory " +
 	"(none by default); give the key inline as PEM")
 
 // PolicyFromValue reads a key given inline as a PEM public key (a value

@@ -42,14 +42,6 @@ func (c netClass) String() string {
 	return "public"
 }
 
-// flag names the option that allows c.
-func (c netClass) flag() string {
-	if c&(classLinkLocal|classMetadata) != 0 {
-		return "--allow-link-local"
-	}
-	return "--allow-private-network"
-}
-
 // metadataAddrs are the addresses of cloud instance metadata services
 // (AWS, GCP, Azure, OpenStack; AWS's IPv6 one; Alibaba's).
 var metadataAddrs = map[netip.Addr]bool{
@@ -101,13 +93,18 @@ type AddressError struct {
 	class netClass
 }
 
-// Error names the host, the address, its kind and the flag that allows it.
+// LinkLocal reports whether the address is link-local (a cloud metadata
+// service among them), which Options.AllowLinkLocal allows; any other
+// refused address is private, which Options.AllowPrivateNetwork allows.
+func (e *AddressError) LinkLocal() bool { return e.class&(classLinkLocal|classMetadata) != 0 }
+
+// Error names the host, the address and its kind.
 func (e *AddressError) Error() string {
 	at := e.Host
 	if e.Addr.IsValid() && e.Addr.String() != e.Host {
 		at += " (" + e.Addr.String() + ")"
 	}
-	return fmt.Sprintf("refusing to connect to %s: a %s address (pass %s to allow it)", at, e.class, e.class.flag())
+	return fmt.Sprintf("refusing to connect to %s: a %s address", at, e.class)
 }
 
 // Unwrap returns ErrForbiddenAddress.

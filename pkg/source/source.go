@@ -219,7 +219,7 @@ func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
 		}
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("%s: %w (after --include/--exclude)", r.b, ErrEmpty)
+		return nil, fmt.Errorf("%s: %w", r.b, ErrEmpty)
 	}
 	out := make([]layout.Entry, 0, len(files)+len(dirs))
 	for d := range dirs {

@@ -220,11 +220,7 @@ type Side struct {
 // Compare opens and verifies versions a and b and compares them at file and
 // chunk level.
 func Compare(ctx context.Context, a, b Side) (*Diff, error) {
-	va, err := layout.OpenWith(ctx, a.Src, a.Desc, layout.OpenOptions{SkipEdges: true})
-	if err != nil {
-		return nil, err
-	}
-	vb, err := layout.OpenWith(ctx, b.Src, b.Desc, layout.OpenOptions{SkipEdges: true})
+	va, vb, err := openSides(ctx, a, b)
 	if err != nil {
 		return nil, err
 	}
@@ -288,4 +284,18 @@ func Compare(ctx context.Context, a, b Side) (*Diff, error) {
 	}
 	slices.SortFunc(d.Changed, func(x, y FileChange) int { return strings.Compare(x.Path, y.Path) })
 	return d, nil
+}
+
+// openSides opens and verifies the versions a and b for a comparison: their
+// indexes, without the chunk edges.
+func openSides(ctx context.Context, a, b Side) (*layout.Version, *layout.Version, error) {
+	va, err := layout.OpenWith(ctx, a.Src, a.Desc, layout.OpenOptions{SkipEdges: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	vb, err := layout.OpenWith(ctx, b.Src, b.Desc, layout.OpenOptions{SkipEdges: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	return va, vb, nil
 }

@@ -124,11 +124,7 @@ func (t tensor) own() bool {
 // tensor's bytes are unchanged exactly when the chunk extents that hold them
 // are, and chunks are cut at tensor boundaries.
 func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorDiff, error) {
-	va, err := layout.OpenWith(ctx, a.Src, a.Desc, layout.OpenOptions{SkipEdges: true})
-	if err != nil {
-		return nil, err
-	}
-	vb, err := layout.OpenWith(ctx, b.Src, b.Desc, layout.OpenOptions{SkipEdges: true})
+	va, vb, err := openSides(ctx, a, b)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 )
 
 // ErrDoesNotFit means the versions asked for, with what running mounts
@@ -34,9 +35,9 @@ type Options struct {
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 }
 
-// Target is one version opened for warming: its index read (through the
+// Plan is one version opened for warming: its index read (through the
 // cache) and the blobs the asked-for files need.
-type Target struct {
+type Plan struct {
 	Ref     string // as given
 	Pinned  string
 	Version *layout.Version
@@ -49,29 +50,22 @@ type Target struct {
 // Open resolves ref (a tag becomes a digest now), reads its index through
 // cache and lists the chunks of the files patterns matches (every file when
 // patterns is "" or "all").
-func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, opt Options) (*Target, error) {
+//
+// No signature policy is checked: a warm only puts blobs in the cache, each
+// verified against its digest, and nothing in the cache is used but through
+// a mount, which checks its own policy when it resolves the reference
+// (bdnvol mount in origin.Resolve, the node plugin at publish) before any of
+// the version is read.
+func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, opt Options) (*Plan, error) {
 	r, err := oci.ParseRef(ref)
 	if err != nil {
 		return nil, err
 	}
-	t, err := oci.Open(ctx, r, opt.OCI)
+	o, err := origin.Resolve(ctx, r, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Wrap: opt.Wrap})
 	if err != nil {
 		return nil, err
 	}
-	// A GET whose bytes must hash to the digest: a registry's claimed
-	// digest is not trusted, as the version is read through the cache.
-	desc, _, err := oci.FetchManifest(ctx, t, r, oci.MaxManifestBytes)
-	if err != nil {
-		return nil, err
-	}
-	var reg content.Fetcher = t
-	if opt.Wrap != nil && r.Layout == "" {
-		reg = opt.Wrap("registry", r.Registry, reg)
-	}
-	src, _, err := opt.Mirrors.Fetcher(r, reg)
-	if err != nil {
-		return nil, err
-	}
+	desc, src := o.Root, o.Fetcher
 	ver, err := layout.Open(ctx, cache.Fetcher(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
@@ -85,7 +79,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
-	tg := &Target{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: src}
+	tg := &Plan{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: src}
 	seen := map[int]bool{}
 	for fi := range ver.Index.Len() {
 		f := ver.Index.File(fi)
@@ -103,10 +97,10 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 }
 
 // Digest returns the version's digest.
-func (t *Target) Digest() digest.Digest { return t.Version.Root.Digest }
+func (t *Plan) Digest() digest.Digest { return t.Version.Root.Digest }
 
 // Record returns the record of t.
-func (t *Target) Record() Record {
+func (t *Plan) Record() Record {
 	r := Record{Ref: t.Ref, Pinned: t.Pinned, Root: t.Version.Root, Patterns: t.Patterns}
 	for _, d := range t.Need {
 		r.Chunks = append(r.Chunks, Blob{Digest: d.Digest, Size: d.Size})
@@ -115,7 +109,7 @@ func (t *Target) Record() Record {
 }
 
 // Bytes returns the size of the blobs t needs.
-func (t *Target) Bytes() int64 {
+func (t *Plan) Bytes() int64 {
 	var n int64
 	for _, d := range t.Need {
 		n += d.Size
@@ -136,7 +130,7 @@ type FillOptions struct {
 // missing, and stops at the first failure (a registry that fails one chunk
 // mostly fails the next). Blobs already cached are checked, not fetched, so
 // a stopped fill resumes where it was.
-func (t *Target) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOptions) error {
+func (t *Plan) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOptions) error {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 4
 	}
@@ -222,8 +216,8 @@ type WarmOptions struct {
 	Options
 	Patterns string // --prefetch-style globs; "" or "all" for whole versions
 	Fill     FillOptions
-	// OnTarget is told about each version once it is resolved.
-	OnTarget func(t *Target)
+	// OnPlan is told about each version once it is resolved.
+	OnPlan func(t *Plan)
 }
 
 // Warm fills cache with the versions refs name, all of them or none: it
@@ -231,14 +225,14 @@ type WarmOptions struct {
 // versions mounted now do not fit together in the cache's bound. While it
 // runs, this process evicts neither their blobs nor those of mounted
 // versions. It returns nil only when every blob is cached and verified.
-func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmOptions) ([]*Target, error) {
+func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmOptions) ([]*Plan, error) {
 	store := StoreOf(cache)
 	used, _ := InUseBlobs(store)
 	need := map[digest.Digest]int64{}
 	for d, n := range used {
 		need[d] = n
 	}
-	var targets []*Target
+	var targets []*Plan
 	for _, ref := range refs {
 		t, err := Open(ctx, cache, ref, opt.Patterns, opt.Options)
 		if err != nil {
@@ -246,8 +240,8 @@ func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmO
 		}
 		targets = append(targets, t)
 		union(need, t.Need)
-		if opt.OnTarget != nil {
-			opt.OnTarget(t)
+		if opt.OnPlan != nil {
+			opt.OnPlan(t)
 		}
 	}
 	if n := total(need); n > cache.Max() {
@@ -333,28 +327,18 @@ type Removed struct {
 // version in use and no other recorded version needs. A version a mount
 // holds is refused, naming it.
 func Remove(cache *chunkcache.Cache, ref string) (Removed, error) {
-	store := StoreOf(cache)
-	recs, skipped, err := store.Records()
-	if err != nil {
-		return Removed{}, err
-	}
-	var drop []Record
-	for _, r := range recs {
-		if r.Ref == ref || r.Pinned == ref || r.Root.Digest.String() == ref {
-			drop = append(drop, r)
+	match := func(_ Store, r Record) bool { return r.Ref == ref || r.Pinned == ref || r.Root.Digest.String() == ref }
+	return removeWhere(cache, match, func(store Store, drop []Record) error {
+		if len(drop) == 0 {
+			return fmt.Errorf("%s: %w", ref, ErrNoRecord)
 		}
-	}
-	if len(drop) == 0 {
-		return Removed{Skipped: skipped}, fmt.Errorf("%s: %w", ref, ErrNoRecord)
-	}
-	for _, r := range drop {
-		if store.InUse(r.Root.Digest) {
-			return Removed{Skipped: skipped}, fmt.Errorf("%s: %w", r.Pinned, ErrInUse)
+		for _, r := range drop {
+			if store.InUse(r.Root.Digest) {
+				return fmt.Errorf("%s: %w", r.Pinned, ErrInUse)
+			}
 		}
-	}
-	out, err := removeRecords(cache, store, recs, drop)
-	out.Skipped = skipped
-	return out, err
+		return nil
+	})
 }
 
 // ErrInUse means a mount holds the version.
@@ -363,6 +347,14 @@ var ErrInUse = errors.New("a running mount uses this version")
 // GC drops every recorded version no mount holds, and its blobs that
 // versions in use do not need.
 func GC(cache *chunkcache.Cache) (Removed, error) {
+	unused := func(store Store, r Record) bool { return !store.InUse(r.Root.Digest) }
+	return removeWhere(cache, unused, nil)
+}
+
+// removeWhere drops the recorded versions pick chooses, with their blobs
+// that no other version needs (removeRecords); refuse, when set, may
+// refuse the choice before anything is removed.
+func removeWhere(cache *chunkcache.Cache, pick func(Store, Record) bool, refuse func(Store, []Record) error) (Removed, error) {
 	store := StoreOf(cache)
 	recs, skipped, err := store.Records()
 	if err != nil {
@@ -370,8 +362,13 @@ func GC(cache *chunkcache.Cache) (Removed, error) {
 	}
 	var drop []Record
 	for _, r := range recs {
-		if !store.InUse(r.Root.Digest) {
+		if pick(store, r) {
 			drop = append(drop, r)
+		}
+	}
+	if refuse != nil {
+		if err := refuse(store, drop); err != nil {
+			return Removed{Skipped: skipped}, err
 		}
 	}
 	out, err := removeRecords(cache, store, recs, drop)

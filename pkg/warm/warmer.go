@@ -177,7 +177,7 @@ func (w *Warmer) watch(ctx context.Context, cancel context.CancelFunc, at listSt
 var ErrLayoutRefused = errors.New("oci: layouts are refused in the warm list (the mounter would read a node directory as root); name a registry repository")
 
 // open opens a list entry: a registry reference only.
-func (w *Warmer) open(ctx context.Context, e ListEntry) (*Target, error) {
+func (w *Warmer) open(ctx context.Context, e ListEntry) (*Plan, error) {
 	if r, err := oci.ParseRef(e.Ref); err == nil && r.Layout != "" || strings.HasPrefix(e.Ref, "oci:") {
 		return nil, ErrLayoutRefused
 	}
@@ -197,7 +197,7 @@ func (w *Warmer) round(ctx context.Context) {
 	}
 	c := w.opt.Cache
 	st := &Status{List: w.opt.ListFile, CacheMax: c.Max(), Fits: true}
-	targets := make([]*Target, len(list))
+	targets := make([]*Plan, len(list))
 	for i, e := range list {
 		es := EntryStatus{Ref: e.Ref, State: StateResolving}
 		t, err := w.open(ctx, e)
@@ -306,7 +306,7 @@ func (w *Warmer) round(ctx context.Context) {
 	w.publish(st)
 }
 
-func cachedOf(c *chunkcache.Cache, t *Target) (int64, int) {
+func cachedOf(c *chunkcache.Cache, t *Plan) (int64, int) {
 	if t == nil {
 		return 0, 0
 	}

@@ -1,4 +1,4 @@
-package mounts
+package main
 
 import (
 	"errors"
@@ -10,27 +10,27 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
-func TestFromArgsOneVersion(t *testing.T) {
+func TestMountTargetsOneVersion(t *testing.T) {
 	mp := t.TempDir()
-	targets, key, err := FromArgs("example.com/vol:v1", mp, "", "", nil)
+	targets, key, err := mountTargets("example.com/vol:v1", mp, "", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(targets) != 1 || targets[0].Mountpoint != mp || targets[0].Ref.Tag != "v1" || key != mp {
 		t.Errorf("targets %+v, log key %s", targets, key)
 	}
-	if _, _, err := FromArgs("example.com/vol:v1", "", "", "", nil); !errors.Is(err, ErrNoMountpoint) {
+	if _, _, err := mountTargets("example.com/vol:v1", "", "", "", nil); !errors.Is(err, errNoMountpoint) {
 		t.Errorf("no mountpoint: %v", err)
 	}
-	if _, _, err := FromArgs("example.com/vol", mp, "", "", nil); !errors.Is(err, versions.ErrNoVersion) {
+	if _, _, err := mountTargets("example.com/vol", mp, "", "", nil); !errors.Is(err, versions.ErrNoVersion) {
 		t.Errorf("no tag or digest: %v", err)
 	}
-	if _, _, err := FromArgs("example.com/vol:v1", mp, "", filepath.Join(mp, "missing.pub"), nil); err == nil || !strings.Contains(err.Error(), "missing.pub") {
+	if _, _, err := mountTargets("example.com/vol:v1", mp, "", filepath.Join(mp, "missing.pub"), nil); err == nil || !strings.Contains(err.Error(), "missing.pub") {
 		t.Errorf("missing key: %v", err)
 	}
 }
 
-func TestFromArgsSpec(t *testing.T) {
+func TestMountTargetsSpec(t *testing.T) {
 	dir := t.TempDir()
 	spec := filepath.Join(dir, "bdnvol.yaml")
 	yaml := "mounts:\n  - source: example.com/a:v1\n    path: /models/a\n    readOnly: true\n"
@@ -38,17 +38,17 @@ func TestFromArgsSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := filepath.Join(dir, "root")
-	targets, key, err := FromArgs(root, "", spec, "", nil)
+	targets, key, err := mountTargets(root, "", spec, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(targets) != 1 || targets[0].Mountpoint != filepath.Join(root, "models/a") || key != root {
 		t.Errorf("targets %+v, log key %s", targets, key)
 	}
-	if _, _, err := FromArgs(root, filepath.Join(dir, "mp"), spec, "", nil); !errors.Is(err, ErrSpecMountpoint) {
+	if _, _, err := mountTargets(root, filepath.Join(dir, "mp"), spec, "", nil); !errors.Is(err, errSpecMountpoint) {
 		t.Errorf("spec and a mountpoint: %v", err)
 	}
-	if _, _, err := FromArgs(root, "", filepath.Join(dir, "none.yaml"), "", nil); err == nil {
+	if _, _, err := mountTargets(root, "", filepath.Join(dir, "none.yaml"), "", nil); err == nil {
 		t.Error("missing spec accepted")
 	}
 }

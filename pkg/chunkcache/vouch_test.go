@@ -13,10 +13,10 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
-// A second cache over the same directory (another process) trusts a sealed
+// A second cache over the same directory (another process) trusts a vouched-for
 // entry without hashing it, but an entry written since is hashed and, when
 // wrong, dropped rather than served.
-func TestCacheSealedEntries(t *testing.T) {
+func TestCacheVouchedEntries(t *testing.T) {
 	dir := t.TempDir()
 	data := []byte("verified chunk bytes")
 	desc := ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: digest.FromBytes(data), Size: int64(len(data))}
@@ -36,7 +36,7 @@ func TestCacheSealedEntries(t *testing.T) {
 	p := c1.path(desc.Digest)
 	f, _ := os.Open(p)
 	st, _ := f.Stat()
-	if !sealedEntry(f, st) {
+	if !vouchedEntry(f, st) {
 		t.Fatal("a stored entry carries no verification mark")
 	}
 	f.Close()

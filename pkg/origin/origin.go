@@ -1,0 +1,84 @@
+package origin
+
+import (
+	"bytes"
+	"context"
+	"io"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/signature"
+)
+
+// Options configure Resolve. The zero value opens the target with default
+// transport options, requires no signature, wraps nothing and preloads
+// nothing.
+type Options struct {
+	OCI     oci.Options
+	Mirrors oci.MirrorConfig
+	// Policy is checked right after the reference is resolved, before any
+	// of the version is read.
+	Policy signature.Policy
+	// Wrap, when set, wraps the registry's fetcher (source "registry",
+	// host the registry), for metrics. A local layout is not wrapped.
+	Wrap func(source, host string, f content.Fetcher) content.Fetcher
+	// Preload, when set, receives the manifest the resolution fetched
+	// (verified against the root by the cache), so that opening the
+	// version through the cache reads it from there.
+	Preload *chunkcache.Cache
+}
+
+// Origin is where one resolved version is read from.
+type Origin struct {
+	Ref    oci.Ref            // as given
+	Target oci.Target         // the registry or layout ref names
+	Root   ocispec.Descriptor // the version's root, its digest computed from its bytes
+	// Fetcher reads the version's blobs: the target, wrapped by
+	// Options.Wrap, behind the mirrors. No chunk cache is in front of it.
+	Fetcher content.Fetcher
+	// Mirrors is the mirror fetcher within Fetcher, for its statistics;
+	// nil when ref's registry has no mirror.
+	Mirrors *oci.MirrorFetcher
+}
+
+// Pinned returns the reference pinned to the resolved digest.
+func (o *Origin) Pinned() string { return o.Ref.Pinned(o.Root.Digest) }
+
+// Resolve opens the target ref names, resolves ref there under opt.Policy
+// and builds the fetcher its blobs are read through.
+func Resolve(ctx context.Context, ref oci.Ref, opt Options) (*Origin, error) {
+	t, err := oci.Open(ctx, ref, opt.OCI)
+	if err != nil {
+		return nil, err
+	}
+	// The manifest comes with the resolution (one round trip, not two).
+	desc, b, err := signature.ResolveBytes(ctx, t, ref, opt.Policy, oci.MaxManifestBytes)
+	if err != nil {
+		return nil, err
+	}
+	if b != nil && opt.Preload != nil {
+		if ch, err := opt.Preload.Load(ctx, bytesFetcher(b), desc); err == nil {
+			ch.Close()
+		}
+	}
+	var reg content.Fetcher = t
+	if opt.Wrap != nil && ref.Layout == "" {
+		reg = opt.Wrap("registry", ref.Registry, reg)
+	}
+	src, mirrors, err := opt.Mirrors.Fetcher(ref, reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Origin{Ref: ref, Target: t, Root: desc, Fetcher: src, Mirrors: mirrors}, nil
+}
+
+// bytesFetcher serves one blob whose bytes are already here; the cache
+// verifies them against the descriptor it asks for.
+type bytesFetcher []byte
+
+func (b bytesFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
