@@ -16,6 +16,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/bdnvol/bdnvol/internal/pathglob"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -116,7 +117,7 @@ func (o Options) withDefaults() Options {
 // (Walk does).
 func Open(ctx context.Context, uri string, opt Options) (Source, error) {
 	opt = opt.withDefaults()
-	f, err := newFilter(opt.Include, opt.Exclude)
+	f, err := pathglob.New(opt.Include, opt.Exclude)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +178,7 @@ type backend interface {
 type remote struct {
 	b      backend
 	opt    Options
-	filter *filter
+	filter *pathglob.Filter
 	reqs   *semaphore.Weighted // range requests in flight
 	buffer *semaphore.Weighted // readahead bytes held
 
@@ -201,7 +202,7 @@ func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
 	files := map[string]*object{}
 	dirs := map[string]bool{}
 	for _, o := range objs {
-		if !r.filter.match(o.path) {
+		if !r.filter.Match(o.path) {
 			continue
 		}
 		if err := checkSize(o.size); err != nil {
