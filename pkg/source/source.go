@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/bdnvol/bdnvol/internal/pathglob"
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -60,6 +61,9 @@ type Options struct {
 	// http.DefaultTransport that dials only addresses the network policy
 	// allows (a Transport given here is checked by URL only).
 	Transport http.RoundTripper
+	// Limiter paces the bodies of every request (with the destination's
+	// uploads, when the caller shares it); nil for no bound.
+	Limiter *ratelimit.Limiter
 	// AllowPrivateNetwork lets requests reach loopback and private
 	// (RFC 1918, ULA, CGNAT) addresses; by default only the configured
 	// endpoints and the kinds of address they resolve to may be.
