@@ -29,6 +29,9 @@ func (c *VerifyCmd) Run(ctx context.Context, g *Globals) error {
 	if len(c.Key) == 0 && c.Dir == "" {
 		return usageError{fmt.Errorf("verify %s: give --key KEY (signature check), a directory (content check), or both", c.Ref)}
 	}
+	if c.Dir == "" && len(c.Include)+len(c.Exclude) > 0 {
+		return usageError{fmt.Errorf("verify %s: --include/--exclude select what to compare in a directory; give one", c.Ref)}
+	}
 	if len(c.Key) > 0 {
 		if err := c.verifySignature(ctx, g); err != nil {
 			return err

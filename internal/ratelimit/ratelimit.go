@@ -11,7 +11,10 @@ import (
 )
 
 // Limiter paces bytes to a rate: each Wait reserves its bytes' share of
-// time after the reservations before it. It is safe for concurrent use; a
+// time after the reservations before it. Time the reservations fell behind
+// the clock (a waiter woken late, a reader slow to ask again) is made up
+// for, up to catchUp, so that a long transfer holds the rate rather than
+// falling short of it; a longer pause earns no more credit. It is safe for concurrent use; a
 // nil Limiter never waits.
 type Limiter struct {
 	rate float64 // bytes per second
@@ -47,8 +50,12 @@ func (l *Limiter) Wait(ctx context.Context, n int64) error {
 	}
 	l.mu.Lock()
 	now := l.now()
-	if l.next.Before(now) {
+	switch {
+	case l.next.IsZero():
 		l.next = now
+	case l.next.Before(now.Add(-catchUp)):
+		// Idle: no credit for it beyond catchUp.
+		l.next = now.Add(-catchUp)
 	}
 	at := l.next
 	l.next = l.next.Add(time.Duration(float64(n) / l.rate * float64(time.Second)))
@@ -69,6 +76,10 @@ func sleepUntil(ctx context.Context, now, at time.Time) error {
 		return ctx.Err()
 	}
 }
+
+// catchUp is the most time a Limiter makes up for: at most its bytes move
+// in a burst after a pause.
+const catchUp = 250 * time.Millisecond
 
 // maxRead is the most one Read of a paced reader asks for: the bytes a
 // burst may move ahead of the rate.

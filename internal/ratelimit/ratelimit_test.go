@@ -67,9 +67,9 @@ func TestReaderPacesTotal(t *testing.T) {
 	}
 }
 
-// A pause longer than the reservations ahead earns no credit: the next
-// bytes are paced from then on, not sent in a burst.
-func TestWaitNoCreditForIdle(t *testing.T) {
+// A pause earns credit for at most catchUp: after an idle hour, the first
+// catchUp's worth of bytes go at once and the rest are paced.
+func TestWaitBoundedCreditForIdle(t *testing.T) {
 	l, c := fake(1 << 20)
 	ctx := context.Background()
 	if err := l.Wait(ctx, 1<<20); err != nil || c.slept != 0 {
@@ -81,8 +81,28 @@ func TestWaitNoCreditForIdle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if c.slept != time.Second {
-		t.Fatalf("3 x 512 KiB at 1 MiB/s after an idle hour slept %v, want 1s", c.slept)
+	if want := time.Second - catchUp; c.slept != want {
+		t.Fatalf("3 x 512 KiB at 1 MiB/s after an idle hour slept %v, want %v", c.slept, want)
+	}
+}
+
+// A reader slow to ask again (or woken late) does not slow the rate: the
+// time lost is made up by the next reservations.
+func TestWaitMakesUpLostTime(t *testing.T) {
+	l, c := fake(1 << 20)
+	ctx := context.Background()
+	start := c.t
+	wait := func() {
+		if err := l.Wait(ctx, 256<<10); err != nil { // 250ms at 1 MiB/s
+			t.Fatal(err)
+		}
+	}
+	wait()
+	c.t = c.t.Add(450 * time.Millisecond) // 200ms later than its reservation allowed
+	wait()
+	wait()
+	if got := c.t.Sub(start); got != 500*time.Millisecond {
+		t.Fatalf("the third reservation of 250ms started at %v, want 500ms", got)
 	}
 }
 
