@@ -234,8 +234,13 @@ func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
 		out = append(out, layout.Entry{Path: d, Type: layout.TypeDir, Mode: 0o755})
 	}
 	for p, o := range files {
-		out = append(out, layout.Entry{Path: p, Type: layout.TypeFile, Mode: 0o644, Size: o.size,
-			Stat: layout.StatKey{Size: o.size}})
+		e := layout.Entry{Path: p, Type: layout.TypeFile, Mode: 0o644, Size: o.size, Stat: layout.StatKey{Size: o.size}}
+		if o.want.algo == algoSHA256 {
+			// A file's SHA-256 is its digest in the index: a push may
+			// match it with a file of the previous version.
+			e.Digest = digest.NewDigestFromEncoded(digest.SHA256, o.want.hex)
+		}
+		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	r.mu.Lock()
