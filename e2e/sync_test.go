@@ -45,12 +45,13 @@ type syncHub struct {
 	files    map[string][]byte
 	lfs      map[string]bool
 
-	mu      sync.Mutex
-	cut     int                      // the CDN cuts this many more responses half-way
-	fail503 int                      // and answers 503 to this many more requests
-	served  map[string][]byte        // bytes served instead of files[p]
-	gates   map[string]chan struct{} // the CDN holds requests for p until closed
-	cdnAuth []string                 // Authorization headers the CDN saw
+	mu           sync.Mutex
+	cut          int                      // the CDN cuts this many more responses half-way
+	fail503      int                      // and answers 503 to this many more requests
+	served       map[string][]byte        // bytes served instead of files[p]
+	gates        map[string]chan struct{} // the CDN holds requests for p until closed
+	cdnAuth      []string                 // Authorization headers the CDN saw
+	contentBytes int64                    // bytes of file content the Hub and the CDN served
 }
 
 func newSyncHub(t *testing.T, files map[string][]byte, lfs map[string]bool) *syncHub {
@@ -89,7 +90,7 @@ func newSyncHub(t *testing.T, files map[string][]byte, lfs map[string]bool) *syn
 		if cut {
 			w = &cuttingWriter{ResponseWriter: w}
 		}
-		http.ServeContent(w, r, p, time.Time{}, bytes.NewReader(h.content(p)))
+		http.ServeContent(&contentCounter{w, h}, r, p, time.Time{}, bytes.NewReader(h.content(p)))
 	}))
 	h.hub = httptest.NewServer(http.HandlerFunc(h.serve))
 	t.Cleanup(func() {
@@ -150,7 +151,7 @@ func (h *syncHub) serve(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, h.cdn.URL+"/repos/"+f+"?X-Amz-Signature=cdn-signature-789&Expires=9", http.StatusFound)
 			return
 		}
-		http.ServeContent(w, r, f, time.Time{}, bytes.NewReader(h.content(f)))
+		http.ServeContent(&contentCounter{w, h}, r, f, time.Time{}, bytes.NewReader(h.content(f)))
 	default:
 		http.NotFound(w, r)
 	}
@@ -581,6 +582,30 @@ func TestSyncJobsWaitInterruptedKeepsTheJobAndCancelStopsIt(t *testing.T) {
 	if n := reg.Stats().Requests["PUT manifest"]; n != 0 {
 		t.Errorf("a canceled job stored %d manifests", n)
 	}
+}
+
+// contentCounter counts the file content bytes a syncHub serves.
+type contentCounter struct {
+	http.ResponseWriter
+	h *syncHub
+}
+
+func (c *contentCounter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.h.mu.Lock()
+	c.h.contentBytes += int64(n)
+	c.h.mu.Unlock()
+	return n, err
+}
+
+// contentServed returns the file content bytes served so far and zeroes
+// the count.
+func (h *syncHub) contentServed() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := h.contentBytes
+	h.contentBytes = 0
+	return n
 }
 
 // cuttingWriter sends the headers and half of the announced body, then

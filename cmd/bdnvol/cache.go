@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
@@ -58,7 +59,7 @@ func (c *CacheWarmCmd) Run(ctx context.Context, g *Globals) error {
 	targets, err := warm.Warm(ctx, cache, c.Refs, warm.WarmOptions{
 		Options:  warm.Options{OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}},
 		Patterns: c.Prefetch,
-		Fill:     warm.FillOptions{Jobs: c.Jobs, Limiter: warm.NewLimiter(int64(c.Bandwidth)), Progress: func(n int64) { done.Add(n) }},
+		Fill:     warm.FillOptions{Jobs: c.Jobs, Limiter: ratelimit.New(int64(c.Bandwidth)), Progress: func(n int64) { done.Add(n) }},
 	})
 	for _, t := range targets {
 		cached, _ := warm.Cached(cache, t.Need)

@@ -21,6 +21,7 @@ type CopyCmd struct {
 	Tag       []string `help:"Extra tag to point at the copied version (repeatable; one source)."`
 	JSON      bool     `name:"json" help:"Print one JSON object instead of text."`
 	Jobs      int      `default:"8" help:"Concurrent blob checks and transfers."`
+	RateFlags `embed:""`
 }
 
 // copyReport is the --json output of copy.
@@ -50,6 +51,7 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 	if (len(srcs) > 1 || c.AllTags) && (dstRef.Tag != "" || len(c.Tag) > 0) {
 		return usageError{fmt.Errorf("copy: destination %s: with several sources or --all-tags, each keeps its own tags", dstArg)}
 	}
+	c.RateFlags.apply(g)
 	opt := g.options()
 	opt.CreateLayout = true
 	dt, err := oci.Open(ctx, dstRef, opt)

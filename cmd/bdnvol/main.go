@@ -17,6 +17,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/bdnvol/bdnvol/internal/progress"
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/internal/signals"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
@@ -45,7 +46,16 @@ type Globals struct {
 	UploadPartSize     Size   `help:"Upload blobs in PATCH parts of this size (0: one request per blob, parts after a 413)." name:"upload-part-size"`
 
 	stdout, stderr io.Writer
+	limiter        *ratelimit.Limiter // --max-rate of the command, for every client options() builds
 }
+
+// RateFlags bound the bytes per second of a whole command.
+type RateFlags struct {
+	MaxRate Size `name:"max-rate" default:"0" help:"Bytes per second the command moves at most over the network, all transfers together (e.g. 20MiB; 0: no bound)."`
+}
+
+// apply makes every client g.options() builds share the bound.
+func (r RateFlags) apply(g *Globals) { g.limiter = ratelimit.New(int64(r.MaxRate)) }
 
 // CLI is the command line of bdnvol.
 type CLI struct {
@@ -92,6 +102,7 @@ func (g *Globals) options() oci.Options {
 		CAFile:             g.CAFile,
 		PartSize:           int64(g.UploadPartSize),
 		UserAgent:          "bdnvol/" + version,
+		Limiter:            g.limiter,
 	}
 }
 

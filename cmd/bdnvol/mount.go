@@ -107,7 +107,7 @@ type MirrorFlags struct {
 // reported once.
 func (m MirrorFlags) config(g *Globals) oci.MirrorConfig {
 	return oci.MirrorConfig{
-		URLs: m.Mirror, HostsDir: m.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify,
+		URLs: m.Mirror, HostsDir: m.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify, Limiter: g.limiter,
 		OnError: oci.OncePerMirror(func(mirror string, err error) {
 			fmt.Fprintf(g.stderr, "bdnvol: mirror %s failed, using the registry (further failures of this mirror are not shown): %s\n", termsafe.Text(mirror), termsafe.Text(err.Error()))
 		}),

@@ -4,11 +4,31 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/bdnvol/bdnvol/internal/pathglob"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/pull"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
+
+// SelectFlags pick the files a pull writes or a verify checks: the globs of
+// sync (internal/pathglob).
+type SelectFlags struct {
+	Include []string `help:"Only files and symlinks whose path matches this glob, with the directories that hold them (repeatable; * matches across /, a trailing / is a subtree)."`
+	Exclude []string `help:"Leave out paths matching this glob (repeatable)."`
+}
+
+// match is the selection the flags ask for; nil when they select all.
+func (s SelectFlags) match() (func(string) bool, error) {
+	f, err := pathglob.New(s.Include, s.Exclude)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--include/--exclude: %w", err)}
+	}
+	if f.All() {
+		return nil, nil
+	}
+	return f.Match, nil
+}
 
 // PullCmd materialises a version on disk.
 type PullCmd struct {
@@ -16,6 +36,9 @@ type PullCmd struct {
 	Dir  string `arg:"" type:"path" help:"Directory to write into (created if missing)."`
 	JSON bool   `name:"json" help:"Print one JSON object instead of text."`
 	Jobs int    `default:"8" help:"Concurrent chunk fetches."`
+
+	SelectFlags `embed:""`
+	RateFlags   `embed:""`
 
 	VerifyFiles bool `name:"verify-files" help:"Also check every written file's SHA-256 before it is renamed into place (reads each file once more; chunk digests are always checked)."`
 
@@ -40,11 +63,16 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
+	sel, err := c.SelectFlags.match()
+	if err != nil {
+		return err
+	}
+	c.RateFlags.apply(g)
 	counters := &layout.Counters{}
 	out, err := pull.Pull(ctx, ref, c.Dir, pull.Options{
 		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Policy: policy,
 		CacheDir: g.cacheDir(), Cache: pull.CacheModeOf(c.Cache, c.NoCache), CacheSize: int64(c.CacheSize),
-		Jobs: c.Jobs, VerifyFiles: c.VerifyFiles, Counters: counters, Logf: g.logf,
+		Jobs: c.Jobs, VerifyFiles: c.VerifyFiles, Counters: counters, Logf: g.logf, Select: sel,
 		Progress: func() func() { return startProgress(g.stderr, "pull", counters) },
 	})
 	if err != nil {

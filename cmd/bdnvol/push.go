@@ -22,6 +22,7 @@ type PushCmd struct {
 	ChunkAvg  Size     `name:"chunk-avg" help:"Average chunk size (default: the volume's, else 8MiB)."`
 	ChunkMax  Size     `name:"chunk-max" help:"Maximum chunk size (default: the volume's, else 16MiB)."`
 	MaxLayers int      `name:"max-layers" hidden:"" help:"Layers per manifest before splitting into parts."`
+	RateFlags `embed:""`
 }
 
 // Run pushes the directory.
@@ -31,6 +32,7 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
+	c.RateFlags.apply(g)
 	opt := g.options()
 	opt.CreateLayout = true
 	t, err := oci.Open(ctx, ref, opt)

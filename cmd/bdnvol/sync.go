@@ -23,13 +23,14 @@ type SyncCmd struct {
 	Jobs                int  `default:"8" help:"Concurrent uploads."`
 	Detach              bool `help:"Run as a background job and print its ID at once; see bdnvol jobs wait."`
 	JSON                bool `name:"json" help:"Print one JSON object instead of the reference."`
+	RateFlags           `embed:""`
 }
 
 // Run creates the job and runs it here, or in a detached process.
 func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 	spec := jobs.Spec{
 		Source: c.Source, Destination: c.Ref, Include: c.Include, Exclude: c.Exclude,
-		Endpoint: c.Endpoint, List: c.List, Tags: c.Tag, Jobs: c.Jobs,
+		Endpoint: c.Endpoint, List: c.List, Tags: c.Tag, Jobs: c.Jobs, MaxRate: int64(c.MaxRate),
 		AllowPrivateNetwork: c.AllowPrivateNetwork, AllowLinkLocal: c.AllowLinkLocal,
 		PlainHTTP: g.PlainHTTP, InsecureSkipVerify: g.InsecureSkipVerify, CAFile: g.CAFile,
 	}

@@ -16,6 +16,9 @@ type VerifyCmd struct {
 	Dir  string   `arg:"" optional:"" type:"path" help:"Directory to compare with the version: every file's size, mode and SHA-256, symlink targets, extra and missing entries."`
 	Key  []string `name:"key" type:"path" help:"Cosign public key file; the version must carry a valid signature by one of them (repeatable)."`
 	JSON bool     `name:"json" help:"Print JSON instead of text (one object per check)."`
+
+	// The selection of a partial pull: only it is compared.
+	SelectFlags `embed:""`
 }
 
 // errDiffers is returned (exit 1) when the directory differs from the version.
@@ -25,6 +28,9 @@ var errDiffers = errors.New("differs from the version")
 func (c *VerifyCmd) Run(ctx context.Context, g *Globals) error {
 	if len(c.Key) == 0 && c.Dir == "" {
 		return usageError{fmt.Errorf("verify %s: give --key KEY (signature check), a directory (content check), or both", c.Ref)}
+	}
+	if c.Dir == "" && len(c.Include)+len(c.Exclude) > 0 {
+		return usageError{fmt.Errorf("verify %s: --include/--exclude select what to compare in a directory; give one", c.Ref)}
 	}
 	if len(c.Key) > 0 {
 		if err := c.verifySignature(ctx, g); err != nil {
@@ -58,11 +64,15 @@ func (c *VerifyCmd) verifySignature(ctx context.Context, g *Globals) error {
 }
 
 func (c *VerifyCmd) verifyDir(ctx context.Context, g *Globals) error {
+	sel, err := c.SelectFlags.match()
+	if err != nil {
+		return err
+	}
 	ref, t, root, err := openVersion(ctx, g, c.Ref)
 	if err != nil {
 		return err
 	}
-	out, err := versions.VerifyDir(ctx, t, ref, root, c.Dir)
+	out, err := versions.VerifyDir(ctx, t, ref, root, c.Dir, sel)
 	if err != nil {
 		return err
 	}

@@ -71,6 +71,9 @@ type Spec struct {
 	List        bool     `json:"list,omitempty"`
 	Tags        []string `json:"tags,omitempty"`
 	Jobs        int      `json:"jobs,omitempty"`
+	// MaxRate bounds the bytes per second read from the source and sent
+	// to the destination together; 0 for no bound.
+	MaxRate int64 `json:"max_rate,omitempty"`
 	// What the source's requests may reach besides public addresses, so
 	// that a resumed job keeps what the user allowed.
 	AllowPrivateNetwork bool `json:"allow_private_network,omitempty"`

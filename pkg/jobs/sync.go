@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -84,11 +85,14 @@ func syncVersion(ctx context.Context, j *Job, counters *layout.Counters, setPhas
 	if err != nil {
 		return nil, err
 	}
-	name := spec.Source // as the source names itself, once it is open
+	name := spec.Source                // as the source names itself, once it is open
+	lim := ratelimit.New(spec.MaxRate) // one bound for the source and the destination
+	sopt := spec.SourceOptions(userAgent)
+	sopt.Limiter = lim
 	res, err := versions.Sync(ctx, spec.Source, ref, versions.SyncOptions{
-		Source: spec.SourceOptions(userAgent),
+		Source: sopt,
 		OCI: oci.Options{PlainHTTP: spec.PlainHTTP, InsecureSkipVerify: spec.InsecureSkipVerify, CAFile: spec.CAFile,
-			UserAgent: userAgent},
+			UserAgent: userAgent, Limiter: lim},
 		Tags: spec.Tags, Jobs: spec.Jobs, Counters: counters,
 		OnListing: func(src string) { name = src; logf("listing %s", src) },
 		OnListed: func(files int, bytes int64, rev string) {

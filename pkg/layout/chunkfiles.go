@@ -47,11 +47,33 @@ func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) err
 	return g.Wait()
 }
 
+// known records entry i as the file of digest d cut into chunks, without
+// reading it, and hands each chunk to submit: the uploader reads it from
+// the source only if the destination lacks it.
+func (b *builder) known(i int, d digest.Digest, chunks []Chunk, submit func(chunkJob) error) error {
+	e := b.entries[i]
+	var off int64
+	res := fileChunks{digest: d}
+	for _, ch := range chunks {
+		if err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{e.Path, off, ch.Size}}}); err != nil {
+			return err
+		}
+		res.extents = append(res.extents, extentRef{chunk: ch, length: ch.Size})
+		off += ch.Size
+	}
+	b.results[i] = res
+	b.opt.Counters.Processed.Add(e.Size)
+	return nil
+}
+
 // chunkFile cuts one large file into chunks and hands each to submit.
 func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(chunkJob) error) error {
 	e := b.entries[i]
+	if chunks, ok := b.previousChunks(e); ok {
+		return b.known(i, e.Digest, chunks, submit)
+	}
 	if c, ok := b.opt.Cache.Lookup(e.Path, e.Stat); ok && c.Chunks != nil && b.buffer == nil {
-		return b.chunkFileCached(i, c, submit)
+		return b.known(i, c.Digest, c.Chunks, submit)
 	}
 	ra, err := b.src.Open(ctx, e.Path)
 	if err != nil {
@@ -101,24 +123,6 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		chunks[k] = x.chunk
 	}
 	b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: res.digest, Chunks: chunks})
-	return nil
-}
-
-// chunkFileCached hands on the chunks the stat cache records for file i,
-// unchanged since, without reading it.
-func (b *builder) chunkFileCached(i int, c CachedFile, submit func(chunkJob) error) error {
-	e := b.entries[i]
-	var off int64
-	res := fileChunks{digest: c.Digest}
-	for _, ch := range c.Chunks {
-		if err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{e.Path, off, ch.Size}}}); err != nil {
-			return err
-		}
-		res.extents = append(res.extents, extentRef{chunk: ch, length: ch.Size})
-		off += ch.Size
-	}
-	b.results[i] = res
-	b.opt.Counters.Processed.Add(e.Size)
 	return nil
 }
 

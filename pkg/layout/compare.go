@@ -40,8 +40,10 @@ func (d Difference) String() string {
 // itself (ReservedPrefix) are not compared. It reads dir through directory
 // descriptors, each opened from its parent's without following a symlink,
 // so a directory swapped for a symlink is never read through, and it
-// writes nothing.
-func CompareDir(ctx context.Context, v *Version, dir string) ([]Difference, error) {
+// writes nothing. With sel (nil for all) it compares only the selection a
+// partial pull with sel writes (Index.Selection): other entries of v are
+// not missing, and entries of dir that sel refuses are not extra.
+func CompareDir(ctx context.Context, v *Version, dir string, sel func(path string) bool) ([]Difference, error) {
 	info, err := os.Stat(dir)
 	if err != nil {
 		return nil, err
@@ -58,9 +60,12 @@ func CompareDir(ctx context.Context, v *Version, dir string) ([]Difference, erro
 		dir:  dir,
 		want: make(map[string]*File, v.Index.Len()),
 		buf:  make([]byte, 1<<20),
+		sel:  sel,
 	}
-	for i := range v.Index.Len() {
-		w.want[v.Index.Path(i)] = v.Index.fileRef(i)
+	for i, ok := range v.Index.Selection(sel) {
+		if ok {
+			w.want[v.Index.Path(i)] = v.Index.fileRef(i)
+		}
 	}
 	w.seen = make(map[string]bool, len(w.want))
 	if err := w.walk(ctx, root, ""); err != nil {
@@ -68,6 +73,9 @@ func CompareDir(ctx context.Context, v *Version, dir string) ([]Difference, erro
 	}
 	for fi := range v.Index.Len() {
 		f := v.Index.File(fi)
+		if _, ok := w.want[f.Path]; !ok {
+			continue
+		}
 		if !w.seen[f.Path] && !underMissing(f.Path, w.seen, w.want) {
 			w.diffs = append(w.diffs, Difference{Path: f.Path, Kind: "missing"})
 		}
@@ -86,6 +94,7 @@ type dirComparer struct {
 	seen  map[string]bool
 	diffs []Difference
 	buf   []byte
+	sel   func(string) bool // nil: every entry is compared
 }
 
 func (w *dirComparer) full(rel string) string { return filepath.Join(w.dir, filepath.FromSlash(rel)) }
@@ -115,6 +124,9 @@ func (w *dirComparer) walk(ctx context.Context, dfd int, rel string) error {
 // entry compares the entry name of the directory dfd, at p under dir.
 func (w *dirComparer) entry(ctx context.Context, dfd int, name, p string) error {
 	f, ok := w.want[p]
+	if !ok && w.sel != nil && !w.sel(p) {
+		return nil // outside the selection: not looked at
+	}
 	if !ok {
 		w.diffs = append(w.diffs, Difference{Path: p, Kind: "extra"})
 		return nil

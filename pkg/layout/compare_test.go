@@ -30,7 +30,7 @@ func TestCompareDir(t *testing.T) {
 	_, v := pushed(t, Params{Min: 8 << 10, Avg: 32 << 10, Max: 64 << 10}, files)
 	dst := t.TempDir()
 	testutil.WriteVolumeTree(t, dst, files) // as a pull leaves it
-	diffs, err := CompareDir(ctx, v, dst)
+	diffs, err := CompareDir(ctx, v, dst, nil)
 	if err != nil || len(diffs) != 0 {
 		t.Fatalf("fresh pull: %v, %v", diffs, err)
 	}
@@ -49,7 +49,7 @@ func TestCompareDir(t *testing.T) {
 	must(os.Remove(filepath.Join(dst, "s")))
 	must(os.Symlink("elsewhere", filepath.Join(dst, "s")))
 	must(os.Mkdir(filepath.Join(dst, ReservedPrefix+"pull"), 0o700))
-	diffs, err = CompareDir(ctx, v, dst)
+	diffs, err = CompareDir(ctx, v, dst, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestCompareDirRefusesSwappedDir(t *testing.T) {
 		}
 	}
 	defer func() { compareHook = nil }()
-	diffs, err := CompareDir(ctx, v, dst)
+	diffs, err := CompareDir(ctx, v, dst, nil)
 	if !errors.Is(err, ErrUnsupportedFile) || !strings.Contains(err.Error(), filepath.Join(dst, "sub")) {
 		t.Errorf("verify: %v, want ErrUnsupportedFile naming sub", err)
 	}

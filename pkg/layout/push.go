@@ -34,6 +34,11 @@ type PushOptions struct {
 	// Annotations are added to the root manifest (for example the
 	// revision a sync sealed); they are part of the version's digest.
 	Annotations map[string]string
+	// Previous is the version before, if any: a file whose digest the
+	// source states (Entry.Digest) and that Previous holds, alone in whole
+	// chunks, takes its chunk list from there and is not read (its chunks
+	// are read from the source only if the destination lacks them).
+	Previous *Index
 	// FormatVersion is the format to seal in: 0 means FormatVersion;
 	// FormatVersion1 writes the one-blob index (and packs small files with
 	// the chunk sizes, as version 1 did).
@@ -182,6 +187,9 @@ type builder struct {
 	collect bool
 	mu      sync.Mutex
 	pending []chunkJob
+
+	prevOnce sync.Once
+	prev     map[digest.Digest]int // files of opt.Previous by digest
 }
 
 // seal builds the index and manifests once every chunk is stored and

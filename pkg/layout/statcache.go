@@ -305,10 +305,15 @@ func (c *StatCache) storePack(key string, ch Chunk) {
 }
 
 // SavePulled ends a pull of x: it drops the records of paths that are not
-// regular files of x, settles the records of files written last (stat
-// reads the stat key of the file at a path), and saves the cache.
-func (c *StatCache) SavePulled(ctx context.Context, x *Index, stat func(p string) (StatKey, bool)) error {
+// regular files of x (of those the pull selected, when sel is not nil: a
+// partial pull keeps the records of the paths it left alone), settles the
+// records of files written last (stat reads the stat key of the file at a
+// path), and saves the cache.
+func (c *StatCache) SavePulled(ctx context.Context, x *Index, sel func(p string) bool, stat func(p string) (StatKey, bool)) error {
 	c.prune(func(p string) bool {
+		if sel != nil && !sel(p) {
+			return true
+		}
 		i, ok := x.Find(p)
 		return ok && x.Kind(i) == TypeFile
 	})

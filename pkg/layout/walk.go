@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // ErrUnsupportedFile is wrapped when a tree holds a file type the format
@@ -23,6 +25,10 @@ type Entry struct {
 	Size   int64
 	Target string // symlink target
 	Stat   StatKey
+	// Digest is a regular file's SHA-256 as its source states it (a
+	// Hugging Face LFS file's), or "": with PushOptions.Previous it lets
+	// the push reuse the chunk list of a file with that digest.
+	Digest digest.Digest
 }
 
 // StatKey identifies a file's state on disk for the stat cache.

@@ -2,6 +2,7 @@ package oci
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
@@ -57,6 +59,8 @@ type MirrorOptions struct {
 	// attempt; the fetch then tries the next mirror or the source. It may
 	// be nil.
 	OnError func(mirror string, desc ocispec.Descriptor, err error)
+	// Limiter paces the bodies of every mirror request; nil for no bound.
+	Limiter *ratelimit.Limiter
 }
 
 // MirrorStats count what a mirror fetcher did.
@@ -122,6 +126,11 @@ func NewMirrorFetcher(src content.Fetcher, mirrors []Mirror, opt MirrorOptions) 
 				def = defaultMirrorClient(opt.Timeout)
 			}
 			c = def
+		}
+		if opt.Limiter != nil {
+			paced := *c
+			paced.Transport = ratelimit.Transport(cmp.Or[http.RoundTripper](c.Transport, http.DefaultTransport), opt.Limiter)
+			c = &paced
 		}
 		f.mirrors = append(f.mirrors, &mirror{base: u, name: m.URL, client: c})
 	}

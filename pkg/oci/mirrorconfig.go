@@ -7,6 +7,8 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 )
 
 // MirrorConfig chooses registry mirrors for content fetched by digest.
@@ -17,6 +19,9 @@ type MirrorConfig struct {
 	SkipVerify bool     // accept any certificate from the mirrors given by URL
 	// OnError is told about each failed mirror request; nil ignores them.
 	OnError func(mirror string, desc ocispec.Descriptor, err error)
+	// Limiter paces the mirrors' bodies (with the registry's, when shared);
+	// nil for no bound.
+	Limiter *ratelimit.Limiter
 }
 
 // Check reports a malformed mirror URL.
@@ -86,6 +91,7 @@ func (m MirrorConfig) Fetcher(ref Ref, src content.Fetcher) (content.Fetcher, *M
 		MaxBlobBytes: mirrorMaxBlobBytes,
 		Timeout:      mirrorTimeout,
 		OnError:      onError,
+		Limiter:      m.Limiter,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -21,6 +21,8 @@ import (
 	"oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
+
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 )
 
 // ErrNotFound is wrapped when a reference names nothing.
@@ -50,6 +52,10 @@ type Options struct {
 	// PartSize uploads blobs in PATCH parts of this many bytes; 0 sends each
 	// blob in one request, switching to parts when the registry answers 413.
 	PartSize int64
+	// Limiter paces the bodies of every request and response of the
+	// clients built from these options, together (--max-rate: one limiter
+	// for the whole command); nil for no bound.
+	Limiter *ratelimit.Limiter
 }
 
 // Open returns the repository that r names.
@@ -102,7 +108,7 @@ func NewClient(opt Options) (*auth.Client, error) {
 		store = s
 	}
 	c := &auth.Client{
-		Client:     &http.Client{Transport: NewRetryTransport(base, opt.Retry)},
+		Client:     &http.Client{Transport: NewRetryTransport(ratelimit.Transport(base, opt.Limiter), opt.Retry)},
 		Cache:      auth.NewCache(),
 		Credential: credentials.Credential(store),
 	}

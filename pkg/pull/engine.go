@@ -66,6 +66,7 @@ type puller struct {
 	opt Options
 	res *Result
 
+	selected []bool // by entry number, what the pull writes (Options.Select)
 	files    *pullSet
 	byChunk  [][]slot                     // per chunk, the extents still to write
 	previous map[string]layout.CachedFile // what an earlier pull left here
@@ -98,6 +99,7 @@ func newPuller(ctx context.Context, src content.Fetcher, v *layout.Version, d *d
 	p := &puller{
 		ctx: ctx, src: src, v: v, x: x, d: d, opt: opt,
 		res:      &Result{Files: x.Len(), Bytes: x.Bytes()},
+		selected: x.Selection(opt.Select),
 		files:    newPullSet(x),
 		byChunk:  targetSlots(x),
 		previous: opt.StatCache.PulledFiles(),
@@ -106,6 +108,15 @@ func newPuller(ctx context.Context, src content.Fetcher, v *layout.Version, d *d
 		packBufs: sync.Pool{New: func() any { return new([]byte) }},
 		packSem:  semaphore.NewWeighted(packBudget),
 		copying:  true,
+	}
+	if opt.Select != nil {
+		p.res.Files, p.res.Bytes = 0, 0
+		for i, ok := range p.selected {
+			if ok {
+				p.res.Files++
+				p.res.Bytes += sizeOf(x, i)
+			}
+		}
 	}
 	opt.Counters.Total.Store(p.res.Bytes)
 	return p
@@ -125,7 +136,7 @@ func (p *puller) plan() error {
 			return err
 		}
 		f := x.File(fi)
-		if f.Type == layout.TypeDir {
+		if f.Type == layout.TypeDir && p.selected[fi] {
 			m, err := p.d.ensureDir(f.Path)
 			if err != nil {
 				return err
@@ -137,10 +148,10 @@ func (p *puller) plan() error {
 	dc := newDirFD(p.d)
 	defer dc.close()
 	for i := range x.Len() {
-		f := fileAt(x, i)
-		if f.Type != layout.TypeFile {
+		if !p.selected[i] || x.Kind(i) != layout.TypeFile {
 			continue
 		}
+		f := fileAt(x, i)
 		if err := p.ctx.Err(); err != nil {
 			return err
 		}
@@ -457,12 +468,15 @@ func (p *puller) finalise() error {
 	res.ChunksFetched, res.BytesFetched = p.fetchedChunks.Load(), p.fetchedBytes.Load()
 	res.ChunksCopied, res.BytesCopied = p.copiedChunks.Load(), p.copiedBytes.Load()
 	res.ChunksCopiedUnhashed = p.vouchedChunks.Load()
-	res.FilesRemoved = d.removeStale(x, p.previous)
+	res.FilesRemoved = d.removeStale(x, p.previous, p.opt.Select)
 	res.FilesHashed = int(d.filesHashed.Load())
 	res.LocalMisses = p.localMisses.Load()
 	for fi := range x.Len() {
 		if err := p.ctx.Err(); err != nil {
 			return err
+		}
+		if !p.selected[fi] {
+			continue
 		}
 		f := x.File(fi)
 		if f.Type == layout.TypeSymlink {
@@ -475,13 +489,13 @@ func (p *puller) finalise() error {
 		if err := p.ctx.Err(); err != nil {
 			return err
 		}
-		if f := x.File(i); f.Type == layout.TypeDir {
+		if f := x.File(i); f.Type == layout.TypeDir && p.selected[i] {
 			if err := d.chmodDir(f.Path, f.Mode); err != nil {
 				return err
 			}
 		}
 	}
-	if err := p.opt.StatCache.SavePulled(p.ctx, x, d.statKey); err != nil {
+	if err := p.opt.StatCache.SavePulled(p.ctx, x, p.opt.Select, d.statKey); err != nil {
 		return fmt.Errorf("save stat cache: %w", err)
 	}
 	return nil

@@ -15,7 +15,8 @@ import (
 )
 
 // Options configure Pull and Materialise (which uses only Jobs,
-// VerifyFiles, Counters and StatCache). Zero values select defaults.
+// VerifyFiles, Counters, StatCache and Select). Zero values select
+// defaults.
 type Options struct {
 	OCI     oci.Options
 	Mirrors oci.MirrorConfig
@@ -32,6 +33,14 @@ type Options struct {
 	// into place.
 	VerifyFiles bool
 	Counters    *layout.Counters // progress; nil for none
+	// Select, when set, makes a partial pull: only the regular files and
+	// symlinks whose path it accepts are written, with the directories
+	// that hold them (see layout.Index.Selection), and only their chunks
+	// are fetched (a pack whole, for the files in it that are selected).
+	// Nothing else in the directory is written, and nothing outside the
+	// selection is removed, even a file an earlier pull wrote that the
+	// version lacks.
+	Select func(path string) bool
 	// StatCache remembers what the files written hold, so that a later
 	// pull into the directory (an upgrade) keeps or copies them. Pull opens
 	// the one of the directory under CacheDir when it is nil; Materialise

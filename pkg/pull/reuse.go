@@ -326,9 +326,9 @@ func (d *destDir) regularSize(rel string) int64 {
 
 // removeStale removes the files an earlier pull wrote (previous) that the
 // version x does not have, if they are as that pull left them. Files
-// someone changed since, or that no pull wrote, stay. It returns how many
-// it removed.
-func (d *destDir) removeStale(x *layout.Index, previous map[string]layout.CachedFile) int {
+// someone changed since, or that no pull wrote, stay, and so do those
+// outside the selection (sel, nil for all). It returns how many it removed.
+func (d *destDir) removeStale(x *layout.Index, previous map[string]layout.CachedFile, sel func(string) bool) int {
 	if len(previous) == 0 {
 		return 0
 	}
@@ -339,7 +339,7 @@ func (d *destDir) removeStale(x *layout.Index, previous map[string]layout.Cached
 	}
 	n := 0
 	for p, c := range previous {
-		if have[p] { // PulledFiles left out paths no index could hold
+		if have[p] || (sel != nil && !sel(p)) { // PulledFiles left out paths no index could hold
 			continue
 		}
 		pfd, err := d.openDir(parentOf(p))

@@ -105,7 +105,7 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dst, "mine")); err != nil || string(b) != "user's" {
 		t.Errorf("a file no pull wrote was touched: %q, %v", b, err)
 	}
-	diffs, err := layout.CompareDir(ctx, v2, dst)
+	diffs, err := layout.CompareDir(ctx, v2, dst, nil)
 	if err != nil || len(diffs) != 1 || diffs[0].Path != "mine" {
 		t.Errorf("verify after upgrade: %v, %v", diffs, err)
 	}

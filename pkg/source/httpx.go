@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/bdnvol/bdnvol/internal/byterange"
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 )
 
 // HTTPError is an unexpected HTTP answer from a source.
@@ -52,7 +53,7 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // newHTTPClient returns a client that sends authHeader to authHost only
 // and reaches only the addresses pol allows.
 func newHTTPClient(opt Options, pol *netPolicy, authHost, authHeader string) *http.Client {
-	return &http.Client{Transport: &authTransport{base: pol.transport(opt), host: authHost, header: authHeader, ua: opt.UserAgent}}
+	return &http.Client{Transport: &authTransport{base: ratelimit.Transport(pol.transport(opt), opt.Limiter), host: authHost, header: authHeader, ua: opt.UserAgent}}
 }
 
 // do sends req and returns the response when its status is one of ok;

@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/bdnvol/bdnvol/internal/byterange"
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -56,7 +57,7 @@ func newS3(ctx context.Context, rest string, opt Options) (backend, error) {
 			return nil, fmt.Errorf("%w: S3 endpoint %q is not a URL", ErrUnsupported, endpoint)
 		}
 	}
-	hc := &http.Client{Transport: newNetPolicy(opt, configured).transport(opt)}
+	hc := &http.Client{Transport: ratelimit.Transport(newNetPolicy(opt, configured).transport(opt), opt.Limiter)}
 	anonymous := strings.EqualFold(os.Getenv("AWS_NO_SIGN_REQUEST"), "true")
 	client := s3.NewFromConfig(cfg, func(o *s3.Options) {
 		if endpoint != "" {

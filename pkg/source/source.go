@@ -16,6 +16,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/bdnvol/bdnvol/internal/pathglob"
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -59,6 +61,9 @@ type Options struct {
 	// http.DefaultTransport that dials only addresses the network policy
 	// allows (a Transport given here is checked by URL only).
 	Transport http.RoundTripper
+	// Limiter paces the bodies of every request (with the destination's
+	// uploads, when the caller shares it); nil for no bound.
+	Limiter *ratelimit.Limiter
 	// AllowPrivateNetwork lets requests reach loopback and private
 	// (RFC 1918, ULA, CGNAT) addresses; by default only the configured
 	// endpoints and the kinds of address they resolve to may be.
@@ -116,7 +121,7 @@ func (o Options) withDefaults() Options {
 // (Walk does).
 func Open(ctx context.Context, uri string, opt Options) (Source, error) {
 	opt = opt.withDefaults()
-	f, err := newFilter(opt.Include, opt.Exclude)
+	f, err := pathglob.New(opt.Include, opt.Exclude)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +182,7 @@ type backend interface {
 type remote struct {
 	b      backend
 	opt    Options
-	filter *filter
+	filter *pathglob.Filter
 	reqs   *semaphore.Weighted // range requests in flight
 	buffer *semaphore.Weighted // readahead bytes held
 
@@ -201,7 +206,7 @@ func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
 	files := map[string]*object{}
 	dirs := map[string]bool{}
 	for _, o := range objs {
-		if !r.filter.match(o.path) {
+		if !r.filter.Match(o.path) {
 			continue
 		}
 		if err := checkSize(o.size); err != nil {
@@ -229,8 +234,13 @@ func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
 		out = append(out, layout.Entry{Path: d, Type: layout.TypeDir, Mode: 0o755})
 	}
 	for p, o := range files {
-		out = append(out, layout.Entry{Path: p, Type: layout.TypeFile, Mode: 0o644, Size: o.size,
-			Stat: layout.StatKey{Size: o.size}})
+		e := layout.Entry{Path: p, Type: layout.TypeFile, Mode: 0o644, Size: o.size, Stat: layout.StatKey{Size: o.size}}
+		if o.want.algo == algoSHA256 {
+			// A file's SHA-256 is its digest in the index: a push may
+			// match it with a file of the previous version.
+			e.Digest = digest.NewDigestFromEncoded(digest.SHA256, o.want.hex)
+		}
+		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	r.mu.Lock()

@@ -306,36 +306,6 @@ func TestHTTPFileAndList(t *testing.T) {
 	}
 }
 
-func TestFilter(t *testing.T) {
-	for _, tc := range []struct {
-		include, exclude []string
-		path             string
-		want             bool
-	}{
-		{nil, nil, "a/b.bin", true},
-		{[]string{"*.safetensors"}, nil, "shards/model-00001.safetensors", true},
-		{[]string{"*.safetensors"}, nil, "model.bin", false},
-		{nil, []string{"*.md"}, "docs/README.md", false},
-		{nil, []string{"original/"}, "original/consolidated.pth", false},
-		{nil, []string{"original/"}, "originals.txt", true},
-		{[]string{"model-0000[12].bin"}, nil, "model-00002.bin", true},
-		{[]string{"model-0000[!12].bin"}, nil, "model-00002.bin", false},
-		{[]string{"a?c"}, nil, "abc", true},
-		{[]string{"*.json"}, []string{"tokenizer*"}, "tokenizer.json", false},
-	} {
-		f, err := newFilter(tc.include, tc.exclude)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := f.match(tc.path); got != tc.want {
-			t.Errorf("include %v exclude %v: match(%q) = %v", tc.include, tc.exclude, tc.path, got)
-		}
-	}
-	if _, err := newFilter([]string{"[abc"}, nil); err == nil {
-		t.Error("unclosed [ accepted")
-	}
-}
-
 func TestBlockReaderReadsAnyRangeAndBoundsReadahead(t *testing.T) {
 	data := randBytes(7, 1<<20+333)
 	var inFlight, maxInFlight atomic.Int64

@@ -71,7 +71,7 @@ func Sync(ctx context.Context, src string, dst oci.Ref, opt SyncOptions) (*Synce
 	res, err := Publish(ctx, t, &syncWalk{Source: s, opt: &opt, annotations: ann}, PublishOptions{
 		Tag:   dst.Tag,
 		Extra: opt.Tags,
-		Push:  layout.PushOptions{Jobs: opt.Jobs, Counters: opt.Counters, Annotations: ann},
+		Push:  layout.PushOptions{Jobs: opt.Jobs, Counters: opt.Counters, Annotations: ann, Previous: previousIndex(ctx, t, dst.Tag)},
 		Check: func(x *layout.Index) error {
 			if err := source.Verify(s, x); err != nil {
 				return err
@@ -86,6 +86,31 @@ func Sync(ctx context.Context, src string, dst oci.Ref, opt SyncOptions) (*Synce
 		return nil, fmt.Errorf("sync %s to %s: %w", s, dst, err)
 	}
 	return &Synced{Published: res, Revision: s.Revision()}, nil
+}
+
+// previousIndex is the file index of the version a sync to tag follows:
+// the one tag points at, else the newest of the repository; nil when there
+// is none or it cannot be read (the sync then reads every file). A file of
+// it matches a source file only by the SHA-256 the source states, which is
+// the file's content digest: never by name, size or date.
+func previousIndex(ctx context.Context, t oci.Target, tag string) *layout.Index {
+	ref := tag
+	if _, err := t.Resolve(ctx, ref); err != nil {
+		vs, err := List(ctx, t)
+		if err != nil || len(vs) == 0 {
+			return nil
+		}
+		ref = vs[0].Digest.String()
+	}
+	d, err := t.Resolve(ctx, ref)
+	if err != nil {
+		return nil
+	}
+	v, err := layout.Open(ctx, t, d)
+	if err != nil {
+		return nil
+	}
+	return v.Index
 }
 
 // syncWalk reports the walk of a source and records its revision.

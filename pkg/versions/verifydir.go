@@ -19,14 +19,15 @@ type DirCheck struct {
 
 // VerifyDir compares dir with version root of the repository ref names,
 // opened as t: every file's size, mode and SHA-256, symlink targets, extra
-// and missing entries (see layout.CompareDir).
-func VerifyDir(ctx context.Context, t oci.Target, ref oci.Ref, root *Root, dir string) (*DirCheck, error) {
+// and missing entries (see layout.CompareDir); with sel (nil for all), only
+// the entries a pull with that selection writes.
+func VerifyDir(ctx context.Context, t oci.Target, ref oci.Ref, root *Root, dir string, sel func(path string) bool) (*DirCheck, error) {
 	d := root.Desc.Digest
 	v, err := layout.Open(ctx, t, root.Desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
-	diffs, err := layout.CompareDir(ctx, v, dir)
+	diffs, err := layout.CompareDir(ctx, v, dir, sel)
 	if err != nil {
 		return nil, fmt.Errorf("verify %s against %s: %w", dir, ref.Pinned(d), err)
 	}

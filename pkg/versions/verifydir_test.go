@@ -26,7 +26,7 @@ func TestVerifyDirReportsDifferences(t *testing.T) {
 	}
 	dir := t.TempDir()
 	testutil.WriteTree(t, dir, files)
-	got, err := VerifyDir(ctx, tg, ref, root, dir)
+	got, err := VerifyDir(ctx, tg, ref, root, dir, nil)
 	if err != nil || !got.OK || got.Reference != ref.Pinned(root.Desc.Digest) || got.Dir != dir || len(got.Differences) != 0 {
 		t.Fatalf("same tree: %+v, %v", got, err)
 	}
@@ -35,11 +35,11 @@ func TestVerifyDirReportsDifferences(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "a"), []byte("One"), 0o644)
 	os.WriteFile(filepath.Join(dir, "extra"), nil, 0o644)
-	got, err = VerifyDir(ctx, tg, ref, root, dir)
+	got, err = VerifyDir(ctx, tg, ref, root, dir, nil)
 	if err != nil || got.OK || len(got.Differences) != 2 {
 		t.Fatalf("changed tree: %+v, %v", got, err)
 	}
-	if _, err := VerifyDir(ctx, tg, ref, root, filepath.Join(dir, "none")); err == nil || !strings.Contains(err.Error(), "verify "+filepath.Join(dir, "none")+" against ") {
+	if _, err := VerifyDir(ctx, tg, ref, root, filepath.Join(dir, "none"), nil); err == nil || !strings.Contains(err.Error(), "verify "+filepath.Join(dir, "none")+" against ") {
 		t.Errorf("missing directory: %v", err)
 	}
 }

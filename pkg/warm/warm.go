@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
@@ -119,8 +120,8 @@ func (t *Plan) Bytes() int64 {
 
 // FillOptions configure Fill.
 type FillOptions struct {
-	Jobs    int      // concurrent fetches; <= 0 means 4
-	Limiter *Limiter // paces fetched bytes; nil for no bound
+	Jobs    int                // concurrent fetches; <= 0 means 4
+	Limiter *ratelimit.Limiter // paces fetched bytes; nil for no bound
 	// Progress is told the bytes of each blob that became cached (fetched
 	// or found); it may be called concurrently.
 	Progress func(n int64)

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -33,24 +32,6 @@ func TestParseList(t *testing.T) {
 	}
 	if _, err := ParseList([]byte("a:b c d\n")); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("three fields: err %v, want one naming line 1", err)
-	}
-}
-
-func TestLimiterPaces(t *testing.T) {
-	l := NewLimiter(1 << 20) // 1 MiB/s
-	ctx := context.Background()
-	start := time.Now()
-	for range 3 {
-		if err := l.Wait(ctx, 100<<10); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Three reservations of 100 KiB: the third starts after the first two's 200 KiB.
-	if d := time.Since(start); d < 150*time.Millisecond {
-		t.Fatalf("3 x 100 KiB at 1 MiB/s took %v, want >= ~195ms", d)
-	}
-	if NewLimiter(0) != nil || (*Limiter)(nil).Wait(ctx, 1<<40) != nil {
-		t.Fatal("no bandwidth must mean no limiter")
 	}
 }
 

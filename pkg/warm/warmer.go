@@ -17,6 +17,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -75,7 +76,7 @@ const ownerPrefix = "warm:"
 type Warmer struct {
 	opt     WarmerOptions
 	log     *slog.Logger
-	limiter *Limiter
+	limiter *ratelimit.Limiter
 	status  atomic.Pointer[Status]
 
 	mu     sync.Mutex
@@ -94,7 +95,7 @@ func NewWarmer(opt WarmerOptions) *Warmer {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
-	w := &Warmer{opt: opt, log: opt.Logger, limiter: NewLimiter(opt.Bandwidth), owners: map[string]bool{}, told: map[string]string{}}
+	w := &Warmer{opt: opt, log: opt.Logger, limiter: ratelimit.New(opt.Bandwidth), owners: map[string]bool{}, told: map[string]string{}}
 	w.status.Store(&Status{List: opt.ListFile, CacheMax: opt.Cache.Max(), Fits: true})
 	return w
 }

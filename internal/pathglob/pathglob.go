@@ -1,4 +1,6 @@
-package source
+// Package pathglob selects slash-separated paths by --include and
+// --exclude globs: the one glob syntax of sync and pull.
+package pathglob
 
 import (
 	"fmt"
@@ -6,17 +8,19 @@ import (
 	"strings"
 )
 
-// filter selects paths by --include and --exclude globs, as `hf download`
+// Filter selects paths by --include and --exclude globs, as `hf download`
 // does with --include/--exclude: a path is kept when it matches an include
 // (or there are none) and matches no exclude. In a glob, * and ? match any
 // characters including "/", [...] is a class, and a trailing "/" matches
-// everything below a directory.
-type filter struct {
+// everything below a directory. A nil Filter keeps every path.
+type Filter struct {
 	include, exclude []*regexp.Regexp
 }
 
-func newFilter(include, exclude []string) (*filter, error) {
-	f := &filter{}
+// New compiles the include and exclude globs; a malformed one is an error
+// that names it.
+func New(include, exclude []string) (*Filter, error) {
+	f := &Filter{}
 	for _, set := range []struct {
 		globs []string
 		out   *[]*regexp.Regexp
@@ -32,12 +36,19 @@ func newFilter(include, exclude []string) (*filter, error) {
 	return f, nil
 }
 
-func (f *filter) match(p string) bool {
+// Match reports whether the path p is kept.
+func (f *Filter) Match(p string) bool {
+	if f == nil {
+		return true
+	}
 	if len(f.include) > 0 && !anyMatch(f.include, p) {
 		return false
 	}
 	return !anyMatch(f.exclude, p)
 }
+
+// All reports whether f keeps every path (nil, or no globs at all).
+func (f *Filter) All() bool { return f == nil || len(f.include)+len(f.exclude) == 0 }
 
 func anyMatch(res []*regexp.Regexp, p string) bool {
 	for _, re := range res {
