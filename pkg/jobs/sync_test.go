@@ -100,7 +100,7 @@ func TestSyncJobKeepsNetworkPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := s.RunSync(ctx, refused.ID, SyncOptions{Log: io.Discard}); !errors.Is(err, source.ErrForbiddenAddress) ||
-		!strings.Contains(err.Error(), "--allow-private-network") {
+		!strings.Contains(err.Error(), "loopback") {
 		t.Fatalf("sync of a loopback source without the flag: %v", err)
 	}
 	allowed, err := s.Create(Spec{Source: srv.URL + "/w.bin", Destination: dst, AllowPrivateNetwork: true, AllowLinkLocal: true})
