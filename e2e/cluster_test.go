@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"os"
@@ -35,8 +36,10 @@ var bdnvolImageRE = regexp.MustCompile(`\S*bdnvol/bdnvol@sha256:[0-9a-f]{64}`)
 // host's network (the test's registry listens on the host's loopback, and
 // the cluster has no pod network), the node plugin's linger shortened, and
 // node-driver-registrar, which this machine cannot pull, left out:
-// testRegistrar does its work.
-func renderDeploy(t *testing.T) string {
+// testRegistrar does its work. With caFile, the node plugin and the mounter
+// trust that CA (a hostPath volume and --ca-file), as an operator whose
+// registry has a private CA sets them up.
+func renderDeploy(t *testing.T, caFile string) string {
 	t.Helper()
 	files, err := filepath.Glob("../deploy/kubernetes/*.yaml")
 	if err != nil || len(files) == 0 {
@@ -54,7 +57,7 @@ func renderDeploy(t *testing.T) string {
 				continue
 			}
 			if regexp.MustCompile(`(?m)^kind: DaemonSet\s*$`).MatchString(doc) {
-				doc = renderDaemonSet(t, doc)
+				doc = renderDaemonSet(t, doc, caFile)
 			}
 			docs = append(docs, doc)
 		}
@@ -62,7 +65,7 @@ func renderDeploy(t *testing.T) string {
 	return strings.Join(docs, "\n---\n")
 }
 
-func renderDaemonSet(t *testing.T, doc string) string {
+func renderDaemonSet(t *testing.T, doc, caFile string) string {
 	t.Helper()
 	var ds appsv1.DaemonSet
 	if err := yaml.UnmarshalStrict([]byte(doc), &ds); err != nil {
@@ -71,6 +74,19 @@ func renderDaemonSet(t *testing.T, doc string) string {
 	spec := &ds.Spec.Template.Spec
 	spec.HostNetwork = true
 	spec.DNSPolicy = corev1.DNSClusterFirstWithHostNet
+	if caFile != "" {
+		dir := corev1.HostPathDirectory
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "e2e-ca", VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: filepath.Dir(caFile), Type: &dir}}})
+		for i := range spec.Containers {
+			ct := &spec.Containers[i]
+			if ct.Name == registrarCt {
+				continue
+			}
+			ct.VolumeMounts = append(ct.VolumeMounts, corev1.VolumeMount{Name: "e2e-ca", MountPath: "/e2e-ca", ReadOnly: true})
+			ct.Args = append(ct.Args, "--ca-file=/e2e-ca/"+filepath.Base(caFile))
+		}
+	}
 	if ds.Name != nodeDSName {
 		b, err := yaml.Marshal(&ds)
 		if err != nil {
@@ -157,6 +173,16 @@ func (c *cluster) register(t *testing.T) {
 // readerPod is a pod, running as nobody on the host's network, that mounts
 // ref read-only at /data, runs script and then sleeps.
 func readerPod(name, ref, script string) string {
+	return readerPodWith(name, script, fmt.Sprintf(`csi:
+        driver: %s
+        readOnly: true
+        volumeAttributes:
+          ref: %s`, driverName, jsonString(ref)))
+}
+
+// readerPodWith is readerPod with the data volume's source given as YAML
+// (indented for its place under "- name: data").
+func readerPodWith(name, script, volume string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
@@ -178,12 +204,8 @@ spec:
         - {name: data, mountPath: /data, readOnly: true}
   volumes:
     - name: data
-      csi:
-        driver: %s
-        readOnly: true
-        volumeAttributes:
-          ref: %s
-`, name, imgBusybox, jsonString(script+"; echo READY; exec sleep 3600"), driverName, jsonString(ref))
+      %s
+`, name, imgBusybox, jsonString(script+"; echo READY; exec sleep 3600"), volume)
 }
 
 // readScript prints what the checks compare: the files, the uid, and what
@@ -219,9 +241,28 @@ func TestCluster(t *testing.T) {
 	mustRun(t, "push", ref, src)
 	bigSum := fmt.Sprintf("%x", sha256.Sum256(big))
 
+	// A private registry (htpasswd over TLS with its own CA), whose CA the
+	// node plugin and the mounter are given. It listens on the host's
+	// address, not loopback, where bdnvol speaks plain HTTP.
+	var priv *authRegistry
+	var privRef, caFile string
+	privText := "tenant a's weights\n"
+	if ip := serverIP(t); ip != nil {
+		priv = newAuthRegistry(t, ip, "htpasswd", "alice", "alice-pw")
+		privRef, caFile = priv.Host+"/tenant-a/weights:v1", priv.CA.File
+		privSrc := t.TempDir()
+		os.WriteFile(filepath.Join(privSrc, "secret.txt"), []byte(privText), 0o644)
+		if r := runWith(t, "alice-pw\n", nil, "login", "--ca-file", caFile, priv.Host, "-u", "alice", "--password-stdin"); r.code != 0 {
+			t.Fatalf("login to the private registry:\n%s", r)
+		}
+		if r := runWith(t, "", nil, "push", "--ca-file", caFile, privRef, privSrc); r.code != 0 {
+			t.Fatalf("push to the private registry:\n%s", r)
+		}
+	}
+
 	c.importImages(builds)
 	t.Logf("images imported at %v", time.Since(start).Round(time.Second))
-	c.apply(renderDeploy(t))
+	c.apply(renderDeploy(t, caFile))
 	for _, ds := range []string{"bdnvol-csi-node", "bdnvol-csi-mounter"} {
 		c.waitFor("DaemonSet "+ds+" to be ready", func() (bool, string) {
 			out, err := c.kubectlErr("get", "daemonset", "-n", "kube-system", ds, "-o", "jsonpath={.status.desiredNumberScheduled} {.status.numberReady}")
@@ -255,12 +296,19 @@ func TestCluster(t *testing.T) {
 	}
 
 	if !t.Run("ReadOnlyNonRoot", func(t *testing.T) {
+		blobs := func() int { return reg.Stats().Requests["GET blob"] }
+		b0 := blobs()
 		cold := timeToRun("reader-a")
 		checkReader(t, "reader-a")
+		b1 := blobs()
 		warm := timeToRun("reader-b")
 		checkReader(t, "reader-b")
 		t.Logf("pod creation -> Running with a bdnvol volume: cold %v, version already mounted %v",
 			cold.Round(100*time.Millisecond), warm.Round(100*time.Millisecond))
+		t.Logf("registry blob GETs: %d for the first pod (its reads), %d more for the second", b1-b0, blobs()-b1)
+		if n := blobs() - b1; n != 0 {
+			t.Errorf("the second pod of a mounted version fetched %d blobs", n)
+		}
 		if devs := fuseDevices(kubeletDir); len(devs) != 1 {
 			t.Errorf("two pods of one version: %d FUSE file systems under %s, want 1: %v", len(devs), kubeletDir, devs)
 		}
@@ -278,6 +326,117 @@ func TestCluster(t *testing.T) {
 			t.Errorf("pod with a missing tag is %q, want Pending", ph)
 		}
 		c.kubectl("delete", "pod", "missing-tag", "--wait=false")
+	})
+
+	t.Run("BadReference", func(t *testing.T) {
+		c.apply(readerPod("bad-ref", "Not//A Reference!", "true"))
+		c.waitFor("an InvalidArgument event on pod bad-ref", func() (bool, string) {
+			ev := c.events("default", "bad-ref")
+			return strings.Contains(ev, "InvalidArgument"), ev
+		})
+		c.kubectl("delete", "pod", "bad-ref", "--wait=false")
+	})
+
+	// A pod with the registry's credentials in a nodePublishSecretRef reads
+	// the private version; a pod on the same node without them is refused,
+	// although the version is mounted and its chunks are in the node's cache.
+	t.Run("PrivateRegistrySecret", func(t *testing.T) {
+		if priv == nil {
+			t.Skip("this machine has no address but loopback for a TLS registry")
+		}
+		auth := base64.StdEncoding.EncodeToString([]byte("alice:alice-pw"))
+		cfg := fmt.Sprintf(`{"auths":{%q:{"auth":%q}}}`, priv.Host, auth)
+		c.apply(fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata: {name: tenant-a-registry, namespace: default}
+type: kubernetes.io/dockerconfigjson
+data:
+  .dockerconfigjson: %s
+`, base64.StdEncoding.EncodeToString([]byte(cfg))))
+		vol := func(secret bool) string {
+			v := fmt.Sprintf("csi:\n        driver: %s\n        readOnly: true\n        volumeAttributes:\n          ref: %s", driverName, jsonString(privRef))
+			if secret {
+				v += "\n        nodePublishSecretRef: {name: tenant-a-registry}"
+			}
+			return v
+		}
+		c.apply(readerPodWith("tenant-a", "cat /data/secret.txt", vol(true)))
+		c.waitFor("pod tenant-a to print READY", func() (bool, string) {
+			l := c.podLogs("default", "tenant-a")
+			return strings.Contains(l, "READY"), l + c.events("default", "tenant-a")
+		})
+		if l := c.podLogs("default", "tenant-a"); !strings.Contains(l, privText) {
+			t.Errorf("pod tenant-a with the secret did not read the file:\n%s", l)
+		}
+		before := priv.Stats().Requests["GET blob"]
+		c.apply(readerPodWith("tenant-b", "cat /data/secret.txt", vol(false)))
+		c.waitFor("a refusal event on pod tenant-b", func() (bool, string) {
+			ev := c.events("default", "tenant-b")
+			return strings.Contains(ev, "PermissionDenied") || strings.Contains(ev, "Unauthenticated"), ev
+		})
+		if ph := c.podPhase("default", "tenant-b"); ph != "Pending" {
+			t.Errorf("pod tenant-b without the secret is %q, want Pending", ph)
+		}
+		if l := c.podLogs("default", "tenant-b"); strings.Contains(l, privText) {
+			t.Errorf("pod tenant-b without the secret read tenant a's file:\n%s", l)
+		}
+		if n := priv.Stats().Requests["GET blob"] - before; n != 0 {
+			t.Errorf("the refused pod's attempts fetched %d blobs", n)
+		}
+		c.kubectl("delete", "pod", "tenant-a", "tenant-b", "--wait=false")
+	})
+
+	// A tag moved between two pods' starts: each keeps the version it
+	// started with.
+	t.Run("TagMovedBetweenPods", func(t *testing.T) {
+		mref := reg.Host + "/team/moving:prod"
+		for i, pod := range []string{"moving-1", "moving-2"} {
+			src := t.TempDir()
+			os.WriteFile(filepath.Join(src, "which.txt"), []byte(fmt.Sprintf("version %d\n", i+1)), 0o644)
+			mustRun(t, "push", mref, src)
+			c.apply(readerPod(pod, mref, "cat /data/which.txt"))
+			c.waitFor("pod "+pod+" to print READY", func() (bool, string) {
+				l := c.podLogs("default", pod)
+				return strings.Contains(l, "READY"), l + c.events("default", pod)
+			})
+		}
+		for i, pod := range []string{"moving-1", "moving-2"} {
+			want := fmt.Sprintf("version %d\n", i+1)
+			if out, err := c.kubectlErr("exec", pod, "--", "cat", "/data/which.txt"); err != nil || out != want {
+				t.Errorf("pod %s reads %q (%v), want %q", pod, out, err, want)
+			}
+		}
+		c.kubectl("delete", "pod", "moving-1", "moving-2", "--wait=false")
+	})
+
+	// A pre-provisioned PersistentVolume and its claim, read by a pod.
+	t.Run("PersistentVolume", func(t *testing.T) {
+		c.apply(fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolume
+metadata: {name: weights-pv}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadOnlyMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  csi:
+    driver: %s
+    volumeHandle: weights-pv
+    readOnly: true
+    volumeAttributes: {ref: %s}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: weights, namespace: default}
+spec:
+  accessModes: [ReadOnlyMany]
+  storageClassName: ""
+  volumeName: weights-pv
+  resources: {requests: {storage: 1Gi}}
+`, driverName, jsonString(ref)))
+		c.apply(readerPodWith("pv-reader", readScript, "persistentVolumeClaim: {claimName: weights, readOnly: true}"))
+		checkReader(t, "pv-reader")
+		c.kubectl("delete", "pod", "pv-reader", "--wait=false")
 	})
 
 	// The node plugin pod is replaced while reader-a reads; once the readers
@@ -312,7 +471,9 @@ func TestCluster(t *testing.T) {
 			return err == nil && out == "Running true", out + " " + c.events("default", "reader-c")
 		})
 		d := time.Since(t0)
+		b := reg.Stats().Requests["GET blob"]
 		checkReader(t, "reader-c")
+		t.Logf("registry blob GETs for the third pod's reads, after a new mount over the node's cache: %d", reg.Stats().Requests["GET blob"]-b)
 		t.Logf("pod creation -> Running after the node plugin restart and the linger: %v", d.Round(100*time.Millisecond))
 	})
 	t.Logf("TestCluster took %v", time.Since(start).Round(time.Second))
