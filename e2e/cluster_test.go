@@ -439,6 +439,44 @@ spec:
 		c.kubectl("delete", "pod", "pv-reader", "--wait=false")
 	})
 
+	// kubelet restarted under running pods: they go on reading, and kubelet
+	// (re-registering the driver from plugins_registry) publishes for a new
+	// pod.
+	t.Run("KubeletRestart", func(t *testing.T) {
+		var kl *clusterProc
+		for _, p := range c.procs {
+			if p.name == "kubelet" && p.running() {
+				kl = p
+			}
+		}
+		if kl == nil {
+			t.Fatal("no running kubelet")
+		}
+		kl.stop(10 * time.Second)
+		procs := c.procs[:0] // the cluster's health checks watch the others
+		for _, p := range c.procs {
+			if p != kl {
+				procs = append(procs, p)
+			}
+		}
+		c.procs = procs
+		if len(fuseDevices(kubeletDir)) == 0 {
+			t.Errorf("the FUSE mounts went with kubelet")
+		}
+		c.startKubelet()
+		c.waitFor("node localhost to be Ready again", func() (bool, string) {
+			out, err := c.kubectlErr("get", "node", "localhost", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			return err == nil && out == "True", out
+		})
+		c.waitFor("reader-a to read through kubelet's restart", func() (bool, string) {
+			out, err := c.kubectlErr("exec", "reader-a", "--", "cat", "/data/a.txt")
+			return err == nil && out == text, fmt.Sprint(out, err)
+		})
+		c.apply(readerPod("after-kubelet", ref, readScript))
+		checkReader(t, "after-kubelet")
+		c.kubectl("delete", "pod", "after-kubelet", "--wait=false")
+	})
+
 	// The node plugin pod is replaced while reader-a reads; once the readers
 	// are gone and the linger has expired, the version is unmounted, and a
 	// pod created after that must get it mounted again.
@@ -475,6 +513,26 @@ spec:
 		checkReader(t, "reader-c")
 		t.Logf("registry blob GETs for the third pod's reads, after a new mount over the node's cache: %d", reg.Stats().Requests["GET blob"]-b)
 		t.Logf("pod creation -> Running after the node plugin restart and the linger: %v", d.Round(100*time.Millisecond))
+	})
+	// Uninstall: with the pods and the driver's objects deleted, no FUSE
+	// mount and no bind of one is left on the host.
+	t.Run("UninstallLeavesNoMount", func(t *testing.T) {
+		c.kubectl("delete", "pods", "--all", "-n", "default", "--wait=false")
+		c.waitFor("the test pods to be gone", func() (bool, string) {
+			out, err := c.kubectlErr("get", "pods", "-n", "default", "-o", "name")
+			return err == nil && strings.TrimSpace(out) == "", out
+		})
+		if _, err := c.kubectlIn(renderDeploy(t, caFile), "delete", "-f", "-", "--wait=true"); err != nil {
+			t.Fatalf("deleting the driver: %v", err)
+		}
+		c.waitFor("the driver's pods to be gone", func() (bool, string) {
+			out, err := c.kubectlErr("get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=bdnvol-csi", "-o", "name")
+			return err == nil && strings.TrimSpace(out) == "", out
+		})
+		c.waitForIn(time.Minute, "no FUSE mount under "+kubeletDir, func() (bool, string) {
+			devs := fuseDevices(kubeletDir)
+			return len(devs) == 0, fmt.Sprint(devs)
+		})
 	})
 	t.Logf("TestCluster took %v", time.Since(start).Round(time.Second))
 }
