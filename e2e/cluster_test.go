@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -514,6 +516,52 @@ spec:
 		t.Logf("registry blob GETs for the third pod's reads, after a new mount over the node's cache: %d", reg.Stats().Requests["GET blob"]-b)
 		t.Logf("pod creation -> Running after the node plugin restart and the linger: %v", d.Round(100*time.Millisecond))
 	})
+	// The warm list ConfigMap edited: the mounter warms the version (its
+	// metric says so), and a pod started after that fetches no blob.
+	t.Run("WarmListConfigMap", func(t *testing.T) {
+		wsrc := t.TempDir()
+		wbig := make([]byte, 2<<20)
+		for i := range wbig {
+			wbig[i] = byte(i*13 + i>>11)
+		}
+		os.WriteFile(filepath.Join(wsrc, "warm.bin"), wbig, 0o644)
+		wref := reg.Host + "/team/warm:v1"
+		mustRun(t, "push", wref, wsrc)
+		c.apply(fmt.Sprintf(`apiVersion: v1
+kind: ConfigMap
+metadata: {name: bdnvol-csi-warm-list, namespace: kube-system, labels: {app.kubernetes.io/name: bdnvol-csi}}
+data:
+  warm-list: |
+    %s
+`, wref))
+		c.waitForIn(2*time.Minute, "the mounter to report the warm list entry warm", func() (bool, string) {
+			resp, err := http.Get("http://127.0.0.1:9808/metrics")
+			if err != nil {
+				return false, err.Error()
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(l, `bdnvol_warm_entries{state="warm"}`) {
+					return strings.HasSuffix(l, " 1"), l
+				}
+			}
+			return false, "no bdnvol_warm_entries{state=\"warm\"}"
+		})
+		before := reg.Stats().Requests["GET blob"]
+		c.apply(readerPod("warm-reader", wref, "sha256sum /data/warm.bin"))
+		c.waitFor("pod warm-reader to print READY", func() (bool, string) {
+			l := c.podLogs("default", "warm-reader")
+			return strings.Contains(l, "READY"), l + c.events("default", "warm-reader")
+		})
+		if l, want := c.podLogs("default", "warm-reader"), fmt.Sprintf("%x", sha256.Sum256(wbig)); !strings.Contains(l, want) {
+			t.Errorf("warm-reader read other bytes:\n%s", l)
+		}
+		if n := reg.Stats().Requests["GET blob"] - before; n != 0 {
+			t.Errorf("a pod of a warm version fetched %d blobs from the registry", n)
+		}
+	})
+
 	// Uninstall: with the pods and the driver's objects deleted, no FUSE
 	// mount and no bind of one is left on the host.
 	t.Run("UninstallLeavesNoMount", func(t *testing.T) {
