@@ -108,12 +108,18 @@ func renderDaemonSet(t *testing.T, doc, caFile string) string {
 				lingerSet = true
 			}
 		}
+		// Signature keys from a ConfigMap, named by requireSignature.
+		ct.Args = append(ct.Args, "--key-dir=/etc/bdnvol/keys")
+		ct.VolumeMounts = append(ct.VolumeMounts, corev1.VolumeMount{Name: "signature-keys", MountPath: "/etc/bdnvol/keys", ReadOnly: true})
 		keep = append(keep, ct)
 	}
 	if !lingerSet {
 		t.Fatal("the node plugin in node.yaml has no --linger to shorten")
 	}
 	spec.Containers = keep
+	optional := true
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "signature-keys", VolumeSource: corev1.VolumeSource{
+		ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "bdnvol-e2e-keys"}, Optional: &optional}}})
 	b, err := yaml.Marshal(&ds)
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +267,11 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("push to the private registry:\n%s", r)
 		}
 	}
+
+	// A cosign key pair; the public key goes to the node plugin in a
+	// ConfigMap mounted at its --key-dir.
+	signKey, signPub := keyPair(t, t.TempDir(), "release")
+	c.kubectl("create", "configmap", "bdnvol-e2e-keys", "-n", "kube-system", "--from-file=release.pub="+signPub)
 
 	c.importImages(builds)
 	t.Logf("images imported at %v", time.Since(start).Round(time.Second))
@@ -439,6 +450,32 @@ spec:
 		c.apply(readerPodWith("pv-reader", readScript, "persistentVolumeClaim: {claimName: weights, readOnly: true}"))
 		checkReader(t, "pv-reader")
 		c.kubectl("delete", "pod", "pv-reader", "--wait=false")
+	})
+
+	// requireSignature naming a key of the ConfigMap: a signed version's pod
+	// reads, an unsigned version's pod never starts.
+	t.Run("RequireSignature", func(t *testing.T) {
+		signedRef, unsignedRef := reg.Host+"/team/signed:v1", reg.Host+"/team/unsigned:v1"
+		mustRun(t, "push", signedRef, src)
+		mustRun(t, "push", unsignedRef, src)
+		if r := signRun(t, "sign", "--key", signKey, signedRef); r.code != 0 {
+			t.Fatalf("sign:\n%s", r)
+		}
+		vol := func(ref string) string {
+			return fmt.Sprintf("csi:\n        driver: %s\n        readOnly: true\n        volumeAttributes:\n          ref: %s\n          requireSignature: release.pub",
+				driverName, jsonString(ref))
+		}
+		c.apply(readerPodWith("signed-reader", readScript, vol(signedRef)))
+		checkReader(t, "signed-reader")
+		c.apply(readerPodWith("unsigned-reader", readScript, vol(unsignedRef)))
+		c.waitFor("a PermissionDenied event on pod unsigned-reader", func() (bool, string) {
+			ev := c.events("default", "unsigned-reader")
+			return strings.Contains(ev, "PermissionDenied"), ev
+		})
+		if ph := c.podPhase("default", "unsigned-reader"); ph != "Pending" {
+			t.Errorf("the unsigned version's pod is %q, want Pending", ph)
+		}
+		c.kubectl("delete", "pod", "signed-reader", "unsigned-reader", "--wait=false")
 	})
 
 	// kubelet restarted under running pods: they go on reading, and kubelet
