@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -597,6 +598,54 @@ data:
 		if n := reg.Stats().Requests["GET blob"] - before; n != 0 {
 			t.Errorf("a pod of a warm version fetched %d blobs from the registry", n)
 		}
+	})
+
+	// A node reboot, simulated: kubelet, every container and containerd are
+	// killed and every mount under the kubelet directory goes, as at a
+	// power cut; the control plane stays. Once containerd and kubelet start
+	// again, the DaemonSets come back and a pod that always restarts gets its
+	// volume again.
+	t.Run("NodeReboot", func(t *testing.T) {
+		c.apply(strings.Replace(readerPod("survivor", ref, "cat /data/a.txt"), "restartPolicy: Never", "restartPolicy: Always", 1))
+		c.waitFor("pod survivor to print READY", func() (bool, string) {
+			l := c.podLogs("default", "survivor")
+			return strings.Contains(l, "READY"), l + c.events("default", "survivor")
+		})
+		var keep []*clusterProc
+		var kl, cd *clusterProc
+		for _, p := range c.procs {
+			switch {
+			case p.name == "kubelet" && p.running():
+				kl = p
+			case p.name == "containerd" && p.running():
+				cd = p
+			case p.running():
+				keep = append(keep, p)
+			}
+		}
+		if kl == nil || cd == nil {
+			t.Fatal("no running kubelet or containerd")
+		}
+		c.procs = keep
+		syscall.Kill(-kl.cmd.Process.Pid, syscall.SIGKILL)
+		<-kl.done
+		c.killTasks()
+		syscall.Kill(-cd.cmd.Process.Pid, syscall.SIGKILL)
+		<-cd.done
+		c.killShims()
+		unmountUnder(kubeletDir + "/")
+		if devs := fuseDevices(kubeletDir); len(devs) != 0 {
+			t.Fatalf("FUSE mounts left after the simulated power cut: %v", devs)
+		}
+		t0 := time.Now()
+		c.startContainerd()
+		c.startKubelet()
+		c.waitForIn(3*time.Minute, "pod survivor to read its volume again after the reboot", func() (bool, string) {
+			out, err := c.kubectlErr("exec", "survivor", "--", "cat", "/data/a.txt")
+			return err == nil && out == text, fmt.Sprint(out, err, " ", c.events("default", "survivor"))
+		})
+		t.Logf("node reboot (containerd and kubelet started) -> the pod reads its volume again: %v", time.Since(t0).Round(100*time.Millisecond))
+		c.kubectl("delete", "pod", "survivor", "--wait=false")
 	})
 
 	// Uninstall: with the pods and the driver's objects deleted, no FUSE
