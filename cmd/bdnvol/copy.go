@@ -4,18 +4,21 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/ociarchive"
 	"github.com/bdnvol/bdnvol/pkg/replicate"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
 // CopyCmd copies versions between registries and OCI layouts.
 type CopyCmd struct {
-	Refs      []string `arg:"" name:"SRC... DST" help:"Sources (HOST/REPO:TAG, HOST/REPO@DIGEST, oci:PATH[:TAG|@DIGEST]), then the destination (HOST/REPO[:TAG] or oci:PATH[:TAG])."`
+	Refs      []string `arg:"" name:"SRC... DST" help:"Sources (HOST/REPO:TAG, HOST/REPO@DIGEST, oci:PATH[:TAG|@DIGEST], oci-archive:FILE.tar[:TAG|@DIGEST]), then the destination (HOST/REPO[:TAG], oci:PATH[:TAG] or oci-archive:FILE.tar[:TAG])."`
+	Since     string   `help:"With an oci-archive: destination: leave out every blob of this version (HOST/REPO:TAG, @DIGEST, oci:…), which the receiving site holds."`
 	AllTags   bool     `name:"all-tags" help:"Copy every tag of the source repository (protective tags, signatures and referrers indexes included)."`
 	Referrers bool     `default:"true" negatable:"" help:"Also copy the manifests that refer to each version (signatures, image views)."`
 	Tag       []string `help:"Extra tag to point at the copied version (repeatable; one source)."`
@@ -28,7 +31,8 @@ type CopyCmd struct {
 type copyReport struct {
 	Reference string `json:"reference,omitempty"`
 	replicate.Report
-	Seconds float64 `json:"seconds"`
+	ArchiveBytes int64   `json:"archive_bytes,omitempty"` // the oci-archive written
+	Seconds      float64 `json:"seconds"`
 }
 
 // Run copies the versions.
@@ -38,9 +42,27 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		return usageError{fmt.Errorf("copy: want SRC... DST")}
 	}
 	srcs, dstArg := c.Refs[:len(c.Refs)-1], c.Refs[len(c.Refs)-1]
-	dstRef, err := oci.ParseRef(dstArg)
+	dstRef, toArchive, err := archiveRef(dstArg)
 	if err != nil {
-		return usageError{err}
+		return err
+	}
+	if !toArchive {
+		if dstRef, err = oci.ParseRef(dstArg); err != nil {
+			return usageError{err}
+		}
+	}
+	if c.Since != "" && !toArchive {
+		return usageError{fmt.Errorf("copy --since: the destination must be an oci-archive:")}
+	}
+	archivePath := dstRef.Layout
+	if toArchive {
+		// The archive is staged as a layout next to it, then written whole.
+		stage, err := stageDir(archivePath)
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(stage)
+		dstRef.Layout = stage
 	}
 	if dstRef.Digest != "" {
 		return usageError{fmt.Errorf("copy: destination %s: a digest is the source's; give a repository or a tag", dstArg)}
@@ -58,21 +80,43 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	if c.Since != "" {
+		have, err := sinceSet(ctx, g, c.Since)
+		if err != nil {
+			return err
+		}
+		dt = sinceTarget{Target: dt, have: have}
+	}
 	counters := &layout.Counters{}
 	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize, Logf: g.logf}
 	stop := startProgress(g.stderr, "copy", counters)
 	defer stop()
 	total := copyReport{}
 	for _, s := range srcs {
-		srcRef, err := oci.ParseRef(s)
+		srcRef, fromArchive, err := archiveRef(s)
 		if err != nil {
-			return usageError{err}
+			return err
 		}
+		if !fromArchive {
+			if srcRef, err = oci.ParseRef(s); err != nil {
+				return usageError{err}
+			}
+		}
+		// An archive named without a tag or digest is imported whole.
+		all := c.AllTags || fromArchive && srcRef.Reference() == ""
 		if c.AllTags && srcRef.Reference() != "" {
 			return usageError{fmt.Errorf("copy --all-tags: source %s: give a repository without tag or digest", s)}
 		}
-		if !c.AllTags && srcRef.Reference() == "" {
+		if !all && srcRef.Reference() == "" {
 			return usageError{fmt.Errorf("copy: source %s: no tag or digest (or use --all-tags)", s)}
+		}
+		if fromArchive {
+			staged, cleanup, err := openArchive(ctx, srcRef)
+			if err != nil {
+				return err
+			}
+			defer cleanup()
+			srcRef = staged
 		}
 		st, err := oci.Open(ctx, srcRef, g.options())
 		if err != nil {
@@ -85,13 +129,13 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 			}
 		}
 		var rep *replicate.Report
-		if c.AllTags {
+		if all {
 			rep, err = replicate.CopyAll(ctx, replicate.Side{Ref: srcRef, Target: st}, replicate.Side{Ref: dstRef, Target: dt}, ropt)
 		} else {
 			rep, err = replicate.Copy(ctx, replicate.Side{Ref: srcRef, Target: st}, replicate.Side{Ref: dstRef, Target: dt}, ropt)
 		}
 		if err != nil {
-			return fmt.Errorf("copy %s to %s: %w", srcRef, dstRef.Repo(), err)
+			return missingHint(fmt.Errorf("copy %s to %s: %w", s, dstArg, err), fromArchive)
 		}
 		total.Add(rep)
 		if len(srcs) == 1 && rep.Digest != "" {
@@ -100,6 +144,16 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	}
 	stop()
+	if toArchive {
+		size, err := ociarchive.WriteFile(ctx, dstRef.Layout, archivePath)
+		if err != nil {
+			return fmt.Errorf("copy: writing %s: %w", archivePath, err)
+		}
+		total.ArchiveBytes = size
+		if total.Reference != "" {
+			total.Reference = ociarchive.Prefix + archivePath + "@" + total.Digest.String()
+		}
+	}
 	total.Seconds = time.Since(start).Seconds()
 	if c.JSON {
 		return g.printJSON(total)
