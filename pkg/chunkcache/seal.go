@@ -3,6 +3,7 @@ package chunkcache
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -11,12 +12,26 @@ import (
 // it holds the entry's size and modification time at that moment. Another
 // process opening the entry trusts it without hashing it again while both
 // still match; any write to the file changes its mtime and voids the mark.
-// Where extended attributes are unsupported every process hashes entries
-// on first use, as before.
+// The mark also names the boot it was made in: after a power loss or a
+// reboot, bytes the kernel had not yet written out may be gone or torn
+// under an unchanged size and time, so every entry is hashed again on its
+// first use after a boot. Where extended attributes are unsupported every
+// process hashes entries on first use, as before.
 const sealXattr = "user.bdnvol.verified"
 
+// bootID names the running boot (empty where the kernel does not say).
+var bootID = readBootID()
+
+func readBootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
 func sealValue(fi os.FileInfo) string {
-	return fmt.Sprintf("%d:%d", fi.Size(), fi.ModTime().UnixNano())
+	return fmt.Sprintf("%d:%d:%s", fi.Size(), fi.ModTime().UnixNano(), bootID)
 }
 
 // sealEntry records that the entry at p was just verified.
