@@ -138,6 +138,7 @@ func (n *csiNode) cmd(log *syncBuffer, args ...string) *exec.Cmd {
 func (n *csiNode) startMounter() {
 	n.t.Helper()
 	n.mounterLog = &syncBuffer{}
+	os.Remove(n.mounterS) // a killed mounter leaves its socket: wait for the new one
 	n.mounter = n.cmd(n.mounterLog, "mounter", "--mounts-dir", n.mountsDir, "--mounter-socket", n.mounterS,
 		"--state-dir", n.stateDir, "--cache-dir", n.cacheDir, "--cache-size", n.cacheSize, "--hosts-dir", "none")
 	n.mounter.Args = append(n.mounter.Args, n.mounterFlags...)
@@ -185,6 +186,17 @@ func (n *csiNode) kill9Node() {
 	n.node.Wait()
 	n.conn.Close()
 	n.node = nil
+}
+
+// kill9Mounter kills the mounter with SIGKILL: its FUSE mounts stay in the
+// mount table with no server, as after a crash or an OOM kill.
+func (n *csiNode) kill9Mounter() {
+	n.t.Helper()
+	if err := n.mounter.Process.Signal(syscall.SIGKILL); err != nil {
+		n.t.Fatal(err)
+	}
+	n.mounter.Wait()
+	n.mounter = nil
 }
 
 func (n *csiNode) stopNode() {

@@ -3,6 +3,7 @@ package chunkcache
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,9 +20,25 @@ import (
 // on first use, as before.
 const vouchXattr = "user.bdnvol.verified"
 
-// vouchValue is the mark of an entry with stat fi: its size and mtime.
+// bootID names the running boot (empty where the kernel does not say).
+// A mark names the boot it was made in: after a power loss or a reboot,
+// bytes the kernel had not yet written out may be gone or torn under an
+// unchanged size and time, so every entry is hashed again on its first
+// use after a boot.
+var bootID = readBootID()
+
+func readBootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// vouchValue is the mark of an entry with stat fi: its size and mtime, and
+// the boot.
 func vouchValue(fi os.FileInfo) string {
-	return fmt.Sprintf("%d:%d", fi.Size(), fi.ModTime().UnixNano())
+	return fmt.Sprintf("%d:%d:%s", fi.Size(), fi.ModTime().UnixNano(), bootID)
 }
 
 // vouchEntry vouches for the entry at p, just verified.

@@ -22,3 +22,4 @@ func (d *targetDir) check() error                  { return errNotLinux }
 func (d *targetDir) bind(src string) (bool, error) { return false, errNotLinux }
 func (d *targetDir) unbind() error                 { return errNotLinux }
 func (d *targetDir) rmdir(bool) error              { return errNotLinux }
+func (d *targetDir) at() string                    { return d.path }

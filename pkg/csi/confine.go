@@ -105,3 +105,33 @@ func (n *Node) unbindTarget(t target) error {
 	}
 	return d.rmdir(true)
 }
+
+// maxStacked bounds how many dead mounts clearDead removes from one target.
+const maxStacked = 8
+
+// clearDead detaches the bdnvol mounts at target path tp whose server is
+// gone (a mounter killed or crashed: every access answers ENOTCONN), so
+// that the target can be published again. A live mount, another file
+// system, or a path reached through a symlink is left alone.
+func (n *Node) clearDead(tp string) error {
+	for range maxStacked { // binds may be stacked
+		if _, ok := mounts.At(tp); !ok {
+			return nil
+		}
+		d, err := openTarget(n.opt.KubeletDir, tp)
+		if err != nil {
+			return targetStatus(err)
+		}
+		if !mounts.NotConnected(d.at()) {
+			d.Close()
+			return nil
+		}
+		err = d.unbind()
+		d.Close()
+		if err != nil {
+			return status.Errorf(codes.Internal, "dead mount at %s: %v", tp, err)
+		}
+		n.log.Info("removed a dead mount: its mounter is gone", "target", tp)
+	}
+	return status.Errorf(codes.Internal, "%s: more than %d dead mounts stacked", tp, maxStacked)
+}

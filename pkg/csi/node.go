@@ -91,7 +91,9 @@ func infoKey(i MountInfo) string {
 
 // NewNode returns the node plugin, re-attached to what an earlier one left:
 // records whose target is no longer mounted are dropped, and versions the
-// mounter serves for no target start their linger.
+// mounter serves for no target start their linger. A target whose mount is
+// dead is left to kubelet's next publish or unpublish of it (see
+// clearDead): a pod may still have it, and an error is the truth for it.
 func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
@@ -111,6 +113,9 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 			n.ts.remove(t.Path)
 			n.log.Info("dropped a target no longer mounted", "target", t.Path, "digest", t.Digest)
 			continue
+		}
+		if mounts.NotConnected(t.Path) {
+			n.log.Warn("target holds a dead mount (its mounter is gone): replaced at its next publish, removed at its unpublish", "target", t.Path, "digest", t.Digest)
 		}
 		refs[targetKey(t)]++
 	}
@@ -293,7 +298,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	}
 	defer done()
 	if t, ok := n.ts.read(tp); ok {
-		if m, mounted := mounts.At(tp); mounted && m.Digest == t.Digest {
+		if m, mounted := mounts.At(tp); mounted && m.Digest == t.Digest && !mounts.NotConnected(tp) {
 			if t.VolumeID != req.GetVolumeId() {
 				return nil, status.Errorf(codes.AlreadyExists, "%s: already publishes volume %s", tp, t.VolumeID)
 			}
@@ -303,6 +308,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		n.ts.remove(tp)
 		n.releaseLocked(targetKey(t))
 		n.mu.Unlock()
+	}
+	if err := n.clearDead(tp); err != nil {
+		return nil, err
 	}
 	if err := n.checkTarget(tp); err != nil {
 		return nil, err
@@ -485,6 +493,12 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	if !known {
 		// Not published here, or unpublished already: whatever is
 		// there (a file, someone's own mount) is not ours to touch.
+		// A dead bdnvol mount there (its record lost with the state
+		// directory) is ours and serves nothing: it is removed, or
+		// kubelet could never delete the directory.
+		if err := n.clearDead(tp); err != nil {
+			return nil, err
+		}
 		n.log.Info("unpublish of a target not recorded: nothing done", "volume_id", req.GetVolumeId(), "target", tp)
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
