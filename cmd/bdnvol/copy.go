@@ -42,14 +42,9 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		return usageError{fmt.Errorf("copy: want SRC... DST")}
 	}
 	srcs, dstArg := c.Refs[:len(c.Refs)-1], c.Refs[len(c.Refs)-1]
-	dstRef, toArchive, err := archiveRef(dstArg)
+	dstRef, toArchive, err := parseSide(dstArg)
 	if err != nil {
 		return err
-	}
-	if !toArchive {
-		if dstRef, err = oci.ParseRef(dstArg); err != nil {
-			return usageError{err}
-		}
 	}
 	if c.Since != "" && !toArchive {
 		return usageError{fmt.Errorf("copy --since: the destination must be an oci-archive:")}
@@ -93,49 +88,9 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 	defer stop()
 	total := copyReport{}
 	for _, s := range srcs {
-		srcRef, fromArchive, err := archiveRef(s)
+		rep, err := c.copySource(ctx, g, s, replicate.Side{Ref: dstRef, Target: dt}, ropt)
 		if err != nil {
-			return err
-		}
-		if !fromArchive {
-			if srcRef, err = oci.ParseRef(s); err != nil {
-				return usageError{err}
-			}
-		}
-		// An archive named without a tag or digest is imported whole.
-		all := c.AllTags || fromArchive && srcRef.Reference() == ""
-		if c.AllTags && srcRef.Reference() != "" {
-			return usageError{fmt.Errorf("copy --all-tags: source %s: give a repository without tag or digest", s)}
-		}
-		if !all && srcRef.Reference() == "" {
-			return usageError{fmt.Errorf("copy: source %s: no tag or digest (or use --all-tags)", s)}
-		}
-		if fromArchive {
-			staged, cleanup, err := openArchive(ctx, srcRef)
-			if err != nil {
-				return err
-			}
-			defer cleanup()
-			srcRef = staged
-		}
-		st, err := oci.Open(ctx, srcRef, g.options())
-		if err != nil {
-			return err
-		}
-		if len(c.Tag) > 0 {
-			ropt.Tags = c.Tag
-			if t := cmp.Or(dstRef.Tag, srcRef.Tag); t != "" {
-				ropt.Tags = append([]string{t}, c.Tag...)
-			}
-		}
-		var rep *replicate.Report
-		if all {
-			rep, err = replicate.CopyAll(ctx, replicate.Side{Ref: srcRef, Target: st}, replicate.Side{Ref: dstRef, Target: dt}, ropt)
-		} else {
-			rep, err = replicate.Copy(ctx, replicate.Side{Ref: srcRef, Target: st}, replicate.Side{Ref: dstRef, Target: dt}, ropt)
-		}
-		if err != nil {
-			return missingHint(fmt.Errorf("copy %s to %s: %w", s, dstArg, err), fromArchive)
+			return fmt.Errorf("copy %s to %s: %w", s, dstArg, err)
 		}
 		total.Add(rep)
 		if len(srcs) == 1 && rep.Digest != "" {
@@ -165,4 +120,59 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Fprintln(g.stdout, total.Reference)
 	}
 	return nil
+}
+
+// parseSide parses a copy's source or destination: a registry or layout
+// reference, or oci-archive:FILE[:TAG|@DIGEST] (archive true, Layout the file).
+func parseSide(s string) (ref oci.Ref, archive bool, err error) {
+	if ref, archive, err = archiveRef(s); err != nil || archive {
+		return ref, archive, err
+	}
+	if ref, err = oci.ParseRef(s); err != nil {
+		return ref, false, usageError{err}
+	}
+	return ref, false, nil
+}
+
+// copySource copies the version (or, with --all-tags or an archive named
+// without a tag, every tag) that s names to dst.
+func (c *CopyCmd) copySource(ctx context.Context, g *Globals, s string, dst replicate.Side, ropt replicate.Options) (*replicate.Report, error) {
+	srcRef, fromArchive, err := parseSide(s)
+	if err != nil {
+		return nil, err
+	}
+	// An archive named without a tag or digest is imported whole.
+	all := c.AllTags || fromArchive && srcRef.Reference() == ""
+	if c.AllTags && srcRef.Reference() != "" {
+		return nil, usageError{fmt.Errorf("copy --all-tags: source %s: give a repository without tag or digest", s)}
+	}
+	if !all && srcRef.Reference() == "" {
+		return nil, usageError{fmt.Errorf("copy: source %s: no tag or digest (or use --all-tags)", s)}
+	}
+	if fromArchive {
+		staged, cleanup, err := openArchive(ctx, srcRef)
+		if err != nil {
+			return nil, err
+		}
+		defer cleanup()
+		srcRef = staged
+	}
+	st, err := oci.Open(ctx, srcRef, g.options())
+	if err != nil {
+		return nil, err
+	}
+	if len(c.Tag) > 0 {
+		ropt.Tags = c.Tag
+		if t := cmp.Or(dst.Ref.Tag, srcRef.Tag); t != "" {
+			ropt.Tags = append([]string{t}, c.Tag...)
+		}
+	}
+	src := replicate.Side{Ref: srcRef, Target: st}
+	var rep *replicate.Report
+	if all {
+		rep, err = replicate.CopyAll(ctx, src, dst, ropt)
+	} else {
+		rep, err = replicate.Copy(ctx, src, dst, ropt)
+	}
+	return rep, missingHint(err, fromArchive)
 }
