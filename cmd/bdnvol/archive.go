@@ -10,6 +10,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/ociarchive"
@@ -97,7 +98,7 @@ func sinceSet(ctx context.Context, g *Globals, since string) (map[digest.Digest]
 // missingHint explains a copy from an archive that lacks a blob: it was
 // written with --since for a site that holds an earlier version.
 func missingHint(err error, fromArchive bool) error {
-	if fromArchive && err != nil && (errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "not found")) {
+	if fromArchive && (errors.Is(err, errdef.ErrNotFound) || errors.Is(err, os.ErrNotExist)) {
 		return fmt.Errorf("%w (the archive lacks a blob the destination does not have either: it was written with --since for a site that holds an earlier version; copy that version to the destination first)", err)
 	}
 	return err
