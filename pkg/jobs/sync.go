@@ -19,6 +19,9 @@ type SyncReport struct {
 	Job    string `json:"job"`
 	Source string `json:"source"`
 	Commit string `json:"commit,omitempty"`
+	// FilesUnchanged counts the files the store identified as for the
+	// previous version: their chunk lists were reused, their bytes not read.
+	FilesUnchanged int `json:"files_unchanged"`
 	versions.Report
 }
 
@@ -107,5 +110,8 @@ func syncVersion(ctx context.Context, j *Job, counters *layout.Counters, setPhas
 	if err != nil {
 		return nil, err
 	}
-	return &SyncReport{Source: spec.Source, Commit: res.Revision, Report: res.Report(ref)}, nil
+	if res.Unchanged > 0 {
+		logf("%d files unchanged at the source since the previous version: not read", res.Unchanged)
+	}
+	return &SyncReport{Source: spec.Source, Commit: res.Revision, FilesUnchanged: res.Unchanged, Report: res.Report(ref)}, nil
 }

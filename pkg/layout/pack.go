@@ -45,6 +45,24 @@ func (e *edgeHasher) set(ch *Chunk) {
 	}
 }
 
+// packMember is a small file in the pack being filled.
+type packMember struct {
+	idx  int
+	size int64
+	dg   digest.Digest
+	data []byte // nil when its digest is known (stat cache, stated by the source)
+}
+
+// allRead tells whether every member's bytes are in memory.
+func allRead(ms []packMember) bool {
+	for _, m := range ms {
+		if m.data == nil {
+			return false
+		}
+	}
+	return true
+}
+
 // packSmall packs the files smaller than the minimum chunk size, in path
 // order, into chunks whose ends are chosen by the files' own digests, so an
 // added or changed file changes only the pack around it.
@@ -55,14 +73,8 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 	if p.Avg > p.Min {
 		threshold = ^uint64(0) / uint64(p.Avg-p.Min)
 	}
-	type member struct {
-		idx  int
-		size int64
-		dg   digest.Digest
-		data []byte // nil when known from the cache
-	}
 	var (
-		members []member
+		members []packMember
 		size    int64
 	)
 	closePack := func() error {
@@ -76,28 +88,34 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		keyStr := digest.NewDigest(digest.SHA256, key).String()
 		ch, ok := b.opt.Cache.pack(keyStr)
 		if !ok || ch.Size != size {
+			ch, ok = b.previousPack(members, size)
+		}
+		if !ok {
 			h := sha256.New()
 			edges := newEdgeHasher(size)
-			for _, m := range members {
-				data := m.data
-				if data == nil {
-					var err error
-					if data, err = b.readSmall(ctx, b.entries[m.idx].Path, m.size); err != nil {
+			for k, m := range members {
+				if m.data == nil {
+					data, err := b.readSmall(ctx, b.entries[m.idx].Path, m.size)
+					if err != nil {
 						return err
 					}
 					if verify.Bytes(b.entries[m.idx].Path, data, ocispec.Descriptor{Digest: m.dg, Size: m.size}) != nil {
 						return fmt.Errorf("%s: %w", b.entries[m.idx].Path, ErrFileChanged)
 					}
+					if b.buffer != nil {
+						members[k].data = data // a remote source's pack is uploaded from memory
+					}
+					m.data = data
 				}
-				h.Write(data)
-				edges.Write(data)
+				h.Write(m.data)
+				edges.Write(m.data)
 			}
 			ch = Chunk{Digest: digest.NewDigest(digest.SHA256, h), Size: size}
 			edges.set(&ch)
 			b.opt.Cache.storePack(keyStr, ch)
 		}
 		job := chunkJob{Chunk: ch, src: make([]section, len(members))}
-		if b.buffer != nil {
+		if b.buffer != nil && allRead(members) {
 			if err := b.buffer.Acquire(ctx, min(size, bufferBudget)); err != nil {
 				return err
 			}
@@ -122,9 +140,11 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		m := member{idx: i, size: e.Size}
+		m := packMember{idx: i, size: e.Size}
 		if c, ok := b.opt.Cache.Lookup(e.Path, e.Stat); ok && b.buffer == nil {
 			m.dg = c.Digest
+		} else if e.Digest != "" && b.opt.Previous != nil {
+			m.dg = e.Digest // stated: read only if no pack of the previous version holds it
 		} else {
 			data, err := b.readSmall(ctx, e.Path, e.Size)
 			if err != nil {

@@ -11,16 +11,7 @@ func (b *builder) previousChunks(e Entry) ([]Chunk, bool) {
 	if e.Digest == "" || b.opt.Previous == nil {
 		return nil, false
 	}
-	b.prevOnce.Do(func() {
-		x := b.opt.Previous
-		b.prev = map[digest.Digest]int{}
-		for i := range x.Len() {
-			if x.Kind(i) == TypeFile {
-				b.prev[x.fileRef(i).Digest] = i
-			}
-		}
-	})
-	i, ok := b.prev[e.Digest]
+	i, ok := b.previousFiles()[e.Digest]
 	x := b.opt.Previous
 	if !ok || x.size(i) != e.Size {
 		return nil, false
@@ -34,4 +25,53 @@ func (b *builder) previousChunks(e Entry) ([]Chunk, bool) {
 		chunks = append(chunks, x.Chunk(ex.Chunk))
 	}
 	return chunks, true
+}
+
+// previousFiles maps the file digests of the previous version to one file
+// of each; nil when there is no previous version.
+func (b *builder) previousFiles() map[digest.Digest]int {
+	if b.opt.Previous == nil {
+		return nil
+	}
+	b.prevOnce.Do(func() {
+		x := b.opt.Previous
+		b.prev = map[digest.Digest]int{}
+		for i := range x.Len() {
+			if x.Kind(i) == TypeFile {
+				b.prev[x.fileRef(i).Digest] = i
+			}
+		}
+	})
+	return b.prev
+}
+
+// previousPack returns the chunk of the previous version that holds
+// exactly the files ms, in this order and nothing else (each of them, as a
+// file of that version, one extent of that chunk, end to end), so that a
+// pack of files whose digests the source states is not read to be cut: the
+// previous version's index, covered by its digest, says what the chunk's
+// bytes are.
+func (b *builder) previousPack(ms []packMember, total int64) (Chunk, bool) {
+	files := b.previousFiles()
+	if files == nil {
+		return Chunk{}, false
+	}
+	x := b.opt.Previous
+	chunk := -1
+	var off int64
+	for _, m := range ms {
+		i, ok := files[m.dg]
+		if !ok || x.size(i) != m.size || x.NumExtents(i) != 1 {
+			return Chunk{}, false
+		}
+		ex := x.Extent(i, 0)
+		if ex.Offset != off || ex.Length != m.size || chunk >= 0 && ex.Chunk != chunk {
+			return Chunk{}, false
+		}
+		chunk, off = ex.Chunk, off+m.size
+	}
+	if chunk < 0 || x.ChunkSize(chunk) != total {
+		return Chunk{}, false
+	}
+	return x.Chunk(chunk), true
 }

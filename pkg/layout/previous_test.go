@@ -38,8 +38,8 @@ func (s *statedSource) Open(ctx context.Context, p string) (ReadAtCloser, error)
 }
 
 // With the previous version, a large file whose stated digest it holds is
-// not opened and the version is the same; a changed large file and the
-// small (packed) files are read.
+// not opened and the version is the same, nor is a small file whose pack
+// the previous version holds as it is; a changed large file is read.
 func TestPushReusesPreviousByStatedDigest(t *testing.T) {
 	ctx := context.Background()
 	p := Params{Min: 16 << 10, Avg: 64 << 10, Max: 256 << 10, Pack: 16 << 10}
@@ -64,16 +64,29 @@ func TestPushReusesPreviousByStatedDigest(t *testing.T) {
 		t.Fatalf("premise: a push without a previous version reads every file: %v", opens)
 	}
 	v2, opens := push(v1.Index)
-	if opens["a.bin"]+opens["b.bin"] != 0 || opens["s.txt"] == 0 || v2.Root.Digest != v1.Root.Digest {
-		t.Errorf("push over an unchanged previous version opened %v and sealed %s (want none of the large files, and %s)", opens, v2.Root.Digest, v1.Root.Digest)
+	if len(opens) != 0 || v2.Root.Digest != v1.Root.Digest {
+		t.Errorf("push over an unchanged previous version opened %v and sealed %s (want no file opened, and %s)", opens, v2.Root.Digest, v1.Root.Digest)
 	}
 	files["b.bin"] = testutil.RandBytes(4, 300<<10)
 	testutil.WriteVolumeTree(t, dir, files)
 	v3, opens := push(v1.Index)
-	if opens["a.bin"] != 0 || opens["b.bin"] == 0 {
-		t.Errorf("push with b.bin changed opened %v; want b.bin only of the large files", opens)
+	if opens["a.bin"]+opens["s.txt"] != 0 || opens["b.bin"] == 0 {
+		t.Errorf("push with b.bin changed opened %v; want b.bin only", opens)
 	}
-	x := v3.Index
+	checkDigests(t, v3.Index, files)
+	files["s.txt"] = testutil.RandBytes(5, 700)
+	testutil.WriteVolumeTree(t, dir, files)
+	v4, opens := push(v3.Index)
+	if opens["s.txt"] == 0 || opens["a.bin"]+opens["b.bin"] != 0 {
+		t.Errorf("push with s.txt changed opened %v; want s.txt only (its pack is new)", opens)
+	}
+	checkDigests(t, v4.Index, files)
+}
+
+// checkDigests fails t for each file of x whose digest is not that of its
+// bytes in files.
+func checkDigests(t *testing.T, x *Index, files map[string][]byte) {
+	t.Helper()
 	for i := range x.Len() {
 		if f := x.File(i); f.Type == TypeFile && f.Digest != digest.FromBytes(files[f.Path]) {
 			t.Errorf("%s: digest %s in the new version, not its bytes'", f.Path, f.Digest)

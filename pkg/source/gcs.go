@@ -144,12 +144,19 @@ func metadataToken(opt Options) func(context.Context) string {
 func (g *gcs) String() string   { return g.uri }
 func (g *gcs) revision() string { return "" }
 
+// scope is the endpoint, bucket and prefix: identifiers are compared only
+// for the same object name of the same bucket.
+func (g *gcs) scope() string {
+	return identifier(idField{"store", "gcs"}, idField{"endpoint", g.base.String()}, idField{"bucket", g.bucket}, idField{"prefix", g.prefix})
+}
+
 // gcsObject is the part of a GCS object resource the sync uses.
 type gcsObject struct {
 	Name       string `json:"name"`
 	Size       string `json:"size"`
 	MD5Hash    string `json:"md5Hash"`
 	Generation string `json:"generation"`
+	CRC32C     string `json:"crc32c"`
 }
 
 func (g *gcs) bucketURL() string {
@@ -219,7 +226,7 @@ func (g *gcs) object(it gcsObject, rel string) (*object, error) {
 	if err != nil || size < 0 {
 		return nil, fmt.Errorf("%s: object %q: bad size %q", g, it.Name, it.Size)
 	}
-	return &object{path: rel, size: size, key: it.Name, gen: it.Generation, want: expectMD5Base64(it.MD5Hash)}, nil
+	return &object{path: rel, size: size, key: it.Name, gen: it.Generation, want: expectMD5Base64(it.MD5Hash), id: gcsIdentifier(it)}, nil
 }
 
 func (g *gcs) getJSON(ctx context.Context, u string, v any) error {

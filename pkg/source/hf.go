@@ -88,6 +88,9 @@ func (h *hub) String() string {
 
 func (h *hub) revision() string { return h.sha }
 
+// scope is "": a Hub file is matched by the SHA-256 it states instead.
+func (h *hub) scope() string { return "" }
+
 // api returns the URL of an API path under /api/{kind}/{repo}/.
 func (h *hub) api(elems ...string) string {
 	return h.ep.String() + "/api/" + h.kind + "/" + h.repo + "/" + strings.Join(elems, "/")

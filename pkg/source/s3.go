@@ -29,6 +29,7 @@ type s3Store struct {
 	prefix string // "" or ending in "/"
 	single string // the key, when the URI names one object
 	uri    string
+	endpt  string // the custom endpoint, "" for AWS's
 }
 
 // newS3 parses BUCKET[/PREFIX] and loads the AWS SDK's default
@@ -72,11 +73,17 @@ func newS3(ctx context.Context, rest string, opt Options) (backend, error) {
 			o.AppID = strings.ReplaceAll(opt.UserAgent, "/", "-")
 		}
 	})
-	return &s3Store{client: client, bucket: bucket, prefix: prefix, uri: "s3://" + rest}, nil
+	return &s3Store{client: client, bucket: bucket, prefix: prefix, uri: "s3://" + rest, endpt: endpoint}, nil
 }
 
 func (s *s3Store) String() string   { return s.uri }
 func (s *s3Store) revision() string { return "" }
+
+// scope is the store, bucket and prefix: identifiers are compared only for
+// the same key of the same bucket at the same endpoint.
+func (s *s3Store) scope() string {
+	return identifier(idField{"store", "s3"}, idField{"endpoint", s.endpt}, idField{"bucket", s.bucket}, idField{"prefix", s.prefix})
+}
 
 // list lists the objects under the prefix (as a directory: a trailing "/"
 // is implied); when there are none and the prefix names an object, the
@@ -109,7 +116,12 @@ func (s *s3Store) list(ctx context.Context) ([]*object, error) {
 			if len(out) >= layout.MaxEntries {
 				return nil, fmt.Errorf("%s: the prefix holds more than %d objects", s, layout.MaxEntries)
 			}
-			out = append(out, &object{path: rel, size: aws.ToInt64(obj.Size), key: key})
+			sums := make([]string, len(obj.ChecksumAlgorithm))
+			for i, a := range obj.ChecksumAlgorithm {
+				sums[i] = string(a)
+			}
+			id := s3Identifier(aws.ToInt64(obj.Size), aws.ToString(obj.ETag), obj.LastModified, sums, string(obj.ChecksumType))
+			out = append(out, &object{path: rel, size: aws.ToInt64(obj.Size), key: key, id: id})
 		}
 		if !aws.ToBool(page.IsTruncated) || aws.ToString(page.NextContinuationToken) == "" {
 			break
@@ -119,7 +131,8 @@ func (s *s3Store) list(ctx context.Context) ([]*object, error) {
 	if len(out) == 0 && s.prefix != "" && !strings.HasSuffix(s.prefix, "/") {
 		head, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(s.prefix)})
 		if err == nil {
-			out = append(out, &object{path: path.Base(s.prefix), size: aws.ToInt64(head.ContentLength), key: s.prefix})
+			id := s3Identifier(aws.ToInt64(head.ContentLength), aws.ToString(head.ETag), head.LastModified, nil, string(head.ChecksumType))
+			out = append(out, &object{path: path.Base(s.prefix), size: aws.ToInt64(head.ContentLength), key: s.prefix, id: id})
 		}
 	}
 	return out, nil

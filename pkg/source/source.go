@@ -43,6 +43,9 @@ type Source interface {
 	// Revision returns what the source resolved to when it was walked (the
 	// Hub commit of a revision), or "" when the source has no revisions.
 	Revision() string
+	// Identities returns what the store said of each file the walk
+	// listed, for a later sync to compare.
+	Identities() Identities
 }
 
 // Options configure Open. Zero values select defaults.
@@ -161,6 +164,7 @@ type object struct {
 	want expectation
 	key  string // the backend's name for it (object key, URL)
 	gen  string // backend version pin (GCS generation), if any
+	id   string // the store's identifier of the object's bytes, if any (identity.go)
 
 	mu  sync.Mutex
 	loc string // where a redirect last led, reused for later ranges
@@ -174,6 +178,9 @@ type backend interface {
 	get(ctx context.Context, o *object, off, n int64) ([]byte, error)
 	// revision returns what list resolved the source to, if anything.
 	revision() string
+	// scope names the store whose identifiers list sets, or "" when it
+	// sets none.
+	scope() string
 	// String names the source without credentials.
 	String() string
 }

@@ -56,6 +56,9 @@ func redactString(raw string) string {
 func (w *web) String() string   { return w.u.String() }
 func (w *web) revision() string { return "" }
 
+// scope is "": an HTTP(S) file has no identifier worth trusting.
+func (w *web) scope() string { return "" }
+
 // list returns the one file (named by the URL's last path element), or the
 // files of the list: lines of "URL [PATH] [sha256:HEX]", blank lines and #
 // comments skipped, URLs relative to the list's.

@@ -32,6 +32,9 @@ type SyncOptions struct {
 type Synced struct {
 	*Published
 	Revision string // what the source resolved to, "" when it has no revisions
+	// Unchanged counts the files the store identified as it did for the
+	// previous version, whose chunk lists were reused without reading them.
+	Unchanged int
 }
 
 // CheckSync refuses a bad sync before any work: dst must name a tag and
@@ -68,10 +71,16 @@ func Sync(ctx context.Context, src string, dst oci.Ref, opt SyncOptions) (*Synce
 	}
 	// The walk fills in the revision; Push seals after walking.
 	ann := map[string]string{AnnotationSource: s.String()}
-	res, err := Publish(ctx, t, &syncWalk{Source: s, opt: &opt, annotations: ann}, PublishOptions{
+	prev := previousVersion(ctx, t, dst.Tag)
+	w := &syncWalk{Source: s, opt: &opt, annotations: ann, record: previousRecord(ctx, t, prev)}
+	push := layout.PushOptions{Jobs: opt.Jobs, Counters: opt.Counters, Annotations: ann}
+	if prev != nil {
+		push.Previous, w.previous = prev.Index, prev.Index
+	}
+	res, err := Publish(ctx, t, w, PublishOptions{
 		Tag:   dst.Tag,
 		Extra: opt.Tags,
-		Push:  layout.PushOptions{Jobs: opt.Jobs, Counters: opt.Counters, Annotations: ann, Previous: previousIndex(ctx, t, dst.Tag)},
+		Push:  push,
 		Check: func(x *layout.Index) error {
 			if err := source.Verify(s, x); err != nil {
 				return err
@@ -85,39 +94,22 @@ func Sync(ctx context.Context, src string, dst oci.Ref, opt SyncOptions) (*Synce
 	if err != nil {
 		return nil, fmt.Errorf("sync %s to %s: %w", s, dst, err)
 	}
-	return &Synced{Published: res, Revision: s.Revision()}, nil
+	return &Synced{Published: res, Revision: s.Revision(), Unchanged: w.unchanged}, nil
 }
 
-// previousIndex is the file index of the version a sync to tag follows:
-// the one tag points at, else the newest of the repository; nil when there
-// is none or it cannot be read (the sync then reads every file). A file of
-// it matches a source file only by the SHA-256 the source states, which is
-// the file's content digest: never by name, size or date.
-func previousIndex(ctx context.Context, t oci.Target, tag string) *layout.Index {
-	ref := tag
-	if _, err := t.Resolve(ctx, ref); err != nil {
-		vs, err := List(ctx, t)
-		if err != nil || len(vs) == 0 {
-			return nil
-		}
-		ref = vs[0].Digest.String()
-	}
-	d, err := t.Resolve(ctx, ref)
-	if err != nil {
-		return nil
-	}
-	v, err := layout.Open(ctx, t, d)
-	if err != nil {
-		return nil
-	}
-	return v.Index
-}
-
-// syncWalk reports the walk of a source and records its revision.
+// syncWalk reports the walk of a source, records its revision and the
+// store's identifiers, and marks the files unchanged since the previous
+// version (a file of it matches a source file by the SHA-256 the source
+// states, which is the file's content digest, or by the store's identifier
+// of the same object recorded in that version: never by name, size or
+// date alone).
 type syncWalk struct {
 	source.Source
 	opt         *SyncOptions
-	annotations map[string]string // receives the resolved revision
+	annotations map[string]string // receives the revision and the record
+	record      *sourceRecord     // the previous version's, or nil
+	previous    *layout.Index     // the previous version's, or nil
+	unchanged   int               // files matched by record
 }
 
 func (w *syncWalk) Walk(ctx context.Context) ([]layout.Entry, error) {
@@ -140,6 +132,11 @@ func (w *syncWalk) Walk(ctx context.Context) ([]layout.Entry, error) {
 	if rev != "" {
 		w.annotations[AnnotationRevision] = rev
 	}
+	ids := w.Identities()
+	if rec := encodeRecord(ids); rec != "" {
+		w.annotations[AnnotationSourceFiles] = rec
+	}
+	w.unchanged = reuseUnchanged(es, ids, w.record, w.previous)
 	if w.opt.OnListed != nil {
 		w.opt.OnListed(files, bytes, rev)
 	}
