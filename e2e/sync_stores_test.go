@@ -140,9 +140,21 @@ func TestSyncS3ResyncReadsOnlyRewrittenObjects(t *testing.T) {
 	for k, b := range files {
 		put(k, b)
 	}
+	bodies := s3Endpoint(t, backend, "/ckpt/run1/")
+	syncResync(t, "s3://ckpt/run1", files, bodies, func(key string, b []byte) {
+		time.Sleep(2 * time.Millisecond) // a new last-modified time, as any rewrite has
+		put(key, b)
+	})
+}
+
+// s3Endpoint serves backend over the S3 API (gofakes3) as the CLI's
+// AWS_ENDPOINT_URL, with test credentials, and counts the object bodies
+// served under the path prefix.
+func s3Endpoint(t *testing.T, backend gofakes3.Backend, prefix string) *bodyCounter {
+	t.Helper()
 	bodies := &bodyCounter{bytes: map[string]int64{}}
 	srv := httptest.NewServer(bodies.wrap(gofakes3.New(backend).Server(), func(r *http.Request) (string, bool) {
-		key, ok := strings.CutPrefix(r.URL.Path, "/ckpt/run1/")
+		key, ok := strings.CutPrefix(r.URL.Path, prefix)
 		return key, ok && key != ""
 	}))
 	t.Cleanup(srv.Close)
@@ -152,10 +164,7 @@ func TestSyncS3ResyncReadsOnlyRewrittenObjects(t *testing.T) {
 	t.Setenv("AWS_REGION", "us-east-1")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	t.Setenv("AWS_ENDPOINT_URL", srv.URL)
-	syncResync(t, "s3://ckpt/run1", files, bodies, func(key string, b []byte) {
-		time.Sleep(2 * time.Millisecond) // a new last-modified time, as any rewrite has
-		put(key, b)
-	})
+	return bodies
 }
 
 // fakeGCSStore is the GCS JSON API as a sync uses it (listing by prefix in

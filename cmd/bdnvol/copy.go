@@ -157,7 +157,14 @@ func (c *CopyCmd) copySource(ctx context.Context, g *Globals, s string, dst repl
 		defer cleanup()
 		srcRef = staged
 	}
-	st, err := oci.Open(ctx, srcRef, g.options())
+	sopt := g.options()
+	if dst.Ref.Layout == "" {
+		// Blobs stream from the source into the destination's paced
+		// uploads, so pacing the source too would halve the rate: a copy
+		// between registries moves --max-rate in each direction.
+		sopt.Limiter = nil
+	}
+	st, err := oci.Open(ctx, srcRef, sopt)
 	if err != nil {
 		return nil, err
 	}
