@@ -190,7 +190,8 @@ func rewriteArchive(t *testing.T, src, dst string, edit func(h *tar.Header, b []
 
 // A corrupted chunk member, a path escaping the layout, a symlink and a
 // member that is not a layout's are each refused before anything is
-// tagged, and nothing is written outside the destination.
+// tagged, and nothing is written outside the destination; the corrupted
+// archive sends nothing to a registry either.
 func TestCopyArchiveRefusesBadMembers(t *testing.T) {
 	bin(t)
 	src := t.TempDir()
@@ -254,5 +255,16 @@ func TestCopyArchiveRefusesBadMembers(t *testing.T) {
 				t.Errorf("%s: the archive wrote %s", name, victim)
 			}
 		})
+	}
+	// Into a registry: refused before any blob or tag is sent.
+	bad := filepath.Join(dir, "corrupt-chunk.tar")
+	reg := newDistribution(t)
+	reg.ResetStats()
+	res := run(t, "copy", "oci-archive:"+bad, reg.Host+"/site/model")
+	if st := reg.Stats(); res.code == 0 || !strings.Contains(res.stderr, "not a valid oci-archive") || st.BlobBytesIn != 0 {
+		t.Errorf("copy of the corrupt archive into a registry (%d blob bytes received):\n%s", st.BlobBytesIn, res)
+	}
+	if tags := listTags(t, reg, "site/model"); len(tags) != 0 {
+		t.Errorf("the corrupt archive tagged %v in the registry", tags)
 	}
 }
