@@ -3,11 +3,16 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	ggcrv1 "github.com/google/go-containerregistry/pkg/v1"
+	ggcrlayout "github.com/google/go-containerregistry/pkg/v1/layout"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // archiveMembers lists an archive's members and their sizes.
@@ -120,6 +125,69 @@ func TestCopyArchiveSince(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "out-ext")
 	pull(t, "oci:"+ext+":v1", out)
 	compareTrees(t, v1, out)
+	checkLayoutByGGCR(t, ext, "v1", d1)
+
+	// Written as it streamed: nothing was staged beside the archives.
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 2 {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the archives' directory holds %v, want the two archives only", names)
+	}
+}
+
+// checkLayoutByGGCR reads the layout in dir with go-containerregistry's
+// layout package, as crane does: tag names the manifest want, and every
+// blob it lists is there with its size.
+func checkLayoutByGGCR(t *testing.T, dir, tag, want string) {
+	t.Helper()
+	p, err := ggcrlayout.FromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range im.Manifests {
+		if d.Annotations[ocispec.AnnotationRefName] != tag {
+			continue
+		}
+		if d.Digest.String() != want {
+			t.Fatalf("go-containerregistry: %s is %s, want %s", tag, d.Digest, want)
+		}
+		b, err := p.Bytes(d.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m ocispec.Manifest
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range append([]ocispec.Descriptor{m.Config}, m.Layers...) {
+			h, err := ggcrv1.NewHash(l.Digest.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc, err := p.Blob(h)
+			if err != nil {
+				t.Fatalf("go-containerregistry: blob %s: %v", l.Digest, err)
+			}
+			n, _ := io.Copy(io.Discard, rc)
+			rc.Close()
+			if n != l.Size {
+				t.Errorf("go-containerregistry: blob %s has %d bytes, want %d", l.Digest, n, l.Size)
+			}
+		}
+		return
+	}
+	t.Fatalf("go-containerregistry: no manifest tagged %s in %s", tag, dir)
 }
 
 func untar(t *testing.T, file, dir string) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
@@ -28,12 +27,6 @@ func archiveRef(s string) (ref oci.Ref, ok bool, err error) {
 		return oci.Ref{}, true, usageError{fmt.Errorf("%s: %w", s, err)}
 	}
 	return ref, true, nil
-}
-
-// stageDir makes a private directory next to path for an archive's
-// layout; the caller removes it.
-func stageDir(path string) (string, error) {
-	return os.MkdirTemp(filepath.Dir(path), "."+filepath.Base(path)+".stage-")
 }
 
 // openArchive extracts the archive ref names (every blob verified against

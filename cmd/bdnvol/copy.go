@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/units"
@@ -50,15 +49,6 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		return usageError{fmt.Errorf("copy --since: the destination must be an oci-archive:")}
 	}
 	archivePath := dstRef.Layout
-	if toArchive {
-		// The archive is staged as a layout next to it, then written whole.
-		stage, err := stageDir(archivePath)
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(stage)
-		dstRef.Layout = stage
-	}
 	if dstRef.Digest != "" {
 		return usageError{fmt.Errorf("copy: destination %s: a digest is the source's; give a repository or a tag", dstArg)}
 	}
@@ -71,8 +61,16 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 	c.RateFlags.apply(g)
 	opt := g.options()
 	opt.CreateLayout = true
-	dt, err := oci.Open(ctx, dstRef, opt)
-	if err != nil {
+	var dt oci.Target
+	var archive *ociarchive.Writer
+	if toArchive {
+		// Written as the blobs arrive, renamed into place once whole.
+		if archive, err = ociarchive.Create(archivePath); err != nil {
+			return err
+		}
+		defer archive.Abort()
+		dt = archive
+	} else if dt, err = oci.Open(ctx, dstRef, opt); err != nil {
 		return err
 	}
 	if c.Since != "" {
@@ -99,8 +97,8 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	}
 	stop()
-	if toArchive {
-		size, err := ociarchive.WriteFile(ctx, dstRef.Layout, archivePath)
+	if archive != nil {
+		size, err := archive.Commit()
 		if err != nil {
 			return fmt.Errorf("copy: writing %s: %w", archivePath, err)
 		}

@@ -2,8 +2,9 @@
 // image layout (oci-layout, index.json, blobs/sha256/…), the form that
 // carries versions into air-gapped sites.
 //
-// Writing tars a layout directory with fixed headers, blobs first and
-// index.json last, so that an archive cut short has no index. Reading
+// Writing (Writer) appends each blob to the tar as a copy pushes it, with
+// fixed headers, and index.json last, so that an archive cut short has no
+// index; no layout is staged on disk. Reading
 // extracts into a directory and accepts only the names a layout has,
 // regular files only, each blob hashed as it is written and refused unless
 // it matches its name: nothing of a corrupt or hostile archive reaches a
@@ -18,7 +19,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -39,105 +39,9 @@ const (
 // ErrBadArchive is wrapped by every refusal of an archive's contents.
 var ErrBadArchive = errors.New("not a valid oci-archive")
 
-// Write writes the OCI layout in dir to w as a tar: oci-layout, the blobs
-// (sorted), then index.json. Headers carry no owner, time or mode but 0644.
-func Write(ctx context.Context, dir string, w io.Writer) error {
-	tw := tar.NewWriter(w)
-	if err := addFile(tw, dir, "oci-layout"); err != nil {
-		return err
-	}
-	if err := addDir(tw, "blobs/"); err != nil {
-		return err
-	}
-	algs, err := os.ReadDir(filepath.Join(dir, "blobs"))
-	if err != nil {
-		return err
-	}
-	for _, a := range algs {
-		if !a.IsDir() {
-			continue
-		}
-		if err := addDir(tw, "blobs/"+a.Name()+"/"); err != nil {
-			return err
-		}
-		blobs, err := os.ReadDir(filepath.Join(dir, "blobs", a.Name()))
-		if err != nil {
-			return err
-		}
-		names := make([]string, 0, len(blobs))
-		for _, b := range blobs {
-			if b.Type().IsRegular() {
-				names = append(names, b.Name())
-			}
-		}
-		sort.Strings(names)
-		for _, n := range names {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if err := addFile(tw, dir, "blobs/"+a.Name()+"/"+n); err != nil {
-				return err
-			}
-		}
-	}
-	if err := addFile(tw, dir, "index.json"); err != nil {
-		return err
-	}
-	return tw.Close()
-}
-
+// addDir appends a directory member with the fixed header.
 func addDir(tw *tar.Writer, name string) error {
 	return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: time.Unix(0, 0), Format: tar.FormatPAX})
-}
-
-func addFile(tw *tar.Writer, dir, name string) error {
-	f, err := os.Open(filepath.Join(dir, filepath.FromSlash(name)))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: fi.Size(), Mode: 0o644,
-		ModTime: time.Unix(0, 0), Format: tar.FormatPAX}); err != nil {
-		return err
-	}
-	n, err := io.Copy(tw, f)
-	if err == nil && n != fi.Size() {
-		err = fmt.Errorf("%s changed while it was archived", name)
-	}
-	return err
-}
-
-// WriteFile writes the layout in dir to path: into path.partial, synced,
-// then renamed, so that an interrupted write leaves no file named path.
-func WriteFile(ctx context.Context, dir, path string) (int64, error) {
-	tmp := path + ".partial"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return 0, err
-	}
-	err = Write(ctx, dir, f)
-	if err == nil {
-		err = f.Sync()
-	}
-	var size int64
-	if fi, serr := f.Stat(); serr == nil {
-		size = fi.Size()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return 0, err
-	}
-	return size, nil
 }
 
 // Extract reads an archive from r into the empty directory dir. It accepts
