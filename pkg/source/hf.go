@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -88,8 +89,11 @@ func (h *hub) String() string {
 
 func (h *hub) revision() string { return h.sha }
 
-// scope is "": a Hub file is matched by the SHA-256 it states instead.
-func (h *hub) scope() string { return "" }
+// scope is the Hub and the repository: a file is matched across commits,
+// at the same path of the same repository only.
+func (h *hub) scope() string {
+	return identifier(idField{"store", "hf"}, idField{"endpoint", h.ep.String()}, idField{"repo", h.kind + "/" + h.repo})
+}
 
 // api returns the URL of an API path under /api/{kind}/{repo}/.
 func (h *hub) api(elems ...string) string {
@@ -165,6 +169,10 @@ func (h *hub) list(ctx context.Context) ([]*object, error) {
 				}
 			case hexCommit.MatchString(strings.ToLower(e.Oid)):
 				o.want = expectGitSHA1(strings.ToLower(e.Oid))
+				// A non-LFS file's git blob id hashes its bytes (SHA-1,
+				// as git does): its identifier. An LFS file is matched by
+				// its SHA-256, which is its digest.
+				o.id = identifier(idField{"size", strconv.FormatInt(e.Size, 10)}, idField{"git-blob", strings.ToLower(e.Oid)})
 			}
 			if len(out) >= layout.MaxEntries {
 				return nil, fmt.Errorf("%s: the tree lists more than %d files", h, layout.MaxEntries)

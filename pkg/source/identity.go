@@ -19,8 +19,8 @@ type Identities struct {
 
 // Identities returns the identifiers of the files the last Walk listed
 // (after the filters), or a zero Identities when the source gives none
-// that identify a file's bytes (HTTP(S) files; a Hub's files, whose
-// SHA-256 is their digest already).
+// (HTTP(S) files). A Hub's LFS files have none: their SHA-256 is their
+// digest already.
 func (r *remote) Identities() Identities {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -10,8 +10,8 @@ import (
 )
 
 // A GCS walk identifies each file by size, generation and MD5 under a
-// scope naming the endpoint, bucket and prefix; a Hub or HTTP(S) source
-// gives none.
+// scope naming the endpoint, bucket and prefix; an HTTP(S) source gives
+// none.
 func TestIdentitiesOfAGCSWalk(t *testing.T) {
 	objects := map[string][]byte{"data/a.bin": randBytes(1, 1000), "data/sub/b.txt": []byte("bee")}
 	g := newFakeGCS(t, objects)
