@@ -10,17 +10,12 @@ import (
 
 // CutFile cuts the file r, of size bytes at the path name, into chunks as
 // a push with the parameters p does (at tensor boundaries for a
-// safetensors file whose header reads, else content-defined), and calls fn
+// safetensors or GGUF file whose header reads, else content-defined), and calls fn
 // with each chunk's offset and digest. It stops early if ctx is cancelled,
 // or at the first read error (returning nil: what was cut is reported).
 func CutFile(ctx context.Context, r io.ReaderAt, name string, size int64, p Params, fn func(off int64, d digest.Digest)) error {
-	var cuts []int64
-	cdc := true
-	if IsSafetensors(name) {
-		if hdrEnd, ts, err := ReadSafetensorsHeader(r, size); err == nil {
-			cuts, cdc = tensorBoundaries(hdrEnd, ts, size, p), false
-		}
-	}
+	cuts, ok := formatCuts(r, name, size, p)
+	cdc := !ok
 	cut := newCutter(p)
 	h := sha256.New()
 	var pos, start int64
