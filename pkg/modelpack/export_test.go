@@ -174,3 +174,33 @@ func TestParamSize(t *testing.T) {
 		}
 	}
 }
+
+// TestExportGGUFConfig: the config of a GGUF model comes from its header:
+// format, architecture, parameter count, plain types as precision and
+// quantized ggml types as quantization.
+func TestExportGGUFConfig(t *testing.T) {
+	ctx := context.Background()
+	src := t.TempDir()
+	g := testutil.GGUF([]string{"general.architecture", "qwen2"}, 32, []testutil.GGUFTensor{
+		{Name: "tok_embd.weight", Type: 8, Dims: []uint64{64, 1000}, Data: testutil.RandBytes(1, 64000/32*34)},
+		{Name: "output_norm.weight", Type: 0, Dims: []uint64{64}, Data: testutil.RandBytes(2, 256)},
+	})
+	testutil.WriteVolumeTree(t, src, map[string][]byte{"model.gguf": g})
+	ref := oci.Ref{Layout: filepath.Join(t.TempDir(), "vol")}
+	tg, err := oci.Open(ctx, ref, oci.Options{CreateLayout: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Export(ctx, tg, ref, res.Root, oci.Ref{}, oci.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ModelConfig{Architecture: "qwen2", Format: "gguf", ParamSize: "64.1K", Precision: "float32", Quantization: "Q8_0"}
+	if out.Config != want {
+		t.Fatalf("config %+v, want %+v", out.Config, want)
+	}
+}
