@@ -40,6 +40,13 @@ func foreignOpener(artifactType, configType string) (ForeignOpener, bool) {
 	return open, ok
 }
 
+// IsForeign reports whether a manifest of artifactType (and config media
+// type configType) is a foreign artifact Open reads.
+func IsForeign(artifactType, configType string) bool {
+	_, ok := foreignOpener(artifactType, configType)
+	return ok
+}
+
 // ChunkSource returns the fetcher of the version's chunks given src, the
 // fetcher of its repository: src itself for a bdnvol volume, whose chunks
 // are blobs; for a foreign artifact, a fetcher that reads each chunk out of

@@ -42,6 +42,9 @@ type Version struct {
 	// Chunks, set for a foreign artifact, returns the fetcher of its chunks
 	// given the repository's fetcher; read it through ChunkSource.
 	Chunks func(src content.Fetcher) content.Fetcher
+	// Streamed, for a foreign artifact, are the paths of files that cannot
+	// be read by range: a read of any of their chunks streams a layer.
+	Streamed map[string]bool
 }
 
 // OpenOptions configure OpenWith. The zero value opens a version as Open

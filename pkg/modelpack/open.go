@@ -36,11 +36,18 @@ func (m *Map) Version() *layout.Version {
 	if m.Artifact.Manifest.Config.Digest != "" {
 		meta = append(meta, m.Artifact.Manifest.Config)
 	}
+	streamed := map[string]bool{}
+	for _, f := range m.Files {
+		if !f.Lazy {
+			streamed[f.Path] = true
+		}
+	}
 	return &layout.Version{
-		Root:    m.Artifact.Desc,
-		Index:   m.Index,
-		Meta:    meta,
-		Foreign: ArtifactType,
-		Chunks:  m.Fetcher,
+		Streamed: streamed,
+		Root:     m.Artifact.Desc,
+		Index:    m.Index,
+		Meta:     meta,
+		Foreign:  ArtifactType,
+		Chunks:   m.Fetcher,
 	}
 }
