@@ -222,10 +222,16 @@ func (g *ggufReader) value(typ uint32, keep bool, depth int) (string, uint64, er
 // its values do, one of an unknown type where the next tensor (or the
 // file) starts.
 func ReadGGUFHeader(r io.ReaderAt, size, max int64) (*GGUFHeader, error) {
+	return ReadGGUFHeaderFrom(io.NewSectionReader(r, 0, size), size, max)
+}
+
+// ReadGGUFHeaderFrom is ReadGGUFHeader for a file read from its start as a
+// stream. It reads ahead of the header by up to 64 KiB.
+func ReadGGUFHeaderFrom(r io.Reader, size, max int64) (*GGUFHeader, error) {
 	if max <= 0 {
 		max = GGUFHeaderLimit
 	}
-	g := &ggufReader{r: bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 64<<10), left: min(max, size)}
+	g := &ggufReader{r: bufio.NewReaderSize(r, 64<<10), left: min(max, size)}
 	var magic [4]byte
 	if err := g.read(magic[:]); err != nil {
 		return nil, err

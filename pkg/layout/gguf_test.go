@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/content/memory"
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
@@ -130,5 +132,31 @@ func TestGGUFFineTuneDedup(t *testing.T) {
 		if name == "model.gguf" && ratio > 1.05 {
 			t.Fatalf("GGUF fine-tune re-uploaded %d bytes, %.3fx the %d changed tensor bytes (want at most 1.05x)", up, ratio, changedBytes)
 		}
+	}
+}
+
+// TestGGUFCutStreamMatchesCutFile: a GGUF file cut as a stream (import)
+// gives the chunks CutFile (push) gives, at tensor boundaries.
+func TestGGUFCutStreamMatchesCutFile(t *testing.T) {
+	b := ggufCheckpoint(4, 300<<10, func(i int) uint64 { return uint64(7 + i) })
+	p := Params{Min: 64 << 10, Avg: 128 << 10, Max: 256 << 10}
+	type cut struct {
+		off int64
+		d   string
+	}
+	var file, stream []cut
+	ctx := context.Background()
+	if err := CutFile(ctx, bytes.NewReader(b), "m.gguf", int64(len(b)), p, func(off int64, d digest.Digest) { file = append(file, cut{off, d.String()}) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := CutStream(ctx, bytes.NewReader(b), "m.gguf", int64(len(b)), p, func(off int64, d digest.Digest) { stream = append(stream, cut{off, d.String()}) }); err != nil {
+		t.Fatal(err)
+	}
+	h, err := ReadGGUFHeader(bytes.NewReader(b), int64(len(b)), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(file, stream) || len(file) < 9 || file[1].off != h.DataStart {
+		t.Fatalf("CutFile %v\nCutStream %v\n(data at %d)", file, stream, h.DataStart)
 	}
 }
