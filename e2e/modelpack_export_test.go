@@ -49,7 +49,8 @@ func exportModelPack(t *testing.T, args ...string) exportedModelPack {
 // TestExportModelPackOrasPull exports a version of a generated checkpoint
 // as a ModelPack view with the real CLI, twice (the same digest, the second
 // time nothing uploaded), and pulls the view with the oras CLI, an
-// independent reader: it writes every file of the version, bit-identical.
+// independent reader: it writes every file of the version, bit-identical;
+// so does bdnvol's own pull of the view as a ModelPack model.
 // It logs what the view costs in storage.
 func TestExportModelPackOrasPull(t *testing.T) {
 	oras := orasTool.path(t)
@@ -84,6 +85,11 @@ func TestExportModelPackOrasPull(t *testing.T) {
 			t.Fatalf("oras pull: %v\n%s", err, b)
 		}
 		compareContents(t, src, out)
+
+		// bdnvol reads the view back as a ModelPack model: the same files.
+		back := filepath.Join(t.TempDir(), "back")
+		mustRun(t, "pull", repo+"@"+e1.Digest, back)
+		compareContents(t, src, back)
 	})
 }
 
