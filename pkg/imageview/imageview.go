@@ -280,19 +280,28 @@ func Build(ctx context.Context, src content.Fetcher, ver *layout.Version, dsts [
 	img.ManifestBytes = mb
 	img.Manifest = content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, mb)
 	img.Manifest.Annotations = m.Annotations
+	if err := PushReferrer(ctx, dsts, img.Manifest, mb, *m.Subject); err != nil {
+		return nil, fmt.Errorf("image view of %s: %w", ver.Root.Digest, err)
+	}
+	return img, nil
+}
+
+// PushReferrer pushes the manifest desc (its bytes b), whose subject is
+// subject, to every destination.
+func PushReferrer(ctx context.Context, dsts []Dest, desc ocispec.Descriptor, b []byte, subject ocispec.Descriptor) error {
 	for _, d := range dsts {
 		// Where the registry serves the referrers API it lists the view by
 		// its subject; asking first keeps the push from also writing the
 		// tag-schema fallback index, which registries that do not send
 		// OCI-Subject would otherwise get.
-		if _, err := oci.ServesReferrers(ctx, d, *m.Subject); err != nil {
-			return nil, fmt.Errorf("image view of %s: %w", ver.Root.Digest, err)
+		if _, err := oci.ServesReferrers(ctx, d, subject); err != nil {
+			return err
 		}
-		if err := d.Push(ctx, img.Manifest, strings.NewReader(string(mb))); err != nil && !alreadyExists(err) {
-			return nil, fmt.Errorf("image view of %s: manifest %s: %w", ver.Root.Digest, img.Manifest.Digest, err)
+		if err := d.Push(ctx, desc, strings.NewReader(string(b))); err != nil && !alreadyExists(err) {
+			return fmt.Errorf("manifest %s: %w", desc.Digest, err)
 		}
 	}
-	return img, nil
+	return nil
 }
 
 func alreadyExists(err error) bool { return errors.Is(err, errdef.ErrAlreadyExists) }

@@ -12,7 +12,6 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
-	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -148,15 +147,8 @@ func BuildView(ctx context.Context, src content.Fetcher, ver *layout.Version, ds
 	}
 	v.Manifest = content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, v.ManifestBytes)
 	v.Manifest.ArtifactType, v.Manifest.Annotations = ArtifactType, m.Annotations
-	for _, d := range dsts {
-		// As for image views: asking first keeps the push from writing the
-		// tag-schema fallback where the registry lists referrers itself.
-		if _, err := oci.ServesReferrers(ctx, d, *subject); err != nil {
-			return nil, fmt.Errorf("modelpack view of %s: %w", ver.Root.Digest, err)
-		}
-		if err := d.Push(ctx, v.Manifest, strings.NewReader(string(v.ManifestBytes))); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
-			return nil, fmt.Errorf("modelpack view of %s: manifest %s: %w", ver.Root.Digest, v.Manifest.Digest, err)
-		}
+	if err := imageview.PushReferrer(ctx, dsts, v.Manifest, v.ManifestBytes, *subject); err != nil {
+		return nil, fmt.Errorf("modelpack view of %s: %w", ver.Root.Digest, err)
 	}
 	return v, nil
 }
