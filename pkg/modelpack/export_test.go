@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
+	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -202,5 +204,29 @@ func TestExportGGUFConfig(t *testing.T) {
 	want := ModelConfig{Architecture: "qwen2", Format: "gguf", ParamSize: "64.1K", Precision: "float32", Quantization: "Q8_0"}
 	if out.Config != want {
 		t.Fatalf("config %+v, want %+v", out.Config, want)
+	}
+}
+
+// TestExportRefuses: a version with no regular file (a symlink only) has
+// no ModelPack view, and a destination naming a digest is refused.
+func TestExportRefuses(t *testing.T) {
+	ctx := context.Background()
+	src := t.TempDir()
+	testutil.WriteVolumeTree(t, src, map[string][]byte{"link@": []byte("elsewhere")})
+	ref := oci.Ref{Layout: filepath.Join(t.TempDir(), "vol")}
+	tg, err := oci.Open(ctx, ref, oci.Options{CreateLayout: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Export(ctx, tg, ref, res.Root, oci.Ref{}, oci.Options{}); !errors.Is(err, ErrNothingToExport) {
+		t.Errorf("a symlink-only version: got %v, want ErrNothingToExport", err)
+	}
+	dst := oci.Ref{Layout: ref.Layout, Digest: res.Root.Digest}
+	if _, err := Export(ctx, tg, ref, res.Root, dst, oci.Options{}); !errors.Is(err, imageview.ErrDestinationDigest) {
+		t.Errorf("a destination with a digest: got %v, want ErrDestinationDigest", err)
 	}
 }
