@@ -54,7 +54,7 @@ func exportModelPack(t *testing.T, args ...string) exportedModelPack {
 // It logs what the view costs in storage.
 func TestExportModelPackOrasPull(t *testing.T) {
 	oras := orasTool.path(t)
-	forKinds(t, []string{"distribution"}, func(t *testing.T, tg target) {
+	forKinds(t, []string{"distribution", "ggcr-referrers", "oci-layout"}, func(t *testing.T, tg target) {
 		src := filepath.Join(t.TempDir(), "src")
 		if err := synth.Generate(src, synth.Options{TargetBytes: 24 << 20, Shards: 3, Seed: 29}); err != nil {
 			t.Fatal(err)
@@ -79,7 +79,11 @@ func TestExportModelPackOrasPull(t *testing.T) {
 			p.Bytes, e1.Layers, e1.Bytes, e1.SharedLayers, e1.SharedBytes, e1.BytesUploaded, float64(e1.BytesUploaded)/float64(p.Bytes))
 
 		out := filepath.Join(t.TempDir(), "pulled")
-		cmd := exec.Command(oras, "pull", "--plain-http", "-o", out, repo+"@"+e1.Digest)
+		args := []string{"pull", "--plain-http", "-o", out, repo + "@" + e1.Digest}
+		if tg.reg == nil {
+			args = []string{"pull", "--oci-layout", "-o", out, strings.TrimPrefix(repo, "oci:") + "@" + e1.Digest}
+		}
+		cmd := exec.Command(oras, args...)
 		cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("oras pull: %v\n%s", err, b)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -191,33 +192,38 @@ func exportFile(ctx context.Context, rd *imageview.FileReader, ver *layout.Versi
 		out.SharedBytes += f.Size
 	}
 	capture := &prefixWriter{max: headerBytes(f.Path, f.Size)}
-	// Each push streams the file from its chunks through a pipe; PushAll
-	// closes the pipe after the push, and the next stream (or the rest of
-	// this function) waits for the last to end: rd is not safe for
-	// concurrent use.
-	done := make(chan struct{})
-	close(done)
+	// A destination that lacks the blob gets it from a temporary copy of
+	// the file, written once: streaming it from the chunks during the
+	// upload would hold an upload open on a registry while reading from
+	// it, which some registries serialise (a deadlock).
+	var tmp *os.File
+	defer func() {
+		if tmp != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
 	up, err := imageview.PushAll(ctx, dsts, l, func() (io.Reader, error) {
-		<-done
-		pr, pw := io.Pipe()
-		d := make(chan struct{})
-		done = d
-		go func() {
-			defer close(d)
-			pw.CloseWithError(rd.CopyFile(ctx, io.MultiWriter(capture, pw), f))
-		}()
-		return pr, nil
+		if tmp == nil {
+			var err error
+			if tmp, err = os.CreateTemp("", "bdnvol-modelpack-*"); err != nil {
+				return nil, err
+			}
+			if err := rd.CopyFile(ctx, io.MultiWriter(capture, tmp), f); err != nil {
+				return nil, err
+			}
+		}
+		return io.NewSectionReader(tmp, 0, f.Size), nil
 	})
-	<-done
 	if err != nil {
 		return l, err
 	}
 	if up {
 		out.BytesUploaded += f.Size
 	}
-	if capture.max > 0 && int64(len(capture.b)) < capture.max {
-		// Not streamed (every destination had the blob): read the header.
-		capture.b, capture.stop = nil, true
+	if tmp == nil && capture.max > 0 {
+		// Every destination had the blob: read the header only.
+		capture.stop = true
 		if err := rd.CopyFile(ctx, capture, f); err != nil && !errors.Is(err, errPrefixFull) {
 			return l, err
 		}
