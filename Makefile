@@ -37,6 +37,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz=FuzzGGUFHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=300x -fuzzminimizetime=50x ./pkg/pull
 	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=30000x -fuzzminimizetime=50x ./pkg/oci
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=1200x -fuzzminimizetime=50x ./pkg/layout

@@ -12,9 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,59 +26,12 @@ import (
 // installs the same one.
 const CosignVersion = "v2.6.5"
 
-var (
-	cosignOnce sync.Once
-	cosignPath string
-	cosignErr  error
-)
-
-// cosignDir is where the cosign CLI is installed, kept between runs:
-// $BDNVOL_TOOLS, else the user cache directory's bdnvol-tools.
-func cosignDir() string {
-	if d := os.Getenv("BDNVOL_TOOLS"); d != "" {
-		return filepath.Join(d, "cosign-"+CosignVersion)
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		d = os.TempDir()
-	}
-	return filepath.Join(d, "bdnvol-tools", "cosign-"+CosignVersion)
-}
+// cosignTool is the cosign CLI ($BDNVOL_COSIGN, else installed once).
+var cosignTool = &goTool{name: "cosign", pkg: "github.com/sigstore/cosign/v2/cmd/cosign", version: CosignVersion, env: "BDNVOL_COSIGN"}
 
 // cosign returns the path of the cosign CLI, installing it with go install
-// into cosignDir when it is not there yet (minutes, once).
-func cosign(t testing.TB) string {
-	t.Helper()
-	cosignOnce.Do(func() {
-		if p := os.Getenv("BDNVOL_COSIGN"); p != "" {
-			cosignPath = p
-			return
-		}
-		dir := cosignDir()
-		p := filepath.Join(dir, "cosign")
-		if runtime.GOOS == "windows" {
-			p += ".exe"
-		}
-		if _, err := os.Stat(p); err == nil {
-			cosignPath = p
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "install", "github.com/sigstore/cosign/v2/cmd/cosign@"+CosignVersion)
-		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOWORK=off", "GOFLAGS=")
-		cmd.Dir = os.TempDir()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			cosignErr = fmt.Errorf("go install cosign@%s: %v\n%s", CosignVersion, err, out)
-			return
-		}
-		cosignPath = p
-	})
-	if cosignErr != nil {
-		t.Fatal(cosignErr)
-	}
-	return cosignPath
-}
+// when it is not there yet (minutes, once).
+func cosign(t testing.TB) string { return cosignTool.path(t) }
 
 // runCosign runs the cosign CLI offline: no transparency log, no TUF
 // root fetch, with COSIGN_PASSWORD for the keys.

@@ -15,7 +15,7 @@ type DiffCmd struct {
 	A       string `arg:"" name:"ref-a" help:"The old version."`
 	B       string `arg:"" name:"ref-b" help:"The new version."`
 	JSON    bool   `name:"json" help:"Print one JSON object instead of text."`
-	Tensors bool   `name:"tensors" help:"Compare the tensors of safetensors files (dtype, shape, bytes), reading only headers (of up to 16 MiB) and indexes."`
+	Tensors bool   `name:"tensors" help:"Compare the tensors of safetensors and GGUF files (dtype, shape, bytes), reading only headers (of up to 16 MiB; GGUF 64 MiB) and indexes."`
 	Resolve bool   `name:"resolve" help:"With --tensors: fetch the chunks that small tensors share, so that none is left undecided."`
 }
 
@@ -78,7 +78,7 @@ func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Sid
 	for _, t := range d.Undecided {
 		fmt.Fprintf(w, "? %s %s: shares a changed chunk with other tensors; --resolve fetches it (%s)\n", termsafe.Name(t.File), termsafe.Name(t.Name), units.Bytes(t.Bytes))
 	}
-	fmt.Fprintf(w, "tensors in %d safetensors files: %d added (%s), %d removed (%s), %d changed (%s), %d unchanged (%s)",
+	fmt.Fprintf(w, "tensors in %d safetensors/GGUF files: %d added (%s), %d removed (%s), %d changed (%s), %d unchanged (%s)",
 		len(d.Files), len(d.Added), units.Bytes(d.AddedBytes), len(d.Removed), units.Bytes(d.RemovedBytes),
 		len(d.Changed), units.Bytes(d.ChangedBytes), d.Unchanged, units.Bytes(d.UnchangedBytes))
 	if len(d.Undecided) > 0 {

@@ -57,7 +57,11 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	w := g.stdout
 	fmt.Fprintf(w, "reference: %s\n", ref.Pinned(d.Digest))
 	fmt.Fprintf(w, "digest:    %s\n", d.Digest)
-	fmt.Fprintf(w, "format:    %d\n", d.FormatVersion)
+	if d.Foreign != "" {
+		fmt.Fprintf(w, "format:    %s (read-only)\n", foreignName(d.Foreign))
+	} else {
+		fmt.Fprintf(w, "format:    %d\n", d.FormatVersion)
+	}
 	if d.Sealed != nil {
 		fmt.Fprintf(w, "sealed:    %s (%s)\n", d.Sealed.Format(time.RFC3339), termsafe.Name(d.SealedTag))
 	}
@@ -65,6 +69,9 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(w, "signed:    %s\n", sig)
 	fmt.Fprintf(w, "files:     %d, %s\n", d.Files.Len(), units.Bytes(d.Bytes))
 	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, units.Bytes(d.UniqueBytes))
+	if d.Foreign != "" {
+		fmt.Fprintf(w, "lazy:      %d of %d files read by range; streamed whole: %s\n", d.Files.Len()-countDirs(d)-len(d.Streamed), d.Files.Len()-countDirs(d), streamedList(d.Streamed))
+	}
 	for _, im := range images {
 		fmt.Fprintf(w, "image:     %s\n", im)
 	}

@@ -91,7 +91,8 @@ type CLI struct {
 	Cache CacheCmd `cmd:"" help:"Warm, list and drop versions in the node's chunk cache."`
 	CSI   CSICmd   `cmd:"" name:"csi" help:"Kubernetes CSI node plugin: the mounter and the node services."`
 
-	ExportImage ExportImageCmd `cmd:"" name:"export-image" help:"Build an eStargz OCI image of a version's tree, attached to the version as a referrer."`
+	ExportImage     ExportImageCmd     `cmd:"" name:"export-image" help:"Build an eStargz OCI image of a version's tree, attached to the version as a referrer."`
+	ExportModelPack ExportModelPackCmd `cmd:"" name:"export-modelpack" help:"Write a ModelPack view of a version (one .raw layer per file), attached to the version as a referrer."`
 }
 
 func (g *Globals) options() oci.Options {

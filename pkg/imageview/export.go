@@ -52,18 +52,9 @@ func Export(ctx context.Context, t oci.Target, ref oci.Ref, root ocispec.Descrip
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
-	imgT := t
-	dsts := []Dest{t}
-	if dst == (oci.Ref{}) {
-		dst = ref
-		dst.Tag, dst.Digest = "", ""
-	} else if dst.Repo() != ref.Repo() {
-		dstOpt.CreateLayout = true
-		if imgT, err = oci.Open(ctx, dst, dstOpt); err != nil {
-			return nil, err
-		}
-		// A referrer lives in its subject's repository: push there too.
-		dsts = []Dest{imgT, t}
+	imgT, dsts, dst, err := Destinations(ctx, t, ref, dst, dstOpt)
+	if err != nil {
+		return nil, err
 	}
 	img, err := Build(ctx, t, ver, dsts, opt)
 	if err != nil {
@@ -74,12 +65,8 @@ func Export(ctx context.Context, t oci.Target, ref oci.Ref, root ocispec.Descrip
 			return nil, fmt.Errorf("%s: %w", dst, err)
 		}
 	}
-	image := dst.Repo()
-	if dst.Tag != "" {
-		image += ":" + dst.Tag
-	}
 	out := &Exported{
-		Image:         image + "@" + img.Manifest.Digest.String(),
+		Image:         Named(dst, img.Manifest.Digest),
 		Digest:        img.Manifest.Digest.String(),
 		Attached:      ref.Pinned(img.Manifest.Digest),
 		Volume:        ref.Pinned(root.Digest),
@@ -98,4 +85,35 @@ func Export(ctx context.Context, t oci.Target, ref oci.Ref, root ocispec.Descrip
 	out.ImageBytes += img.Config.Size + img.Manifest.Size
 	out.Seconds = time.Since(start).Seconds()
 	return out, nil
+}
+
+// Destinations returns where a view of a version in t (the repository ref
+// names) is pushed: t, and the target dst names when it is another
+// repository (opened with dstOpt, a layout created if missing; a referrer
+// lives in its subject's repository, so t too). The first target is the
+// one a tag of dst goes to; a zero dst becomes ref's repository, untagged.
+func Destinations(ctx context.Context, t oci.Target, ref, dst oci.Ref, dstOpt oci.Options) (oci.Target, []Dest, oci.Ref, error) {
+	if dst == (oci.Ref{}) {
+		dst = ref
+		dst.Tag, dst.Digest = "", ""
+		return t, []Dest{t}, dst, nil
+	}
+	if dst.Repo() == ref.Repo() {
+		return t, []Dest{t}, dst, nil
+	}
+	dstOpt.CreateLayout = true
+	imgT, err := oci.Open(ctx, dst, dstOpt)
+	if err != nil {
+		return nil, nil, dst, err
+	}
+	return imgT, []Dest{imgT, t}, dst, nil
+}
+
+// Named is REPO[:TAG]@DIGEST of the manifest d pushed to dst.
+func Named(dst oci.Ref, d digest.Digest) string {
+	image := dst.Repo()
+	if dst.Tag != "" {
+		image += ":" + dst.Tag
+	}
+	return image + "@" + d.String()
 }

@@ -229,7 +229,7 @@ func Build(ctx context.Context, src content.Fetcher, ver *layout.Version, dsts [
 	if err := checkNames(ver.Index); err != nil {
 		return nil, fmt.Errorf("image view of %s: %w", ver.Root.Digest, err)
 	}
-	rd := &reader{src: src, ver: ver, last: -1}
+	rd := NewFileReader(src, ver)
 	img := &Image{}
 	var diffIDs []digest.Digest
 	for n, entries := range Plan(ver.Index, opt.LayerBytes) {
@@ -254,7 +254,7 @@ func Build(ctx context.Context, src content.Fetcher, ver *layout.Version, dsts [
 		return nil, err
 	}
 	img.Config = content.NewDescriptorFromBytes(ocispec.MediaTypeImageConfig, cb)
-	up, err := pushAll(ctx, dsts, img.Config, func() (io.Reader, error) { return strings.NewReader(string(cb)), nil })
+	up, err := PushAll(ctx, dsts, img.Config, func() (io.Reader, error) { return strings.NewReader(string(cb)), nil })
 	if err != nil {
 		return nil, fmt.Errorf("image view of %s: config: %w", ver.Root.Digest, err)
 	}
@@ -280,26 +280,35 @@ func Build(ctx context.Context, src content.Fetcher, ver *layout.Version, dsts [
 	img.ManifestBytes = mb
 	img.Manifest = content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, mb)
 	img.Manifest.Annotations = m.Annotations
+	if err := PushReferrer(ctx, dsts, img.Manifest, mb, *m.Subject); err != nil {
+		return nil, fmt.Errorf("image view of %s: %w", ver.Root.Digest, err)
+	}
+	return img, nil
+}
+
+// PushReferrer pushes the manifest desc (its bytes b), whose subject is
+// subject, to every destination.
+func PushReferrer(ctx context.Context, dsts []Dest, desc ocispec.Descriptor, b []byte, subject ocispec.Descriptor) error {
 	for _, d := range dsts {
 		// Where the registry serves the referrers API it lists the view by
 		// its subject; asking first keeps the push from also writing the
 		// tag-schema fallback index, which registries that do not send
 		// OCI-Subject would otherwise get.
-		if _, err := oci.ServesReferrers(ctx, d, *m.Subject); err != nil {
-			return nil, fmt.Errorf("image view of %s: %w", ver.Root.Digest, err)
+		if _, err := oci.ServesReferrers(ctx, d, subject); err != nil {
+			return err
 		}
-		if err := d.Push(ctx, img.Manifest, strings.NewReader(string(mb))); err != nil && !alreadyExists(err) {
-			return nil, fmt.Errorf("image view of %s: manifest %s: %w", ver.Root.Digest, img.Manifest.Digest, err)
+		if err := d.Push(ctx, desc, strings.NewReader(string(b))); err != nil && !alreadyExists(err) {
+			return fmt.Errorf("manifest %s: %w", desc.Digest, err)
 		}
 	}
-	return img, nil
+	return nil
 }
 
 func alreadyExists(err error) bool { return errors.Is(err, errdef.ErrAlreadyExists) }
 
-// pushAll pushes desc to every destination that lacks it and reports
-// whether it pushed anywhere.
-func pushAll(ctx context.Context, dsts []Dest, desc ocispec.Descriptor, open func() (io.Reader, error)) (bool, error) {
+// PushAll pushes desc to every destination that lacks it (open gives its
+// bytes, once per destination) and reports whether it pushed anywhere.
+func PushAll(ctx context.Context, dsts []Dest, desc ocispec.Descriptor, open func() (io.Reader, error)) (bool, error) {
 	pushed := false
 	for _, d := range dsts {
 		ok, err := d.Exists(ctx, desc)
@@ -329,7 +338,7 @@ func pushAll(ctx context.Context, dsts []Dest, desc ocispec.Descriptor, open fun
 var epoch = time.Unix(0, 0).UTC()
 
 // buildLayer writes the tar of entries, converts it to eStargz and pushes it.
-func buildLayer(ctx context.Context, rd *reader, ver *layout.Version, entries []int, first bool, dsts []Dest, opt Options) (Layer, digest.Digest, error) {
+func buildLayer(ctx context.Context, rd *FileReader, ver *layout.Version, entries []int, first bool, dsts []Dest, opt Options) (Layer, digest.Digest, error) {
 	var l Layer
 	tf, err := os.CreateTemp(opt.TempDir, "bdnvol-imageview-*.tar")
 	if err != nil {
@@ -360,7 +369,7 @@ func buildLayer(ctx context.Context, rd *reader, ver *layout.Version, entries []
 			err = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: f.Target, Mode: 0o777, ModTime: epoch})
 		case layout.TypeFile:
 			if err = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: f.Size, Mode: int64(f.Mode & 0o777), ModTime: epoch}); err == nil {
-				err = rd.copyFile(ctx, tw, f)
+				err = rd.CopyFile(ctx, tw, f)
 			}
 			l.Files++
 			l.Bytes += f.Size
@@ -425,7 +434,7 @@ func buildLayer(ctx context.Context, rd *reader, ver *layout.Version, entries []
 			AnnotationUncompressedSize: strconv.FormatInt(usize, 10),
 		},
 	}
-	l.Uploaded, err = pushAll(ctx, dsts, l.Desc, func() (io.Reader, error) {
+	l.Uploaded, err = PushAll(ctx, dsts, l.Desc, func() (io.Reader, error) {
 		return io.NewSectionReader(bf, 0, n), nil
 	})
 	if err != nil {
@@ -438,17 +447,22 @@ func dirHeader(name string, mode int64) *tar.Header {
 	return &tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: mode, ModTime: epoch}
 }
 
-// reader reads the files of a version from its chunks, verifying each
+// FileReader reads the files of a version from its chunks, verifying each
 // chunk and each whole file. It keeps the last chunk it fetched: files are
 // read in index order, which is the order of the chunks' first use.
-type reader struct {
+type FileReader struct {
 	src  content.Fetcher
 	ver  *layout.Version
 	last int
 	buf  []byte
 }
 
-func (r *reader) chunk(ctx context.Context, k int) ([]byte, error) {
+// NewFileReader returns a FileReader of ver's files, whose chunks src serves.
+func NewFileReader(src content.Fetcher, ver *layout.Version) *FileReader {
+	return &FileReader{src: src, ver: ver, last: -1}
+}
+
+func (r *FileReader) chunk(ctx context.Context, k int) ([]byte, error) {
 	if k == r.last {
 		return r.buf, nil
 	}
@@ -464,7 +478,9 @@ func (r *reader) chunk(ctx context.Context, k int) ([]byte, error) {
 	return b, nil
 }
 
-func (r *reader) copyFile(ctx context.Context, w io.Writer, f layout.File) error {
+// CopyFile writes the content of f to w; an error wrapping ErrCorrupt
+// when it does not match its digest (after all of it was written).
+func (r *FileReader) CopyFile(ctx context.Context, w io.Writer, f layout.File) error {
 	h := sha256.New()
 	var n int64
 	for _, e := range f.Extents {

@@ -18,7 +18,14 @@ import (
 // referrers that are images whose manifest names d in
 // AnnotationVolumeDigest.
 func List(ctx context.Context, t oci.Target, d digest.Digest) ([]ocispec.Descriptor, error) {
-	refs, err := oci.Referrers(ctx, t, ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: d}, ocispec.MediaTypeImageConfig)
+	return ListOf(ctx, t, d, ocispec.MediaTypeImageConfig)
+}
+
+// ListOf returns the views of artifact type artifactType attached to the
+// version d in t: its referrers of that type whose manifest names d in
+// AnnotationVolumeDigest.
+func ListOf(ctx context.Context, t oci.Target, d digest.Digest, artifactType string) ([]ocispec.Descriptor, error) {
+	refs, err := oci.Referrers(ctx, t, ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: d}, artifactType)
 	if err != nil {
 		return nil, err
 	}

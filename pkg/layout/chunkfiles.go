@@ -82,13 +82,10 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	defer ra.Close()
 	fc := &fileCut{b: b, path: e.Path, ra: ra, submit: submit, cdc: true,
 		chunkHash: sha256.New(), cut: newCutter(b.opt.Params)}
-	if IsSafetensors(e.Path) {
-		if hdrEnd, ts, err := ReadSafetensorsHeader(ra, e.Size); err == nil {
-			// The header says where every tensor is: cut there, and
-			// at fixed offsets inside big tensors, with no rolling hash.
-			fc.cuts = tensorBoundaries(hdrEnd, ts, e.Size, b.opt.Params)
-			fc.cdc = false
-		}
+	if cuts, ok := formatCuts(ra, e.Path, e.Size, b.opt.Params); ok {
+		// The header says where every tensor is: cut there, and at
+		// fixed offsets inside big tensors, with no rolling hash.
+		fc.cuts, fc.cdc = cuts, false
 	}
 	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
 	for {

@@ -36,6 +36,15 @@ type Version struct {
 	// Meta are its manifests and metadata blobs: the root, the part
 	// manifests, their configs and the file index.
 	Meta []ocispec.Descriptor
+	// Foreign is the artifactType of a foreign artifact opened as a version
+	// (see RegisterForeign), "" for a bdnvol volume.
+	Foreign string
+	// Chunks, set for a foreign artifact, returns the fetcher of its chunks
+	// given the repository's fetcher; read it through ChunkSource.
+	Chunks func(src content.Fetcher) content.Fetcher
+	// Streamed, for a foreign artifact, are the paths of files that cannot
+	// be read by range: a read of any of their chunks streams a layer.
+	Streamed map[string]bool
 }
 
 // OpenOptions configure OpenWith. The zero value opens a version as Open
@@ -61,6 +70,9 @@ func OpenWith(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor,
 	root, err := fetchManifest(ctx, src, desc, maxParts)
 	if err != nil {
 		return nil, err
+	}
+	if open, ok := foreignOpener(root.ArtifactType, root.Config.MediaType); ok && root.MediaType == ocispec.MediaTypeImageManifest {
+		return open(ctx, src, desc)
 	}
 	if root.ArtifactType != ArtifactTypeVolume && (root.MediaType == ocispec.MediaTypeImageManifest || root.MediaType == ocispec.MediaTypeImageIndex) {
 		return nil, fmt.Errorf("%s: artifactType %q: %w", desc.Digest, root.ArtifactType, ErrNotVolume)

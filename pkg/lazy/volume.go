@@ -106,7 +106,7 @@ func New(ver *layout.Version, src content.Fetcher, opt Options) (*Volume, error)
 		opt.Readahead = 64 << 20
 	}
 	v := &Volume{
-		ver: ver, src: src, opt: opt, autoAhead: auto,
+		ver: ver, src: ver.ChunkSource(src), opt: opt, autoAhead: auto,
 		sem:     make(chan struct{}, opt.Jobs),
 		headers: semaphore.NewWeighted(headerBudget),
 		files:   map[int]*File{},

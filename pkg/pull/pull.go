@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"oras.land/oras-go/v2/content"
+
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -113,6 +115,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		return nil, err
 	}
 	desc, src, mirrors := o.Root, o.Fetcher, o.Mirrors
+	wrap := func(f content.Fetcher) content.Fetcher { return f }
 	var cache *chunkcache.Cache
 	if opt.Cache != CacheOff {
 		// Without CacheFill nothing is added, so open with no bound: a
@@ -124,16 +127,16 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		if cache, err = chunkcache.Open(filepath.Join(opt.CacheDir, "chunks"), max); err != nil {
 			return nil, err
 		}
+		wrap = cache.ReadOnly
 		if opt.Cache == CacheFill {
-			src = cache.Fetcher(src)
-		} else {
-			src = cache.ReadOnly(src)
+			wrap = cache.Fetcher
 		}
 	}
-	v, err := layout.Open(ctx, src, desc)
+	v, err := layout.Open(ctx, wrap(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
+	src = wrap(v.ChunkSource(src)) // the registry's blobs, or a foreign artifact's chunks
 	stop := func() {}
 	if opt.Progress != nil {
 		stop = opt.Progress()

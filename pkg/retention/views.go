@@ -12,11 +12,12 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/imageview"
+	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
-// DeleteImageViews deletes the image views attached to the version d (see
-// package imageview) by digest, and returns those it deleted. One already
+// DeleteImageViews deletes the image views and ModelPack views attached to
+// the version d (see packages imageview and modelpack) by digest, and returns those it deleted. One already
 // gone counts as deleted. Their layers stay for the registry's garbage
 // collector (in an OCI layout, for SweepLayout).
 func DeleteImageViews(ctx context.Context, t oci.Target, d digest.Digest) ([]ocispec.Descriptor, error) {
@@ -24,6 +25,11 @@ func DeleteImageViews(ctx context.Context, t oci.Target, d digest.Digest) ([]oci
 	if err != nil {
 		return nil, fmt.Errorf("image views of %s: %w", d, err)
 	}
+	mp, err := modelpack.Views(ctx, t, d)
+	if err != nil {
+		return nil, fmt.Errorf("ModelPack views of %s: %w", d, err)
+	}
+	views = append(views, mp...)
 	var done []ocispec.Descriptor
 	var errs []error
 	for _, v := range views {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"iter"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -42,6 +43,12 @@ type Details struct {
 	Bytes         int64         `json:"bytes"`        // file bytes
 	Chunks        int           `json:"chunks"`       // distinct chunks
 	UniqueBytes   int64         `json:"unique_bytes"` // bytes of the distinct chunks
+	// Foreign is the artifactType of a foreign artifact read as a version
+	// (a ModelPack model), "" for a bdnvol volume.
+	Foreign string `json:"foreign,omitempty"`
+	// Streamed are the files of a foreign artifact that cannot be read by
+	// range (in compressed layers): a read streams their layer whole.
+	Streamed []string `json:"streamed,omitempty"`
 }
 
 // Inspect opens and verifies the version desc of t and describes it,
@@ -58,6 +65,11 @@ func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Detai
 		Bytes:         v.Index.Bytes(),
 	}
 	d.Chunks, d.UniqueBytes = uniqueChunks(v.Index)
+	d.Foreign = v.Foreign
+	for p := range v.Streamed {
+		d.Streamed = append(d.Streamed, p)
+	}
+	sort.Strings(d.Streamed)
 	tags, err := oci.ListTags(ctx, t)
 	if err != nil {
 		return nil, fmt.Errorf("list tags: %w", err)

@@ -41,14 +41,15 @@ type TensorChange struct {
 	What     []string `json:"what"` // "dtype", "shape", "bytes"
 }
 
-// TensorDiff compares the tensors of the safetensors files of two versions.
+// TensorDiff compares the tensors of the safetensors and GGUF files of two
+// versions.
 // A tensor is named by its file and name; one that moved to another shard
 // is removed from one and added to the other.
 type TensorDiff struct {
 	A digest.Digest `json:"a"`
 	B digest.Digest `json:"b"`
 
-	Files     []string       `json:"files"` // safetensors files compared
+	Files     []string       `json:"files"` // safetensors and GGUF files compared
 	Added     []TensorInfo   `json:"added"`
 	Removed   []TensorInfo   `json:"removed"`
 	Changed   []TensorChange `json:"changed"`
@@ -119,7 +120,8 @@ func (t tensor) own() bool {
 	return true
 }
 
-// CompareTensors compares the tensors of the safetensors files of a and b.
+// CompareTensors compares the tensors of the safetensors and GGUF files of
+// a and b.
 // It reads the file indexes and the chunks that hold the headers only: a
 // tensor's bytes are unchanged exactly when the chunk extents that hold them
 // are, and chunks are cut at tensor boundaries.
@@ -211,47 +213,93 @@ func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorD
 	return d, nil
 }
 
-// tensorsOf reads the headers of v's safetensors files, keyed by file and
-// tensor name. fetched is what was fetched so far, shared by both sides.
-// A header longer than layout.SafetensorsHeaderLimit is an error.
+// tensorsOf reads the headers of v's safetensors and GGUF files, keyed by
+// file and tensor name. fetched is what was fetched so far, shared by both
+// sides. A header longer than layout.SafetensorsHeaderLimit (or
+// layout.GGUFHeaderLimit) is an error.
 func tensorsOf(ctx context.Context, src content.Fetcher, v *layout.Version, fetched *chunkMemo) (map[string]tensor, error) {
 	out := map[string]tensor{}
 	for i := range v.Index.Len() {
 		fv := v.Index.File(i)
 		f := &fv
-		if f.Type != layout.TypeFile || !strings.HasSuffix(f.Path, ".safetensors") {
+		if f.Type != layout.TypeFile || !layout.IsSafetensors(f.Path) && !layout.IsGGUF(f.Path) {
 			continue
 		}
 		r := &fileReader{ctx: ctx, src: src, v: v, f: f, fetched: fetched}
-		hdr, err := layout.ReadSafetensorsHeaderBytes(r, f.Size, layout.SafetensorsHeaderLimit)
-		r.drop()
+		var ts []tensor
+		var err error
+		if layout.IsGGUF(f.Path) {
+			ts, err = ggufTensors(r)
+		} else {
+			ts, err = safetensorsTensors(r)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}
-		_, ranges, err := layout.ParseSafetensorsHeader(hdr, f.Size)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.Path, err)
+		for _, t := range ts {
+			out[f.Path+"\x00"+t.Name] = t
 		}
-		var raw map[string]json.RawMessage
-		if err := json.Unmarshal(hdr, &raw); err != nil {
-			return nil, fmt.Errorf("%s: header: %w", f.Path, err)
+	}
+	return out, nil
+}
+
+// safetensorsTensors reads the tensors of the safetensors file r reads.
+func safetensorsTensors(r *fileReader) ([]tensor, error) {
+	f := r.f
+	hdr, err := layout.ReadSafetensorsHeaderBytes(r, f.Size, layout.SafetensorsHeaderLimit)
+	r.drop()
+	if err != nil {
+		return nil, err
+	}
+	_, ranges, err := layout.ParseSafetensorsHeader(hdr, f.Size)
+	if err != nil {
+		return nil, err
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(hdr, &raw); err != nil {
+		return nil, fmt.Errorf("header: %w", err)
+	}
+	var out []tensor
+	for _, rg := range ranges {
+		var meta struct {
+			Dtype string  `json:"dtype"`
+			Shape []int64 `json:"shape"`
 		}
-		for _, rg := range ranges {
-			var meta struct {
-				Dtype string  `json:"dtype"`
-				Shape []int64 `json:"shape"`
-			}
-			if err := json.Unmarshal(raw[rg.Name], &meta); err != nil {
-				return nil, fmt.Errorf("%s: tensor %q: %w", f.Path, rg.Name, err)
-			}
-			if meta.Shape == nil {
-				meta.Shape = []int64{}
-			}
-			t := tensor{TensorInfo: TensorInfo{File: f.Path, Name: rg.Name, Dtype: meta.Dtype, Shape: meta.Shape, Bytes: rg.End - rg.Begin}}
-			t.pieces = piecesOf(v, f, rg.Begin, rg.End)
-			t.r, t.begin = r, rg.Begin
-			out[f.Path+"\x00"+rg.Name] = t
+		if err := json.Unmarshal(raw[rg.Name], &meta); err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", rg.Name, err)
 		}
+		if meta.Shape == nil {
+			meta.Shape = []int64{}
+		}
+		t := tensor{TensorInfo: TensorInfo{File: f.Path, Name: rg.Name, Dtype: meta.Dtype, Shape: meta.Shape, Bytes: rg.End - rg.Begin}}
+		t.pieces = piecesOf(r.v, f, rg.Begin, rg.End)
+		t.r, t.begin = r, rg.Begin
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// ggufTensors reads the tensors of the GGUF file r reads. A tensor's
+// pieces run to the next tensor (its alignment padding included), as
+// chunks are cut; its Bytes are its values'.
+func ggufTensors(r *fileReader) ([]tensor, error) {
+	f := r.f
+	h, err := layout.ReadGGUFHeader(r, f.Size, layout.GGUFHeaderLimit)
+	r.drop()
+	if err != nil {
+		return nil, err
+	}
+	ranges := h.Ranges(f.Size)
+	out := make([]tensor, 0, len(h.Tensors))
+	for i, gt := range h.Tensors {
+		shape := make([]int64, len(gt.Dims))
+		for j, d := range gt.Dims {
+			shape[j] = int64(d) // bounded by the parser: the product fits an int64
+		}
+		t := tensor{TensorInfo: TensorInfo{File: f.Path, Name: gt.Name, Dtype: gt.Dtype(), Shape: shape, Bytes: gt.End - gt.Begin}}
+		t.pieces = piecesOf(r.v, f, ranges[i].Begin, ranges[i].End)
+		t.r, t.begin = r, gt.Begin
+		out = append(out, t)
 	}
 	return out, nil
 }

@@ -85,6 +85,9 @@ func parseRoot(desc ocispec.Descriptor, b []byte) (*Root, error) {
 		MediaType    string            `json:"mediaType"`
 		ArtifactType string            `json:"artifactType"`
 		Annotations  map[string]string `json:"annotations"`
+		Config       struct {
+			MediaType string `json:"mediaType"`
+		} `json:"config"`
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("%s: %w: %v", desc.Digest, layout.ErrNotVolume, err)
@@ -95,7 +98,7 @@ func parseRoot(desc ocispec.Descriptor, b []byte) (*Root, error) {
 	if m.MediaType != ocispec.MediaTypeImageManifest && m.MediaType != ocispec.MediaTypeImageIndex {
 		return nil, fmt.Errorf("%s: media type %s: %w", desc.Digest, termsafe.Short(m.MediaType), layout.ErrNotVolume)
 	}
-	if m.ArtifactType != layout.ArtifactTypeVolume {
+	if m.ArtifactType != layout.ArtifactTypeVolume && !(m.MediaType == ocispec.MediaTypeImageManifest && layout.IsForeign(m.ArtifactType, m.Config.MediaType)) {
 		return nil, fmt.Errorf("%s: artifactType %s: %w", desc.Digest, termsafe.Short(m.ArtifactType), layout.ErrNotVolume)
 	}
 	r := &Root{Desc: desc, Manifest: b}

@@ -80,7 +80,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
-	tg := &Plan{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: src}
+	tg := &Plan{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: ver.ChunkSource(src)}
 	seen := map[int]bool{}
 	for fi := range ver.Index.Len() {
 		f := ver.Index.File(fi)

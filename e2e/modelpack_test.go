@@ -1,0 +1,96 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// checkModelTree checks that dir holds exactly the model's files, byte for
+// byte (directories aside).
+func checkModelTree(t *testing.T, dir string, m *mpModel) {
+	t.Helper()
+	got := map[string]bool{}
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || fi.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		got[filepath.ToSlash(rel)] = true
+		if !fi.Mode().IsRegular() {
+			t.Errorf("%s: mode %s, want a regular file", rel, fi.Mode())
+		}
+		return nil
+	})
+	for p, want := range m.files {
+		if !got[p] {
+			t.Errorf("%s: missing", p)
+			continue
+		}
+		if b := fileContents(t, filepath.Join(dir, filepath.FromSlash(p))); !bytes.Equal(b, want) {
+			t.Errorf("%s: %d bytes differ from the model's %d", p, len(b), len(want))
+		}
+		delete(got, p)
+	}
+	for p := range got {
+		t.Errorf("%s: not a file of the model", p)
+	}
+}
+
+// TestModelPackPullInspect pulls a ModelPack model of every packing (raw,
+// tar with a PAX name, tar+gzip, doc and code layers) by digest from each
+// registry and an OCI layout: the tree is the model's files byte for byte,
+// and inspect lists them, saying which are lazy.
+func TestModelPackPullInspect(t *testing.T) {
+	forTargets(t, func(t *testing.T, tg target) {
+		m := mixedModel(t)
+		ref := m.push(t, tg, "mp/mixed", "v1")
+		dir := filepath.Join(t.TempDir(), "out")
+		mustRun(t, "pull", ref, dir)
+		checkModelTree(t, dir, m)
+
+		out := mustRun(t, "inspect", ref).stdout
+		for p := range m.files {
+			if !strings.Contains(out, p) {
+				t.Errorf("inspect does not list %s:\n%s", p, out)
+			}
+		}
+		if !strings.Contains(out, "modelpack") {
+			t.Errorf("inspect does not say it is a ModelPack model:\n%s", out)
+		}
+		if !strings.Contains(out, "streamed") {
+			t.Errorf("inspect does not say which files are streamed whole:\n%s", out)
+		}
+	})
+}
+
+// TestModelPackHostile: models whose tars hold links or climb out of the
+// root, or whose paths repeat, fail the pull with an error naming the
+// problem, and nothing is written outside the target.
+func TestModelPackHostile(t *testing.T) {
+	reg := newDistribution(t)
+	tg := target{name: "distribution", reg: reg}
+	cases := []struct {
+		name, mention string
+		layers        []mpLayer
+	}{
+		{"traversal", "leaves the model's root", []mpLayer{{mpType("weight", "tar"), mpTar(t, false, mpMember{name: "../outside/keep", data: []byte("owned")}), "x"}}},
+		{"raw traversal", "leaves the model's root", []mpLayer{{mpType("weight", "raw"), []byte("owned"), "../../x/outside/keep"}}},
+		{"symlink", "is a link", []mpLayer{{mpType("weight", "tar"), mpTar(t, false, mpMember{name: "w", typ: tar.TypeSymlink, link: "../../outside"}), "w"}}},
+		{"hard link", "is a link", []mpLayer{{mpType("weight", "tar+gzip"), mpTar(t, true, mpMember{name: "w", typ: tar.TypeLink, link: "/etc/passwd"}), "w"}}},
+		{"duplicate", "is in layer 0 and layer 1", []mpLayer{{mpType("weight", "raw"), []byte("1"), "w"}, {mpType("doc", "raw"), []byte("2"), "./w"}}},
+		{"absolute", "is absolute", []mpLayer{{mpType("doc", "raw"), []byte("1"), "/etc/passwd"}}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			site := newPullSite(t)
+			m := newModel(t, nil, c.layers...)
+			ref := m.push(t, tg, "mp/hostile", "h"+string(rune('a'+i)))
+			res := run(t, "pull", ref, site.dst)
+			site.checkFailedPull(t, res, ref, []string{c.mention}, nil)
+		})
+	}
+}

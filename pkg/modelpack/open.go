@@ -1,0 +1,53 @@
+package modelpack
+
+import (
+	"context"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+func init() {
+	layout.RegisterForeign(ArtifactType, Open)
+	layout.RegisterForeign(MediaTypeConfig, Open)
+}
+
+// Open reads the model whose manifest is desc into a read-only
+// layout.Version (see Build): its index lists the model's files, and its
+// ChunkSource reads each chunk out of the layers. Every layer is read once,
+// whole, and verified here.
+func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*layout.Version, error) {
+	a, err := Fetch(ctx, src, desc)
+	if err != nil {
+		return nil, err
+	}
+	m, err := Build(ctx, src, a)
+	if err != nil {
+		return nil, err
+	}
+	return m.Version(), nil
+}
+
+// Version returns the map as a read-only version.
+func (m *Map) Version() *layout.Version {
+	meta := []ocispec.Descriptor{m.Artifact.Desc}
+	if m.Artifact.Manifest.Config.Digest != "" {
+		meta = append(meta, m.Artifact.Manifest.Config)
+	}
+	streamed := map[string]bool{}
+	for _, f := range m.Files {
+		if !f.Lazy {
+			streamed[f.Path] = true
+		}
+	}
+	return &layout.Version{
+		Streamed: streamed,
+		Root:     m.Artifact.Desc,
+		Index:    m.Index,
+		Meta:     meta,
+		Foreign:  ArtifactType,
+		Chunks:   m.Fetcher,
+	}
+}
