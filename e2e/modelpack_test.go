@@ -94,3 +94,60 @@ func TestModelPackHostile(t *testing.T) {
 		})
 	}
 }
+
+// TestModelPackMountOneTensor mounts a model whose weights are one large
+// raw layer and reads one tensor from its middle: after the mount is up,
+// the read costs at most three registry requests and at most 1.1 times the
+// tensor's bytes. (Opening reads every layer once, whole, to verify it and
+// cut it into chunks; that cost is logged.)
+func TestModelPackMountOneTensor(t *testing.T) {
+	requireFUSE(t)
+	reg := newDistribution(t)
+	sizes := make([]int, 8)
+	for i := range sizes {
+		sizes[i] = 32 << 20
+	}
+	w, starts := mpSafetensors(sizes...)
+	m := newModel(t, map[string][]byte{"model.safetensors": w},
+		mpLayer{mpType("weight", "raw"), w, "model.safetensors"},
+		mpLayer{mpType("doc", "raw"), []byte("# big\n"), "README.md"})
+	ref := m.push(t, target{name: "distribution", reg: reg}, "mp/big", "v1")
+	reg.ResetStats()
+	mp := mount(t, ref)
+	reg.Settle(t)
+	open := reg.Stats()
+	t.Logf("opening the mount: %d requests, %d blob bytes (the layers are %d bytes)", total(open.Requests), open.BlobBytesOut, len(w)+6)
+	reg.ResetStats()
+
+	f, err := os.Open(filepath.Join(mp, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const k = 4
+	got := make([]byte, sizes[k])
+	if _, err := f.ReadAt(got, starts[k]); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, w[starts[k]:starts[k]+int64(sizes[k])]) {
+		t.Fatal("the tensor read through the mount differs from the model's")
+	}
+	reg.Settle(t)
+	st := reg.Stats()
+	t.Logf("one tensor of %d bytes: %d requests (%v), %d blob bytes (%.3fx)", sizes[k], total(st.Requests), st.Requests, st.BlobBytesOut, float64(st.BlobBytesOut)/float64(sizes[k]))
+	if n := total(st.Requests); n > 3 {
+		t.Errorf("reading one tensor took %d registry requests, want at most 3: %v", n, st.Requests)
+	}
+	if st.BlobBytesOut > int64(float64(sizes[k])*1.1) {
+		t.Errorf("reading one tensor of %d bytes fetched %d bytes, more than 1.1x", sizes[k], st.BlobBytesOut)
+	}
+}
+
+// total sums request counts.
+func total(reqs map[string]int) int {
+	n := 0
+	for _, v := range reqs {
+		n += v
+	}
+	return n
+}

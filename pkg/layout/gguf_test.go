@@ -149,7 +149,7 @@ func TestGGUFCutStreamMatchesCutFile(t *testing.T) {
 	if err := CutFile(ctx, bytes.NewReader(b), "m.gguf", int64(len(b)), p, func(off int64, d digest.Digest) { file = append(file, cut{off, d.String()}) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := CutStream(ctx, bytes.NewReader(b), "m.gguf", int64(len(b)), p, func(off int64, d digest.Digest) { stream = append(stream, cut{off, d.String()}) }); err != nil {
+	if err := CutStream(ctx, bytes.NewReader(b), "m.gguf", int64(len(b)), p, func(off int64, c Chunk) { stream = append(stream, cut{off, c.Digest.String()}) }); err != nil {
 		t.Fatal(err)
 	}
 	h, err := ReadGGUFHeader(bytes.NewReader(b), int64(len(b)), 0)

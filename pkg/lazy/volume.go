@@ -200,6 +200,9 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 	defer cancel()
 	desc := v.ver.Chunk(k)
 	rf, ranged := v.src.(rangeSource)
+	if ns, ok := v.src.(interface{ NoSplit() bool }); ok && ns.NoSplit() {
+		parts = 1 // a source whose chunks are each one range of a larger blob
+	}
 	if parts > 1 && ranged && desc.Size >= splitMin && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.
 		ch, err := v.opt.Cache.Load(ctx, splitFetcher{rf, parts, !v.rangesOK.Load()}, desc)

@@ -49,10 +49,10 @@ type File struct {
 	chunks []cut
 }
 
-// cut is a chunk of a file: its offset in the file and its digest.
+// cut is a chunk of a file: its offset in the file, digest, size, edges.
 type cut struct {
 	off int64
-	d   digest.Digest
+	c   layout.Chunk
 }
 
 // Piece is where a chunk's bytes are: a run of one layer's uncompressed
@@ -250,20 +250,19 @@ func tarEntry(h *tar.Header) (string, error) {
 // chunks, and records where each chunk lies in its layer.
 func (m *Map) cutFile(ctx context.Context, r io.Reader, f *File) error {
 	h := sha256.New()
-	err := layout.CutStream(ctx, io.TeeReader(r, h), f.Path, f.Size, Params, func(off int64, d digest.Digest) {
-		f.chunks = append(f.chunks, cut{off, d})
+	err := layout.CutStream(ctx, io.TeeReader(r, h), f.Path, f.Size, Params, func(off int64, c layout.Chunk) {
+		if !f.Lazy {
+			c.Head, c.Tail = "", "" // no range of a compressed layer is read alone
+		}
+		f.chunks = append(f.chunks, cut{off, c})
 	})
 	if err != nil {
 		return err
 	}
 	f.Digest = digest.NewDigest(digest.SHA256, h)
-	for k, c := range f.chunks {
-		end := f.Size
-		if k+1 < len(f.chunks) {
-			end = f.chunks[k+1].off
-		}
-		if _, ok := m.Pieces[c.d]; !ok {
-			m.Pieces[c.d] = Piece{Layer: f.Layer, Offset: f.Offset + c.off, Size: end - c.off}
+	for _, c := range f.chunks {
+		if _, ok := m.Pieces[c.c.Digest]; !ok {
+			m.Pieces[c.c.Digest] = Piece{Layer: f.Layer, Offset: f.Offset + c.off, Size: c.c.Size}
 		}
 	}
 	return nil
@@ -281,18 +280,14 @@ func (m *Map) index() (*layout.Index, error) {
 			x.Files = append(x.Files, layout.File{Path: d, Type: layout.TypeDir, Mode: 0o755})
 		}
 		e := layout.File{Path: f.Path, Type: layout.TypeFile, Mode: f.Mode, Size: f.Size, Digest: f.Digest}
-		for k, c := range f.chunks {
-			end := f.Size
-			if k+1 < len(f.chunks) {
-				end = f.chunks[k+1].off
-			}
-			ci, ok := chunkOf[c.d]
+		for _, c := range f.chunks {
+			ci, ok := chunkOf[c.c.Digest]
 			if !ok {
 				ci = len(x.Chunks)
-				chunkOf[c.d] = ci
-				x.Chunks = append(x.Chunks, layout.Chunk{Digest: c.d, Size: end - c.off})
+				chunkOf[c.c.Digest] = ci
+				x.Chunks = append(x.Chunks, c.c)
 			}
-			e.Extents = append(e.Extents, layout.Extent{Chunk: ci, Offset: 0, Length: end - c.off})
+			e.Extents = append(e.Extents, layout.Extent{Chunk: ci, Offset: 0, Length: c.c.Size})
 		}
 		x.Files = append(x.Files, e)
 	}

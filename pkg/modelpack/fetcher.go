@@ -2,6 +2,7 @@ package modelpack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -49,6 +50,26 @@ func (f *pieceFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.R
 	}
 	return f.stream(ctx, l, p)
 }
+
+// FetchRange returns n bytes at off of the chunk desc (an edge, for a lazy
+// reader), not verified: one range request of its layer, or for a
+// compressed layer a stream of it.
+func (f *pieceFetcher) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	p, ok := f.m.Pieces[desc.Digest]
+	if !ok || off < 0 || n <= 0 || off+n > p.Size {
+		return nil, fmt.Errorf("chunk %s: range %d+%d: %w", desc.Digest, off, n, errors.ErrUnsupported)
+	}
+	p.Offset, p.Size = p.Offset+off, n
+	l := f.m.Artifact.Layers[p.Layer]
+	if rf, ok := f.src.(oci.RangeFetcher); ok && l.Packing.RangeReadable() {
+		return rf.FetchRange(ctx, l.Desc, p.Offset, p.Size)
+	}
+	return f.stream(ctx, l, p)
+}
+
+// NoSplit tells a lazy reader to fetch each chunk with one request: a
+// chunk is one tensor, one range of a layer.
+func (f *pieceFetcher) NoSplit() bool { return true }
 
 // stream reads piece p by reading its layer from the start.
 func (f *pieceFetcher) stream(ctx context.Context, l Layer, p Piece) (io.ReadCloser, error) {

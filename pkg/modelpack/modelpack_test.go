@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
@@ -175,3 +176,35 @@ func TestTensorIsOneRange(t *testing.T) {
 	}
 }
 
+// TestEdges: chunks of at least layout.EdgeMinChunk bytes carry the
+// digests of their first and last layout.EdgeBytes, as a push gives them.
+func TestEdges(t *testing.T) {
+	w := safetensors(6, 3<<20+12345, 2<<20)
+	st, desc := pushModel(t, rawLayer(KindWeight, "w.safetensors", w))
+	v, err := layout.Open(context.Background(), st, desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, _ := v.Index.Find("w.safetensors")
+	var off int64
+	edges := 0
+	for k := range v.Index.NumExtents(i) {
+		x := v.Index.Extent(i, k)
+		c := v.Index.AllChunks()[x.Chunk]
+		b := w[off : off+x.Length]
+		off += x.Length
+		if c.Size < layout.EdgeMinChunk {
+			if c.HasEdges() {
+				t.Errorf("chunk of %d bytes has edges", c.Size)
+			}
+			continue
+		}
+		edges++
+		if c.Head != digest.FromBytes(b[:layout.EdgeBytes]) || c.Tail != digest.FromBytes(b[len(b)-layout.EdgeBytes:]) {
+			t.Errorf("chunk %d of %d bytes: wrong edge digests", k, c.Size)
+		}
+	}
+	if edges != 2 {
+		t.Fatalf("%d chunks with edges, want the two tensors", edges)
+	}
+}
