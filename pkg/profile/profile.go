@@ -22,7 +22,6 @@ const MaxChunks = 1 << 17
 // MaxBytes bounds the size of a profile document.
 const MaxBytes = 128 + MaxChunks*80 // a line per chunk: indent, quoted digest, comma
 
-
 // Profile is the chunks of one version read during a start window, in
 // first-read order.
 type Profile struct {
