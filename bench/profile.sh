@@ -116,6 +116,10 @@ timed_cpu() {
 	CPU=$(awk '{printf "%.2f", $1 + $2}' "$TMP/time.out")
 }
 N=0
+# daemon_pid: the pid `mount --daemon` reported on stderr ($TMP/mount.err).
+# (Not pgrep: reading other processes' command lines can hang on a machine
+# with a stuck FUSE mount.)
+daemon_pid() { sed -n 's/.*(pid \([0-9]*\),.*/\1/p' "$TMP/mount.err" | tail -1; }
 # start_load CACHE-SUFFIX MOUNT-FLAGS...: mount on a fresh cache, run the
 # loader (LOADER_MODE), unmount; set WALL (mount start to last tensor)
 # and CPU (the daemon's).
@@ -129,8 +133,7 @@ mount_load() {
 	"$BDNVOL" --cache-dir "$TMP/cache$N" mount --daemon "$@" "$REF" "$mp" >/dev/null 2>"$TMP/mount.err" || { cat "$TMP/mount.err" >&2; die "mount failed"; }
 	"$LOADER" -mode "$LOADER_MODE" -pause "$PAUSE" "$mp" >/dev/null || die "loader failed"
 	WALL=$(secs "$t0" "$(now)")
-	pid=$(pgrep -f -- "--cache-dir $TMP/cache$N mount" | head -1)
-	CPU=$(cpu "$pid")
+	CPU=$(cpu "$(daemon_pid)")
 	"$BDNVOL" umount "$mp" >/dev/null 2>&1
 }
 
@@ -158,12 +161,12 @@ N=$((N + 1))
 MP=$TMP/mnt$N
 mkdir -p "$MP"
 MOUNTS+=("$MP")
-"$BDNVOL" --cache-dir "$TMP/cache$N" mount --daemon --prefetch none --profile off "$REF" "$MP" >/dev/null 2>&1
+"$BDNVOL" --cache-dir "$TMP/cache$N" mount --daemon --prefetch none --profile off "$REF" "$MP" >/dev/null 2>"$TMP/mount.err"
 settle "$MODEL" "$BIN"
 T0=$(now)
 find "$MP" -type f -print0 | xargs -0 cat >/dev/null
 COLD=$(secs "$T0" "$(now)")
-COLD_CPU=$(cpu "$(pgrep -f -- "--cache-dir $TMP/cache$N mount" | head -1)")
+COLD_CPU=$(cpu "$(daemon_pid)")
 "$BDNVOL" umount "$MP" >/dev/null 2>&1
 
 log "first mid-shard tensor, 5 runs"
