@@ -14,7 +14,9 @@ import (
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/profile"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
@@ -43,12 +45,16 @@ type CacheWarmCmd struct {
 	HostsDir   string   `name:"hosts-dir" placeholder:"DIR" help:"containerd-style hosts directory for registry mirrors (none to disable)."`
 	Jobs       int      `default:"4" help:"Concurrent chunk fetches."`
 	Bandwidth  Size     `default:"0" help:"Bytes per second to fetch at most (0: no bound)."`
+	Profile    string   `default:"auto" placeholder:"auto|off|FILE" help:"Startup profile: its chunks are warmed first, in its order (auto: the node's stored profile of each version, else its referrer)."`
 }
 
 // Run warms the versions; a second run resumes where a stopped one was.
 func (c *CacheWarmCmd) Run(ctx context.Context, g *Globals) error {
 	if c.Prefetch == "headers" || c.Prefetch == "none" {
 		return usageError{fmt.Errorf("--prefetch %s: cache warm takes all or globs", c.Prefetch)}
+	}
+	if err := mounts.CheckProfileMode(c.Profile); err != nil {
+		return usageError{fmt.Errorf("--profile: %w", err)}
 	}
 	cache, err := c.open(g)
 	if err != nil {
@@ -57,7 +63,8 @@ func (c *CacheWarmCmd) Run(ctx context.Context, g *Globals) error {
 	var done atomic.Int64
 	start := time.Now()
 	targets, err := warm.Warm(ctx, cache, c.Refs, warm.WarmOptions{
-		Options:  warm.Options{OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify}},
+		Options: warm.Options{OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
+			Profile: mounts.ProfileOptions{Mode: c.Profile, Store: profile.StoreIn(cache.Dir()), Logf: g.logf}},
 		Patterns: c.Prefetch,
 		Fill:     warm.FillOptions{Jobs: c.Jobs, Limiter: ratelimit.New(int64(c.Bandwidth)), Progress: func(n int64) { done.Add(n) }},
 	})

@@ -37,6 +37,7 @@ type CSIMounterCmd struct {
 	WarmResolveInterval time.Duration `name:"warm-resolve-interval" default:"5m" help:"How often tags in the warm list are resolved again."`
 	WarmStatus          string        `name:"warm-status" placeholder:"FILE" help:"Where the warm status is written (default STATE-DIR/warm-status.json)."`
 	WarmJobs            int           `name:"warm-jobs" default:"4" help:"Concurrent chunk fetches for warming."`
+	Profile             string        `default:"auto" enum:"auto,off" help:"Startup profiles: auto fetches first, for each mount and warm, what the node's stored profile of the version, else its referrer, lists; off."`
 	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) at this address."`
 	MetricsDigests      bool          `name:"metrics-digests" help:"Label the mount and warm metrics with digests and references, and serve the warm status at /warm: whoever reaches --metrics-addr then learns which versions this node holds."`
 }
@@ -49,7 +50,7 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 		OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
 		Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
 		WarmList: c.WarmList, WarmStatus: c.WarmStatus, WarmBandwidth: int64(c.WarmBandwidth),
-		WarmResolveInterval: c.WarmResolveInterval, WarmJobs: c.WarmJobs,
+		WarmResolveInterval: c.WarmResolveInterval, WarmJobs: c.WarmJobs, Profile: c.Profile,
 		MetricsAddr: c.MetricsAddr, MetricsDigests: c.MetricsDigests, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter"),
 	})
 }

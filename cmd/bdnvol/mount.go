@@ -14,6 +14,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/profile"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
@@ -27,6 +28,7 @@ type MountCmd struct {
 	CacheSize    Size          `name:"cache-size" default:"10GiB" help:"Bound of the shared chunk cache."`
 	Prefetch     string        `default:"headers" help:"Fill the cache in the background: none, headers (safetensors headers), all, or comma-separated globs."`
 	Jobs         int           `default:"8" help:"Concurrent background chunk fetches."`
+	Profile      string        `default:"auto" placeholder:"auto|off|FILE" help:"Startup profile: auto fetches first what the node's stored profile of the version, else its referrer, lists (and records one when there is none); off; or a profile file."`
 	FetchTimeout time.Duration `name:"fetch-timeout" default:"30s" help:"A read fails with EIO when a chunk takes longer to fetch."`
 	AllowOther   bool          `name:"allow-other" help:"Let other users read the mount."`
 	Debug        bool          `hidden:"" help:"Log every FUSE request."`
@@ -54,6 +56,9 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
+	if err := mounts.CheckProfileMode(c.Profile); err != nil {
+		return usageError{fmt.Errorf("--profile: %w", err)}
+	}
 	if err := c.MirrorFlags.check(); err != nil {
 		return err
 	}
@@ -77,6 +82,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	return mounts.Run(ctx, targets, mounts.RunOptions{
 		Open: mounts.OpenOptions{
 			OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: met.Wrap(),
+			Profile: mounts.ProfileOptions{Mode: c.Profile, Store: profile.StoreIn(cache.Dir()), Logf: g.logf},
 		},
 		Serve: mounts.ServeOptions{
 			AllowOther: c.AllowOther, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Debug: c.Debug, Store: &store, Logf: g.logf,

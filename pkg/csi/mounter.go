@@ -38,6 +38,9 @@ type MounterOptions struct {
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 	// Warmer, when set, is served at GET /v1/warm.
 	Warmer *warm.Warmer
+	// Profile is the startup profile mode of every mount
+	// (mounts.ProfileOptions.Mode); "" uses none.
+	Profile string
 }
 
 // Mounter holds one FUSE mount per version (registry, repository and
@@ -160,7 +163,8 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 			RefreshToken: req.Auth.RefreshToken, AccessToken: req.Auth.AccessToken})
 		opt.Credentials = store
 	}
-	vol, pinned, err := mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout, Wrap: m.opt.Wrap})
+	vol, pinned, err := mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout, Wrap: m.opt.Wrap,
+		Profile: m.profileOptions()})
 	if err != nil {
 		return MountInfo{}, err
 	}

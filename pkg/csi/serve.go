@@ -34,6 +34,10 @@ type MounterConfig struct {
 	WarmResolveInterval time.Duration
 	WarmJobs            int
 
+	// Profile is the startup profile mode of mounts and warming
+	// (mounts.ProfileOptions.Mode): "auto", "off" or "" (none).
+	Profile string
+
 	MetricsAddr string // where /metrics is served ("" for nowhere)
 	// MetricsDigests labels the mount and warm metrics with digests and
 	// references and serves /warm next to /metrics: whoever reaches the
@@ -74,7 +78,7 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 			status = filepath.Join(c.StateDir, "warm-status.json")
 		}
 		warmer = warm.NewWarmer(warm.WarmerOptions{
-			Options: warm.Options{OCI: c.OCI, Mirrors: c.Mirrors, Wrap: met.Wrap},
+			Options: warm.Options{OCI: c.OCI, Mirrors: c.Mirrors, Wrap: met.Wrap, Profile: nodeProfiles(c.Profile, cache, log)},
 			Cache:   cache, ListFile: c.WarmList, StatusFile: status, Bandwidth: c.WarmBandwidth,
 			ResolveInterval: c.WarmResolveInterval, Jobs: c.WarmJobs, Logger: log.With("component", "warm"),
 		})
@@ -82,7 +86,7 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 	}
 	m, err := NewMounter(MounterOptions{
 		MountsDir: c.MountsDir, Cache: cache, OCI: c.OCI, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
-		Mirrors: c.Mirrors, Logger: log, Wrap: met.Wrap, Warmer: warmer,
+		Mirrors: c.Mirrors, Logger: log, Wrap: met.Wrap, Warmer: warmer, Profile: c.Profile,
 	})
 	if err != nil {
 		return err

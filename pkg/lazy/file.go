@@ -97,6 +97,7 @@ func (f *File) start(ctx context.Context, off int64, size int, ahead bool) (n, f
 	}
 	n = int(min(int64(size), f.e.Size-off))
 	first = sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > off }) - 1
+	f.noteRead(first, off+int64(n))
 	if ahead {
 		f.readahead(ctx, off, int64(n))
 	}

@@ -33,6 +33,10 @@ type Options struct {
 	// FetchTimeout bounds one chunk fetch; <= 0 means no bound beyond the
 	// caller's context.
 	FetchTimeout time.Duration
+	// OnRead, when set, is told the index of every chunk each read
+	// touches, in the order of the read (a profile recorder); it must be
+	// fast and safe for concurrent use.
+	OnRead func(chunk int)
 }
 
 // maxHandles bounds the open chunks a Volume keeps.

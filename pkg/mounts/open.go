@@ -11,6 +11,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/origin"
+	"github.com/bdnvol/bdnvol/pkg/profile"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
@@ -27,6 +28,13 @@ type OpenOptions struct {
 	// Policy is checked right after the reference is resolved, before any
 	// of the version is read.
 	Policy signature.Policy
+	// Profile says where the version's startup profile is looked for
+	// (replayed ahead of readers) and whether one is recorded; the zero
+	// value uses none.
+	Profile ProfileOptions
+	// Recorder, when set, is told every chunk a read touches (bdnvol
+	// profile record).
+	Recorder *profile.Recorder
 }
 
 // Open resolves ref (a tag becomes a digest now) and opens the version it
@@ -36,10 +44,21 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if err != nil {
 		return nil, "", err
 	}
-	vol, err := lazy.Open(ctx, o.Fetcher, o.Root, lazy.Options{Cache: opt.Cache, Jobs: opt.Jobs, FetchTimeout: opt.FetchTimeout})
+	lo := lazy.Options{Cache: opt.Cache, Jobs: opt.Jobs, FetchTimeout: opt.FetchTimeout}
+	rec := opt.Recorder
+	var auto *profile.Recorder
+	if rec == nil && opt.Profile.Mode == ProfileAuto && opt.Profile.Store.Dir != "" {
+		auto = profile.NewRecorder(opt.Profile.Record)
+		rec = auto
+	}
+	if rec != nil {
+		lo.OnRead = rec.Read
+	}
+	vol, err := lazy.Open(ctx, o.Fetcher, o.Root, lo)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", ref, err)
 	}
+	startProfile(vol, o.Target, auto, opt.Profile)
 	return vol, o.Pinned(), nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/origin"
 )
@@ -34,6 +35,9 @@ type Options struct {
 	Mirrors oci.MirrorConfig
 	// Wrap, when set, wraps the fetcher of a registry (as mounts.OpenOptions.Wrap).
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
+	// Profile finds each version's startup profile, whose chunks are
+	// warmed first, in its order; the zero value uses none.
+	Profile mounts.ProfileOptions
 }
 
 // Plan is one version opened for warming: its index read (through the
@@ -94,6 +98,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 			}
 		}
 	}
+	tg.profileFirst(ctx, o.Target, opt.Profile)
 	return tg, nil
 }
 
