@@ -68,10 +68,10 @@ type puller struct {
 
 	selected []bool // by entry number, what the pull writes (Options.Select)
 	files    *pullSet
-	byChunk  [][]slot                     // per chunk, the extents still to write
-	previous map[string]layout.CachedFile // what an earlier pull left here
-	credited []int64                      // per chunk, file bytes counted as written
-	local    map[int]localChunk           // chunks to copy from the destination
+	byChunk  [][]slot              // per chunk, the extents still to write
+	previous *layout.PulledRecords // what an earlier pull left here
+	credited []int64               // per chunk, file bytes counted as written
+	local    map[int]localChunk    // chunks to copy from the destination
 
 	g    *errgroup.Group // the fetches
 	gctx context.Context
