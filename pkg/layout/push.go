@@ -70,6 +70,7 @@ type chunkJob struct {
 	Chunk
 	src  []section
 	data []byte
+	held *semaphore.Weighted // what data holds of, when not the uploader's buffer
 }
 
 // fileChunks is the result of chunking one regular file.
@@ -114,6 +115,8 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	b := &builder{opt: opt, src: src, entries: entries, results: make([]fileChunks, len(entries))}
 	if r, ok := src.(Remote); ok && r.Remote() {
 		b.buffer = semaphore.NewWeighted(bufferBudget)
+	} else {
+		b.packHeld = semaphore.NewWeighted(packHeldBudget)
 	}
 	keep := make(map[string]bool, len(entries))
 	allHit := true
@@ -177,12 +180,18 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 // bufferBudget bounds the chunk bytes held in memory for remote sources.
 const bufferBudget = 128 << 20
 
+// packHeldBudget bounds the packs a local push holds for the uploader.
+const packHeldBudget = 32 << 20
+
 type builder struct {
-	opt     PushOptions
-	src     Source
-	buffer  *semaphore.Weighted // non-nil: keep chunk bytes in memory
-	entries []Entry
-	results []fileChunks // by entry index
+	opt    PushOptions
+	src    Source
+	buffer *semaphore.Weighted // non-nil: keep chunk bytes in memory
+	// packHeld bounds the packs of small files a local push keeps, as it
+	// read them, until they are uploaded: not read a second time.
+	packHeld *semaphore.Weighted
+	entries  []Entry
+	results  []fileChunks // by entry index
 
 	collect bool
 	mu      sync.Mutex
