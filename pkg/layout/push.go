@@ -251,11 +251,12 @@ func (b *builder) emit(submit func(chunkJob) error, j chunkJob) error {
 	return submit(j)
 }
 
-// index assembles the file index from the walk and the chunking results.
+// index assembles the file index from the walk and the chunking results,
+// in its compact form (a million entries are not held as Files first).
 // The chunk table lists chunks in order of first use.
 func (b *builder) index() (*Index, error) {
-	x := &Index{Version: b.opt.FormatVersion, Chunking: b.opt.Params, Files: make([]File, 0, len(b.entries))}
-	pos := map[digest.Digest]int{}
+	ent, ch := newEntries(len(b.entries)), newChunkTable(false)
+	var exts []Extent
 	for i, e := range b.entries {
 		f := File{Path: e.Path, Type: e.Type, Mode: e.Mode}
 		switch e.Type {
@@ -264,17 +265,42 @@ func (b *builder) index() (*Index, error) {
 		case TypeFile:
 			r := b.results[i]
 			f.Size, f.Digest = e.Size, r.digest
+			exts = exts[:0]
 			for _, ex := range r.extents {
-				k, ok := pos[ex.chunk.Digest]
-				if !ok {
-					k = len(x.Chunks)
-					pos[ex.chunk.Digest] = k
-					x.Chunks = append(x.Chunks, ex.chunk)
+				k, err := chunkIndex(ch, ex.chunk)
+				if err != nil {
+					return nil, err
 				}
-				f.Extents = append(f.Extents, Extent{Chunk: k, Offset: ex.off, Length: ex.length})
+				exts = append(exts, Extent{Chunk: k, Offset: ex.off, Length: ex.length})
 			}
+			f.Extents = exts
 		}
-		x.Files = append(x.Files, f)
+		if err := ent.add(&f); err != nil {
+			return nil, err
+		}
 	}
-	return x, x.Validate()
+	x := &Index{Version: b.opt.FormatVersion, Chunking: b.opt.Params, ent: ent}
+	if ch.len() > 0 {
+		x.ch = ch
+	}
+	if err := x.Validate(); err != nil {
+		return nil, err
+	}
+	return x, x.compact(false)
+}
+
+// chunkIndex returns the index of c in t, adding it first if it is not
+// there.
+func chunkIndex(t *chunkTable, c Chunk) (int, error) {
+	sum, ok := sha256Of(c.Digest)
+	if !ok {
+		return 0, invalid("chunk %s: bad digest", c.Digest)
+	}
+	if k, ok := t.lookup(&sum); ok {
+		return k, nil
+	}
+	if err := t.add(c); err != nil {
+		return 0, err
+	}
+	return t.len() - 1, nil
 }
