@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -118,18 +119,20 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	} else {
 		b.packHeld = semaphore.NewWeighted(packHeldBudget)
 	}
-	keep := make(map[string]bool, len(entries))
 	allHit := true
 	for _, e := range entries {
 		if e.Type == TypeFile {
 			opt.Counters.Total.Add(e.Size)
-			keep[e.Path] = true
 			if _, ok := opt.Cache.Lookup(e.Path, e.Stat); !ok {
 				allHit = false
 			}
 		}
 	}
-	opt.Cache.prune(func(p string) bool { return keep[p] })
+	opt.Cache.prune(func(p string) bool {
+		// The walk is sorted by path.
+		i := sort.Search(len(entries), func(i int) bool { return entries[i].Path >= p })
+		return i < len(entries) && entries[i].Path == p && entries[i].Type == TypeFile
+	})
 
 	up := &uploader{dst: dst, src: src, seen: map[digest.Digest]bool{}, counters: opt.Counters, buffer: b.buffer}
 	if !allHit {

@@ -177,3 +177,32 @@ func TestLegacyRecordsRechecked(t *testing.T) {
 		t.Errorf("second push after the format bump opened %v; want none", opens)
 	}
 }
+
+// TestStoreHeldCompactly: what a push stores is held as compact records,
+// not in the map, and saved sorted, the last stored of a path winning over
+// an older record of it on disk.
+func TestStoreHeldCompactly(t *testing.T) {
+	dir, want := savedCache(t, 50)
+	c := OpenStatCache(dir, "/data", DefaultParams)
+	k := StatKey{Size: 1, Mtime: 1, Ctime: 1, Ino: 1}
+	c.store("d1/f00001", CachedFile{Stat: k, Digest: digest.FromString("old")})
+	c.store("zz", CachedFile{Stat: k, Digest: digest.FromString("z")})
+	c.store("d1/f00001", CachedFile{Stat: k, Digest: digest.FromString("new"), Chunks: []Chunk{}})
+	c.store("a", CachedFile{Stat: k, Digest: digest.FromString("a")})
+	if len(c.data.Files) != 0 || len(c.fresh) != 4 {
+		t.Fatalf("%d records in the map, %d compact; want 0 and 4", len(c.data.Files), len(c.fresh))
+	}
+	if err := c.Save(); err != nil {
+		t.Fatal(err)
+	}
+	want["d1/f00001"] = CachedFile{Stat: k, Digest: digest.FromString("new"), Chunks: []Chunk{}}
+	want["zz"] = CachedFile{Stat: k, Digest: digest.FromString("z")}
+	want["a"] = CachedFile{Stat: k, Digest: digest.FromString("a")}
+	got := allRecords(OpenStatCache(dir, "/data", DefaultParams))
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("saved %v\nwant %v", got, want)
+	}
+	if f, ok := c.Lookup("a", k); !ok || f.Digest != digest.FromString("a") {
+		t.Errorf("after Save, a stored record is looked up as %+v, %v", f, ok)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,8 @@ type StatCache struct {
 	disk   *recFile
 	keeps  []func(p string) bool
 	legacy string // an older format's file, removed once saved anew
+	// fresh are the records a push stored, in the order it did.
+	fresh []freshRecord
 	// The files a pull wrote or kept, held compactly: entries of index px
 	// by number, with their stat keys; digests and extents come from px
 	// when a record is needed (Save writes them as the other records).
@@ -45,6 +48,19 @@ type StatCache struct {
 	horizon int64   // after a Save: what decided Racy for the pulled; 0 before
 	// settleBytes overrides settleMin (tests).
 	settleBytes int64
+}
+
+// freshRecord is a record a push stored: a file's stat key, digest and,
+// for a large file, chunks.
+type freshRecord struct {
+	path   string
+	stat   StatKey
+	sum    [sha256Len]byte
+	chunks []Chunk
+}
+
+func (r *freshRecord) file() CachedFile {
+	return CachedFile{Stat: r.stat, Digest: sha256Digest(&r.sum), Chunks: r.chunks}
 }
 
 // pulledStat is a pulled file's stat key less its size, which is its
@@ -339,14 +355,21 @@ func isPulled(p string, f CachedFile) bool {
 	return (f.Extents != nil || f.Chunks == nil) && checkPath(p) == nil
 }
 
+// store records what a push found of the file at p. The record is held
+// compactly until Save writes it, and is looked up from then on.
 func (c *StatCache) store(p string, f CachedFile) {
 	if c == nil || f.Stat.Mtime >= c.since || f.Stat.Ctime >= c.since {
 		return // racy: the file may still change within the clock's resolution
 	}
+	sum, ok := sha256Of(f.Digest)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.data.Files[p] = f
 	c.dirty = true
+	if !ok || f.Extents != nil || f.Unverified || f.Racy {
+		c.data.Files[p] = f
+		return
+	}
+	c.fresh = append(c.fresh, freshRecord{path: p, stat: f.Stat, sum: sum, chunks: f.Chunks})
 }
 
 func (c *StatCache) pack(key string) (Chunk, bool) {
@@ -520,7 +543,20 @@ func (c *StatCache) Save() error {
 		c.legacy = ""
 	}
 	c.dirty = false
+	c.reopen()
 	return nil
+}
+
+// reopen maps the record file just saved, which holds every record, and
+// lets go of those held in memory. Called with c.mu held.
+func (c *StatCache) reopen() {
+	r, err := openRecFile(c.path)
+	if err != nil {
+		return // what is in memory still stands
+	}
+	c.disk, c.keeps, c.fresh = r, nil, nil
+	c.data.Files = map[string]CachedFile{}
+	c.px, c.pstat, c.pkind = nil, nil, nil
 }
 
 // encode writes the record file, one record at a time: this run's records
@@ -528,7 +564,22 @@ func (c *StatCache) Save() error {
 // more than one has. Called with c.mu held.
 func (c *StatCache) encode(w io.Writer) error {
 	rw := newRecWriter(w)
+	c.sortFresh()
+	fresh := c.fresh
 	mem := sortedKeys(c.data.Files)
+	// A fresh record stands for a path before any other.
+	add := func(p string, f func() CachedFile) {
+		for len(fresh) > 0 && fresh[0].path < p {
+			rw.add(fresh[0].path, fresh[0].file())
+			fresh = fresh[1:]
+		}
+		if len(fresh) > 0 && fresh[0].path == p {
+			rw.add(p, fresh[0].file())
+			fresh = fresh[1:]
+			return
+		}
+		rw.add(p, f())
+	}
 	pi := 0 // next compact record
 	nextPulled := func() (string, bool) {
 		for ; pi < len(c.pkind); pi++ {
@@ -548,12 +599,14 @@ func (c *StatCache) encode(w io.Writer) error {
 				if okp && mem[0] == q {
 					pi++
 				}
-				rw.add(mem[0], c.data.Files[mem[0]])
+				m := mem[0]
+				add(m, func() CachedFile { return c.data.Files[m] })
 				if mem = mem[1:]; !last && rw.last == p {
 					return true
 				}
 			case okp && (last || q <= p):
-				rw.add(q, c.pulledAt(pi))
+				k := pi
+				add(q, func() CachedFile { return c.pulledAt(k) })
 				if pi++; !last && q == p {
 					return true
 				}
@@ -564,12 +617,29 @@ func (c *StatCache) encode(w io.Writer) error {
 	}
 	c.disk.each(func(p string, f CachedFile) bool {
 		if !upTo(p, false) && c.kept(p) {
-			rw.add(p, f)
+			add(p, func() CachedFile { return f })
 		}
 		return rw.err == nil
 	})
 	upTo("", true)
+	for _, r := range fresh {
+		rw.add(r.path, r.file())
+	}
 	return rw.finish(c.data.Packs)
+}
+
+// sortFresh sorts the fresh records by path, the last stored of a path
+// alone. Called with c.mu held.
+func (c *StatCache) sortFresh() {
+	sort.SliceStable(c.fresh, func(i, j int) bool { return c.fresh[i].path < c.fresh[j].path })
+	out := c.fresh[:0]
+	for i, r := range c.fresh {
+		if i+1 < len(c.fresh) && c.fresh[i+1].path == r.path {
+			continue
+		}
+		out = append(out, r)
+	}
+	c.fresh = out
 }
 
 // pulledExtents lists where f's chunks are in it, for a later pull.

@@ -21,12 +21,13 @@ func TestStatCacheEncodeRoundTrips(t *testing.T) {
 	c.data.Files["b"] = CachedFile{Stat: StatKey{Size: 1}, Digest: emptyDigest, Extents: []pulledExtent{{Digest: emptyDigest, Length: 1}}}
 	c.data.Packs["k"] = Chunk{Digest: emptyDigest, Size: 7}
 	c.dirty = true
+	want := fmt.Sprint(c.data.Files, c.data.Packs)
 	if err := c.Save(); err != nil {
 		t.Fatal(err)
 	}
 	got := OpenStatCache(dir, "/data", DefaultParams)
-	if fmt.Sprint(allRecords(got), got.data.Packs) != fmt.Sprint(c.data.Files, c.data.Packs) {
-		t.Errorf("read back %+v %v, wrote %+v", allRecords(got), got.data.Packs, c.data)
+	if fmt.Sprint(allRecords(got), got.data.Packs) != want {
+		t.Errorf("read back %+v %v, wrote %s", allRecords(got), got.data.Packs, want)
 	}
 }
 
