@@ -295,7 +295,7 @@ func checkChunks(chunks []Chunk) error {
 }
 
 func checkChunk(i int, c Chunk) error {
-	if c.Digest.Validate() != nil || c.Digest.Algorithm() != digest.SHA256 {
+	if !isSHA256(c.Digest) {
 		return invalid("chunk %d: bad digest %q", i, c.Digest)
 	}
 	if c.Size <= 0 || c.Size > MaxChunkBytes {
@@ -306,7 +306,7 @@ func checkChunk(i int, c Chunk) error {
 			return invalid("chunk %s: edge digests on a chunk of %d bytes", c.Digest, c.Size)
 		}
 		for _, d := range []digest.Digest{c.Head, c.Tail} {
-			if d.Validate() != nil || d.Algorithm() != digest.SHA256 {
+			if !isSHA256(d) {
 				return invalid("chunk %s: bad edge digest %q", c.Digest, d)
 			}
 		}
@@ -351,7 +351,7 @@ func checkEntry(i int, f *File, prev string, chunks []Chunk, isDir func(string) 
 		if f.Target != "" {
 			return invalid("%q: file with a symlink target", f.Path)
 		}
-		if f.Digest.Validate() != nil || f.Digest.Algorithm() != digest.SHA256 {
+		if !isSHA256(f.Digest) {
 			return invalid("%q: bad digest %q", f.Path, f.Digest)
 		}
 		if f.Size < 0 {

@@ -122,16 +122,22 @@ func (r *recFile) close() {
 
 // record returns record i's path and the bytes that follow it.
 func (r *recFile) record(i int) (string, []byte, bool) {
+	p, rest, ok := r.key(i)
+	return string(p), rest, ok
+}
+
+// key returns record i's path, as mapped bytes, and the bytes that follow.
+func (r *recFile) key(i int) ([]byte, []byte, bool) {
 	off := binary.LittleEndian.Uint64(r.data[r.offsAt+8*i:])
 	if off < uint64(recHeaderLen) || off >= uint64(r.offsAt) {
-		return "", nil, false
+		return nil, nil, false
 	}
 	b := r.data[off:r.offsAt]
 	l, k := binary.Uvarint(b)
 	if k <= 0 || l > uint64(len(b)-k) {
-		return "", nil, false
+		return nil, nil, false
 	}
-	return string(b[k : k+int(l)]), b[k+int(l):], true
+	return b[k : k+int(l)], b[k+int(l):], true
 }
 
 // find returns the record of path p.
@@ -140,14 +146,14 @@ func (r *recFile) find(p string) (CachedFile, bool) {
 		return CachedFile{}, false
 	}
 	i := sort.Search(r.n, func(i int) bool {
-		q, _, ok := r.record(i)
-		return !ok || q >= p
+		q, _, ok := r.key(i)
+		return !ok || string(q) >= p // compared in place, not copied
 	})
 	if i == r.n {
 		return CachedFile{}, false
 	}
-	q, rest, ok := r.record(i)
-	if !ok || q != p {
+	q, rest, ok := r.key(i)
+	if !ok || string(q) != p {
 		return CachedFile{}, false
 	}
 	f, _, err := decodeRecord(rest)
@@ -427,7 +433,7 @@ func decodeDigest(b []byte) (digest.Digest, []byte, error) {
 		if len(b) < 1+sha256.Size {
 			return "", nil, errRecFile
 		}
-		return digest.NewDigestFromBytes(digest.SHA256, b[1:1+sha256.Size]), b[1+sha256.Size:], nil
+		return sha256Digest((*[sha256Len]byte)(b[1 : 1+sha256.Size])), b[1+sha256.Size:], nil
 	case 2:
 		n, k := binary.Uvarint(b[1:])
 		if k <= 0 || n > uint64(len(b)-1-k) {
