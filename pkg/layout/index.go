@@ -81,8 +81,9 @@ type Index struct {
 	// Files (to AllFiles, changed) to replace an opened index's entries.
 	Files []File `json:"files"`
 
-	ent *entries    // the compact entries, when not nil
-	ch  *chunkTable // the compact chunks, when not nil
+	ent    *entries    // the compact entries, when not nil
+	ch     *chunkTable // the compact chunks, when not nil
+	pieces []PieceRef  // of an opened version 2 index
 }
 
 // Chunk names one chunk blob of a version.

@@ -398,6 +398,9 @@ func (c *StatCache) storePack(key string, ch Chunk) {
 // records of files written last (stat reads the stat key of the file at a
 // path), and saves the cache.
 func (c *StatCache) SavePulled(ctx context.Context, x *Index, sel func(p string) bool, stat func(p string) (StatKey, bool)) error {
+	if c == nil {
+		return nil
+	}
 	c.prune(func(p string) bool {
 		if sel != nil && !sel(p) {
 			return true
@@ -406,7 +409,14 @@ func (c *StatCache) SavePulled(ctx context.Context, x *Index, sel func(p string)
 		return ok && x.Kind(i) == TypeFile
 	})
 	c.settle(ctx, stat)
-	return c.Save()
+	_ = os.Remove(c.piecesPath())
+	if err := c.save(); err != nil {
+		return err
+	}
+	if sel != nil {
+		return nil
+	}
+	return c.savePieces(x)
 }
 
 // SetTestHooks sets the clock Save marks racy records by (nil: time.Now)
@@ -510,8 +520,20 @@ func (c *StatCache) clock() time.Time {
 	return time.Now()
 }
 
-// Save writes the cache atomically if it changed.
+// Save writes the cache atomically if it changed. The pieces a pull kept
+// (TakePulledPieces) no longer count after it.
 func (c *StatCache) Save() error {
+	if c == nil {
+		return nil
+	}
+	if err := os.Remove(c.piecesPath()); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return c.save()
+}
+
+// save is Save, pieces left alone.
+func (c *StatCache) save() error {
 	if c == nil {
 		return nil
 	}
