@@ -6,7 +6,11 @@
 #   push files/s against `tar -c | sha256sum` of the same tree, pull time and
 #   client CPU against `cp -r`, peak open files of the pull, bytes uploaded
 #   for a one-file change, peak RSS of pull, mount, versions, inspect and
-#   diff, and `ls -R` of a mount against `ls -R` of the pulled tree.
+#   diff, and `ls -R` of a mount against `ls -R` of the pulled tree; push
+#   time against tar's, a re-push after a one-file change against the first
+#   push, a re-pull of that version into the directory holding the first
+#   (peak RSS), and an upgrade with one directory in a hundred rewritten
+#   (bytes fetched against the bytes changed).
 # Prints a Markdown table on stdout; progress goes to stderr.
 #
 # Environment:
@@ -155,6 +159,20 @@ for N in $COUNTS; do
 	timed push2_$N "$BDNVOL" push --json "${JOBS[@]}" "$REPO:v2" "$D/src"
 	UP=$(grep -o '"bytes_uploaded":[0-9]*' "$TMP/push2_$N.out" | tail -1 | cut -d: -f2)
 
+	# Re-pull: v2 into the directory that holds v1 (and the stat records
+	# of v1's pull).
+	settle
+	timed repull$N "$BDNVOL" pull --json "${JOBS[@]}" "$REPO:v2" "$D/pulled"
+	# Upgrade: the files of one directory of the hundred (1 % of them)
+	# rewritten, pushed as v3 and pulled into the directory holding v2.
+	"$BIN/datagen" -out "$D/src" -files "$N" -dirs "$DIRS" -size "$FSIZE" -seed 77 -only-dir $((DIRS / 2))
+	CHANGED=$(((N / DIRS + (N % DIRS > DIRS / 2 ? 1 : 0)) * FSIZE))
+	timed push3_$N "$BDNVOL" push --json "${JOBS[@]}" "$REPO:v3" "$D/src"
+	settle
+	timed upgrade$N "$BDNVOL" pull --json "${JOBS[@]}" "$REPO:v3" "$D/pulled"
+	FETCHED=$(grep -o '"bytes_fetched":[0-9]*' "$TMP/upgrade$N.out" | tail -1 | cut -d: -f2)
+	diff -r -q "$D/src" "$D/pulled" >/dev/null || die "the upgraded tree of $N files differs from the source"
+
 	timed versions$N "$BDNVOL" versions "$REPO"
 	timed inspect$N "$BDNVOL" inspect "$REPO:v1"
 	timed diff$N "$BDNVOL" diff "$REPO:v1" "$REPO:v2"
@@ -182,14 +200,21 @@ for N in $COUNTS; do
 	FPS_T=$(awk -v n="$N" -v s="${WALL[tar$N]}" 'BEGIN {printf "%.0f", n / s}')
 	PR=$(ratio "${WALL[pull$N]}" "${WALL[cp$N]}")
 	LR=$(ratio "$LS_MNT" "${WALL[lsp$N]}")
+	TR=$(ratio "${WALL[push$N]}" "${WALL[tar$N]}")
+	RR=$(ratio "${WALL[push2_$N]}" "${WALL[push$N]}")
+	UR=$(ratio "${FETCHED:-0}" "$CHANGED")
 	ROWS+=("| $N | push files/s | tar \\| sha256sum: $FPS_T/s | $FPS_B/s ($(ratio "$FPS_B" "$FPS_T")×) | — | — |")
+	ROWS+=("| $N | push (s), user+sys | tar \\| sha256sum: ${WALL[tar$N]}, ${CPU[tar$N]} | ${WALL[push$N]}, ${CPU[push$N]} (${TR}×) | ≤ 1.2× | $(check "$TR" 1.2) |")
+	ROWS+=("| $N | re-push after a one-file change (s) | first push: ${WALL[push$N]} | ${WALL[push2_$N]} (${RR}×) | ≤ 0.2× | $(check "$RR" 0.2) |")
+	ROWS+=("| $N | re-pull into the previous version (s) | — | ${WALL[repull$N]}, ${CPU[repull$N]} | — | — |")
+	ROWS+=("| $N | upgrade, 1 % of files changed: fetched | changed: $(awk -v b="$CHANGED" 'BEGIN {printf "%.2f MiB", b / 1048576}') | $(awk -v b="${FETCHED:-0}" 'BEGIN {printf "%.2f MiB", b / 1048576}') (${UR}×) | ≤ 1.1× | $(check "$UR" 1.1) |")
 	ROWS+=("| $N | pull (s), user+sys | cp -r: ${WALL[cp$N]}, ${CPU[cp$N]} | ${WALL[pull$N]}, ${CPU[pull$N]} (${PR}×) | ≤ 1.0× | $(check "$PR" 1.0) |")
 	ROWS+=("| $N | pull peak open files | — | $FDS | ≤ jobs + 24 | $(check "$FDS" $((${BENCH_JOBS:-8} + 24))) |")
 	ROWS+=("| $N | pull under ulimit -n 256 | — | $LIMITED | succeeds | $LIMITED |")
 	ROWS+=("| $N | one-file change uploaded | 1 file: $FSIZE B | $(awk -v b="${UP:-0}" 'BEGIN {printf "%.2f MiB", b / 1048576}') | ≤ 2 MiB | $(check "${UP:-0}" 2097152) |")
 	ROWS+=("| $N | ls -R (s) | pulled tree: ${WALL[lsp$N]} | mount: $LS_MNT (${LR}×), again: $LS_MNT2 | ≤ 2.0× | $(check "$LR" 2.0) |")
-	for c in pull versions inspect diff; do
-		ROWS+=("| $N | peak RSS $c (MiB) | — | $(rssmib "${RSS[$c$N]}") | ≤ 256 | $(check "${RSS[$c$N]}" 262144) |")
+	for c in push push2_ pull repull upgrade versions inspect diff; do
+		ROWS+=("| $N | peak RSS ${c%_} (MiB) | — | $(rssmib "${RSS[$c$N]}") | ≤ 256 | $(check "${RSS[$c$N]}" 262144) |")
 	done
 	if [[ $MOUNT_RSS != n/a ]]; then
 		ROWS+=("| $N | peak RSS mount, after ls -R (MiB) | — | $(rssmib "$MOUNT_RSS") | ≤ 256 | $(check "$MOUNT_RSS" 262144) |")

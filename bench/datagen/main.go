@@ -16,18 +16,20 @@ func main() {
 	dirs := flag.Int("dirs", 100, "number of directories")
 	size := flag.Int("size", 1024, "bytes per file")
 	seed := flag.Uint64("seed", 18, "random seed")
+	only := flag.Int("only-dir", -1, "write only the files of this directory (rewriting them), with bytes from -seed")
 	flag.Parse()
-	if *out == "" || *files < 1 || *dirs < 1 || *size < 0 {
-		fmt.Fprintln(os.Stderr, "usage: datagen -out DIR [-files N] [-dirs D] [-size BYTES] [-seed S]")
+	if *out == "" || *files < 1 || *dirs < 1 || *size < 0 || *only >= *dirs {
+		fmt.Fprintln(os.Stderr, "usage: datagen -out DIR [-files N] [-dirs D] [-size BYTES] [-seed S] [-only-dir D]")
 		os.Exit(2)
 	}
-	if err := write(*out, *files, *dirs, *size, *seed); err != nil {
+	if err := write(*out, *files, *dirs, *size, *seed, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "datagen:", err)
 		os.Exit(1)
 	}
 }
 
-func write(out string, files, dirs, size int, seed uint64) error {
+// write writes the files (only those of directory only, if it is not -1).
+func write(out string, files, dirs, size int, seed uint64, only int) error {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	for d := range dirs {
 		if err := os.MkdirAll(filepath.Join(out, fmt.Sprintf("d%04d", d)), 0o755); err != nil {
@@ -36,6 +38,9 @@ func write(out string, files, dirs, size int, seed uint64) error {
 	}
 	buf := make([]byte, size+8)
 	for i := range files {
+		if only >= 0 && i%dirs != only {
+			continue
+		}
 		for k := 0; k < size; k += 8 {
 			v := r.Uint64()
 			for j := range 8 {

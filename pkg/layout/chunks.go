@@ -119,6 +119,13 @@ func lowerHex(c byte) (byte, bool) {
 	return 0, false
 }
 
+// isSHA256 reports whether d is a valid SHA-256 digest (what
+// d.Validate() and an algorithm of SHA-256 say, without a regexp).
+func isSHA256(d digest.Digest) bool {
+	_, ok := sha256Of(d)
+	return ok
+}
+
 func sha256Digest(b *[sha256Len]byte) digest.Digest {
 	return digest.Digest("sha256:" + hex.EncodeToString(b[:]))
 }

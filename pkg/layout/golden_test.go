@@ -158,7 +158,7 @@ func TestGolden(t *testing.T) {
 			}
 			// The tree must exercise every kind of entry and several chunks.
 			kinds := map[string]int{}
-			for _, f := range res.Index.Files {
+			for _, f := range res.Index.AllFiles() {
 				kinds[f.Type]++
 			}
 			if kinds[TypeFile] != 5 || kinds[TypeDir] != 2 || kinds[TypeSymlink] != 1 || res.Chunks < 3 {

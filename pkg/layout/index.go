@@ -81,8 +81,9 @@ type Index struct {
 	// Files (to AllFiles, changed) to replace an opened index's entries.
 	Files []File `json:"files"`
 
-	ent *entries    // the compact entries, when not nil
-	ch  *chunkTable // the compact chunks, when not nil
+	ent    *entries    // the compact entries, when not nil
+	ch     *chunkTable // the compact chunks, when not nil
+	pieces []PieceRef  // of an opened version 2 index
 }
 
 // Chunk names one chunk blob of a version.
@@ -295,7 +296,7 @@ func checkChunks(chunks []Chunk) error {
 }
 
 func checkChunk(i int, c Chunk) error {
-	if c.Digest.Validate() != nil || c.Digest.Algorithm() != digest.SHA256 {
+	if !isSHA256(c.Digest) {
 		return invalid("chunk %d: bad digest %q", i, c.Digest)
 	}
 	if c.Size <= 0 || c.Size > MaxChunkBytes {
@@ -306,7 +307,7 @@ func checkChunk(i int, c Chunk) error {
 			return invalid("chunk %s: edge digests on a chunk of %d bytes", c.Digest, c.Size)
 		}
 		for _, d := range []digest.Digest{c.Head, c.Tail} {
-			if d.Validate() != nil || d.Algorithm() != digest.SHA256 {
+			if !isSHA256(d) {
 				return invalid("chunk %s: bad edge digest %q", c.Digest, d)
 			}
 		}
@@ -351,7 +352,7 @@ func checkEntry(i int, f *File, prev string, chunks []Chunk, isDir func(string) 
 		if f.Target != "" {
 			return invalid("%q: file with a symlink target", f.Path)
 		}
-		if f.Digest.Validate() != nil || f.Digest.Algorithm() != digest.SHA256 {
+		if !isSHA256(f.Digest) {
 			return invalid("%q: bad digest %q", f.Path, f.Digest)
 		}
 		if f.Size < 0 {

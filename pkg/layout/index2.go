@@ -390,6 +390,7 @@ func (r *v2Reader) done() (*Index, error) {
 	if int64(r.x.ch.len()) != r.top.Chunks {
 		return nil, invalid("pieces name %d chunks, the index says %d", r.x.ch.len(), r.top.Chunks)
 	}
+	r.x.pieces = r.top.Pieces
 	return r.x, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"iter"
 	"math/bits"
 
 	"github.com/opencontainers/go-digest"
@@ -115,13 +116,15 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 			b.opt.Cache.storePack(keyStr, ch)
 		}
 		job := chunkJob{Chunk: ch, src: make([]section, len(members))}
-		if b.buffer != nil && allRead(members) {
-			if err := b.buffer.Acquire(ctx, min(size, bufferBudget)); err != nil {
+		if b.buffer == nil || allRead(members) {
+			if err := b.holdPack(ctx, &job, func(yield func([]byte) bool) {
+				for _, m := range members {
+					if !yield(m.data) {
+						return
+					}
+				}
+			}); err != nil {
 				return err
-			}
-			job.data = make([]byte, 0, size)
-			for _, m := range members {
-				job.data = append(job.data, m.data...)
 			}
 		}
 		var off int64
@@ -133,30 +136,13 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		members, size = members[:0], 0
 		return b.emit(submit, job)
 	}
-	for i, e := range b.entries {
-		if e.Type != TypeFile || e.Size >= limit {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		m := packMember{idx: i, size: e.Size}
-		if c, ok := b.opt.Cache.Lookup(e.Path, e.Stat); ok && b.buffer == nil {
-			m.dg = c.Digest
-		} else if e.Digest != "" && b.opt.Previous != nil {
-			m.dg = e.Digest // stated: read only if no pack of the previous version holds it
-		} else {
-			data, err := b.readSmall(ctx, e.Path, e.Size)
-			if err != nil {
-				return err
-			}
-			m.dg, m.data = digest.FromBytes(data), data
-			b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: m.dg})
-		}
+	err := b.readSmallAhead(ctx, limit, func(sf *smallFile) error {
+		i, e := sf.idx, b.entries[sf.idx]
+		m := packMember{idx: i, size: e.Size, dg: sf.dg, data: sf.data}
 		b.opt.Counters.Processed.Add(e.Size)
 		if e.Size == 0 {
 			b.results[i] = fileChunks{digest: m.dg}
-			continue
+			return nil
 		}
 		if size > 0 && size+e.Size > p.Max {
 			if err := closePack(); err != nil {
@@ -168,11 +154,13 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		if size >= p.Min {
 			hi, lo := bits.Mul64(uint64(e.Size), threshold)
 			if hi > 0 || binary.BigEndian.Uint64(mustHex(m.dg)) < lo {
-				if err := closePack(); err != nil {
-					return err
-				}
+				return closePack()
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return closePack()
 }
@@ -212,4 +200,30 @@ func (b *builder) readSmall(ctx context.Context, path string, size int64) ([]byt
 		return nil, fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, size, n)
 	}
 	return data[:n], nil
+}
+
+// holdPack gives job the bytes of its members (data, in order) to upload
+// from: always for a remote source, and for a local one when every member
+// was read (not known from the stat cache) and packHeld has room.
+func (b *builder) holdPack(ctx context.Context, job *chunkJob, data iter.Seq[[]byte]) error {
+	sem := b.buffer
+	if sem == nil {
+		if b.packHeld == nil || b.collect {
+			return nil
+		}
+		for d := range data {
+			if d == nil {
+				return nil
+			}
+		}
+		sem, job.held = b.packHeld, b.packHeld
+	}
+	if err := sem.Acquire(ctx, min(job.Size, bufferBudget)); err != nil {
+		return err
+	}
+	job.data = make([]byte, 0, job.Size)
+	for d := range data {
+		job.data = append(job.data, d...)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -70,6 +71,7 @@ type chunkJob struct {
 	Chunk
 	src  []section
 	data []byte
+	held *semaphore.Weighted // what data holds of, when not the uploader's buffer
 }
 
 // fileChunks is the result of chunking one regular file.
@@ -114,19 +116,23 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	b := &builder{opt: opt, src: src, entries: entries, results: make([]fileChunks, len(entries))}
 	if r, ok := src.(Remote); ok && r.Remote() {
 		b.buffer = semaphore.NewWeighted(bufferBudget)
+	} else {
+		b.packHeld = semaphore.NewWeighted(packHeldBudget)
 	}
-	keep := make(map[string]bool, len(entries))
 	allHit := true
 	for _, e := range entries {
 		if e.Type == TypeFile {
 			opt.Counters.Total.Add(e.Size)
-			keep[e.Path] = true
 			if _, ok := opt.Cache.Lookup(e.Path, e.Stat); !ok {
 				allHit = false
 			}
 		}
 	}
-	opt.Cache.prune(func(p string) bool { return keep[p] })
+	opt.Cache.prune(func(p string) bool {
+		// The walk is sorted by path.
+		i := sort.Search(len(entries), func(i int) bool { return entries[i].Path >= p })
+		return i < len(entries) && entries[i].Path == p && entries[i].Type == TypeFile
+	})
 
 	up := &uploader{dst: dst, src: src, seen: map[digest.Digest]bool{}, counters: opt.Counters, buffer: b.buffer}
 	if !allHit {
@@ -177,12 +183,18 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 // bufferBudget bounds the chunk bytes held in memory for remote sources.
 const bufferBudget = 128 << 20
 
+// packHeldBudget bounds the packs a local push holds for the uploader.
+const packHeldBudget = 32 << 20
+
 type builder struct {
-	opt     PushOptions
-	src     Source
-	buffer  *semaphore.Weighted // non-nil: keep chunk bytes in memory
-	entries []Entry
-	results []fileChunks // by entry index
+	opt    PushOptions
+	src    Source
+	buffer *semaphore.Weighted // non-nil: keep chunk bytes in memory
+	// packHeld bounds the packs of small files a local push keeps, as it
+	// read them, until they are uploaded: not read a second time.
+	packHeld *semaphore.Weighted
+	entries  []Entry
+	results  []fileChunks // by entry index
 
 	collect bool
 	mu      sync.Mutex
@@ -242,11 +254,12 @@ func (b *builder) emit(submit func(chunkJob) error, j chunkJob) error {
 	return submit(j)
 }
 
-// index assembles the file index from the walk and the chunking results.
+// index assembles the file index from the walk and the chunking results,
+// in its compact form (a million entries are not held as Files first).
 // The chunk table lists chunks in order of first use.
 func (b *builder) index() (*Index, error) {
-	x := &Index{Version: b.opt.FormatVersion, Chunking: b.opt.Params, Files: make([]File, 0, len(b.entries))}
-	pos := map[digest.Digest]int{}
+	ent, ch := newEntries(len(b.entries)), newChunkTable(false)
+	var exts []Extent
 	for i, e := range b.entries {
 		f := File{Path: e.Path, Type: e.Type, Mode: e.Mode}
 		switch e.Type {
@@ -255,17 +268,42 @@ func (b *builder) index() (*Index, error) {
 		case TypeFile:
 			r := b.results[i]
 			f.Size, f.Digest = e.Size, r.digest
+			exts = exts[:0]
 			for _, ex := range r.extents {
-				k, ok := pos[ex.chunk.Digest]
-				if !ok {
-					k = len(x.Chunks)
-					pos[ex.chunk.Digest] = k
-					x.Chunks = append(x.Chunks, ex.chunk)
+				k, err := chunkIndex(ch, ex.chunk)
+				if err != nil {
+					return nil, err
 				}
-				f.Extents = append(f.Extents, Extent{Chunk: k, Offset: ex.off, Length: ex.length})
+				exts = append(exts, Extent{Chunk: k, Offset: ex.off, Length: ex.length})
 			}
+			f.Extents = exts
 		}
-		x.Files = append(x.Files, f)
+		if err := ent.add(&f); err != nil {
+			return nil, err
+		}
 	}
-	return x, x.Validate()
+	x := &Index{Version: b.opt.FormatVersion, Chunking: b.opt.Params, ent: ent}
+	if ch.len() > 0 {
+		x.ch = ch
+	}
+	if err := x.Validate(); err != nil {
+		return nil, err
+	}
+	return x, x.compact(false)
+}
+
+// chunkIndex returns the index of c in t, adding it first if it is not
+// there.
+func chunkIndex(t *chunkTable, c Chunk) (int, error) {
+	sum, ok := sha256Of(c.Digest)
+	if !ok {
+		return 0, invalid("chunk %s: bad digest", c.Digest)
+	}
+	if k, ok := t.lookup(&sum); ok {
+		return k, nil
+	}
+	if err := t.add(c); err != nil {
+		return 0, err
+	}
+	return t.len() - 1, nil
 }

@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -28,8 +30,15 @@ type StatCache struct {
 	now   func() time.Time // the clock Save marks racy entries by; time.Now if nil
 
 	mu    sync.Mutex
-	data  statCacheData
+	data  statCacheData // this run's records (and an older format's)
 	dirty bool
+	// disk is the record file read at open, mapped; keeps are the prunes
+	// since, which its records must pass.
+	disk   *recFile
+	keeps  []func(p string) bool
+	legacy string // an older format's file, removed once saved anew
+	// fresh are the records a push stored, in the order it did.
+	fresh []freshRecord
 	// The files a pull wrote or kept, held compactly: entries of index px
 	// by number, with their stat keys; digests and extents come from px
 	// when a record is needed (Save writes them as the other records).
@@ -39,6 +48,19 @@ type StatCache struct {
 	horizon int64   // after a Save: what decided Racy for the pulled; 0 before
 	// settleBytes overrides settleMin (tests).
 	settleBytes int64
+}
+
+// freshRecord is a record a push stored: a file's stat key, digest and,
+// for a large file, chunks.
+type freshRecord struct {
+	path   string
+	stat   StatKey
+	sum    [sha256Len]byte
+	chunks []Chunk
+}
+
+func (r *freshRecord) file() CachedFile {
+	return CachedFile{Stat: r.stat, Digest: sha256Digest(&r.sum), Chunks: r.chunks}
 }
 
 // pulledStat is a pulled file's stat key less its size, which is its
@@ -95,29 +117,88 @@ const racyMargin = 100 * time.Millisecond
 
 // OpenStatCache loads, from the cache directory dir, the cache of the tree
 // named key (a local directory, whose absolute path is used, or a source
-// URL). A missing or unreadable cache starts empty.
+// URL). A missing cache starts empty; a torn or corrupt one is refused and
+// rewritten on the next save. Records an older format wrote (JSON) are
+// read once and kept as racy: their files are hashed again on first use.
 func OpenStatCache(dir, key string, p Params) *StatCache {
 	if !strings.Contains(key, "://") {
 		if abs, err := filepath.Abs(key); err == nil {
 			key = abs
 		}
 	}
-	// The version changes when what the cache holds does (v2: chunk edges).
+	// The name changes when what the cache holds does (v2: chunk edges).
 	h := sha256.Sum256([]byte(fmt.Sprintf("v2\x00%s\x00%d/%d/%d", key, p.Min, p.Avg, p.Max)))
+	base := filepath.Join(dir, "stat", hex.EncodeToString(h[:16]))
 	c := &StatCache{
-		path:  filepath.Join(dir, "stat", hex.EncodeToString(h[:16])+".json"),
+		path:  base + ".rec",
 		since: time.Now().Add(-2 * time.Second).UnixNano(),
+		data:  statCacheData{Files: map[string]CachedFile{}},
 	}
-	if b, err := os.ReadFile(c.path); err == nil {
-		_ = json.Unmarshal(b, &c.data)
-	}
-	if c.data.Files == nil {
-		c.data.Files = map[string]CachedFile{}
+	r, err := openRecFile(c.path)
+	switch {
+	case err == nil:
+		if c.data.Packs, err = r.packs(); err != nil {
+			r.close()
+			c.dirty = true
+		} else {
+			c.disk = r
+		}
+	case errors.Is(err, errRecFile):
+		c.dirty = true // refused: the next save writes it anew
+	default:
+		c.legacy = base + ".json"
+		c.readLegacy()
 	}
 	if c.data.Packs == nil {
 		c.data.Packs = map[string]Chunk{}
 	}
 	return c
+}
+
+// readLegacy reads the records of the JSON format before format 3, all of
+// them racy: a record written before Unverified existed may claim a digest
+// no one checked, so each file is hashed again on its first use (what a
+// push or pull of a tree with no records costs, once).
+func (c *StatCache) readLegacy() {
+	b, err := os.ReadFile(c.legacy)
+	if err != nil {
+		c.legacy = ""
+		return
+	}
+	_ = json.Unmarshal(b, &c.data)
+	if c.data.Files == nil {
+		c.data.Files = map[string]CachedFile{}
+	}
+	for p, f := range c.data.Files {
+		f.Racy = true
+		c.data.Files[p] = f
+	}
+	c.dirty = true
+}
+
+// get returns the record of p: this run's, else the pulled one held
+// compactly, else the one on disk. Called with c.mu held.
+func (c *StatCache) get(p string) (CachedFile, bool) {
+	if f, ok := c.data.Files[p]; ok {
+		return f, true
+	}
+	if f, ok := c.pulledRecord(p); ok {
+		return f, true
+	}
+	if c.disk != nil && c.kept(p) {
+		return c.disk.find(p)
+	}
+	return CachedFile{}, false
+}
+
+// kept reports whether no prune dropped p. Called with c.mu held.
+func (c *StatCache) kept(p string) bool {
+	for _, keep := range c.keeps {
+		if !keep(p) {
+			return false
+		}
+	}
+	return true
 }
 
 // Lookup returns the trusted record of the file at p with stat key k: one
@@ -128,10 +209,7 @@ func (c *StatCache) Lookup(p string, k StatKey) (CachedFile, bool) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	f, ok := c.data.Files[p]
-	if !ok {
-		f, ok = c.pulledRecord(p)
-	}
+	f, ok := c.get(p)
 	if !ok || f.Stat != k || f.Racy || f.pulled || f.Unverified {
 		return CachedFile{}, false
 	}
@@ -147,10 +225,7 @@ func (c *StatCache) RecordedOther(p string, k StatKey, d digest.Digest) bool {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	rec, ok := c.data.Files[p]
-	if !ok {
-		rec, ok = c.pulledRecord(p)
-	}
+	rec, ok := c.get(p)
 	return ok && rec.Stat == k && !rec.Racy && !rec.pulled && len(rec.Extents) > 0 && rec.Digest != d
 }
 
@@ -163,10 +238,7 @@ func (c *StatCache) SameExtents(p string, k StatKey, f *File, x *Index) bool {
 		return false
 	}
 	c.mu.Lock()
-	rec, ok := c.data.Files[p]
-	if !ok {
-		rec, ok = c.pulledRecord(p)
-	}
+	rec, ok := c.get(p)
 	c.mu.Unlock()
 	if !ok || rec.Stat != k || rec.Racy || rec.pulled || len(rec.Extents) != len(f.Extents) || len(f.Extents) == 0 {
 		return false
@@ -251,37 +323,53 @@ func (c *StatCache) pulledAt(i int) CachedFile {
 	return rec
 }
 
-// PulledFiles returns a copy of the records of what earlier pulls wrote,
-// by path; a path no index could hold (the file on disk was edited) is
-// left out.
-func (c *StatCache) PulledFiles() map[string]CachedFile {
+// PulledFiles returns the records of what earlier pulls wrote, as they
+// are now; a path no index could hold (the file on disk was edited) is
+// left out. Those on disk are read from there when asked for.
+func (c *StatCache) PulledFiles() *PulledRecords {
 	if c == nil {
 		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := map[string]CachedFile{}
+	out := &PulledRecords{disk: c.disk, keeps: append([]func(string) bool(nil), c.keeps...), mem: map[string]CachedFile{}}
 	for p, f := range c.data.Files {
-		if (f.Extents != nil || f.Chunks == nil) && checkPath(p) == nil {
-			out[p] = f
-		}
+		out.mem[p] = f
 	}
 	for i, k := range c.pkind {
 		if k != pulledNone {
-			out[c.px.Path(i)] = c.pulledAt(i)
+			out.mem[c.px.Path(i)] = c.pulledAt(i)
 		}
 	}
+	for p, f := range out.mem {
+		if !isPulled(p, f) {
+			delete(out.mem, p)
+		}
+	}
+	out.keys = sortedKeys(out.mem)
 	return out
 }
 
+// isPulled reports whether f at p is a record a pull could have written.
+func isPulled(p string, f CachedFile) bool {
+	return (f.Extents != nil || f.Chunks == nil) && checkPath(p) == nil
+}
+
+// store records what a push found of the file at p. The record is held
+// compactly until Save writes it, and is looked up from then on.
 func (c *StatCache) store(p string, f CachedFile) {
 	if c == nil || f.Stat.Mtime >= c.since || f.Stat.Ctime >= c.since {
 		return // racy: the file may still change within the clock's resolution
 	}
+	sum, ok := sha256Of(f.Digest)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.data.Files[p] = f
 	c.dirty = true
+	if !ok || f.Extents != nil || f.Unverified || f.Racy {
+		c.data.Files[p] = f
+		return
+	}
+	c.fresh = append(c.fresh, freshRecord{path: p, stat: f.Stat, sum: sum, chunks: f.Chunks})
 }
 
 func (c *StatCache) pack(key string) (Chunk, bool) {
@@ -310,6 +398,9 @@ func (c *StatCache) storePack(key string, ch Chunk) {
 // records of files written last (stat reads the stat key of the file at a
 // path), and saves the cache.
 func (c *StatCache) SavePulled(ctx context.Context, x *Index, sel func(p string) bool, stat func(p string) (StatKey, bool)) error {
+	if c == nil {
+		return nil
+	}
 	c.prune(func(p string) bool {
 		if sel != nil && !sel(p) {
 			return true
@@ -318,7 +409,14 @@ func (c *StatCache) SavePulled(ctx context.Context, x *Index, sel func(p string)
 		return ok && x.Kind(i) == TypeFile
 	})
 	c.settle(ctx, stat)
-	return c.Save()
+	_ = os.Remove(c.piecesPath())
+	if err := c.save(); err != nil {
+		return err
+	}
+	if sel != nil {
+		return nil
+	}
+	return c.savePieces(x)
 }
 
 // SetTestHooks sets the clock Save marks racy records by (nil: time.Now)
@@ -345,6 +443,16 @@ func (c *StatCache) prune(keep func(p string) bool) {
 		if k != pulledNone && !keep(c.px.Path(i)) {
 			c.pkind[i] = pulledNone
 			c.dirty = true
+		}
+	}
+	if c.disk == nil {
+		return
+	}
+	c.keeps = append(c.keeps, keep)
+	for i := range c.disk.n {
+		if p, _, ok := c.disk.record(i); ok && !keep(p) {
+			c.dirty = true
+			break
 		}
 	}
 }
@@ -412,8 +520,20 @@ func (c *StatCache) clock() time.Time {
 	return time.Now()
 }
 
-// Save writes the cache atomically if it changed.
+// Save writes the cache atomically if it changed. The pieces a pull kept
+// (TakePulledPieces) no longer count after it.
 func (c *StatCache) Save() error {
+	if c == nil {
+		return nil
+	}
+	if err := os.Remove(c.piecesPath()); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return c.save()
+}
+
+// save is Save, pieces left alone.
+func (c *StatCache) save() error {
 	if c == nil {
 		return nil
 	}
@@ -434,79 +554,114 @@ func (c *StatCache) Save() error {
 	if err := os.MkdirAll(filepath.Dir(c.path), 0o700); err != nil {
 		return err
 	}
-	// Encoded entry by entry as it is written: a cache of a million files
-	// is not held a second time, as bytes.
+	// Written record by record, merged in path order from this run's, the
+	// pulled ones and those on disk: a cache of a million files is not
+	// held a second time.
 	if err := atomicfile.Write(c.path, 0o600, c.encode); err != nil {
 		return err
 	}
+	if c.legacy != "" {
+		_ = os.Remove(c.legacy)
+		c.legacy = ""
+	}
 	c.dirty = false
+	c.reopen()
 	return nil
 }
 
-// encode writes the cache as the JSON object json.Marshal would give of
-// its data, with the compact records among the files (keys in any order),
-// one entry at a time. Called with c.mu held.
-func (c *StatCache) encode(w io.Writer) error {
-	if _, err := io.WriteString(w, `{"files":{`); err != nil {
-		return err
-	}
-	sep, err := encodeEntries(w, "", c.data.Files)
+// reopen maps the record file just saved, which holds every record, and
+// lets go of those held in memory. Called with c.mu held.
+func (c *StatCache) reopen() {
+	r, err := openRecFile(c.path)
 	if err != nil {
-		return err
+		return // what is in memory still stands
 	}
-	for i, k := range c.pkind {
-		if k == pulledNone {
+	c.disk, c.keeps, c.fresh = r, nil, nil
+	c.data.Files = map[string]CachedFile{}
+	c.px, c.pstat, c.pkind = nil, nil, nil
+}
+
+// encode writes the record file, one record at a time: this run's records
+// before the pulled ones held compactly before those on disk, for a path
+// more than one has. Called with c.mu held.
+func (c *StatCache) encode(w io.Writer) error {
+	rw := newRecWriter(w)
+	c.sortFresh()
+	fresh := c.fresh
+	mem := sortedKeys(c.data.Files)
+	// A fresh record stands for a path before any other.
+	add := func(p string, f func() CachedFile) {
+		for len(fresh) > 0 && fresh[0].path < p {
+			rw.add(fresh[0].path, fresh[0].file())
+			fresh = fresh[1:]
+		}
+		if len(fresh) > 0 && fresh[0].path == p {
+			rw.add(p, fresh[0].file())
+			fresh = fresh[1:]
+			return
+		}
+		rw.add(p, f())
+	}
+	pi := 0 // next compact record
+	nextPulled := func() (string, bool) {
+		for ; pi < len(c.pkind); pi++ {
+			if c.pkind[pi] != pulledNone {
+				return c.px.Path(pi), true
+			}
+		}
+		return "", false
+	}
+	// upTo writes the records of this run and the pulled ones that sort
+	// before p (all of them when last), and reports whether one is p.
+	upTo := func(p string, last bool) bool {
+		for {
+			q, okp := nextPulled()
+			switch {
+			case len(mem) > 0 && (!okp || mem[0] <= q) && (last || mem[0] <= p):
+				if okp && mem[0] == q {
+					pi++
+				}
+				m := mem[0]
+				add(m, func() CachedFile { return c.data.Files[m] })
+				if mem = mem[1:]; !last && rw.last == p {
+					return true
+				}
+			case okp && (last || q <= p):
+				k := pi
+				add(q, func() CachedFile { return c.pulledAt(k) })
+				if pi++; !last && q == p {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	}
+	c.disk.each(func(p string, f CachedFile) bool {
+		if !upTo(p, false) && c.kept(p) {
+			add(p, func() CachedFile { return f })
+		}
+		return rw.err == nil
+	})
+	upTo("", true)
+	for _, r := range fresh {
+		rw.add(r.path, r.file())
+	}
+	return rw.finish(c.data.Packs)
+}
+
+// sortFresh sorts the fresh records by path, the last stored of a path
+// alone. Called with c.mu held.
+func (c *StatCache) sortFresh() {
+	sort.SliceStable(c.fresh, func(i, j int) bool { return c.fresh[i].path < c.fresh[j].path })
+	out := c.fresh[:0]
+	for i, r := range c.fresh {
+		if i+1 < len(c.fresh) && c.fresh[i+1].path == r.path {
 			continue
 		}
-		if err := encodeEntry(w, sep, c.px.Path(i), c.pulledAt(i)); err != nil {
-			return err
-		}
-		sep = ","
+		out = append(out, r)
 	}
-	if _, err := io.WriteString(w, "}"); err != nil {
-		return err
-	}
-	if err := encodeMap(w, `,"packs":`, c.data.Packs); err != nil {
-		return err
-	}
-	_, err = io.WriteString(w, "}\n")
-	return err
-}
-
-func encodeMap[V any](w io.Writer, prefix string, m map[string]V) error {
-	if _, err := io.WriteString(w, prefix+"{"); err != nil {
-		return err
-	}
-	if _, err := encodeEntries(w, "", m); err != nil {
-		return err
-	}
-	_, err := io.WriteString(w, "}")
-	return err
-}
-
-// encodeEntries writes the members of m, the first after sep; it returns
-// the separator for a next member.
-func encodeEntries[V any](w io.Writer, sep string, m map[string]V) (string, error) {
-	for k, v := range m {
-		if err := encodeEntry(w, sep, k, v); err != nil {
-			return sep, err
-		}
-		sep = ","
-	}
-	return sep, nil
-}
-
-func encodeEntry[V any](w io.Writer, sep, k string, v V) error {
-	kb, err := json.Marshal(k)
-	if err != nil {
-		return err
-	}
-	vb, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "%s%s:%s", sep, kb, vb)
-	return err
+	c.fresh = out
 }
 
 // pulledExtents lists where f's chunks are in it, for a later pull.

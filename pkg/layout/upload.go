@@ -69,7 +69,11 @@ func (u *uploader) run(ctx context.Context, jobs int, produce func(context.Conte
 
 // release frees the memory a buffered job holds.
 func (u *uploader) release(j chunkJob) {
-	if j.data != nil && u.buffer != nil {
+	switch {
+	case j.data == nil:
+	case j.held != nil:
+		j.held.Release(min(j.Size, bufferBudget))
+	case u.buffer != nil:
 		u.buffer.Release(min(j.Size, bufferBudget))
 	}
 }

@@ -68,10 +68,13 @@ type puller struct {
 
 	selected []bool // by entry number, what the pull writes (Options.Select)
 	files    *pullSet
-	byChunk  [][]slot                     // per chunk, the extents still to write
-	previous map[string]layout.CachedFile // what an earlier pull left here
-	credited []int64                      // per chunk, file bytes counted as written
-	local    map[int]localChunk           // chunks to copy from the destination
+	byChunk  [][]slot              // per chunk, the extents still to write
+	previous *layout.PulledRecords // what an earlier pull left here
+	// same marks the entries of index pieces the last whole pull here
+	// wrote as they are (nil: none).
+	same     []bool
+	credited []int64            // per chunk, file bytes counted as written
+	local    map[int]localChunk // chunks to copy from the destination
 
 	g    *errgroup.Group // the fetches
 	gctx context.Context
@@ -119,6 +122,7 @@ func newPuller(ctx context.Context, src content.Fetcher, v *layout.Version, d *d
 		}
 	}
 	opt.Counters.Total.Store(p.res.Bytes)
+	p.same = samePieces(x, opt.StatCache.TakePulledPieces(), opt.Select == nil)
 	return p
 }
 
@@ -167,6 +171,9 @@ func (p *puller) plan() error {
 func (p *puller) planFile(i int, f *layout.File, fresh bool, buf []byte, dc *dirFD) error {
 	if err := digestKnown(f, p.x); err != nil {
 		return fmt.Errorf("%s: %w", f.Path, err)
+	}
+	if !fresh && p.same != nil && p.same[i] && p.keepUnlooked(f) {
+		return nil
 	}
 	pf, done, err := p.d.prepareFile(p.ctx, f, p.x, p.opt.StatCache, buf, dc, fresh, p.files, i)
 	if err != nil {

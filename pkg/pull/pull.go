@@ -87,8 +87,11 @@ type Result struct {
 	ChunksFetched int64  `json:"chunks_fetched"`
 	BytesFetched  int64  `json:"bytes_fetched"`
 	FilesReused   int    `json:"files_reused"`
-	ChunksCopied  int64  `json:"chunks_copied"`
-	BytesCopied   int64  `json:"bytes_copied"`
+	// FilesUnlooked are reused files of index pieces the last whole pull
+	// into DIR wrote as they are: kept on that pull's records, unopened.
+	FilesUnlooked int   `json:"files_unlooked"`
+	ChunksCopied  int64 `json:"chunks_copied"`
+	BytesCopied   int64 `json:"bytes_copied"`
 	// ChunksCopiedUnhashed are copies an earlier pull's record vouched for.
 	ChunksCopiedUnhashed int64 `json:"chunks_copied_unhashed"`
 	// FilesHashed are files found in place with no record of them, read

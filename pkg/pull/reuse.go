@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"sort"
 	"sync"
 
 	"github.com/opencontainers/go-digest"
@@ -155,7 +154,7 @@ func copyLocked(mu *sync.Mutex, dst *os.File, dstOff int64, src *os.File, srcOff
 // (previous records it), else at the same place in a file already at the
 // final name of a file being written (an in-place fine-tune keeps most
 // tensors where they were). Every candidate is verified when copied.
-func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]slot, files *pullSet, previous map[string]layout.CachedFile) (map[int]localChunk, error) {
+func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]slot, files *pullSet, previous *layout.PulledRecords) (map[int]localChunk, error) {
 	needed := map[digest.Digest]int{}
 	for k, ts := range byChunk {
 		if len(ts) > 0 {
@@ -166,17 +165,8 @@ func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]
 	if len(needed) == 0 {
 		return out, nil
 	}
-	paths := make([]string, 0, len(previous))
-	for p := range previous {
-		paths = append(paths, p)
-	}
-	sort.Strings(paths)
-	for _, p := range paths {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
+	previous.Each(func(p string, rec layout.CachedFile) bool {
 		var off int64
-		rec := previous[p]
 		var vouched *layout.StatKey
 		if !rec.Racy {
 			vouched = &rec.Stat
@@ -189,6 +179,10 @@ func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]
 			}
 			off += e.Length
 		}
+		return ctx.Err() == nil
+	})
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	for i := range x.Len() {
 		if err := ctx.Err(); err != nil {
@@ -198,12 +192,13 @@ func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]
 			continue
 		}
 		f := fileAt(x, i)
-		if _, ok := previous[f.Path]; !ok && wantsWholeChunk(f, x, byChunk, out) {
+		rec, recorded := previous.Get(f.Path)
+		if !recorded && wantsWholeChunk(f, x, byChunk, out) {
 			// No record of what is there: cut it as a push would and
 			// look for the chunks still needed.
 			d.scanChunks(ctx, f.Path, x.Chunking, needed, out)
 		}
-		if rec, ok := previous[f.Path]; ok && sharesChunks(rec, f, x) && d.holdsRecord(f.Path, rec) {
+		if recorded && sharesChunks(rec, f, x) && d.holdsRecord(f.Path, rec) {
 			// An earlier pull wrote this file and it is still as written:
 			// it holds exactly the chunks its record lists, and those it
 			// shares with the new version were offered above. Cuts fall
@@ -328,35 +323,36 @@ func (d *destDir) regularSize(rel string) int64 {
 // version x does not have, if they are as that pull left them. Files
 // someone changed since, or that no pull wrote, stay, and so do those
 // outside the selection (sel, nil for all). It returns how many it removed.
-func (d *destDir) removeStale(x *layout.Index, previous map[string]layout.CachedFile, sel func(string) bool) int {
-	if len(previous) == 0 {
+func (d *destDir) removeStale(x *layout.Index, previous *layout.PulledRecords, sel func(string) bool) int {
+	n := 0
+	previous.Each(func(p string, c layout.CachedFile) bool {
+		if _, have := x.Find(p); have || (sel != nil && !sel(p)) { // PulledFiles left out paths no index could hold
+			return true
+		}
+		n += d.removeIfUnchanged(p, c.Stat)
+		return true
+	})
+	return n
+}
+
+// removeIfUnchanged removes the regular file p if its stat key is still k;
+// it returns 1 if it did.
+func (d *destDir) removeIfUnchanged(p string, k layout.StatKey) int {
+	pfd, err := d.openDir(parentOf(p))
+	if err != nil {
 		return 0
 	}
-	have := make(map[string]bool, x.Len())
-	for fi := range x.Len() {
-		f := x.File(fi)
-		have[f.Path] = true
+	defer unix.Close(pfd)
+	base := path.Base(p)
+	fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
 	}
-	n := 0
-	for p, c := range previous {
-		if have[p] || (sel != nil && !sel(p)) { // PulledFiles left out paths no index could hold
-			continue
-		}
-		pfd, err := d.openDir(parentOf(p))
-		if err != nil {
-			continue
-		}
-		base := path.Base(p)
-		fd, err := unix.Openat(pfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err == nil {
-			fh := os.NewFile(uintptr(fd), d.full(p))
-			info, err := fh.Stat()
-			if err == nil && info.Mode().IsRegular() && layout.StatKeyOf(info) == c.Stat && unix.Unlinkat(pfd, base, 0) == nil {
-				n++
-			}
-			fh.Close()
-		}
-		unix.Close(pfd)
+	fh := os.NewFile(uintptr(fd), d.full(p))
+	defer fh.Close()
+	info, err := fh.Stat()
+	if err == nil && info.Mode().IsRegular() && layout.StatKeyOf(info) == k && unix.Unlinkat(pfd, base, 0) == nil {
+		return 1
 	}
-	return n
+	return 0
 }

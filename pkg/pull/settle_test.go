@@ -30,7 +30,7 @@ func TestPullSettlesRecentRecords(t *testing.T) {
 	}
 	c := cache()
 	for p := range f1 {
-		if rec, ok := c.PulledFiles()[p]; !ok || rec.Racy {
+		if rec, ok := c.PulledFiles().Get(p); !ok || rec.Racy {
 			t.Errorf("%s: record %+v (found %v), want one not racy", p, rec, ok)
 		}
 	}

@@ -91,8 +91,8 @@ func PreviousParams(ctx context.Context, t oci.Target, tag string) layout.Params
 		if err != nil {
 			continue
 		}
-		if v, err := layout.Open(ctx, t, desc); err == nil && v.Index.Chunking.Validate() == nil {
-			return v.Index.InheritedParams()
+		if p, err := layout.ReadParams(ctx, t, desc); err == nil {
+			return p
 		}
 	}
 	return layout.DefaultParams
