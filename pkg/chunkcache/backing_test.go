@@ -158,3 +158,23 @@ func TestAssembleBound(t *testing.T) {
 		t.Fatalf("size %d past the bound %d after the close", c.Size(), c.Max())
 	}
 }
+
+// The mark of an entry of ten million bytes or more (a backing file, a
+// large chunk) is 65 bytes or longer; it must still be read back, or every
+// open of such an entry hashes it again.
+func TestVouchLargeEntry(t *testing.T) {
+	p := t.TempDir() + "/big"
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(12_345_678_901); err != nil {
+		t.Skipf("sparse file: %v", err)
+	}
+	vouchEntry(p)
+	st, _ := f.Stat()
+	if !vouchedEntry(f, st) {
+		t.Fatal("the mark of a large entry is not recognised")
+	}
+}
