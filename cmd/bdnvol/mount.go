@@ -32,6 +32,7 @@ type MountCmd struct {
 	FetchTimeout time.Duration `name:"fetch-timeout" default:"30s" help:"A read fails with EIO when a chunk takes longer to fetch."`
 	AllowOther   bool          `name:"allow-other" help:"Let other users read the mount."`
 	Debug        bool          `hidden:"" help:"Log every FUSE request."`
+	Passthrough  bool          `default:"true" negatable:"" help:"Let the kernel read files whose chunks are all cached straight from a backing file in the cache (FUSE passthrough, Linux 6.9+, root); --no-passthrough serves every read through FUSE."`
 	MetricsAddr  string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics at http://HOST:PORT/metrics while mounted."`
 	MirrorFlags  `embed:""`
 
@@ -85,7 +86,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 			Profile: mounts.ProfileOptions{Mode: c.Profile, Store: profile.StoreIn(cache.Dir()), Logf: g.logf},
 		},
 		Serve: mounts.ServeOptions{
-			AllowOther: c.AllowOther, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Debug: c.Debug, Store: &store, Logf: g.logf,
+			AllowOther: c.AllowOther, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Debug: c.Debug, NoPassthrough: !c.Passthrough, Store: &store, Logf: g.logf,
 		},
 		Prefetch: prefetch, PrefetchName: c.Prefetch,
 		Hold: warm.HoldServed(cache, g.logf),

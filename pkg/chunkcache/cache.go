@@ -46,6 +46,9 @@ type Stats struct {
 	Corrupt      int64 // fetched blobs or disk entries that failed verification
 	StoreErrors  int64 // verified blobs that could not be written (served uncached)
 	Evictions    int64
+	// BackingsMade counts backing files assembled (backing.go), and
+	// BackingsOpened the opens of backing files, made or found.
+	BackingsMade, BackingsOpened int64
 }
 
 // Cache is an on-disk, content-addressed cache of verified blobs, bounded by
@@ -67,14 +70,29 @@ type Cache struct {
 	flight   map[digest.Digest]*call
 	owners   map[string]map[digest.Digest]int64 // protect sets by owner (protect.go)
 	pins     map[digest.Digest]int              // how many owners protect each digest
+	// backing files (backing.go): in the LRU beside the chunks, by file digest
+	backings    map[digest.Digest]*list.Element
+	backingOpen map[digest.Digest]int  // open Backings by digest: never evicted
+	building    map[digest.Digest]bool // Assemble under way
+
+	backingsMade, backingsOpened atomic.Int64
 
 	hitBytes                                                     atomic.Int64
 	hits, fetches, fetchedBytes, corrupt, storeErrors, evictions atomic.Int64
 }
 
 type cacheEntry struct {
-	d    digest.Digest
-	size int64
+	d       digest.Digest
+	size    int64
+	backing bool // a backing file (backing.go), not a chunk
+}
+
+// found is an entry found on disk by Open.
+type found struct {
+	d       digest.Digest
+	size    int64
+	mtime   time.Time
+	backing bool
 }
 
 // call is one in-flight load of a blob; waiters block on done.
@@ -94,12 +112,15 @@ func Open(dir string, maxBytes int64) (*Cache, error) {
 	}
 	c := &Cache{
 		dir: dir, max: maxBytes,
-		lru:      list.New(),
-		entries:  map[digest.Digest]*list.Element{},
-		verified: map[digest.Digest]bool{},
-		flight:   map[digest.Digest]*call{},
-		owners:   map[string]map[digest.Digest]int64{},
-		pins:     map[digest.Digest]int{},
+		lru:         list.New(),
+		entries:     map[digest.Digest]*list.Element{},
+		verified:    map[digest.Digest]bool{},
+		flight:      map[digest.Digest]*call{},
+		owners:      map[string]map[digest.Digest]int64{},
+		pins:        map[digest.Digest]int{},
+		backings:    map[digest.Digest]*list.Element{},
+		backingOpen: map[digest.Digest]int{},
+		building:    map[digest.Digest]bool{},
 	}
 	for _, d := range []string{c.blobDir(), c.tmpDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -117,11 +138,6 @@ func Open(dir string, maxBytes int64) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chunk cache: %w", err)
 	}
-	type found struct {
-		d     digest.Digest
-		size  int64
-		mtime time.Time
-	}
 	var fs []found
 	for _, e := range des {
 		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
@@ -129,11 +145,17 @@ func Open(dir string, maxBytes int64) (*Cache, error) {
 		if err != nil || d.Validate() != nil || !info.Mode().IsRegular() {
 			continue
 		}
-		fs = append(fs, found{d, info.Size(), info.ModTime()})
+		fs = append(fs, found{d: d, size: info.Size(), mtime: info.ModTime()})
 	}
+	fs = append(fs, c.indexBackings()...)
 	sort.Slice(fs, func(i, j int) bool { return fs[i].mtime.Before(fs[j].mtime) })
 	for _, f := range fs {
-		c.entries[f.d] = c.lru.PushFront(&cacheEntry{d: f.d, size: f.size})
+		el := c.lru.PushFront(&cacheEntry{d: f.d, size: f.size, backing: f.backing})
+		if f.backing {
+			c.backings[f.d] = el
+		} else {
+			c.entries[f.d] = el
+		}
 		c.size += f.size
 	}
 	c.mu.Lock()
@@ -157,6 +179,7 @@ func (c *Cache) Stats() Stats {
 	return Stats{
 		Hits: c.hits.Load(), HitBytes: c.hitBytes.Load(), Fetches: c.fetches.Load(), FetchedBytes: c.fetchedBytes.Load(),
 		Corrupt: c.corrupt.Load(), StoreErrors: c.storeErrors.Load(), Evictions: c.evictions.Load(),
+		BackingsMade: c.backingsMade.Load(), BackingsOpened: c.backingsOpened.Load(),
 	}
 }
 
@@ -358,12 +381,17 @@ func (c *Cache) evictLocked(keep *list.Element) {
 	for _, protectedToo := range []bool{false, true} {
 		for el := c.lru.Back(); el != nil && c.size > c.max; {
 			prev := el.Prev()
-			if e := el.Value.(*cacheEntry); el != keep && (protectedToo || c.pins[e.d] == 0) {
-				os.Remove(c.path(e.d))
+			if e := el.Value.(*cacheEntry); el != keep && c.evictable(e, protectedToo) {
 				c.size -= e.size
 				c.lru.Remove(el)
-				delete(c.entries, e.d)
-				delete(c.verified, e.d)
+				if e.backing {
+					os.Remove(c.backingPath(e.d))
+					delete(c.backings, e.d)
+				} else {
+					os.Remove(c.path(e.d))
+					delete(c.entries, e.d)
+					delete(c.verified, e.d)
+				}
 				c.evictions.Add(1)
 			}
 			el = prev

@@ -52,7 +52,8 @@ func vouchEntry(p string) {
 
 // vouchedEntry reports whether f (with stat st) carries a valid mark.
 func vouchedEntry(f *os.File, st os.FileInfo) bool {
-	buf := make([]byte, 64)
+	// size (up to 19 digits) : mtime in ns (19) : boot id (36), and room
+	buf := make([]byte, 128)
 	n, err := unix.Fgetxattr(int(f.Fd()), vouchXattr, buf)
 	return err == nil && string(buf[:n]) == vouchValue(st)
 }

@@ -37,6 +37,12 @@ type MountOptions struct {
 	UID, GID   uint32      // owner of every entry; 0 means root
 	Debug      bool        // log every FUSE request to Logger
 	Logger     *log.Logger // diagnostics; nil discards them
+	// NoPassthrough serves every read through FUSE, never from a backing
+	// file (passthrough.go).
+	NoPassthrough bool
+
+	disabledCaps     uint64 // capabilities not asked of the kernel (tests)
+	forcePassthrough bool   // offer backing files even when not granted (tests)
 }
 
 // Mount serves v read-only at dir and returns once the mount is ready.
@@ -56,11 +62,16 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 		DisableReadDirPlus: true,
 		// Mount with the mount(2) call when allowed (root), so fusermount3
 		// is needed only by unprivileged users; go-fuse falls back to it.
-		DirectMount: true,
-		Debug:       opt.Debug,
-		Logger:      opt.Logger,
+		DirectMount:          true,
+		Debug:                opt.Debug,
+		Logger:               opt.Logger,
+		DisabledCapabilities: opt.disabledCaps,
 	}
-	return fs.Mount(dir, NewRoot(v, opt), &fs.Options{
+	if opt.NoPassthrough {
+		mo.DisabledCapabilities |= fuse.CAP_PASSTHROUGH
+	}
+	root := NewRoot(v, opt).(*rootNode)
+	srv, err := fs.Mount(dir, root, &fs.Options{
 		MountOptions:    mo,
 		EntryTimeout:    &long,
 		AttrTimeout:     &long,
@@ -69,6 +80,12 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 		GID:             opt.GID,
 		Logger:          opt.Logger,
 	})
+	if err != nil {
+		return nil, err
+	}
+	granted := srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && mo.DisabledCapabilities&fuse.CAP_PASSTHROUGH == 0
+	root.t.pass.Store(granted || opt.forcePassthrough)
+	return srv, nil
 }
 
 // NewRoot returns the root node of a FUSE file system serving v, for
@@ -84,6 +101,7 @@ func NewRoot(v *Volume, opt MountOptions) fs.InodeEmbedder {
 type tree struct {
 	v        *Volume
 	uid, gid uint32
+	pass     atomic.Bool // the kernel granted passthrough: offer backing files
 }
 
 // ino returns the inode number of entry i (the root, -1, is 1).
@@ -319,6 +337,9 @@ type fileNode struct {
 	mode uint32
 	size int64
 	f    atomic.Pointer[File]
+
+	open  openState    // opens through FUSE and passthrough (passthrough.go)
+	reads atomic.Int64 // FUSE READ requests served
 }
 
 var (
@@ -326,6 +347,7 @@ var (
 	_ = (fs.NodeOpener)((*fileNode)(nil))
 	_ = (fs.NodeReader)((*fileNode)(nil))
 	_ = (fs.NodeOnForgetter)((*fileNode)(nil))
+	_ = (fs.NodeGetxattrer)((*fileNode)(nil))
 )
 
 func (n *fileNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -365,11 +387,13 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if _, err := n.file(); err != nil {
 		return nil, 0, syscall.EIO
 	}
-	return nil, fuse.FOPEN_KEEP_CACHE, fs.OK
+	h, fl := n.openHandle()
+	return h, fl, fs.OK
 }
 
 // Read serves verified bytes or fails with EIO; never wrong bytes.
 func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n.reads.Add(1)
 	f, err := n.file()
 	if err != nil {
 		return nil, syscall.EIO

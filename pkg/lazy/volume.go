@@ -71,6 +71,8 @@ type Volume struct {
 	handles map[int]*handle // open chunks by chunk index
 	pending map[int]bool    // chunks being loaded in the background
 	edges   map[edgeKey]*edgeCall
+	// assembling: files whose backing file is being made (passthrough.go)
+	assembling map[int]bool
 
 	edgeFailures  atomic.Int32 // edges that failed verification in a row; edges stop at maxEdgeFailures
 	splitFailures atomic.Int32 // split fetches that failed in a row; splitting stops at maxEdgeFailures
@@ -111,12 +113,13 @@ func New(ver *layout.Version, src content.Fetcher, opt Options) (*Volume, error)
 	}
 	v := &Volume{
 		ver: ver, src: ver.ChunkSource(src), opt: opt, autoAhead: auto,
-		sem:     make(chan struct{}, opt.Jobs),
-		headers: semaphore.NewWeighted(headerBudget),
-		files:   map[int]*File{},
-		handles: map[int]*handle{},
-		pending: map[int]bool{},
-		edges:   map[edgeKey]*edgeCall{},
+		sem:        make(chan struct{}, opt.Jobs),
+		headers:    semaphore.NewWeighted(headerBudget),
+		files:      map[int]*File{},
+		handles:    map[int]*handle{},
+		pending:    map[int]bool{},
+		edges:      map[edgeKey]*edgeCall{},
+		assembling: map[int]bool{},
 	}
 	v.bg, v.cancel = context.WithCancel(context.Background())
 	return v, nil

@@ -16,6 +16,8 @@ type ServeOptions struct {
 	AllowOther bool   // let other users read the mount
 	UID, GID   uint32 // owner of every entry; 0 means root
 	Debug      bool   // log every FUSE request
+	// NoPassthrough serves every read through FUSE (lazy.MountOptions).
+	NoPassthrough bool
 	// Store records the mount's State when not nil.
 	Store *Store
 	// CacheDir is the chunk cache recorded in the State.
@@ -46,7 +48,7 @@ type Served struct {
 // pinned is the reference recorded for it. It returns once the mount is
 // ready.
 func Serve(mp string, vol *lazy.Volume, pinned string, opt ServeOptions) (*Served, error) {
-	server, err := lazy.Mount(mp, vol, lazy.MountOptions{AllowOther: opt.AllowOther, UID: opt.UID, GID: opt.GID, Debug: opt.Debug})
+	server, err := lazy.Mount(mp, vol, lazy.MountOptions{AllowOther: opt.AllowOther, UID: opt.UID, GID: opt.GID, Debug: opt.Debug, NoPassthrough: opt.NoPassthrough})
 	if err != nil {
 		return nil, fmt.Errorf("mount %s on %s: %w", pinned, mp, err)
 	}

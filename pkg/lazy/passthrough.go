@@ -1,0 +1,212 @@
+package lazy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+)
+
+// Warm reads through FUSE passthrough. When every chunk of a file is in the
+// chunk cache, the volume assembles the file's bytes once into a backing
+// file of the cache (chunkcache.Assemble: verified against the file's
+// digest, counted in the cache's bound). An open of a file that has one is
+// answered with the backing file's descriptor, and the kernel then serves
+// reads and mmap of it straight from that file, with no request to this
+// process. The kernel does not let one inode be open both ways at once, so
+// a file open through FUSE (its backing file not yet made) gets its next
+// opens through FUSE too until all are closed. Where the kernel does not
+// grant passthrough (before Linux 6.9, not root, or a backing file on a
+// file system it cannot stack on) go-fuse stops offering it and every read
+// goes through FUSE as before.
+
+// XattrFUSEReads names the extended attribute of a regular file that holds
+// how many FUSE READ requests this mount has served for it (a debug
+// counter: 0 after reads served by passthrough).
+const XattrFUSEReads = "user.bdnvol.fuse-reads"
+
+// openState is what a file node tracks of its opens.
+type openState struct {
+	mu        sync.Mutex
+	fuseOpens int                 // handles served through FUSE
+	passOpens int                 // handles offered the backing file
+	back      *chunkcache.Backing // open while passOpens > 0
+}
+
+// passHandle is an open file offered to the kernel for passthrough. If
+// go-fuse cannot register it, reads of it come through FUSE as usual.
+type passHandle struct{ n *fileNode }
+
+var (
+	_ = (fs.FilePassthroughFder)((*passHandle)(nil))
+	_ = (fs.FileReleaser)((*passHandle)(nil))
+	_ = (fs.FileReleaser)((*fuseHandle)(nil))
+)
+
+// PassthroughFd returns the backing file's descriptor.
+func (h *passHandle) PassthroughFd() (int, bool) {
+	h.n.open.mu.Lock()
+	defer h.n.open.mu.Unlock()
+	if h.n.open.back == nil {
+		return 0, false
+	}
+	return int(h.n.open.back.File().Fd()), true
+}
+
+// Release closes the backing file with the last handle that uses it.
+func (h *passHandle) Release(ctx context.Context) syscall.Errno {
+	o := &h.n.open
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.passOpens--; o.passOpens == 0 && o.back != nil {
+		o.back.Close()
+		o.back = nil
+	}
+	return fs.OK
+}
+
+// fuseHandle is an open file served through FUSE.
+type fuseHandle struct{ n *fileNode }
+
+// Release makes the file's backing file, once no handle serves it
+// through FUSE, if all its chunks are cached by then.
+func (h *fuseHandle) Release(ctx context.Context) syscall.Errno {
+	o := &h.n.open
+	o.mu.Lock()
+	o.fuseOpens--
+	last := o.fuseOpens == 0
+	o.mu.Unlock()
+	if last && h.n.t.pass.Load() {
+		h.n.t.v.assembleAsync(h.n.idx)
+	}
+	return fs.OK
+}
+
+// openHandle returns the handle for a new open of n and its open flags:
+// the backing file when there is one and no FUSE handle is open, else a
+// FUSE handle (and the backing file is made in the background when the
+// file's chunks are all cached).
+func (n *fileNode) openHandle() (fs.FileHandle, uint32) {
+	o := &n.open
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if n.t.pass.Load() && o.fuseOpens == 0 {
+		if o.back == nil {
+			o.back = n.t.v.openBacking(n.idx)
+		}
+		if o.back != nil {
+			o.passOpens++
+			return &passHandle{n: n}, 0
+		}
+	}
+	o.fuseOpens++
+	if n.t.pass.Load() && o.fuseOpens == 1 {
+		n.t.v.assembleAsync(n.idx)
+	}
+	return &fuseHandle{n: n}, fuse.FOPEN_KEEP_CACHE
+}
+
+// Getxattr serves XattrFUSEReads.
+func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if attr != XattrFUSEReads {
+		return 0, fs.ENOATTR
+	}
+	val := strconv.FormatInt(n.reads.Load(), 10)
+	if len(dest) < len(val) {
+		return uint32(len(val)), syscall.ERANGE
+	}
+	return uint32(copy(dest, val)), fs.OK
+}
+
+// fileDesc returns the descriptor (SHA-256 and size) of regular file i,
+// and whether it has one a backing file can be made for.
+func (v *Volume) fileDesc(i int) (ocispec.Descriptor, bool) {
+	e := v.ver.Index.File(i)
+	d := ocispec.Descriptor{Digest: e.Digest, Size: e.Size}
+	return d, e.Size > 0 && e.Digest.Validate() == nil && e.Digest.Algorithm() == "sha256"
+}
+
+// openBacking returns the cache's backing file of file i, or nil.
+func (v *Volume) openBacking(i int) *chunkcache.Backing {
+	d, ok := v.fileDesc(i)
+	if !ok {
+		return nil
+	}
+	b, _ := v.opt.Cache.OpenBacking(d)
+	return b
+}
+
+// assembleAsync makes the backing file of file i in the background, if
+// every chunk of the file is cached and none is being made.
+func (v *Volume) assembleAsync(i int) {
+	d, ok := v.fileDesc(i)
+	if !ok {
+		return
+	}
+	e := v.ver.Index.File(i)
+	for _, x := range e.Extents {
+		if !v.opt.Cache.Contains(v.ver.Chunk(x.Chunk).Digest) {
+			return
+		}
+	}
+	v.mu.Lock()
+	if v.assembling[i] || v.bg.Err() != nil {
+		v.mu.Unlock()
+		return
+	}
+	v.assembling[i] = true
+	v.wg.Add(1)
+	v.mu.Unlock()
+	go func() {
+		defer v.wg.Done()
+		defer func() {
+			v.mu.Lock()
+			delete(v.assembling, i)
+			v.mu.Unlock()
+		}()
+		b, err := v.assemble(v.bg, i, d)
+		if err == nil {
+			b.Close() // on disk now; the next open finds it
+		}
+	}()
+}
+
+// errNotCached is the fetcher's answer while a backing file is assembled:
+// it is made only from chunks already cached.
+var errNotCached = errors.New("chunk no longer cached")
+
+type cachedOnly struct{}
+
+func (cachedOnly) Fetch(context.Context, ocispec.Descriptor) (io.ReadCloser, error) {
+	return nil, errNotCached
+}
+
+// assemble makes the backing file of file i (descriptor d) from its
+// cached chunks.
+func (v *Volume) assemble(ctx context.Context, i int, d ocispec.Descriptor) (*chunkcache.Backing, error) {
+	e := v.ver.Index.File(i)
+	buf := make([]byte, 1<<20)
+	return v.opt.Cache.Assemble(ctx, d, func(w io.Writer) error {
+		for _, x := range e.Extents {
+			ch, err := v.opt.Cache.Load(ctx, cachedOnly{}, v.ver.Chunk(x.Chunk))
+			if err != nil {
+				return err
+			}
+			_, err = io.CopyBuffer(w, io.NewSectionReader(ch, x.Offset, x.Length), buf)
+			ch.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", e.Path, err)
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,148 @@
+package lazy
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// fuseReads returns the FUSE READ requests the mount served for path.
+func fuseReads(t *testing.T, path string) int64 {
+	t.Helper()
+	buf := make([]byte, 32)
+	n, err := unix.Getxattr(path, XattrFUSEReads, buf)
+	if err != nil {
+		t.Fatalf("getxattr %s: %v", path, err)
+	}
+	k, err := strconv.ParseInt(string(buf[:n]), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// readThrough reads path whole (buffered reads and mmap) and checks the
+// bytes are want.
+func readThrough(t *testing.T, path string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("%s: wrong bytes read (%v)", path, err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := unix.Mmap(int(f.Fd()), 0, len(want), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	if !bytes.Equal(m, want) {
+		t.Fatalf("%s: wrong bytes mapped", path)
+	}
+}
+
+// dropPages drops the page cache of path, so the next read asks the
+// file system again.
+func dropPages(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mountWarm mounts the fixture's volume with opt, reads big.bin once
+// through it (filling the cache) and waits until the volume has made every
+// backing file it is going to make.
+func mountWarm(t *testing.T, opt MountOptions) (mnt string, v *Volume, srv *fuse.Server, want []byte) {
+	t.Helper()
+	needFUSE(t)
+	fx := newFixture(t)
+	v = fx.open(t, t.TempDir(), Options{})
+	mnt = t.TempDir()
+	srv, err := Mount(mnt, v, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Unmount() })
+	want = fx.files["big.bin"]
+	readThrough(t, filepath.Join(mnt, "big.bin"), want)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		v.mu.Lock()
+		busy := len(v.assembling)
+		v.mu.Unlock()
+		if busy == 0 {
+			break
+		}
+	}
+	return mnt, v, srv, want
+}
+
+// A file whose chunks are all cached gets a backing file, and its next
+// open is served by the kernel from it: right bytes, read and mapped,
+// with no FUSE READ request.
+func TestPassthroughServesWarmFile(t *testing.T) {
+	mnt, v, srv, want := mountWarm(t, MountOptions{})
+	p := filepath.Join(mnt, "big.bin")
+	if s := v.opt.Cache.Stats(); s.BackingsMade != 1 {
+		t.Fatalf("stats %+v, want the backing file of big.bin made", s)
+	}
+	if srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		t.Fatal("the kernel did not grant passthrough (needs Linux 6.9 or later and root)")
+	}
+	before := fuseReads(t, p)
+	if before == 0 {
+		t.Fatal("the first read was not served through FUSE")
+	}
+	readThrough(t, p, want)
+	if after := fuseReads(t, p); after != before {
+		t.Fatalf("%d FUSE READ requests for a file served by passthrough, want 0", after-before)
+	}
+	if s := v.opt.Cache.Stats(); s.BackingsOpened < 2 {
+		t.Fatalf("stats %+v, want the backing file opened again", s)
+	}
+}
+
+// With passthrough forced off, or not granted by the kernel (the
+// capability left out of INIT, so that registering a backing file fails),
+// every read comes through FUSE, with the right bytes.
+func TestPassthroughFallsBack(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		opt       MountOptions
+		backingOK bool // backing files are still made
+	}{
+		{"forced off", MountOptions{NoPassthrough: true}, false},
+		{"not granted", MountOptions{disabledCaps: fuse.CAP_PASSTHROUGH}, false},
+		{"registration refused", MountOptions{disabledCaps: fuse.CAP_PASSTHROUGH, forcePassthrough: true}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mnt, v, _, want := mountWarm(t, tc.opt)
+			p := filepath.Join(mnt, "big.bin")
+			if made := v.opt.Cache.Stats().BackingsMade; (made == 1) != tc.backingOK {
+				t.Fatalf("%d backing files made, want them made: %v", made, tc.backingOK)
+			}
+			for range 2 {
+				dropPages(t, p)
+				before := fuseReads(t, p)
+				readThrough(t, p, want)
+				if fuseReads(t, p) == before {
+					t.Fatal("reads bypassed FUSE without passthrough")
+				}
+			}
+		})
+	}
+}
