@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/bdnvol/bdnvol/e2e/helmchart"
 )
@@ -175,7 +176,7 @@ resources:
 	}
 	var mounter *corev1.Container
 	var mounterPod *corev1.PodSpec
-	for _, name := range []string{"bdnvol-csi-mounter", "bdnvol-csi-node"} {
+	for _, name := range []string{"bdnvol-csi-mounter", "bdnvol-csi-node", "bdnvol-csi-fdholder"} {
 		ds := got["DaemonSet/kube-system/"+name].obj.(*appsv1.DaemonSet)
 		spec := &ds.Spec.Template.Spec
 		if spec.NodeSelector["nvidia.com/gpu.present"] != "true" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Key != "nvidia.com/gpu" {
@@ -276,5 +277,126 @@ func TestHelmChartKubeletDir(t *testing.T) {
 	}
 	if got := flag(node, "mounts-dir"); !strings.HasPrefix(got, "/data/kubelet/") {
 		t.Errorf("node --mounts-dir=%q, not under the kubelet directory", got)
+	}
+}
+
+// TestHelmChartWithoutFdHolder: fdHolder.enabled false renders no holder,
+// and the mounter goes back to OnDelete without --fd-holder (a restart then
+// cuts readers off, so it must not roll).
+func TestHelmChartWithoutFdHolder(t *testing.T) {
+	objs := renderChart(t, "fdHolder: {enabled: false}\n")
+	checkNodePlugin(t, objs, "/var/lib/bdnvol/")
+	got := byKey(t, objs)
+	for k := range got {
+		if strings.Contains(k, "fdholder") {
+			t.Errorf("%s rendered with fdHolder.enabled false", k)
+		}
+	}
+	for _, o := range objs {
+		if pod := podSpec(o.obj); pod != nil {
+			for _, c := range pod.Containers {
+				if slices.Contains(c.Args, "fd-holder") {
+					t.Errorf("%s: container %s runs the fd holder", o.file, c.Name)
+				}
+			}
+		}
+	}
+	ds := got["DaemonSet/kube-system/bdnvol-csi-mounter"].obj.(*appsv1.DaemonSet)
+	if s := ds.Spec.UpdateStrategy; s.Type != appsv1.OnDeleteDaemonSetStrategyType || s.RollingUpdate != nil {
+		t.Errorf("mounter update strategy %+v without the holder, want OnDelete", s)
+	}
+	m := &ds.Spec.Template.Spec.Containers[0]
+	for _, a := range m.Args {
+		if strings.HasPrefix(a, "--fd-holder") {
+			t.Errorf("mounter runs with %s without the holder", a)
+		}
+	}
+	// Apart from those two, the mounter is the default one.
+	want := byKey(t, renderChart(t, ""))["DaemonSet/kube-system/bdnvol-csi-mounter"].obj.(*appsv1.DaemonSet).DeepCopy()
+	want.Spec.UpdateStrategy = ds.Spec.UpdateStrategy
+	wm := &want.Spec.Template.Spec.Containers[0]
+	wm.Args = slices.DeleteFunc(wm.Args, func(a string) bool { return strings.HasPrefix(a, "--fd-holder=") })
+	if jsonOf(want) != jsonOf(ds) {
+		t.Errorf("without the holder the mounter differs beyond its update strategy and --fd-holder:\n%s\n%s", jsonOf(want), jsonOf(ds))
+	}
+}
+
+// TestKubernetesFdHolderCheck: the check that lets the mounter roll only
+// over a holder of its own refuses each way of getting it wrong.
+func TestKubernetesFdHolderCheck(t *testing.T) {
+	type setup struct {
+		mounter, holder *corev1.Container
+		owner           map[*corev1.Container]*appsv1.DaemonSet
+		views           map[*corev1.Container]podView
+	}
+	load := func(t *testing.T, values string) setup {
+		var s setup
+		s.owner, s.views = map[*corev1.Container]*appsv1.DaemonSet{}, map[*corev1.Container]podView{}
+		for _, o := range renderChart(t, values) {
+			ds, ok := o.obj.(*appsv1.DaemonSet)
+			if !ok {
+				continue
+			}
+			for i := range ds.Spec.Template.Spec.Containers {
+				c := &ds.Spec.Template.Spec.Containers[i]
+				s.owner[c], s.views[c] = ds, podView{&ds.Spec.Template.Spec}
+				switch {
+				case slices.Equal(c.Args[:2], []string{"csi", "mounter"}):
+					s.mounter = c
+				case slices.Equal(c.Args[:2], []string{"csi", "fd-holder"}):
+					s.holder = c
+				}
+			}
+		}
+		if s.mounter == nil {
+			t.Fatal("no mounter rendered")
+		}
+		return s
+	}
+	if s := load(t, ""); len(fdHolderProblems(s.mounter, s.holder, s.owner, s.views)) != 0 || s.holder == nil {
+		t.Fatalf("the default chart: holder %v, problems %v", s.holder != nil, fdHolderProblems(s.mounter, s.holder, s.owner, s.views))
+	}
+	one := intstr.FromInt32(1)
+	for name, c := range map[string]struct {
+		values string
+		edit   func(s *setup)
+		want   string
+	}{
+		"no holder": {edit: func(s *setup) { s.holder = nil }, want: "names a holder no DaemonSet runs"},
+		"rolling without --fd-holder": {values: "fdHolder: {enabled: false}\n", edit: func(s *setup) {
+			s.owner[s.mounter].Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType}
+		}, want: "has no --fd-holder"},
+		"surge": {edit: func(s *setup) { s.owner[s.mounter].Spec.UpdateStrategy.RollingUpdate.MaxSurge = &one }, want: "no surge"},
+		"holder rolls": {edit: func(s *setup) {
+			s.owner[s.holder].Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType}
+		}, want: "want OnDelete"},
+		"holder in the mounter's pod": {edit: func(s *setup) { s.owner[s.holder] = s.owner[s.mounter] }, want: "a DaemonSet of its own"},
+		"another socket": {edit: func(s *setup) {
+			for i, a := range s.holder.Args {
+				if strings.HasPrefix(a, "--socket=") {
+					s.holder.Args[i] = "--socket=/var/lib/bdnvol/csi/other.sock"
+				}
+			}
+		}, want: "want one hostPath socket"},
+		"another host directory": {edit: func(s *setup) {
+			spec := s.views[s.holder].spec
+			for i := range spec.Volumes {
+				if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == "/var/lib/bdnvol/csi" {
+					hp.Path = "/run/bdnvol"
+				}
+			}
+		}, want: "want one hostPath socket"},
+		"placed apart": {edit: func(s *setup) {
+			s.owner[s.holder].Spec.Template.Spec.NodeSelector = map[string]string{"nvidia.com/gpu.present": "true"}
+		}, want: "placed apart from the mounter"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := load(t, c.values)
+			c.edit(&s)
+			ps := fdHolderProblems(s.mounter, s.holder, s.owner, s.views)
+			if !slices.ContainsFunc(ps, func(p string) bool { return strings.Contains(p, c.want) }) {
+				t.Errorf("problems %q, want one saying %q", ps, c.want)
+			}
+		})
 	}
 }

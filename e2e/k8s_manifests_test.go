@@ -285,7 +285,7 @@ func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
 			}
 		}
 	}
-	var registrar, mounter, node *corev1.Container
+	var registrar, mounter, node, holder *corev1.Container
 	views := map[*corev1.Container]podView{}
 	owner := map[*corev1.Container]*appsv1.DaemonSet{}
 	for _, ds := range dss {
@@ -306,6 +306,8 @@ func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
 				mounter = c
 			case len(c.Args) >= 2 && c.Args[0] == "csi" && c.Args[1] == "node":
 				node = c
+			case len(c.Args) >= 2 && c.Args[0] == "csi" && c.Args[1] == "fd-holder":
+				holder = c
 			}
 		}
 	}
@@ -318,12 +320,15 @@ func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
 	if owner[registrar] != owner[node] {
 		t.Errorf("the registrar runs in %s, the node plugin in %s: they share the socket directory", owner[registrar].Name, owner[node].Name)
 	}
-	// Upgrading the node plugin recreates its pods: the mounter, whose
-	// restart cuts readers off, must not be among them.
-	if m := owner[mounter]; m == owner[node] || m.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
-		t.Errorf("the mounter runs in DaemonSet %s (update strategy %q): want a DaemonSet of its own, updated OnDelete", m.Name, m.Spec.UpdateStrategy.Type)
+	// Upgrading the node plugin recreates its pods: the mounter must not be
+	// among them.
+	if m := owner[mounter]; m == owner[node] {
+		t.Errorf("the mounter runs in DaemonSet %s with the node plugin: want a DaemonSet of its own", m.Name)
 	}
 	vw := func(c *corev1.Container) podView { return views[c] }
+	for _, p := range fdHolderProblems(mounter, holder, owner, views) {
+		t.Error(p)
+	}
 
 	// kubelet finds the plugin's socket where the registrar says it is.
 	regPath := flag(registrar, "kubelet-registration-path")
@@ -347,7 +352,11 @@ func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
 		t.Errorf("the socket dir is not the hostPath %s: %+v", pluginHostDir, hp)
 	}
 
-	for _, c := range []*corev1.Container{mounter, node} {
+	privileged := []*corev1.Container{mounter, node}
+	if holder != nil {
+		privileged = append(privileged, holder)
+	}
+	for _, c := range privileged {
 		sc := c.SecurityContext
 		if sc == nil || sc.Privileged == nil || !*sc.Privileged {
 			t.Errorf("%s is not privileged", c.Name)
@@ -357,6 +366,8 @@ func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
 			m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
 			t.Errorf("%s: /var/lib/kubelet is not the host's with Bidirectional propagation: %+v %+v", c.Name, m, hp)
 		}
+	}
+	for _, c := range []*corev1.Container{mounter, node} {
 		if m, hp := vw(c).mountFor(c, "/dev/fuse"); hp == nil || hp.Path != "/dev/fuse" || m.MountPath != "/dev/fuse" ||
 			hp.Type == nil || *hp.Type != corev1.HostPathCharDev {
 			t.Errorf("%s: no /dev/fuse character device: %+v", c.Name, hp)
@@ -385,7 +396,10 @@ func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
 	// was created (the node plugin after a restart): the mounter's unmount
 	// then never completes, and the node plugin waits on it for ever.
 	mountsHost := vw(node).hostPath(node, flag(node, "mounts-dir"))
-	for _, c := range []*corev1.Container{registrar, mounter, node} {
+	for _, c := range []*corev1.Container{registrar, mounter, node, holder} {
+		if c == nil {
+			continue
+		}
 		for i := range c.VolumeMounts {
 			m := &c.VolumeMounts[i]
 			vol := vw(c).volume(m.Name)
@@ -413,6 +427,67 @@ func checkNodePlugin(t *testing.T, objs []k8sObject, cacheHost string) {
 	if nodeName == nil || nodeName.ValueFrom == nil || nodeName.ValueFrom.FieldRef == nil || nodeName.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("node: NODE_NAME does not come from spec.nodeName: %+v", nodeName)
 	}
+}
+
+// fdHolderProblems checks the mounter's update strategy against the fd
+// holder (holder is nil when no manifest runs one): a mounter may roll only
+// when a holder keeps its mounts alive across the restart, which needs the
+// holder in a DaemonSet of its own, updated OnDelete (a holder that rolls
+// with the mounter, or with anything else, would drop the descriptors the
+// new mounter needs), listening where the mounter's --fd-holder points on
+// the host. A mounter without the holder is updated OnDelete.
+func fdHolderProblems(mounter, holder *corev1.Container, owner map[*corev1.Container]*appsv1.DaemonSet, views map[*corev1.Container]podView) []string {
+	var out []string
+	m := owner[mounter]
+	strategy := m.Spec.UpdateStrategy.Type
+	sock := flag(mounter, "fd-holder")
+	switch strategy {
+	case appsv1.OnDeleteDaemonSetStrategyType:
+	case appsv1.RollingUpdateDaemonSetStrategyType:
+		if sock == "" {
+			out = append(out, fmt.Sprintf("the mounter DaemonSet %s is updated by rolling update, but its mounter has no --fd-holder: "+
+				"each restart would cut the node's readers off (want OnDelete, or the fd holder)", m.Name))
+		}
+		if ru := m.Spec.UpdateStrategy.RollingUpdate; ru != nil && (ru.MaxSurge != nil && ru.MaxSurge.IntValue() != 0 ||
+			ru.MaxUnavailable != nil && ru.MaxUnavailable.String() != "1") {
+			out = append(out, fmt.Sprintf("the mounter DaemonSet %s rolls with maxUnavailable %v maxSurge %v: want one node at a time, "+
+				"no surge (two mounters on a node would serve one socket)", m.Name, ru.MaxUnavailable, ru.MaxSurge))
+		}
+	default:
+		out = append(out, fmt.Sprintf("the mounter DaemonSet %s has update strategy %q", m.Name, strategy))
+	}
+	if sock == "" {
+		return out
+	}
+	if holder == nil {
+		return append(out, fmt.Sprintf("the mounter's --fd-holder=%s names a holder no DaemonSet runs", sock))
+	}
+	h := owner[holder]
+	if h == m || slices.ContainsFunc(h.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name != holder.Name }) {
+		out = append(out, fmt.Sprintf("the fd holder runs in DaemonSet %s beside other containers: want a DaemonSet of its own", h.Name))
+	}
+	if h.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		out = append(out, fmt.Sprintf("the fd holder DaemonSet %s has update strategy %q: want OnDelete (it must outlive mounter restarts)",
+			h.Name, h.Spec.UpdateStrategy.Type))
+	}
+	// A node with a mounter and no holder would lose its readers on the
+	// first roll.
+	hp, mp := &h.Spec.Template.Spec, &m.Spec.Template.Spec
+	if jsonOf(hp.NodeSelector) != jsonOf(mp.NodeSelector) || jsonOf(hp.Tolerations) != jsonOf(mp.Tolerations) ||
+		jsonOf(hp.Affinity) != jsonOf(mp.Affinity) {
+		out = append(out, fmt.Sprintf("the fd holder is placed apart from the mounter: nodeSelector %v tolerations %v affinity %v, the mounter's %v %v %v",
+			hp.NodeSelector, hp.Tolerations, hp.Affinity, mp.NodeSelector, mp.Tolerations, mp.Affinity))
+	}
+	if holder.Image != mounter.Image {
+		out = append(out, fmt.Sprintf("the fd holder runs %s, the mounter %s", holder.Image, mounter.Image))
+	}
+	hs := flag(holder, "socket")
+	mh, hh := views[mounter].hostPath(mounter, sock), views[holder].hostPath(holder, hs)
+	if mh == "" || mh != hh {
+		out = append(out, fmt.Sprintf("the mounter's --fd-holder=%s is %q on the host, the holder's --socket=%s is %q: want one hostPath socket",
+			sock, mh, hs, hh))
+	}
+	return out
 }
 
 func podSpec(obj any) *corev1.PodSpec {

@@ -14,3 +14,9 @@ app.kubernetes.io/name: bdnvol-csi
 true
 {{- end -}}
 {{- end }}
+
+{{/* The fd holder's socket, as the mounter and the holder see it: in the
+plugin's state directory (stateHostPath/csi on the node). */}}
+{{- define "bdnvol-csi.fdHolderSocket" -}}
+/var/lib/bdnvol/csi/fdholder.sock
+{{- end }}
