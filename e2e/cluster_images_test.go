@@ -197,7 +197,7 @@ func buildBusyboxImage(t *testing.T, out string) string {
 		t.Fatal(err)
 	}
 	files := []imageFile{{path: "bin/busybox", mode: 0o755, data: data}}
-	for _, applet := range []string{"sh", "cat", "ls", "id", "sleep", "touch", "echo", "grep", "sha256sum", "stat", "wc", "test", "true", "mount", "date", "cmp", "head"} {
+	for _, applet := range []string{"sh", "cat", "ls", "id", "sleep", "touch", "echo", "grep", "sha256sum", "stat", "wc", "test", "true", "mount", "date", "cmp", "head", "dd"} {
 		files = append(files, imageFile{path: "bin/" + applet, mode: 0o777, link: "busybox"})
 	}
 	return writeImageTar(t, out, imgBusybox, files, nil)

@@ -6,11 +6,13 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -83,8 +85,8 @@ func renderDaemonSet(t *testing.T, doc, caFile string) string {
 			HostPath: &corev1.HostPathVolumeSource{Path: filepath.Dir(caFile), Type: &dir}}})
 		for i := range spec.Containers {
 			ct := &spec.Containers[i]
-			if ct.Name == registrarCt {
-				continue
+			if ct.Name == registrarCt || slices.Contains(ct.Args, "fd-holder") {
+				continue // no registry calls
 			}
 			ct.VolumeMounts = append(ct.VolumeMounts, corev1.VolumeMount{Name: "e2e-ca", MountPath: "/e2e-ca", ReadOnly: true})
 			ct.Args = append(ct.Args, "--ca-file=/e2e-ca/"+filepath.Base(caFile))
@@ -277,7 +279,7 @@ func TestCluster(t *testing.T) {
 	c.importImages(builds)
 	t.Logf("images imported at %v", time.Since(start).Round(time.Second))
 	c.apply(renderDeploy(t, caFile))
-	for _, ds := range []string{"bdnvol-csi-node", "bdnvol-csi-mounter"} {
+	for _, ds := range []string{"bdnvol-csi-fdholder", "bdnvol-csi-node", "bdnvol-csi-mounter"} {
 		c.waitFor("DaemonSet "+ds+" to be ready", func() (bool, string) {
 			out, err := c.kubectlErr("get", "daemonset", "-n", "kube-system", ds, "-o", "jsonpath={.status.desiredNumberScheduled} {.status.numberReady}")
 			return err == nil && out == "1 1", out
@@ -553,6 +555,96 @@ spec:
 		checkReader(t, "reader-c")
 		t.Logf("registry blob GETs for the third pod's reads, after a new mount over the node's cache: %d", reg.Stats().Requests["GET blob"]-b)
 		t.Logf("pod creation -> Running after the node plugin restart and the linger: %v", d.Round(100*time.Millisecond))
+	})
+	// The mounter DaemonSet rolled (kubectl rollout restart) under a pod
+	// streaming a 128 MiB file through one open descriptor, 1 MiB at a time
+	// with a pause between reads: the old mounter leaves its mounts to the
+	// fd holder, the new one takes them over, and no read fails; the bytes
+	// hash to the file's, and the kernel mount is the same one throughout.
+	t.Run("MounterRollingUpdate", func(t *testing.T) {
+		const mib, reads = 1 << 20, 128
+		rsrc := t.TempDir()
+		rbig := make([]byte, reads*mib)
+		rand.NewChaCha8([32]byte{27}).Read(rbig)
+		if err := os.WriteFile(filepath.Join(rsrc, "big.bin"), rbig, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rref := reg.Host + "/team/rolling:v1"
+		mustRun(t, "push", rref, rsrc)
+		wantSum := fmt.Sprintf("%x", sha256.Sum256(rbig))
+		rbig = nil
+		// Each read is one dd of 1 MiB on the shared descriptor 3; its time
+		// is taken with date's nanoseconds, and the longest is printed.
+		script := fmt.Sprintf(`exec 3</data/big.bin || { echo OPEN-FAILED; exit 1; }
+{ i=0; max=0
+  while [ $i -lt %d ]; do
+    t0=$(date +%%s%%N)
+    if ! dd bs=%d count=1 iflag=fullblock <&3 2>/tmp/dd.err; then echo "READ-FAILED at MiB $i: $(cat /tmp/dd.err)" >&2; break; fi
+    t1=$(date +%%s%%N); d=$(( (t1 - t0) / 1000000 )); if [ $d -gt $max ]; then max=$d; fi
+    i=$((i + 1)); if [ $i -eq 8 ]; then echo STREAMING >&2; fi
+    sleep 0.25
+  done
+  echo "STREAMED reads=$i longest_ms=$max" >&2
+} | sha256sum >/tmp/sum; echo "SUM $(cat /tmp/sum)"`, reads, mib)
+		c.apply(readerPod("streamer", rref, script))
+		c.waitForIn(2*time.Minute, "pod streamer to start streaming", func() (bool, string) {
+			l := c.podLogs("default", "streamer")
+			return strings.Contains(l, "STREAMING") || strings.Contains(l, "FAILED"), l + c.events("default", "streamer")
+		})
+		devsBefore := fuseDevices(kubeletDir)
+		mounterPods := func() string {
+			out, _ := c.kubectlErr("get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/component=mounter",
+				"-o", `jsonpath={range .items[*]}{.metadata.name} {.status.phase}{"\n"}{end}`)
+			return strings.TrimSpace(out)
+		}
+		holderPods := func() string {
+			out, _ := c.kubectlErr("get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/component=fdholder", "-o", "name")
+			return strings.TrimSpace(out)
+		}
+		oldMounter, oldHolder := mounterPods(), holderPods()
+		t0 := time.Now()
+		c.kubectl("rollout", "restart", "-n", "kube-system", "daemonset/bdnvol-csi-mounter")
+		if out, err := c.kubectlErr("rollout", "status", "-n", "kube-system", "daemonset/bdnvol-csi-mounter", "--timeout=3m"); err != nil {
+			t.Fatalf("rollout status: %v\n%s\nmounter pods: %s", err, out, mounterPods())
+		}
+		rollout := time.Since(t0)
+		newMounter := mounterPods()
+		if newMounter == oldMounter || strings.Contains(newMounter, "\n") {
+			t.Errorf("mounter pods before the rollout %q, after %q: want one new pod", oldMounter, newMounter)
+		}
+		if h := holderPods(); h != oldHolder {
+			t.Errorf("the fd holder pod changed with the mounter's rollout: %q, then %q", oldHolder, h)
+		}
+		if l := c.podLogs("default", "streamer"); strings.Contains(l, "STREAMED") {
+			t.Errorf("the stream ended before the rollout did, so it did not span it:\n%s", l)
+		}
+		c.waitForIn(3*time.Minute, "pod streamer to finish streaming", func() (bool, string) {
+			l := c.podLogs("default", "streamer")
+			return strings.Contains(l, "READY"), l
+		})
+		l := c.podLogs("default", "streamer")
+		if strings.Contains(l, "FAILED") || !strings.Contains(l, fmt.Sprintf("STREAMED reads=%d ", reads)) {
+			t.Errorf("a read failed across the mounter's rollout:\n%s", l)
+		}
+		if !strings.Contains(l, "SUM "+wantSum+"  -") {
+			t.Errorf("the streamed bytes do not hash to the file's %s:\n%s", wantSum, l)
+		}
+		longest := regexp.MustCompile(`longest_ms=(\d+)`).FindStringSubmatch(l)
+		if longest == nil {
+			t.Errorf("no longest read in the streamer's output:\n%s", l)
+			longest = []string{"", "?"}
+		}
+		for d := range devsBefore {
+			if !fuseDevices(kubeletDir)[d] {
+				t.Errorf("FUSE file system %s under %s went with the rollout (before %v, after %v)", d, kubeletDir, devsBefore, fuseDevices(kubeletDir))
+			}
+		}
+		t.Logf("mounter rollout (rollout restart -> rollout status done) under a streaming pod: %v; longest 1 MiB read of the stream: %s ms",
+			rollout.Round(100*time.Millisecond), longest[1])
+		// A pod started after the rollout gets its volume from the new mounter.
+		c.apply(readerPod("after-rollout", ref, readScript))
+		checkReader(t, "after-rollout")
+		c.kubectl("delete", "pod", "streamer", "after-rollout", "--wait=false")
 	})
 	// The warm list ConfigMap edited: the mounter warms the version (its
 	// metric says so), and a pod started after that fetches no blob.
