@@ -15,6 +15,20 @@ import (
 type CSICmd struct {
 	Mounter CSIMounterCmd `cmd:"" help:"Hold one FUSE mount per digest on this node over one shared chunk cache; serve the node plugin on a unix socket."`
 	Node    CSINodeCmd    `cmd:"" help:"Serve the CSI Identity and Node services to kubelet, mounting through the mounter."`
+	// FDHolder is `bdnvol csi fd-holder`.
+	FDHolder CSIFDHolderCmd `cmd:"" name:"fd-holder" help:"Keep a copy of each of the mounter's FUSE descriptors, so that mounts outlive a mounter that crashes and its successor serves them."`
+}
+
+// CSIFDHolderCmd is `bdnvol csi fd-holder`.
+type CSIFDHolderCmd struct {
+	Socket      string        `default:"${fd_holder_socket}" help:"The unix socket the mounter connects to (--fd-holder)."`
+	DetachAfter time.Duration `name:"detach-after" default:"10s" help:"When stopped with no mounter connected, how long to wait for one before detaching the mounts held."`
+}
+
+// Run holds descriptors until SIGTERM.
+func (c *CSIFDHolderCmd) Run(ctx context.Context, g *Globals) error {
+	return csi.ServeFDHolder(ctx, csi.FDHolderOptions{Socket: c.Socket, DetachAfter: c.DetachAfter,
+		Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "fd-holder")})
 }
 
 // csiDirs are the flags both processes take.
@@ -40,9 +54,12 @@ type CSIMounterCmd struct {
 	Profile             string        `default:"auto" enum:"auto,off" help:"Startup profiles: auto fetches first, for each mount and warm, what the node's stored profile of the version, else its referrer, lists; off."`
 	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) at this address."`
 	MetricsDigests      bool          `name:"metrics-digests" help:"Label the mount and warm metrics with digests and references, and serve the warm status at /warm: whoever reaches --metrics-addr then learns which versions this node holds."`
+	FDHolder            string        `name:"fd-holder" placeholder:"SOCKET" help:"The fd holder's socket (bdnvol csi fd-holder; its default is ${fd_holder_socket}): mounts then survive a crash of the mounter, and a stop leaves them to the next mounter."`
+	Handoff             string        `name:"handoff-socket" placeholder:"SOCKET" help:"Where a new mounter takes this one's mounts over (default STATE-DIR/mounter-handoff.sock)."`
 }
 
-// Run serves until SIGTERM, then unmounts everything.
+// Run serves until SIGTERM, then unmounts everything (or leaves it to the
+// fd holder).
 func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 	// The global --cache-dir names the node's chunk cache, shared by every mount.
 	return csi.ServeMounter(ctx, csi.MounterConfig{
@@ -51,7 +68,7 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 		Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
 		WarmList: c.WarmList, WarmStatus: c.WarmStatus, WarmBandwidth: int64(c.WarmBandwidth),
 		WarmResolveInterval: c.WarmResolveInterval, WarmJobs: c.WarmJobs, Profile: c.Profile,
-		MetricsAddr: c.MetricsAddr, MetricsDigests: c.MetricsDigests, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter"),
+		MetricsAddr: c.MetricsAddr, MetricsDigests: c.MetricsDigests, FDHolder: c.FDHolder, Handoff: c.Handoff, Version: version, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter"),
 	})
 }
 

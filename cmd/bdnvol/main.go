@@ -21,6 +21,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/signals"
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
+	"github.com/bdnvol/bdnvol/pkg/csi"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -200,6 +201,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { exit = code }),
 		kong.Bind(&cli.Globals),
+		kong.Vars{"fd_holder_socket": csi.DefaultFDHolderSocket},
 	)
 	if err != nil {
 		fmt.Fprintln(stderr, "bdnvol:", err)

@@ -20,6 +20,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/credentials"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/warm"
@@ -41,6 +42,13 @@ type MounterOptions struct {
 	// Profile is the startup profile mode of every mount
 	// (mounts.ProfileOptions.Mode); "" uses none.
 	Profile string
+	// Handoff is the socket where a successor asks this mounter for its
+	// mounts, and where NewMounter asks a predecessor for its own ("" for
+	// no handoff).
+	Handoff string
+	// FDHolder is the socket of the fd holder (ServeFDHolder) that keeps
+	// a copy of each mount's descriptor ("" for none).
+	FDHolder string
 }
 
 // Mounter holds one FUSE mount per version (registry, repository and
@@ -49,9 +57,13 @@ type Mounter struct {
 	opt MounterOptions
 	log *slog.Logger
 
-	mu       sync.Mutex               // guards the maps
+	mu       sync.Mutex               // guards the maps and handedOver
 	served   map[string]*mounted      // by mount key (see MountKey)
 	inflight map[string]chan struct{} // mount keys being mounted; closed when done
+	// handedOver is set once a successor took the mounts: new mounts are
+	// refused.
+	handedOver bool
+	holder     *holderClient // nil without an fd holder
 }
 
 // MountKey is what mounts are keyed by: REGISTRY/REPOSITORY@DIGEST, the
@@ -80,14 +92,19 @@ func mountpointName(ref oci.Ref) string {
 
 // mounted is one version served by the mounter.
 type mounted struct {
-	info   MountInfo
-	served *mounts.Served
-	stop   context.CancelFunc // stops its prefetch
-	lease  func()             // drops the cache's record that it is mounted
+	info     MountInfo
+	conn     *lazy.Conn
+	vol      *lazy.Volume
+	held     heldMount          // what a successor or the fd holder needs
+	inHolder bool               // the fd holder has its descriptor (guarded by Mounter.mu)
+	stop     context.CancelFunc // stops its prefetch
+	lease    func()             // drops the cache's record that it is mounted
 }
 
-// NewMounter returns a mounter; it removes the mounts a previous mounter
-// left under opt.MountsDir (their server is gone).
+// NewMounter returns a mounter. It first takes over the mounts of a
+// predecessor still running (opt.Handoff) and those the fd holder keeps
+// (opt.FDHolder), and then removes the mounts a previous mounter left
+// under opt.MountsDir that it did not take over (their server is gone).
 func NewMounter(opt MounterOptions) (*Mounter, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
@@ -96,8 +113,15 @@ func NewMounter(opt MounterOptions) (*Mounter, error) {
 		return nil, fmt.Errorf("mounts dir: %w", err)
 	}
 	m := &Mounter{opt: opt, log: opt.Logger, served: map[string]*mounted{}, inflight: map[string]chan struct{}{}}
+	if opt.FDHolder != "" {
+		m.holder = &holderClient{path: opt.FDHolder}
+	}
+	taken := m.takeOver(context.Background())
 	left, _ := mounts.Under(filepath.Clean(opt.MountsDir))
 	for _, l := range left {
+		if taken[l.Mountpoint] {
+			continue
+		}
 		if err := mounts.Detach(l.Mountpoint); err != nil {
 			m.log.Warn("stale mount not removed", "path", l.Mountpoint, "error", err.Error())
 			continue
@@ -118,9 +142,13 @@ func (m *Mounter) Mount(ctx context.Context, req mountRequest) (MountInfo, error
 	key := MountKey(ref)
 	for {
 		m.mu.Lock()
+		if m.handedOver {
+			m.mu.Unlock()
+			return MountInfo{}, &kindError{kindUnavailable, errors.New("this mounter handed its mounts over to a successor")}
+		}
 		if s, ok := m.served[key]; ok {
 			select {
-			case <-s.served.Done():
+			case <-s.conn.Done():
 				delete(m.served, key) // unmounted behind our back
 				s.lease()
 			default:
@@ -156,15 +184,7 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 	if err != nil {
 		return MountInfo{}, &kindError{kindInvalid, fmt.Errorf("prefetch %q: %w", req.Prefetch, err)}
 	}
-	opt := m.opt.OCI
-	if req.Auth != nil {
-		store := credentials.NewMemoryStore()
-		store.Put(ctx, ref.Registry, auth.Credential{Username: req.Auth.Username, Password: req.Auth.Password,
-			RefreshToken: req.Auth.RefreshToken, AccessToken: req.Auth.AccessToken})
-		opt.Credentials = store
-	}
-	vol, pinned, err := mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout, Wrap: m.opt.Wrap,
-		Profile: m.profileOptions()})
+	vol, pinned, err := m.open(ctx, ref, req.Auth)
 	if err != nil {
 		return MountInfo{}, err
 	}
@@ -180,18 +200,43 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 			return MountInfo{}, err
 		}
 	}
-	s, err := mounts.Serve(mp, vol, pinned, mounts.ServeOptions{AllowOther: true})
+	conn, err := lazy.MountConn(mp, vol, lazy.ConnOptions{AllowOther: true})
 	if err != nil {
 		vol.Close()
-		return MountInfo{}, err
+		return MountInfo{}, fmt.Errorf("mount %s on %s: %w", pinned, mp, err)
 	}
+	held := heldMount{Key: MountKey(ref), Ref: req.Ref, Mountpoint: mp, Prefetch: req.Prefetch, Auth: req.Auth, Init: conn.Init()}
+	info := m.add(ref, held, vol, pinned, conn, prefetch)
+	m.log.Info("mounted", "ref", pinned, "digest", info.Digest, "path", mp)
+	info.New = true
+	return info, nil
+}
+
+// open opens the version ref pins, fetching with auth when not nil.
+func (m *Mounter) open(ctx context.Context, ref oci.Ref, cred *credential) (*lazy.Volume, string, error) {
+	opt := m.opt.OCI
+	if cred != nil {
+		store := credentials.NewMemoryStore()
+		store.Put(ctx, ref.Registry, auth.Credential{Username: cred.Username, Password: cred.Password,
+			RefreshToken: cred.RefreshToken, AccessToken: cred.AccessToken})
+		opt.Credentials = store
+	}
+	return mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout, Wrap: m.opt.Wrap,
+		Profile: m.profileOptions()})
+}
+
+// add records a mount served by conn, gives its descriptor to the fd
+// holder and starts its prefetch.
+func (m *Mounter) add(ref oci.Ref, held heldMount, vol *lazy.Volume, pinned string, conn *lazy.Conn, prefetch func(context.Context, *lazy.Volume) error) MountInfo {
 	idx := vol.Version().Index
-	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Key: MountKey(ref), Path: mp, Bytes: idx.Bytes(), Files: int64(idx.Len())}
-	lease := m.hold(vol, req.Ref, pinned, mp)
+	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Key: held.Key, Path: held.Mountpoint, Bytes: idx.Bytes(), Files: int64(idx.Len())}
+	lease := m.hold(vol, held.Ref, pinned, held.Mountpoint)
 	pctx, stop := context.WithCancel(context.Background())
+	s := &mounted{info: info, conn: conn, vol: vol, held: held, stop: stop, lease: lease}
 	m.mu.Lock()
-	m.served[MountKey(ref)] = &mounted{info: info, served: s, stop: stop, lease: lease}
+	m.served[held.Key] = s
 	m.mu.Unlock()
+	m.putHolder(s)
 	if prefetch != nil {
 		go func() {
 			if err := prefetch(pctx, vol); err != nil && pctx.Err() == nil {
@@ -199,9 +244,7 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 			}
 		}()
 	}
-	m.log.Info("mounted", "ref", pinned, "digest", info.Digest, "path", mp)
-	info.New = true
-	return info, nil
+	return info
 }
 
 // Unmount unmounts the version with mount key key (see MountKey), if
@@ -215,10 +258,11 @@ func (m *Mounter) Unmount(ctx context.Context, key string) error {
 		return nil
 	}
 	s.stop()
-	if err := s.served.Unmount(); err != nil {
+	m.dropHolder(key)
+	if err := s.conn.Unmount(unmountBusy); err != nil {
 		return err
 	}
-	s.served.Volume.Close()
+	s.vol.Close()
 	s.lease()
 	os.Remove(s.info.Path)
 	m.log.Info("unmounted", "key", key, "path", s.info.Path)
@@ -253,19 +297,39 @@ func (m *Mounter) List() []MountInfo {
 // is aborted after it.
 const stopGrace = 2 * time.Second
 
-// Close unmounts everything at once, each mount promptly (see
-// mounts.Served.Stop): a stop must not wait for pods that still bind them.
+// unmountBusy bounds Unmount's wait for a busy mount, and then for its
+// server to end.
+const unmountBusy = 5 * time.Second
+
+// Close stops serving every mount at once. A mount whose descriptor the fd
+// holder keeps stays mounted, its requests queued for the next mounter;
+// every other mount is unmounted promptly: a stop must not wait for pods
+// that still bind them.
 func (m *Mounter) Close() error {
+	leave := m.holder != nil && m.holder.ping() == nil
 	m.mu.Lock()
 	all := m.served
 	m.served = map[string]*mounted{}
+	inHolder := map[string]bool{}
+	for key, s := range all {
+		inHolder[key] = s.inHolder
+	}
 	m.mu.Unlock()
 	errs := make(chan error, len(all))
 	for key, s := range all {
 		go func() {
 			s.stop()
-			err := s.served.Stop(stopGrace)
-			s.served.Volume.Close()
+			if leave && inHolder[key] {
+				s.conn.Close()
+				s.vol.Close()
+				s.lease()
+				m.log.Info("left to the fd holder at stop", "mount", key, "path", s.info.Path)
+				errs <- nil
+				return
+			}
+			m.dropHolder(key)
+			err := s.conn.Unmount(stopGrace)
+			s.vol.Close()
 			s.lease()
 			os.Remove(s.info.Path)
 			if err != nil {

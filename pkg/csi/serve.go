@@ -18,6 +18,7 @@ import (
 // MounterConfig configures ServeMounter: the mounter process of a node.
 type MounterConfig struct {
 	Socket    string // the unix socket the node plugin calls
+	Version   string // the binary's version, logged
 	MountsDir string // where the per-digest FUSE mounts live
 	StateDir  string // where the node plugin records what it published
 	CacheDir  string // the node's chunk cache is CacheDir/chunks ("" for DefaultCacheDir)
@@ -44,7 +45,20 @@ type MounterConfig struct {
 	// address learns which versions the node holds. Off, the metrics are
 	// totals and /warm is not served.
 	MetricsDigests bool
-	Logger         *slog.Logger
+	// Handoff is the socket where a successor takes this mounter's mounts
+	// over ("" for STATE-DIR/mounter-handoff.sock).
+	Handoff string
+	// FDHolder is the fd holder's socket ("" for none; see ServeFDHolder).
+	FDHolder string
+	Logger   *slog.Logger
+}
+
+// handoffSocket is where successors ask for the mounts.
+func (c MounterConfig) handoffSocket() string {
+	if c.Handoff != "" {
+		return c.Handoff
+	}
+	return filepath.Join(c.StateDir, "mounter-handoff.sock")
 }
 
 // DefaultCacheDir is the node's cache directory when none is configured.
@@ -87,10 +101,18 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 	m, err := NewMounter(MounterOptions{
 		MountsDir: c.MountsDir, Cache: cache, OCI: c.OCI, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
 		Mirrors: c.Mirrors, Logger: log, Wrap: met.Wrap, Warmer: warmer, Profile: c.Profile,
+		Handoff: c.handoffSocket(), FDHolder: c.FDHolder,
 	})
 	if err != nil {
 		return err
 	}
+	hl, err := listenFD(c.handoffSocket())
+	if err != nil {
+		m.Close()
+		return err
+	}
+	go m.ServeHandoff(ctx, hl)
+	go m.KeepHolder(ctx, time.Second)
 	met.Mounts(func() []metrics.MountSample { return m.MountSamples(c.StateDir) }, c.MetricsDigests)
 	if warmer != nil {
 		go warmer.Run(ctx)
@@ -106,11 +128,13 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 	}
 	l, err := Listen(c.Socket)
 	if err != nil {
+		m.Close()
 		return err
 	}
 	srv := &http.Server{Handler: m.Handler()}
 	go func() { <-ctx.Done(); srv.Close() }()
-	log.Info("serving", "socket", c.Socket, "mounts_dir", c.MountsDir, "cache", cache.Dir(), "pid", os.Getpid())
+	log.Info("serving", "socket", c.Socket, "mounts_dir", c.MountsDir, "cache", cache.Dir(), "pid", os.Getpid(),
+		"handoff", c.handoffSocket(), "fd_holder", c.FDHolder, "version", c.Version)
 	if err := srv.Serve(l); err != nil && err != http.ErrServerClosed {
 		return err
 	}

@@ -1,0 +1,347 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+)
+
+// takeOver serves the mounts a predecessor still running hands over (at
+// opt.Handoff) and those the fd holder keeps that no one handed over (a
+// predecessor that crashed). It returns the mountpoints it serves.
+func (m *Mounter) takeOver(ctx context.Context) map[string]bool {
+	taken := map[string]bool{}
+	if m.opt.Handoff != "" {
+		if c, err := dialFD(m.opt.Handoff); err == nil {
+			start := time.Now()
+			got := m.receive(c, opTake)
+			c.Close()
+			n := m.resumeAll(ctx, got, taken)
+			m.log.Info("took over from the predecessor", "mounts", n, "seconds", time.Since(start).Seconds())
+		}
+	}
+	if m.holder != nil {
+		start := time.Now()
+		var got []received
+		err := m.holder.do(func(c *net.UnixConn) error {
+			got = m.receive(c, opList)
+			return nil
+		})
+		if err != nil {
+			m.log.Warn("fd holder not reached", "socket", m.opt.FDHolder, "error", err.Error())
+		} else if n := m.resumeAll(ctx, got, taken); n > 0 {
+			m.log.Info("took over from the fd holder", "mounts", n, "seconds", time.Since(start).Seconds())
+		}
+	}
+	return taken
+}
+
+// received is a mount and its master descriptor as received.
+type received struct {
+	h heldMount
+	f *os.File
+}
+
+// receive sends op (take or list) on c and returns the mounts answered.
+func (m *Mounter) receive(c *net.UnixConn, op string) []received {
+	if op == opTake {
+		if err := checkPeer(c); err != nil {
+			m.log.Warn("predecessor refused", "error", err.Error())
+			return nil
+		}
+		if err := call(c, fdMessage{Op: opHello}, nil); err != nil {
+			m.log.Warn("predecessor handoff", "error", err.Error())
+			return nil
+		}
+	}
+	if err := writeFD(c, fdMessage{Op: op}, nil); err != nil {
+		m.log.Warn("handoff", "op", op, "error", err.Error())
+		return nil
+	}
+	var out []received
+	for {
+		msg, f, err := readFD(c)
+		if err != nil {
+			m.log.Warn("handoff", "op", op, "error", err.Error())
+			return out
+		}
+		if msg.Op == opEnd {
+			break
+		}
+		if msg.Op != opMount {
+			if f != nil {
+				f.Close()
+			}
+			m.log.Warn("handoff: unexpected message", "op", msg.Op, "error", msg.Error)
+			return out
+		}
+		out = append(out, received{*msg.Mount, f})
+	}
+	if op == opTake {
+		writeFD(c, fdMessage{Op: opOK}, nil)
+	}
+	return out
+}
+
+// resumeAll serves, in parallel, each mount received that taken does not
+// hold yet; it returns how many it took.
+func (m *Mounter) resumeAll(ctx context.Context, got []received, taken map[string]bool) int {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	n := 0
+	for _, r := range got {
+		if taken[r.h.Mountpoint] {
+			r.f.Close() // a copy of a connection served already
+			continue
+		}
+		taken[r.h.Mountpoint] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.resume(ctx, r.h, r.f); err != nil {
+				m.log.Warn("a mount handed over could not be served: detaching it", "mount", r.h.String(), "error", err.Error())
+				r.f.Close()
+				mounts.Detach(r.h.Mountpoint)
+				m.dropHolder(r.h.Key)
+				return
+			}
+			mu.Lock()
+			n++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return n
+}
+
+// resume serves the mount h, whose master descriptor is f.
+func (m *Mounter) resume(ctx context.Context, h heldMount, f *os.File) error {
+	ref, err := oci.ParseRef(h.Ref)
+	if err != nil {
+		return err
+	}
+	prefetch, _ := mounts.Prefetcher(h.Prefetch)
+	vol, pinned, err := m.open(ctx, ref, h.Auth)
+	if err != nil {
+		return err
+	}
+	conn, err := lazy.ResumeConn(f, h.Init, h.Mountpoint, vol, lazy.ConnOptions{AllowOther: true})
+	if err != nil {
+		vol.Close()
+		return err
+	}
+	m.add(ref, h, vol, pinned, conn, prefetch)
+	m.log.Info("serving a mount taken over", "ref", pinned, "path", h.Mountpoint)
+	return nil
+}
+
+// ServeHandoff answers successors on l until ctx ends: the first that asks
+// gets every mount, and this mounter serves none from then on.
+func (m *Mounter) ServeHandoff(ctx context.Context, l *net.UnixListener) {
+	go func() { <-ctx.Done(); l.Close() }()
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			if err := checkPeer(c); err != nil {
+				m.log.Warn("handoff refused", "error", err.Error())
+				return
+			}
+			for {
+				msg, f, err := readFD(c)
+				if f != nil {
+					f.Close()
+				}
+				if err != nil {
+					return
+				}
+				switch msg.Op {
+				case opHello:
+					if writeFD(c, fdMessage{Op: opOK}, nil) != nil {
+						return
+					}
+				case opTake:
+					m.handOver(c)
+					return
+				default:
+					writeFD(c, fdMessage{Op: opError, Error: "unexpected " + msg.Op}, nil)
+					return
+				}
+			}
+		}()
+	}
+}
+
+// handOver drains every mount and sends it on c. A mount that cannot be
+// sent is served here again.
+func (m *Mounter) handOver(c *net.UnixConn) {
+	start := time.Now()
+	m.mu.Lock()
+	m.handedOver = true
+	all := m.served
+	m.served = map[string]*mounted{}
+	m.mu.Unlock()
+	var failed error
+	sent := 0
+	for key, s := range all {
+		s.stop()
+		s.conn.Drain()
+		if failed == nil {
+			h := s.held
+			failed = writeFD(c, fdMessage{Op: opMount, Mount: &h}, s.conn.Master())
+		}
+		if failed != nil {
+			// Serve it again: nobody else does.
+			conn, err := lazy.ResumeConn(s.conn.Master(), s.held.Init, s.held.Mountpoint, s.vol, lazy.ConnOptions{AllowOther: true})
+			if err != nil {
+				m.log.Warn("a mount not handed over could not be served again", "mount", key, "error", err.Error())
+				continue
+			}
+			s.conn = conn
+			m.mu.Lock()
+			m.served[key] = s
+			m.mu.Unlock()
+			continue
+		}
+		s.conn.Master().Close()
+		s.vol.Close()
+		s.lease()
+		sent++
+	}
+	if failed == nil {
+		failed = writeFD(c, fdMessage{Op: opEnd}, nil)
+	}
+	if failed == nil {
+		msg, f, err := readFD(c)
+		if f != nil {
+			f.Close()
+		}
+		if err == nil && msg.Op != opOK {
+			err = errors.New(msg.Op + " " + msg.Error)
+		}
+		failed = err
+	}
+	if failed != nil {
+		m.log.Warn("handoff to a successor", "sent", sent, "error", failed.Error())
+	}
+	m.log.Info("handed the mounts over to a successor", "mounts", sent, "seconds", time.Since(start).Seconds())
+}
+
+// holderClient is the mounter's connection to the fd holder; it
+// reconnects on the next call after an error.
+type holderClient struct {
+	path string
+	mu   sync.Mutex
+	c    *net.UnixConn
+	gen  int // connections made: a new one must be given every mount again
+}
+
+// do runs f on a connection to the holder, connecting first if needed;
+// the connection is dropped when f fails.
+func (h *holderClient) do(f func(c *net.UnixConn) error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.c == nil {
+		c, err := dialFD(h.path)
+		if err != nil {
+			return err
+		}
+		if err := checkPeer(c); err != nil {
+			c.Close()
+			return err
+		}
+		if err := call(c, fdMessage{Op: opHello}, nil); err != nil {
+			c.Close()
+			return err
+		}
+		h.c = c
+		h.gen++
+	}
+	if err := f(h.c); err != nil {
+		h.c.Close()
+		h.c = nil
+		return err
+	}
+	return nil
+}
+
+// ping checks the holder is there.
+func (h *holderClient) ping() error {
+	return h.do(func(c *net.UnixConn) error { return call(c, fdMessage{Op: opHello}, nil) })
+}
+
+// generation returns how many connections were made.
+func (h *holderClient) generation() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gen
+}
+
+// putHolder gives s's descriptor to the fd holder, if there is one.
+func (m *Mounter) putHolder(s *mounted) {
+	if m.holder == nil {
+		return
+	}
+	h := s.held
+	err := m.holder.do(func(c *net.UnixConn) error { return call(c, fdMessage{Op: opPut, Mount: &h}, s.conn.Master()) })
+	m.mu.Lock()
+	s.inHolder = err == nil
+	m.mu.Unlock()
+	if err != nil {
+		m.log.Warn("fd holder: mount not held", "mount", h.String(), "error", err.Error())
+	}
+}
+
+// dropHolder tells the fd holder to forget mount key.
+func (m *Mounter) dropHolder(key string) {
+	if m.holder == nil {
+		return
+	}
+	if err := m.holder.do(func(c *net.UnixConn) error { return call(c, fdMessage{Op: opDrop, Key: key}, nil) }); err != nil {
+		m.log.Warn("fd holder: mount not dropped", "mount", key, "error", err.Error())
+	}
+}
+
+// KeepHolder checks the fd holder every interval until ctx ends, and gives
+// a holder that restarted every mount again.
+func (m *Mounter) KeepHolder(ctx context.Context, interval time.Duration) {
+	if m.holder == nil {
+		return
+	}
+	seen := m.holder.generation()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := m.holder.ping(); err != nil {
+			continue
+		}
+		if g := m.holder.generation(); g != seen {
+			seen = g
+			m.mu.Lock()
+			all := make([]*mounted, 0, len(m.served))
+			for _, s := range m.served {
+				all = append(all, s)
+			}
+			m.mu.Unlock()
+			for _, s := range all {
+				m.putHolder(s)
+			}
+			m.log.Info("fd holder reconnected: mounts given again", "mounts", len(all))
+		}
+	}
+}
