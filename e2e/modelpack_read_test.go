@@ -201,3 +201,52 @@ func TestModelPackCSIOneTensor(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestModelPackVersionsGC: `versions` lists a ModelPack model tagged in a
+// repository of sealed versions, apart from them (read-only, by tag, with
+// --json entries that carry "foreign"); gc plans and deletes only sealed
+// versions: the model is not in its plan, and still pulls after gc --apply.
+func TestModelPackVersionsGC(t *testing.T) {
+	forKinds(t, []string{"distribution", "oci-layout"}, func(t *testing.T, tg target) {
+		m := mixedModel(t)
+		ref := m.push(t, tg, "mp/gc", "model") // first: a layout's index.json is written whole
+		repo := tg.repo("mp/gc")
+		v1 := pushJSON(t, repo+":v1", smallVolume(t, 31))
+		v2 := pushJSON(t, repo+":v2", smallVolume(t, 32))
+
+		out := mustRun(t, "versions", repo).stdout
+		sections := strings.SplitN(out, "\nmodels (read-only", 2)
+		if len(sections) != 2 || !strings.Contains(sections[0], v1.Digest) || !strings.Contains(sections[0], v2.Digest) ||
+			strings.Contains(sections[0], m.digest) || !strings.Contains(sections[1], m.digest) || !strings.Contains(sections[1], "modelpack") {
+			t.Fatalf("versions should list the two versions, then the model apart:\n%s", out)
+		}
+		var list []map[string]any
+		mustJSON(t, []byte(mustRun(t, "versions", "--json", repo).stdout), &list)
+		foreign := 0
+		for _, e := range list {
+			if e["foreign"] == mpArtifact {
+				foreign++
+				if e["digest"] != m.digest || len(e["tags"].([]any)) != 1 || e["tags"].([]any)[0] != "model" {
+					t.Errorf("versions --json model entry: %v", e)
+				}
+			} else if _, ok := e["sealed_tag"]; !ok {
+				t.Errorf("versions --json version entry without sealed_tag: %v", e)
+			}
+		}
+		if len(list) != 3 || foreign != 1 {
+			t.Fatalf("versions --json: %d entries, %d models; want 3 and 1:\n%v", len(list), foreign, list)
+		}
+
+		plan := mustRun(t, "gc", "--keep-last", "1", "--keep-tag", "none-such", repo)
+		if strings.Contains(plan.stdout, m.digest) || !strings.Contains(plan.stdout, v1.Digest) {
+			t.Fatalf("gc plan should delete v1 only, never name the model:\n%s", plan)
+		}
+		mustRun(t, "gc", "--apply", "--purge", "--restore-window", "0s", "--blob-grace", "0s", "--keep-last", "1", "--keep-tag", "none-such", repo)
+		dir := filepath.Join(t.TempDir(), "out")
+		mustRun(t, "pull", ref, dir)
+		checkModelTree(t, dir, m)
+		if out := mustRun(t, "versions", repo).stdout; !strings.Contains(out, m.digest) || strings.Contains(out, v1.Digest) {
+			t.Fatalf("versions after gc: want the model listed and v1 gone:\n%s", out)
+		}
+	})
+}
