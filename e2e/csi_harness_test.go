@@ -243,6 +243,12 @@ func (n *csiNode) newPod(name string) pod {
 // inline volume; secret is a docker config JSON ("" for none).
 func (n *csiNode) publish(p pod, ref, secret string) error {
 	n.t.Helper()
+	return n.publishWith(p, ref, secret, nil)
+}
+
+// publishWith is publish with more volume attributes (over the defaults).
+func (n *csiNode) publishWith(p pod, ref, secret string, attrs map[string]string) error {
+	n.t.Helper()
 	req := &csi.NodePublishVolumeRequest{
 		VolumeId:   p.volumeID,
 		TargetPath: p.target,
@@ -256,6 +262,9 @@ func (n *csiNode) publish(p pod, ref, secret string) error {
 			"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
 			"csi.storage.k8s.io/ephemeral": "true",
 		},
+	}
+	for k, v := range attrs {
+		req.VolumeContext[k] = v
 	}
 	if secret != "" {
 		req.Secrets = map[string]string{".dockerconfigjson": secret}

@@ -95,14 +95,10 @@ func TestModelPackHostile(t *testing.T) {
 	}
 }
 
-// TestModelPackMountOneTensor mounts a model whose weights are one large
-// raw layer and reads one tensor from its middle: after the mount is up,
-// the read costs at most three registry requests and at most 1.1 times the
-// tensor's bytes. (Opening reads every layer once, whole, to verify it and
-// cut it into chunks; that cost is logged.)
-func TestModelPackMountOneTensor(t *testing.T) {
-	requireFUSE(t)
-	reg := newDistribution(t)
+// bigRawModel is a model whose weights are one 256 MiB raw safetensors
+// layer of eight 32 MiB tensors (and a README): the file, the tensors'
+// offsets and sizes.
+func bigRawModel(t *testing.T) (*mpModel, []byte, []int64, []int) {
 	sizes := make([]int, 8)
 	for i := range sizes {
 		sizes[i] = 32 << 20
@@ -111,35 +107,75 @@ func TestModelPackMountOneTensor(t *testing.T) {
 	m := newModel(t, map[string][]byte{"model.safetensors": w},
 		mpLayer{mpType("weight", "raw"), w, "model.safetensors"},
 		mpLayer{mpType("doc", "raw"), []byte("# big\n"), "README.md"})
-	ref := m.push(t, target{name: "distribution", reg: reg}, "mp/big", "v1")
-	reg.ResetStats()
-	mp := mount(t, ref)
-	reg.Settle(t)
-	open := reg.Stats()
-	t.Logf("opening the mount: %d requests, %d blob bytes (the layers are %d bytes)", total(open.Requests), open.BlobBytesOut, len(w)+6)
-	reg.ResetStats()
+	return m, w, starts, sizes
+}
 
-	f, err := os.Open(filepath.Join(mp, "model.safetensors"))
+// readTensor reads tensor k of the weights file at p and checks its bytes.
+func readTensor(t *testing.T, p string, w []byte, starts []int64, sizes []int, k int) {
+	t.Helper()
+	f, err := os.Open(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	const k = 4
 	got := make([]byte, sizes[k])
 	if _, err := f.ReadAt(got, starts[k]); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, w[starts[k]:starts[k]+int64(sizes[k])]) {
-		t.Fatal("the tensor read through the mount differs from the model's")
+		t.Fatalf("tensor %d read through the mount differs from the model's", k)
 	}
-	reg.Settle(t)
-	st := reg.Stats()
-	t.Logf("one tensor of %d bytes: %d requests (%v), %d blob bytes (%.3fx)", sizes[k], total(st.Requests), st.Requests, st.BlobBytesOut, float64(st.BlobBytesOut)/float64(sizes[k]))
-	if n := total(st.Requests); n > 3 {
-		t.Errorf("reading one tensor took %d registry requests, want at most 3: %v", n, st.Requests)
+}
+
+// checkOneTensor checks what reading one tensor of n bytes cost: at most
+// three registry requests and 1.1 times its bytes.
+func checkOneTensor(t *testing.T, what string, st stats, n int) {
+	t.Helper()
+	t.Logf("%s: one tensor of %d bytes: %d requests (%v), %d blob bytes (%.3fx)", what, n, total(st.Requests), st.Requests, st.BlobBytesOut, float64(st.BlobBytesOut)/float64(n))
+	if c := total(st.Requests); c > 3 {
+		t.Errorf("%s: reading one tensor took %d registry requests, want at most 3: %v", what, c, st.Requests)
 	}
-	if st.BlobBytesOut > int64(float64(sizes[k])*1.1) {
-		t.Errorf("reading one tensor of %d bytes fetched %d bytes, more than 1.1x", sizes[k], st.BlobBytesOut)
+	if st.BlobBytesOut > int64(float64(n)*1.1) {
+		t.Errorf("%s: reading one tensor of %d bytes fetched %d bytes, more than 1.1x", what, n, st.BlobBytesOut)
+	}
+}
+
+// TestModelPackMountOneTensor mounts a model whose weights are one large
+// raw layer and reads one tensor from its middle: after the mount is up,
+// the read costs at most three registry requests and at most 1.1 times the
+// tensor's bytes. The first open reads every layer once, whole, to verify
+// it and cut it into chunks, and keeps the derived index in the cache
+// directory; a second mount (the chunk cache emptied) reads the manifest
+// and the safetensors header, no layer.
+func TestModelPackMountOneTensor(t *testing.T) {
+	requireFUSE(t)
+	reg := newDistribution(t)
+	m, w, starts, sizes := bigRawModel(t)
+	ref := m.push(t, target{name: "distribution", reg: reg}, "mp/big", "v1")
+	cache := filepath.Join(t.TempDir(), "cache")
+	for i, round := range []string{"cold", "index kept"} {
+		reg.ResetStats()
+		mp := mount(t, ref, "--cache-dir", cache)
+		reg.Settle(t)
+		open := reg.Stats()
+		t.Logf("%s: opening the mount: %d requests (%v), %d blob bytes (the layers are %d bytes)", round, total(open.Requests), open.Requests, open.BlobBytesOut, len(w)+6)
+		if i == 0 && open.BlobBytesOut < int64(len(w)) {
+			t.Errorf("cold open fetched %d bytes: the layer was not read whole", open.BlobBytesOut)
+		}
+		if i == 1 && open.BlobBytesOut > 1<<20 {
+			t.Errorf("open with the index kept fetched %d bytes, want the manifest and headers only (under 1 MiB)", open.BlobBytesOut)
+		}
+		if _, err := os.Stat(filepath.Join(cache, "indexes", "sha256-"+strings.TrimPrefix(m.digest, "sha256:"))); err != nil {
+			t.Errorf("%s: no index record kept: %v", round, err)
+		}
+		reg.ResetStats()
+		readTensor(t, filepath.Join(mp, "model.safetensors"), w, starts, sizes, 4)
+		reg.Settle(t)
+		checkOneTensor(t, round, reg.Stats(), sizes[4])
+		mustRun(t, "umount", mp)
+		if err := os.RemoveAll(filepath.Join(cache, "chunks")); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

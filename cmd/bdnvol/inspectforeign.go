@@ -11,7 +11,7 @@ import (
 
 // foreignName names a foreign artifact type for people.
 func foreignName(artifactType string) string {
-	if artifactType == modelpack.ArtifactType {
+	if artifactType == modelpack.ArtifactType || artifactType == modelpack.MediaTypeConfig {
 		return "modelpack"
 	}
 	return termsafe.Short(artifactType)

@@ -23,6 +23,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/csi"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -223,6 +224,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	})
 	defer stop()
 	kctx.BindTo(ctx, (*context.Context)(nil))
+	// ModelPack models opened by this command keep their derived file
+	// index here (the CSI mounter uses its own cache directory's).
+	modelpack.UseIndexCache(modelpack.OpenIndexCache(filepath.Join(cli.Globals.cacheDir(), "indexes"), 0))
 	if err := kctx.Run(); err != nil {
 		fmt.Fprintln(stderr, "bdnvol:", termsafe.Text(err.Error())+flagHint(err))
 		var ue usageError

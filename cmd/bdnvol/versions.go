@@ -30,6 +30,13 @@ type signedVersion struct {
 	Signature signature.Status `json:"signature"`
 }
 
+// signedModel is a ModelPack model (read-only, not a sealed version) with
+// its signature status, as versions prints it.
+type signedModel struct {
+	versions.Model
+	Signature signature.Status `json:"signature"`
+}
+
 // Run lists the versions.
 func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	ref, err := versions.ParseRepo(c.Repo, "versions")
@@ -54,9 +61,18 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
+	sealed := map[digest.Digest]bool{}
 	ds := make([]digest.Digest, len(l.Versions))
 	for i, v := range l.Versions {
 		ds[i] = v.Digest
+		sealed[v.Digest] = true
+	}
+	models, err := versions.ListModels(ctx, t, sealed)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref.Repo(), err)
+	}
+	for _, m := range models {
+		ds = append(ds, m.Digest)
 	}
 	sigs, err := signature.Statuses(ctx, t, ds, p)
 	if err != nil {
@@ -66,13 +82,33 @@ func (c *VersionsCmd) Run(ctx context.Context, g *Globals) error {
 	for i, v := range l.Versions {
 		vs[i] = signedVersion{v, sigs[i]}
 	}
+	ms := make([]signedModel, len(models))
+	for i, m := range models {
+		ms[i] = signedModel{m, sigs[len(vs)+i]}
+	}
 	if c.JSON {
-		return g.printJSON(vs)
+		out := make([]any, 0, len(vs)+len(ms))
+		for _, v := range vs {
+			out = append(out, v)
+		}
+		for _, m := range ms {
+			out = append(out, m)
+		}
+		return g.printJSON(out)
 	}
 	tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DIGEST\tSEALED\tBYTES\tFILES\tTAGS\tSIGNED")
 	for _, v := range vs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", v.Digest, v.Sealed.Format(time.RFC3339), units.Bytes(v.Bytes), v.Files, strings.Join(termsafe.Names(v.Tags), ","), v.Signature)
+	}
+	if err := tw.Flush(); err != nil || len(ms) == 0 {
+		return err
+	}
+	fmt.Fprintln(g.stdout, "\nmodels (read-only, by tag; not sealed versions: gc never deletes them)")
+	tw = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DIGEST\tFORMAT\tBYTES\tLAYERS\tTAGS\tSIGNED")
+	for _, m := range ms {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", m.Digest, foreignName(m.Foreign), units.Bytes(m.Bytes), m.Layers, strings.Join(termsafe.Names(m.Tags), ","), m.Signature)
 	}
 	return tw.Flush()
 }

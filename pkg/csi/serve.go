@@ -11,6 +11,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
+	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
@@ -72,6 +73,12 @@ func (c MounterConfig) chunksDir() string {
 	return filepath.Join(c.CacheDir, "chunks")
 }
 
+// indexesDir is where the node keeps the file indexes derived from
+// ModelPack models (see modelpack.IndexCache).
+func (c MounterConfig) indexesDir() string {
+	return filepath.Join(filepath.Dir(c.chunksDir()), "indexes")
+}
+
 // ServeMounter runs the mounter over one shared chunk cache, with its
 // warm list and metrics, until ctx ends; then it unmounts everything.
 func ServeMounter(ctx context.Context, c MounterConfig) error {
@@ -83,6 +90,7 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 	if err != nil {
 		return err
 	}
+	modelpack.UseIndexCache(modelpack.OpenIndexCache(c.indexesDir(), 0))
 	met := metrics.New()
 	met.Cache(cache)
 	var warmer *warm.Warmer

@@ -17,6 +17,7 @@ import (
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
@@ -126,9 +127,15 @@ func (f *fetchedCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Wrap returns f instrumented as source ("registry") at host: fetch
-// latency, in-flight fetches, bytes and errors.
+// latency, in-flight fetches, bytes and errors. When f fetches byte ranges
+// (oci.RangeFetcher) so does the result, instrumented the same way: a
+// reader of part of a blob through it fetches that part, not the blob.
 func (m *Metrics) Wrap(source, host string, f content.Fetcher) content.Fetcher {
-	return &fetcher{m: m, src: f, source: source, host: host}
+	w := &fetcher{m: m, src: f, source: source, host: host}
+	if rf, ok := f.(oci.RangeFetcher); ok {
+		return &rangeFetcher{fetcher: w, rf: rf}
+	}
+	return w
 }
 
 type fetcher struct {
@@ -138,18 +145,37 @@ type fetcher struct {
 }
 
 func (f *fetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	return f.instrument(desc, func() (io.ReadCloser, error) { return f.src.Fetch(ctx, desc) })
+}
+
+// instrument counts one fetch of desc made by get.
+func (f *fetcher) instrument(desc ocispec.Descriptor, get func() (io.ReadCloser, error)) (io.ReadCloser, error) {
 	g := f.m.inFlight.WithLabelValues(f.source, f.host)
 	g.Inc()
 	start := time.Now()
 	kind := kindOf(desc.MediaType)
 	f.m.regFetches.WithLabelValues(f.host, kind).Inc()
-	rc, err := f.src.Fetch(ctx, desc)
+	rc, err := get()
 	if err != nil {
 		g.Dec()
 		f.m.regErrors.WithLabelValues(f.host).Inc()
 		return nil, err
 	}
 	return &countingBody{ReadCloser: rc, f: f, kind: kind, start: start, gauge: g}, nil
+}
+
+// rangeFetcher is a fetcher whose source also fetches byte ranges.
+type rangeFetcher struct {
+	*fetcher
+	rf oci.RangeFetcher
+}
+
+var _ oci.RangeFetcher = (*rangeFetcher)(nil)
+
+// FetchRange fetches n bytes at off of desc from the source, counted as a
+// fetch of desc.
+func (f *rangeFetcher) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	return f.instrument(desc, func() (io.ReadCloser, error) { return f.rf.FetchRange(ctx, desc, off, n) })
 }
 
 // kindOf is "manifest" for manifest and index media types, else "blob".

@@ -70,6 +70,8 @@ type Map struct {
 	Files    []File
 	Index    *layout.Index
 	Pieces   map[digest.Digest]Piece
+
+	encoded []byte // Index, encoded (what an IndexCache keeps)
 }
 
 // Build reads every layer of a whole, each verified against its digest as
@@ -299,6 +301,7 @@ func (m *Map) index() (*layout.Index, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.encoded = b
 	return layout.DecodeIndex(b)
 }
 

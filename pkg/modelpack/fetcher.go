@@ -44,11 +44,7 @@ func (f *pieceFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.R
 	if desc.Size != p.Size {
 		return nil, fmt.Errorf("chunk %s: %w: %d bytes asked, the map has %d", desc.Digest, ErrInvalid, desc.Size, p.Size)
 	}
-	l := f.m.Artifact.Layers[p.Layer]
-	if rf, ok := f.src.(oci.RangeFetcher); ok && l.Packing.RangeReadable() {
-		return rf.FetchRange(ctx, l.Desc, p.Offset, p.Size)
-	}
-	return f.stream(ctx, l, p)
+	return f.piece(ctx, p)
 }
 
 // FetchRange returns n bytes at off of the chunk desc (an edge, for a lazy
@@ -60,16 +56,26 @@ func (f *pieceFetcher) FetchRange(ctx context.Context, desc ocispec.Descriptor, 
 		return nil, fmt.Errorf("chunk %s: range %d+%d: %w", desc.Digest, off, n, errors.ErrUnsupported)
 	}
 	p.Offset, p.Size = p.Offset+off, n
-	l := f.m.Artifact.Layers[p.Layer]
-	if rf, ok := f.src.(oci.RangeFetcher); ok && l.Packing.RangeReadable() {
-		return rf.FetchRange(ctx, l.Desc, p.Offset, p.Size)
-	}
-	return f.stream(ctx, l, p)
+	return f.piece(ctx, p)
 }
 
 // NoSplit tells a lazy reader to fetch each chunk with one request: a
 // chunk is one tensor, one range of a layer.
 func (f *pieceFetcher) NoSplit() bool { return true }
+
+// piece reads piece p: one range request of its layer when the layer and
+// src allow it, else (a compressed layer, a source or registry without
+// ranges) by streaming the layer.
+func (f *pieceFetcher) piece(ctx context.Context, p Piece) (io.ReadCloser, error) {
+	l := f.m.Artifact.Layers[p.Layer]
+	if rf, ok := f.src.(oci.RangeFetcher); ok && l.Packing.RangeReadable() {
+		rc, err := rf.FetchRange(ctx, l.Desc, p.Offset, p.Size)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			return rc, err
+		}
+	}
+	return f.stream(ctx, l, p)
+}
 
 // stream reads piece p by reading its layer from the start.
 func (f *pieceFetcher) stream(ctx context.Context, l Layer, p Piece) (io.ReadCloser, error) {

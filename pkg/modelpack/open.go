@@ -17,15 +17,30 @@ func init() {
 // Open reads the model whose manifest is desc into a read-only
 // layout.Version (see Build): its index lists the model's files, and its
 // ChunkSource reads each chunk out of the layers. Every layer is read once,
-// whole, and verified here.
+// whole, and verified here, unless the process's IndexCache (see
+// UseIndexCache) holds the index derived from this manifest before: then
+// only the manifest is read.
 func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*layout.Version, error) {
+	return OpenCached(ctx, src, desc, processCache.Load())
+}
+
+// OpenCached is Open with the index cache c (nil: none).
+func OpenCached(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, c *IndexCache) (*layout.Version, error) {
 	a, err := Fetch(ctx, src, desc)
 	if err != nil {
 		return nil, err
 	}
+	if c != nil {
+		if m, ok := c.Load(a); ok {
+			return m.Version(), nil
+		}
+	}
 	m, err := Build(ctx, src, a)
 	if err != nil {
 		return nil, err
+	}
+	if c != nil {
+		_ = c.Store(m) // a cache that cannot be written costs the next open a read of the layers, nothing else
 	}
 	return m.Version(), nil
 }
