@@ -80,15 +80,17 @@ func TestSyncOCIImportsAModelPackModel(t *testing.T) {
 		if tg.reg != nil {
 			st := tg.reg.Stats()
 			t.Logf("source: %d blob bytes read for layers of %d bytes (%.3fx), %d requests %v", st.BlobBytesOut, size, float64(st.BlobBytesOut)/float64(size), total(st.Requests), st.Requests)
-			// The gzip layer is read twice (listed, then streamed for its
-			// files), everything else once.
-			var gz int64
+			// A raw layer is read once. The gzip layer is read twice
+			// (listed, then streamed for its files); the tar's files are
+			// packed in path order, not the tar's, so the rest of its
+			// layer is read again to complete its hash.
+			var again int64
 			for _, l := range m.layers {
-				if strings.HasSuffix(l.mediaType, "+gzip") {
-					gz += int64(len(l.blob))
+				if strings.Contains(l.mediaType, ".tar") {
+					again += int64(len(l.blob))
 				}
 			}
-			if st.BlobBytesOut > size+gz+64<<10 {
+			if st.BlobBytesOut > size+again+128<<10 {
 				t.Errorf("read %d bytes from the source for a model of %d bytes", st.BlobBytesOut, size)
 			}
 		}

@@ -227,6 +227,13 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 		default:
 			err = s.listCompressed(ctx, t, ol)
 		}
+		if err != nil && !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, verify.ErrDigestMismatch) && ctx.Err() == nil {
+			// A tar that does not parse may be a layer damaged on its
+			// way: say so when it does not match its digest.
+			if verr := checkWhole(ctx, t, l.Desc); verr != nil {
+				err = verr
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: layer %d (%s): %w", name, i, l.Desc.Digest, err)
 		}
@@ -267,6 +274,20 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 	s.t, s.desc, s.layers, s.files = t, desc, layers, files
 	s.mu.Unlock()
 	return out, nil
+}
+
+// checkWhole streams the blob desc and returns its mismatch, if any.
+func checkWhole(ctx context.Context, t oci.Target, desc ocispec.Descriptor) error {
+	rc, err := t.Fetch(ctx, desc)
+	if err != nil {
+		return nil
+	}
+	defer rc.Close()
+	vr := verify.Reader(rc, "layer", desc)
+	if _, err := io.Copy(io.Discard, vr); err != nil && errors.Is(err, verify.ErrDigestMismatch) {
+		return err
+	}
+	return nil
 }
 
 // listTar reads the headers of an uncompressed tar layer by range, keeping
