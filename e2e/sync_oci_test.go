@@ -210,8 +210,10 @@ func TestSyncOCICorruptLayerFailsAndTagsNothing(t *testing.T) {
 // TestSyncOCIChangedReleaseUploadsTheChangedTensors imports a release of
 // a model (a raw safetensors layer, and a safetensors file in a tar layer
 // as modctl packs them) and then the next release, in which one tensor of
-// each file changed: the second import uploads within 1.05x of the changed
-// tensors' bytes, and reads from the source only the changed files.
+// of the first two files changed and the third did not: the second import
+// uploads within 1.05x of the changed tensors' bytes, and reads from the
+// source only the changed files (the raw layer that did not change has
+// the digest of a file of the first import: it is not read).
 func TestSyncOCIChangedReleaseUploadsTheChangedTensors(t *testing.T) {
 	syncEnv(t, nil)
 	src := newDistribution(t)
@@ -220,12 +222,19 @@ func TestSyncOCIChangedReleaseUploadsTheChangedTensors(t *testing.T) {
 	sizes := []int{tensor, tensor, tensor, tensor, tensor, tensor}
 	a, startsA := mpSafetensors(sizes...)
 	b, startsB := mpSafetensors(sizes...)
-	b = append([]byte(nil), b...)
+	c, startsC := mpSafetensors(tensor, tensor)
+	for i := range startsB {
+		b[startsB[i]+100] ^= 0x55 // not the tensors of a
+	}
+	for i := range startsC {
+		c[startsC[i]+200] ^= 0x33
+	}
 	release := func(tag string, a, b []byte, cfg string) {
-		files := map[string][]byte{"model-a.safetensors": a, "model-b.safetensors": b, "config.json": []byte(cfg)}
+		files := map[string][]byte{"model-a.safetensors": a, "model-b.safetensors": b, "model-c.safetensors": c, "config.json": []byte(cfg)}
 		m := newModel(t, files,
 			mpLayer{mpType("weight", "raw"), a, "model-a.safetensors"},
 			mpLayer{mpType("weight", "tar"), mpTar(t, false, mpMember{name: "model-b.safetensors", data: b}), "model-b.safetensors"},
+			mpLayer{mpType("weight", "raw"), c, "model-c.safetensors"},
 			mpLayer{mpType("weight.config", "raw"), []byte(cfg), "config.json"})
 		m.push(t, target{name: "distribution", reg: src}, "mp/llm", tag)
 	}
@@ -260,5 +269,45 @@ func TestSyncOCIChangedReleaseUploadsTheChangedTensors(t *testing.T) {
 	}
 	if got := fileContents(t, filepath.Join(dir, "model-a.safetensors")); !bytes.Equal(got, a2) {
 		t.Error("model-a.safetensors of release 2 differs from the source's")
+	}
+}
+
+// TestSyncOCIHostileModelFailsAndTagsNothing imports models whose tars hold
+// links or climb out of the root, whose paths repeat or are absolute, and
+// whose tar claims more bytes than its layer has: each import fails naming
+// the problem, and the destination gets no tag.
+func TestSyncOCIHostileModelFailsAndTagsNothing(t *testing.T) {
+	syncEnv(t, nil)
+	src := newDistribution(t)
+	tg := target{name: "distribution", reg: src}
+	short := mpTar(t, false, mpMember{name: "w", data: bytes.Repeat([]byte("x"), 4096)})
+	short = short[:1024] // the header claims 4096 bytes; 512 follow it
+	cases := []struct {
+		name, mention string
+		layers        []mpLayer
+	}{
+		{"traversal", "leaves the model's root", []mpLayer{{mpType("weight", "tar"), mpTar(t, false, mpMember{name: "../outside/keep", data: []byte("owned")}), "x"}}},
+		{"raw traversal", "leaves the model's root", []mpLayer{{mpType("weight", "raw"), []byte("owned"), "../../x/outside/keep"}}},
+		{"symlink", "is a link", []mpLayer{{mpType("weight", "tar"), mpTar(t, false, mpMember{name: "w", typ: '2', link: "../../outside"}), "w"}}},
+		{"hard link", "is a link", []mpLayer{{mpType("weight", "tar+gzip"), mpTar(t, true, mpMember{name: "w", typ: '1', link: "/etc/passwd"}), "w"}}},
+		{"duplicate", "is in layer 0 and layer 1", []mpLayer{{mpType("weight", "raw"), []byte("1"), "w"}, {mpType("doc", "raw"), []byte("2"), "./w"}}},
+		{"absolute", "is absolute", []mpLayer{{mpType("doc", "raw"), []byte("1"), "/etc/passwd"}}},
+		{"file under a file", "both a file and a directory", []mpLayer{{mpType("weight", "raw"), []byte("1"), "w"}, {mpType("doc", "raw"), []byte("2"), "w/x"}}},
+		{"short tar", "past the end of its layer", []mpLayer{{mpType("weight", "tar"), short, "w"}}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dst := newDistribution(t)
+			m := newModel(t, nil, c.layers...)
+			tag := "h" + string(rune('a'+i))
+			m.push(t, tg, "mp/hostile", tag)
+			res := run(t, "sync", "oci://"+src.Host+"/mp/hostile:"+tag, dst.Host+"/team/h:v1")
+			if res.code != 1 || !strings.Contains(res.stderr, c.mention) {
+				t.Fatalf("want exit 1 naming %q:\n%s", c.mention, res)
+			}
+			if tags := listTags(t, dst, "team/h"); len(tags) != 0 {
+				t.Errorf("the destination has tags %v after a refused import", tags)
+			}
+		})
 	}
 }
