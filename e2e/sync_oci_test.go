@@ -4,9 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/bdnvol/bdnvol/e2e/synth"
 )
@@ -309,5 +317,118 @@ func TestSyncOCIHostileModelFailsAndTagsNothing(t *testing.T) {
 				t.Errorf("the destination has tags %v after a refused import", tags)
 			}
 		})
+	}
+}
+
+// holdingProxy is a reverse proxy to a registry that holds every GET of
+// one blob until released.
+type holdingProxy struct {
+	*httptest.Server
+	mu     sync.Mutex
+	digest string
+	gate   chan struct{}
+}
+
+func newHoldingProxy(t *testing.T, reg *registry, digest string) *holdingProxy {
+	u, _ := url.Parse(reg.URL)
+	p := &holdingProxy{digest: digest, gate: make(chan struct{})}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+p.digest) {
+			select {
+			case <-p.gate:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (p *holdingProxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.gate:
+	default:
+		close(p.gate)
+	}
+}
+
+// TestSyncOCIKilledMidImportResumesThePinnedManifest starts a detached
+// import whose second weight layer the source holds back, kills the job
+// once the first is uploaded, moves the source tag to another release, and
+// resumes the job: it imports the manifest the tag named when the job was
+// created (pinned), uploading only what was missing.
+func TestSyncOCIKilledMidImportResumesThePinnedManifest(t *testing.T) {
+	syncEnv(t, nil)
+	src := newDistribution(t)
+	dst := newDistribution(t)
+	fast, _ := mpSafetensors(2<<20, 2<<20, 2<<20, 2<<20)
+	slow, starts := mpSafetensors(1<<20, 1<<20, 1<<20, 1<<20)
+	for _, s := range starts {
+		slow[s+50] = 0x77
+	}
+	files := map[string][]byte{"a.safetensors": fast, "zz.safetensors": slow}
+	m := newModel(t, files,
+		mpLayer{mpType("weight", "raw"), fast, "a.safetensors"},
+		mpLayer{mpType("weight", "raw"), slow, "zz.safetensors"})
+	m.push(t, target{name: "distribution", reg: src}, "mp/llm", "latest")
+	proxy := newHoldingProxy(t, src, digestOf(slow))
+	defer proxy.release()
+	srcRef := "oci://" + strings.TrimPrefix(proxy.URL, "http://") + "/mp/llm:latest"
+	repo := dst.Host + "/team/llm"
+
+	id := mustRun(t, "sync", "--detach", srcRef, repo+":v1").lastLine()
+	deadline := time.Now().Add(20 * time.Second)
+	for dst.Stats().BlobBytesIn < int64(len(fast)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the job uploaded %d bytes, want %d; log:\n%s", dst.Stats().BlobBytesIn, len(fast), run(t, "jobs", "logs", id).stdout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	j := syncJobByID(t, id)
+	if j.State != "RUNNING" || j.PID == 0 || j.Source != srcRef+"@"+m.digest {
+		t.Fatalf("job before the kill: %+v, want RUNNING with its source pinned to %s", j, m.digest)
+	}
+	if err := syscall.Kill(j.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for syscall.Kill(j.PID, 0) == nil {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", j.PID)); err == nil && strings.Contains(string(b), ") Z") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if j := syncJobByID(t, id); j.State != "FAILED" {
+		t.Fatalf("killed job: %+v", j)
+	}
+	if tags := listTags(t, dst, "team/llm"); len(tags) != 0 {
+		t.Fatalf("tags %v before the job finished", tags)
+	}
+
+	// The source tag moves on; the job keeps its pin.
+	other := newModel(t, map[string][]byte{"other.bin": []byte("other release")},
+		mpLayer{mpType("weight", "raw"), []byte("other release"), "other.bin"})
+	other.push(t, target{name: "distribution", reg: src}, "mp/llm", "latest")
+
+	proxy.release()
+	dst.ResetStats()
+	mustRun(t, "jobs", "resume", id)
+	ref := mustRun(t, "jobs", "wait", id).lastLine()
+	in := dst.Stats().BlobBytesIn
+	t.Logf("resumed job uploaded %d blob bytes; the held file is %d bytes, the model %d", in, len(slow), len(fast)+len(slow))
+	if in < int64(len(slow)) || in > int64(len(slow))+64<<10 {
+		t.Errorf("the resumed job uploaded %d blob bytes; want the missing %d (plus metadata)", in, len(slow))
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	mustRun(t, "pull", ref, dir)
+	checkModelTree(t, dir, m)
+	_, d, _ := strings.Cut(ref, "@")
+	if ann := rootAnnotations(t, dst, "team/llm", d); ann["io.bdnvol.source.revision"] != m.digest {
+		t.Errorf("annotations %v: want the pinned revision %s", ann, m.digest)
 	}
 }
