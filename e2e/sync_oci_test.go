@@ -204,6 +204,7 @@ func TestSyncOCICorruptLayerFailsAndTagsNothing(t *testing.T) {
 			if res.code != 1 || !strings.Contains(res.stderr, "does not match") {
 				t.Fatalf("sync of a corrupt layer: want exit 1 naming the mismatch:\n%s", res)
 			}
+			t.Logf("%s", res.stderr[strings.LastIndex(strings.TrimSpace(res.stderr), "\n")+1:])
 			if tags := listTags(t, dst, "team/bad"); len(tags) != 0 {
 				t.Errorf("the destination has tags %v after a failed import", tags)
 			}

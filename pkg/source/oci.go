@@ -28,10 +28,6 @@ import (
 // oci.LayoutPrefix but not with it is an OCI layout.
 const ociScheme = "oci://"
 
-// ErrLayerMismatch is wrapped when a layer of an OCI source does not hash
-// to its digest.
-var ErrLayerMismatch = fmt.Errorf("%w (layer)", ErrDigestMismatch)
-
 // isOCI reports whether uri names an OCI source: oci://HOST/REPO… or
 // oci:PATH….
 func isOCI(uri string) bool { return strings.HasPrefix(uri, oci.LayoutPrefix) }
@@ -525,8 +521,7 @@ func (l *ociLayer) feed(off int64, b []byte) error {
 	l.closeEmpty()
 	if l.at == l.l.Desc.Size {
 		if got := digest.NewDigest(digest.SHA256, l.h); got != l.l.Desc.Digest {
-			l.err = &MismatchError{Source: "layer", Path: string(l.l.Desc.Digest), Algorithm: "sha256", Want: l.l.Desc.Digest.Encoded(), Got: got.Encoded()}
-			l.err = fmt.Errorf("%w: %w", ErrLayerMismatch, l.err)
+			l.err = fmt.Errorf("layer %s: %w: got %s", l.l.Desc.Digest, ErrDigestMismatch, got)
 			return l.err
 		}
 	}
