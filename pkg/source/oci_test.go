@@ -3,6 +3,7 @@ package source
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
@@ -40,6 +42,13 @@ func tarOf(t *testing.T, names []string, files map[string][]byte) []byte {
 // layout's directory and the source reference.
 func ociLayoutModel(t *testing.T, layers ...[3]string) (string, string) {
 	t.Helper()
+	return ociLayoutManifest(t, modelpack.ArtifactType, modelpack.MediaTypeConfig, layers...)
+}
+
+// ociLayoutManifest is ociLayoutModel with the manifest's artifact type
+// and config media type given.
+func ociLayoutManifest(t *testing.T, artifactType, configType string, layers ...[3]string) (string, string) {
+	t.Helper()
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "layout")
 	ref, err := oci.ParseRef("oci:" + dir + ":v1")
@@ -57,8 +66,8 @@ func ociLayoutModel(t *testing.T, layers ...[3]string) (string, string) {
 		}
 		return d
 	}
-	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest, ArtifactType: modelpack.ArtifactType,
-		Config: put(modelpack.MediaTypeConfig, []byte(`{}`), nil)}
+	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest, ArtifactType: artifactType,
+		Config: put(configType, []byte(`{}`), nil)}
 	m.SchemaVersion = 2
 	for _, l := range layers {
 		m.Layers = append(m.Layers, put(l[0], []byte(l[1]), map[string]string{modelpack.AnnotationFilepath: l[2]}))
@@ -126,6 +135,46 @@ func TestOCISourceCorruptTarFileFails(t *testing.T) {
 	if !errors.Is(err, ErrDigestMismatch) {
 		t.Fatalf("import of a corrupt tar layer: %v, want ErrDigestMismatch", err)
 	}
+}
+
+// TestOCISourceImageWithCompressedLayers imports a plain OCI image (no
+// artifact type, an image config) whose layers are an uncompressed tar, a
+// gzip tar and a zstd tar: every file is in the index byte for byte, and
+// Verify passes.
+func TestOCISourceImageWithCompressedLayers(t *testing.T) {
+	files := map[string][]byte{
+		"models/w.safetensors": bytes.Repeat([]byte("w"), 400_000),
+		"models/config.json":   []byte(`{"a":1}`),
+		"code/run.py":          []byte("print(1)\n"),
+		"docs/README.md":       bytes.Repeat([]byte("readme "), 50_000),
+	}
+	plain := tarOf(t, []string{"models/w.safetensors"}, files)
+	var gz, zs bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(tarOf(t, []string{"models/config.json", "code/run.py"}, files))
+	zw.Close()
+	ze, err := zstd.NewWriter(&zs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ze.Write(tarOf(t, []string{"docs/README.md"}, files))
+	ze.Close()
+	_, ref := ociLayoutManifest(t, "", ocispec.MediaTypeImageConfig,
+		[3]string{ocispec.MediaTypeImageLayer, string(plain), ""},
+		[3]string{ocispec.MediaTypeImageLayerGzip, gz.String(), ""},
+		[3]string{ocispec.MediaTypeImageLayerZstd, zs.String(), ""})
+	src, err := Open(context.Background(), ref, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := push(t, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Verify(context.Background(), src, res.Index); err != nil {
+		t.Fatal(err)
+	}
+	checkIndex(t, res.Index, files)
 }
 
 // TestOCISourceRefs checks which references name OCI sources and that a
