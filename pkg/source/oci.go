@@ -187,6 +187,10 @@ func (s *ociSource) Revision() string {
 // Identities returns none: a file's digest (raw layers) is its identity.
 func (s *ociSource) Identities() Identities { return Identities{} }
 
+// maxDiagnosed is the largest layer whose listing error is checked
+// against its digest (by streaming it) before it is reported.
+const maxDiagnosed = 1 << 30
+
 // maxGapBytes bounds the tar bytes outside files the walk keeps, per
 // source; past it the hash of a layer is completed by streaming it.
 const maxGapBytes = 64 << 20
@@ -223,7 +227,7 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 		default:
 			err = s.listCompressed(ctx, t, ol)
 		}
-		if err != nil && !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, verify.ErrDigestMismatch) && ctx.Err() == nil {
+		if err != nil && l.Desc.Size <= maxDiagnosed && !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, verify.ErrDigestMismatch) && ctx.Err() == nil {
 			// A tar that does not parse may be a layer damaged on its
 			// way: say so when it does not match its digest.
 			if verr := checkWhole(ctx, t, l.Desc); verr != nil {
