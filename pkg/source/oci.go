@@ -2,6 +2,7 @@ package source
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -131,6 +132,9 @@ type ociFile struct {
 	sum digest.Digest
 	// inOrder is its SHA-256 as the layer's in-order hash saw it.
 	inOrder digest.Digest
+	// data is its bytes, for a file of a small tar layer the walk read
+	// whole and verified; nil otherwise.
+	data []byte
 }
 
 // gap is bytes of an uncompressed tar outside every file (headers,
@@ -191,6 +195,15 @@ func (s *ociSource) Identities() Identities { return Identities{} }
 // against its digest (by streaming it) before it is reported.
 const maxDiagnosed = 1 << 30
 
+// smallLayer is the largest tar layer (compressed or not) whose files the
+// walk keeps in memory, read once, whole, and verified: a layer of many
+// small files (code, configs) costs one request, not one per file.
+// maxSmallBytes bounds what the walk keeps so, per source.
+const (
+	smallLayer    = 4 << 20
+	maxSmallBytes = 64 << 20
+)
+
 // maxGapBytes bounds the tar bytes outside files the walk keeps, per
 // source; past it the hash of a layer is completed by streaming it.
 const maxGapBytes = 64 << 20
@@ -215,17 +228,20 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 	files := map[string]*ociFile{}
 	where := map[string]int{}
 	dirs := map[string]bool{}
-	gapBudget := int64(maxGapBytes)
+	gapBudget, memBudget := int64(maxGapBytes), int64(maxSmallBytes)
 	count := 0
 	for i, l := range a.Layers {
 		ol := &ociLayer{l: l, h: sha256.New(), fh: sha256.New()}
 		switch {
 		case l.Packing == modelpack.PackingRaw:
 			ol.files = []*ociFile{{path: l.Path, layer: ol, size: l.Desc.Size, mode: l.Mode, sum: l.Desc.Digest}}
+		case l.Packing.RangeReadable() && l.Desc.Size <= smallLayer && l.Desc.Size <= memBudget:
+			memBudget -= l.Desc.Size
+			err = s.listSmallTar(ctx, t, ol)
 		case l.Packing.RangeReadable():
 			err = s.listTar(ctx, t, ol, &gapBudget)
 		default:
-			err = s.listCompressed(ctx, t, ol)
+			err = s.listCompressed(ctx, t, ol, &memBudget)
 		}
 		if err != nil && l.Desc.Size <= maxDiagnosed && !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, verify.ErrDigestMismatch) && ctx.Err() == nil {
 			// A tar that does not parse may be a layer damaged on its
@@ -296,11 +312,21 @@ func (s *ociSource) listTar(ctx context.Context, t oci.Target, ol *ociLayer, bud
 	rs := &rangeSeeker{ctx: ctx, fetch: func(ctx context.Context, off, n int64) ([]byte, error) {
 		return s.fetchRange(ctx, t, ol.l.Desc, off, n)
 	}, size: ol.l.Desc.Size}
+	if err := listTarFrom(rs, ol); err != nil {
+		return err
+	}
+	s.keepGaps(ctx, t, ol, rs, budget)
+	return nil
+}
+
+// listTarFrom lists the regular files of the tar read through rs into
+// ol.files, at the offsets of their bytes.
+func listTarFrom(rs *rangeSeeker, ol *ociLayer) error {
 	tr := tar.NewReader(rs)
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			break
+			return nil
 		}
 		if err != nil {
 			if rs.err != nil {
@@ -323,6 +349,11 @@ func (s *ociSource) listTar(ctx context.Context, t oci.Target, ol *ociLayer, bud
 			return fmt.Errorf("%w: more than %d files", modelpack.ErrInvalid, modelpack.MaxFiles)
 		}
 	}
+}
+
+// keepGaps is the rest of listTar: the end of the archive read, and the
+// bytes outside files kept for the in-order hash.
+func (s *ociSource) keepGaps(ctx context.Context, t oci.Target, ol *ociLayer, rs *rangeSeeker, budget *int64) {
 	// The end of the archive: blocks of zeros, padding to a record.
 	if rest := ol.l.Desc.Size - rs.pos; rest > 0 && rest <= 1<<20 {
 		if b, err := s.fetchRange(ctx, t, ol.l.Desc, rs.pos, rest); err == nil {
@@ -357,12 +388,35 @@ func (s *ociSource) listTar(ctx context.Context, t oci.Target, ol *ociLayer, bud
 			break
 		}
 	}
+}
+
+// listSmallTar reads a small uncompressed tar layer whole, verifies it
+// against its digest, lists it and keeps its files' bytes.
+func (s *ociSource) listSmallTar(ctx context.Context, t oci.Target, ol *ociLayer) error {
+	b, err := s.fetchRange(ctx, t, ol.l.Desc, 0, ol.l.Desc.Size)
+	if err != nil {
+		return err
+	}
+	if got := digest.FromBytes(b); got != ol.l.Desc.Digest {
+		return fmt.Errorf("layer %s: %w: got %s", ol.l.Desc.Digest, ErrDigestMismatch, got)
+	}
+	fetch := func(_ context.Context, off, n int64) ([]byte, error) { return b[off : off+n], nil }
+	rs := &rangeSeeker{ctx: ctx, fetch: fetch, size: int64(len(b))}
+	if err := listTarFrom(rs, ol); err != nil {
+		return err
+	}
+	for _, f := range ol.files {
+		f.data = b[f.off : f.off+f.size]
+		f.sum = digest.FromBytes(f.data)
+	}
+	ol.at = ol.l.Desc.Size // verified whole
 	return nil
 }
 
 // listCompressed streams a compressed tar layer whole, verified against
-// its digest, and records the offset and SHA-256 of each of its files.
-func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLayer) error {
+// its digest, and records the offset and SHA-256 of each of its files
+// (and, for a small layer and while budget lasts, their bytes).
+func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLayer, budget *int64) error {
 	rc, err := t.Fetch(ctx, ol.l.Desc)
 	if err != nil {
 		return err
@@ -376,6 +430,8 @@ func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLay
 	defer closeFn()
 	cr := &countReader{r: r}
 	tr := tar.NewReader(cr)
+	keep := ol.l.Desc.Size <= smallLayer
+	var held int64
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -396,10 +452,21 @@ func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLay
 		}
 		f := &ociFile{path: p, layer: ol, off: cr.n, size: h.Size, mode: fileMode(h.Mode)}
 		hh := sha256.New()
-		if n, err := io.Copy(hh, tr); err != nil || n != h.Size {
+		var w io.Writer = hh
+		var kept bytes.Buffer
+		if keep && h.Size <= *budget-held {
+			w = io.MultiWriter(hh, &kept)
+		} else {
+			keep = false
+		}
+		if n, err := io.Copy(w, tr); err != nil || n != h.Size {
 			return fmt.Errorf("%s: read %d of %d bytes: %v", termsafe.Short(p), n, h.Size, err)
 		}
 		f.sum = digest.NewDigest(digest.SHA256, hh)
+		if keep {
+			f.data = kept.Bytes()
+			held += h.Size
+		}
 		ol.files = append(ol.files, f)
 		if len(ol.files) > modelpack.MaxFiles {
 			return fmt.Errorf("%w: more than %d files", modelpack.ErrInvalid, modelpack.MaxFiles)
@@ -414,6 +481,13 @@ func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLay
 	if !vr.Verified() {
 		return fmt.Errorf("%w: layer not read to its end", modelpack.ErrInvalid)
 	}
+	if !keep {
+		for _, f := range ol.files {
+			f.data = nil
+		}
+		held = 0
+	}
+	*budget -= held
 	return nil
 }
 
@@ -466,6 +540,9 @@ func (s *ociSource) Open(ctx context.Context, p string) (layout.ReadAtCloser, er
 		return nil, fmt.Errorf("%s: %s: %w (not listed by the walk)", s, p, ErrNotFound)
 	}
 	desc := f.layer.l.Desc
+	if f.data != nil {
+		return memFile{bytes.NewReader(f.data)}, nil // verified with its layer
+	}
 	if !f.layer.l.Packing.RangeReadable() {
 		sr := &streamReader{ctx: ctx, src: s, t: t, f: f}
 		return newVerifier(sr, f.size, expectSHA256(f.sum.Encoded()), s.String(), p), nil
@@ -481,6 +558,11 @@ func (s *ociSource) Open(ctx context.Context, p string) (layout.ReadAtCloser, er
 	}
 	return &layerFileReader{blockReader: br, f: f, name: s.String()}, nil
 }
+
+// memFile is a file the walk holds in memory.
+type memFile struct{ *bytes.Reader }
+
+func (memFile) Close() error { return nil }
 
 // layerFileReader reads a file of a range-readable layer, feeding the
 // layer's in-order hash.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"os"
@@ -19,6 +20,15 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
+
+// randomBytes returns n bytes that do not compress.
+func randomBytes(t *testing.T, n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
 
 // tarOf writes the files into an uncompressed tar, in the order given.
 func tarOf(t *testing.T, names []string, files map[string][]byte) []byte {
@@ -80,17 +90,19 @@ func ociLayoutManifest(t *testing.T, artifactType, configType string, layers ...
 	return dir, "oci:" + dir + ":v1"
 }
 
-// TestOCISourceTarReadOutOfOrder imports a tar layer whose files the push
-// packs in another order than the tar's (small files, in path order): the
-// layer's hash is completed by streaming its rest before Verify passes, and
-// the index holds the files byte for byte.
+// TestOCISourceTarReadOutOfOrder imports a tar layer (too large to be
+// kept in memory) whose files the push packs in another order than the
+// tar's (small files, in path order): the layer's hash is completed by
+// streaming its rest before Verify passes, and the index holds the files
+// byte for byte.
 func TestOCISourceTarReadOutOfOrder(t *testing.T) {
 	files := map[string][]byte{
-		"z.bin": bytes.Repeat([]byte("z"), 100_000),
-		"a.bin": []byte("first by path, last in the tar"),
-		"m.raw": bytes.Repeat([]byte("m"), 600_000),
+		"z.bin":   bytes.Repeat([]byte("z"), 100_000),
+		"a.bin":   []byte("first by path, after z.bin in the tar"),
+		"big.bin": randomBytes(t, 5<<20),
+		"m.raw":   bytes.Repeat([]byte("m"), 600_000),
 	}
-	tb := tarOf(t, []string{"z.bin", "a.bin"}, files)
+	tb := tarOf(t, []string{"z.bin", "a.bin", "big.bin"}, files)
 	_, ref := ociLayoutModel(t,
 		[3]string{modelpack.MediaTypeWeightTar, string(tb), "."},
 		[3]string{modelpack.MediaTypeWeightRaw, string(files["m.raw"]), "m.raw"})
@@ -115,7 +127,7 @@ func TestOCISourceTarReadOutOfOrder(t *testing.T) {
 // layer of a layout (the tar headers intact): the import fails with
 // ErrDigestMismatch, by the push or at Verify, never silently.
 func TestOCISourceCorruptTarFileFails(t *testing.T) {
-	files := map[string][]byte{"w.bin": bytes.Repeat([]byte("w"), 700_000), "c.json": []byte(`{"x":1}`)}
+	files := map[string][]byte{"w.bin": randomBytes(t, 5<<20), "c.json": []byte(`{"x":1}`)}
 	tb := tarOf(t, []string{"c.json", "w.bin"}, files)
 	dir, ref := ociLayoutModel(t, [3]string{modelpack.MediaTypeWeightTar, string(tb), "."})
 	blob := filepath.Join(dir, "blobs", "sha256", digest.FromBytes(tb).Encoded())
@@ -147,6 +159,8 @@ func TestOCISourceImageWithCompressedLayers(t *testing.T) {
 		"models/config.json":   []byte(`{"a":1}`),
 		"code/run.py":          []byte("print(1)\n"),
 		"docs/README.md":       bytes.Repeat([]byte("readme "), 50_000),
+		"data/noise.bin":       randomBytes(t, 5<<20), // a zstd layer too large to keep: streamed
+		"data/tail.txt":        []byte("after the noise"),
 	}
 	plain := tarOf(t, []string{"models/w.safetensors"}, files)
 	var gz, zs bytes.Buffer
@@ -159,10 +173,15 @@ func TestOCISourceImageWithCompressedLayers(t *testing.T) {
 	}
 	ze.Write(tarOf(t, []string{"docs/README.md"}, files))
 	ze.Close()
+	var big bytes.Buffer
+	zb, _ := zstd.NewWriter(&big)
+	zb.Write(tarOf(t, []string{"data/tail.txt", "data/noise.bin"}, files))
+	zb.Close()
 	_, ref := ociLayoutManifest(t, "", ocispec.MediaTypeImageConfig,
 		[3]string{ocispec.MediaTypeImageLayer, string(plain), ""},
 		[3]string{ocispec.MediaTypeImageLayerGzip, gz.String(), ""},
-		[3]string{ocispec.MediaTypeImageLayerZstd, zs.String(), ""})
+		[3]string{ocispec.MediaTypeImageLayerZstd, zs.String(), ""},
+		[3]string{ocispec.MediaTypeImageLayerZstd, big.String(), ""})
 	src, err := Open(context.Background(), ref, Options{})
 	if err != nil {
 		t.Fatal(err)
