@@ -10,7 +10,7 @@ import (
 
 // SyncCmd seals a remote source as a new version, as a job.
 type SyncCmd struct {
-	Source   string   `arg:"" help:"hf://ORG/REPO[@REV], hf://datasets/ORG/REPO[@REV], s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or https://HOST/FILE."`
+	Source   string   `arg:"" help:"hf://ORG/REPO[@REV], hf://datasets/ORG/REPO[@REV], s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, https://HOST/FILE, oci://HOST/REPO:TAG|@DIGEST (a ModelPack artifact or OCI image) or oci:PATH:TAG."`
 	Ref      string   `arg:"" help:"Destination: HOST/REPO[:TAG] or oci:PATH[:TAG]."`
 	Include  []string `help:"Sync only paths matching this glob (repeatable; * matches across /)."`
 	Exclude  []string `help:"Skip paths matching this glob (repeatable)."`
@@ -36,6 +36,10 @@ func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	if err := jobs.CheckSync(ctx, spec, "bdnvol/"+version); err != nil {
 		return usageError{err}
+	}
+	spec, err := jobs.Pin(ctx, spec, "bdnvol/"+version)
+	if err != nil {
+		return err
 	}
 	store, err := jobs.Open(jobs.DefaultDir())
 	if err != nil {

@@ -29,7 +29,20 @@ type SyncReport struct {
 // client in its requests.
 func (spec Spec) SourceOptions(userAgent string) source.Options {
 	return source.Options{Include: spec.Include, Exclude: spec.Exclude, Endpoint: spec.Endpoint, List: spec.List,
-		UserAgent: userAgent, AllowPrivateNetwork: spec.AllowPrivateNetwork, AllowLinkLocal: spec.AllowLinkLocal}
+		UserAgent: userAgent, AllowPrivateNetwork: spec.AllowPrivateNetwork, AllowLinkLocal: spec.AllowLinkLocal,
+		OCI: oci.Options{PlainHTTP: spec.PlainHTTP, InsecureSkipVerify: spec.InsecureSkipVerify, CAFile: spec.CAFile}}
+}
+
+// Pin pins spec's source to what it names now (an oci:// tag resolved to
+// its manifest digest, see source.Pin), for a job that imports the same
+// thing each time it runs.
+func Pin(ctx context.Context, spec Spec, userAgent string) (Spec, error) {
+	src, err := source.Pin(ctx, spec.Source, spec.SourceOptions(userAgent))
+	if err != nil {
+		return spec, err
+	}
+	spec.Source = src
+	return spec, nil
 }
 
 // CheckSync refuses a bad source or destination of spec before a job is

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
@@ -226,6 +227,22 @@ func (m *Map) readTar(ctx context.Context, r *counter, i int, l Layer) error {
 	}
 }
 
+// CheckTarEntry checks a tar header of a model layer: it returns the path
+// of a regular file, "" for a directory, and an error wrapping ErrInvalid
+// for anything else (links, devices, sparse members, unsafe paths).
+func CheckTarEntry(h *tar.Header) (string, error) { return tarEntry(h) }
+
+// Decompress returns the uncompressed content of layer l read from r
+// (bounded: a tar bomb fails with ErrInvalid) and a function that frees
+// the decompressor.
+func Decompress(l Layer, r io.Reader) (io.Reader, func(), error) {
+	c, closeFn, err := decompress(l, r)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, closeFn, nil
+}
+
 // tarEntry checks a tar header: the path of a regular file, "" for a
 // directory, an error for anything else.
 func tarEntry(h *tar.Header) (string, error) {
@@ -244,6 +261,12 @@ func tarEntry(h *tar.Header) (string, error) {
 	}
 	if h.Size < 0 || h.Size > MaxLayerBytes {
 		return "", fmt.Errorf("%w: %s claims %d bytes", ErrInvalid, termsafe.Short(p), h.Size)
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			// Its bytes in the layer are not the file's: refused.
+			return "", fmt.Errorf("%w: %s is a sparse member (PAX %s)", ErrInvalid, termsafe.Short(p), termsafe.Short(k))
+		}
 	}
 	return p, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/pathglob"
 	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // Sentinel errors, each wrapped with the source and the file it is about.
@@ -91,6 +92,9 @@ type Options struct {
 	// Buffer bounds the bytes of blocks fetched ahead, over all files;
 	// <= 0 means 256 MiB. The block a reader waits for is always fetched.
 	Buffer int64
+	// OCI says how an oci:// source's registry is reached (TLS, plain
+	// HTTP); UserAgent and Limiter above apply to it too.
+	OCI oci.Options
 }
 
 func (o Options) withDefaults() Options {
@@ -119,6 +123,8 @@ func (o Options) withDefaults() Options {
 //	s3://BUCKET[/PREFIX]              the objects under an S3 prefix
 //	gs://BUCKET[/PREFIX]              the objects under a GCS prefix
 //	https://HOST/PATH                 one file (a list of URLs with List)
+//	oci://HOST/REPO[:TAG][@DIGEST]    a ModelPack artifact or OCI image in a registry
+//	oci:PATH[:TAG][@DIGEST]           the same in an OCI layout
 //
 // Open checks the URI and sets up clients; it does not contact the source
 // (Walk does).
@@ -128,9 +134,12 @@ func Open(ctx context.Context, uri string, opt Options) (Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	if isOCI(uri) {
+		return newOCI(uri, opt, f)
+	}
 	scheme, rest, ok := strings.Cut(uri, "://")
 	if !ok {
-		return nil, fmt.Errorf("%w %q: want hf://, s3://, gs://, http:// or https://", ErrUnsupported, uri)
+		return nil, fmt.Errorf("%w %q: want hf://, s3://, gs://, http://, https://, oci:// or oci:PATH", ErrUnsupported, uri)
 	}
 	var b backend
 	switch strings.ToLower(scheme) {
@@ -279,8 +288,13 @@ func (r *remote) Open(ctx context.Context, p string) (layout.ReadAtCloser, error
 
 // Verify compares the file digests of a pushed index with the SHA-256
 // digests the source gave for its files, a second check on top of the one
-// made while reading. It returns an error naming every file that differs.
-func Verify(s Source, x *layout.Index) error {
+// made while reading (for an OCI source, it first completes the check of
+// every layer against its digest). It returns an error naming every file
+// that differs.
+func Verify(ctx context.Context, s Source, x *layout.Index) error {
+	if o, ok := s.(*ociSource); ok {
+		return o.verifyIndex(ctx, x)
+	}
 	r, ok := s.(*remote)
 	if !ok {
 		return nil

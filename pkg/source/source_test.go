@@ -84,7 +84,7 @@ func TestHubSyncsPinnedCommitVerifiedAndTokenOnlyToHub(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkIndex(t, res.Index, files)
-	if err := Verify(src, res.Index); err != nil {
+	if err := Verify(context.Background(), src, res.Index); err != nil {
 		t.Fatal(err)
 	}
 	if src.Revision() != hub.commit {

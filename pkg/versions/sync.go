@@ -82,7 +82,7 @@ func Sync(ctx context.Context, src string, dst oci.Ref, opt SyncOptions) (*Synce
 		Extra: opt.Tags,
 		Push:  push,
 		Check: func(x *layout.Index) error {
-			if err := source.Verify(s, x); err != nil {
+			if err := source.Verify(ctx, s, x); err != nil {
 				return err
 			}
 			if opt.OnVerified != nil {
