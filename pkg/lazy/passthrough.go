@@ -92,9 +92,10 @@ func (h *fuseHandle) Release(ctx context.Context) syscall.Errno {
 }
 
 // openHandle returns the handle for a new open of n and its open flags:
-// the backing file when there is one and no FUSE handle is open, else a
-// FUSE handle (and the backing file is made in the background when the
-// file's chunks are all cached).
+// when no FUSE handle is open, the backing file, made now if the file's
+// chunks are all cached and it has none yet; else a FUSE handle (and the
+// backing file is made in the background when the file's chunks are all
+// cached).
 func (n *fileNode) openHandle() (fs.FileHandle, uint32) {
 	o := &n.open
 	o.mu.Lock()
@@ -102,6 +103,9 @@ func (n *fileNode) openHandle() (fs.FileHandle, uint32) {
 	if n.t.pass.Load() && o.fuseOpens == 0 {
 		if o.back == nil {
 			o.back = n.t.v.openBacking(n.idx)
+		}
+		if o.back == nil {
+			o.back = n.t.v.assembleNow(n.idx)
 		}
 		if o.back != nil {
 			o.passOpens++
@@ -152,32 +156,64 @@ func (v *Volume) assembleAsync(i int) {
 	if !ok {
 		return
 	}
-	e := v.ver.Index.File(i)
-	for _, x := range e.Extents {
-		if !v.opt.Cache.Contains(v.ver.Chunk(x.Chunk).Digest) {
-			return
-		}
-	}
-	v.mu.Lock()
-	if v.assembling[i] || v.bg.Err() != nil {
-		v.mu.Unlock()
+	if !v.allCached(i) || !v.startAssembly(i) {
 		return
 	}
-	v.assembling[i] = true
-	v.wg.Add(1)
-	v.mu.Unlock()
 	go func() {
-		defer v.wg.Done()
-		defer func() {
-			v.mu.Lock()
-			delete(v.assembling, i)
-			v.mu.Unlock()
-		}()
+		defer v.endAssembly(i)
 		b, err := v.assemble(v.bg, i, d)
 		if err == nil {
 			b.Close() // on disk now; the next open finds it
 		}
 	}()
+}
+
+// assembleNow makes the backing file of file i and returns it open, if
+// every chunk of the file is cached and none is being made; else nil. It
+// is what lets the first open of a warm file after a mount be served by
+// passthrough: the open waits while the file's cached chunks are copied
+// (and hashed) into it.
+func (v *Volume) assembleNow(i int) *chunkcache.Backing {
+	d, ok := v.fileDesc(i)
+	if !ok || !v.allCached(i) || !v.startAssembly(i) {
+		return nil
+	}
+	defer v.endAssembly(i)
+	b, err := v.assemble(v.bg, i, d)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// allCached reports whether every chunk of file i is in the cache.
+func (v *Volume) allCached(i int) bool {
+	for _, x := range v.ver.Index.File(i).Extents {
+		if !v.opt.Cache.Contains(v.ver.Chunk(x.Chunk).Digest) {
+			return false
+		}
+	}
+	return true
+}
+
+// startAssembly marks file i as being assembled, unless it already is or
+// the volume is closing; endAssembly undoes it.
+func (v *Volume) startAssembly(i int) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.assembling[i] || v.bg.Err() != nil {
+		return false
+	}
+	v.assembling[i] = true
+	v.wg.Add(1)
+	return true
+}
+
+func (v *Volume) endAssembly(i int) {
+	v.mu.Lock()
+	delete(v.assembling, i)
+	v.mu.Unlock()
+	v.wg.Done()
 }
 
 // errNotCached is the fetcher's answer while a backing file is assembled:

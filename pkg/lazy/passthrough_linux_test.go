@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,5 +150,74 @@ func TestPassthroughFallsBack(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A file whose chunks are all cached, with no backing file yet (the cache
+// filled by reads outside the mount, as pull and warm do), is served by
+// passthrough from its first open after the mount: the open makes its
+// backing file, and no read of it is a FUSE READ.
+func TestPassthroughFromFirstOpen(t *testing.T) {
+	needFUSE(t)
+	fx := newFixture(t)
+	v := fx.open(t, t.TempDir(), Options{})
+	f, err := v.Open("big.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fx.files["big.bin"]
+	if got := readAll(t, f); !bytes.Equal(got, want) {
+		t.Fatal("wrong bytes read from the volume")
+	}
+	if s := v.opt.Cache.Stats(); s.BackingsMade != 0 {
+		t.Fatalf("stats %+v: a backing file made before the mount", s)
+	}
+	mnt := t.TempDir()
+	srv, err := Mount(mnt, v, MountOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Unmount() })
+	if srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		t.Fatal("the kernel did not grant passthrough (needs Linux 6.9 or later and root)")
+	}
+	p := filepath.Join(mnt, "big.bin")
+	readThrough(t, p, want)
+	if n := fuseReads(t, p); n != 0 {
+		t.Fatalf("%d FUSE READ requests from the first open on, want 0", n)
+	}
+	if s := v.opt.Cache.Stats(); s.BackingsMade != 1 {
+		t.Fatalf("stats %+v, want the backing file made by the first open", s)
+	}
+	// A file with a chunk not cached is still served through FUSE, and
+	// gets no backing file from its open.
+	p = filepath.Join(mnt, "model-00001-of-00001.safetensors")
+	readThrough(t, p, fx.files["model-00001-of-00001.safetensors"])
+	if fuseReads(t, p) == 0 {
+		t.Fatal("a file not cached was read without FUSE READ requests")
+	}
+}
+
+// The kernel asks FLUSH once per mount: the first close gets ENOSYS, and
+// later closes send none (two opens and closes of each of two files, read
+// through FUSE and by passthrough).
+func TestFlushAskedOnce(t *testing.T) {
+	needFUSE(t)
+	fx := newFixture(t)
+	v := fx.open(t, t.TempDir(), Options{})
+	var flushes atomic.Int64
+	mnt := t.TempDir()
+	srv, err := Mount(mnt, v, MountOptions{onFlush: func() { flushes.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Unmount() })
+	for _, name := range []string{"big.bin", "config.json"} {
+		for range 2 {
+			readThrough(t, filepath.Join(mnt, name), fx.files[name])
+		}
+	}
+	if n := flushes.Load(); n != 1 {
+		t.Fatalf("%d FLUSH requests for 4 opens and closes, want 1", n)
 	}
 }
