@@ -57,8 +57,7 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 		return nil, fmt.Errorf("layout: max layers must be at least 2")
 	}
 	s := &Sealed{Index: x}
-	empty := Blob{Desc: ocispec.DescriptorEmptyJSON, Data: ocispec.DescriptorEmptyJSON.Data}
-	empty.Desc.Data = nil
+	empty := emptyConfig()
 	switch x.Version {
 	case FormatVersion1:
 		ib, err := x.Encode()
@@ -89,26 +88,42 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	for i := range s.Chunks {
 		s.Chunks[i] = x.ChunkDescriptor(i)
 	}
+	if err := s.seal(layers, empty.Desc, x.Len(), x.Bytes(), maxLayers, extra); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// emptyConfig is the config blob of every manifest of a version.
+func emptyConfig() Blob {
+	empty := Blob{Desc: ocispec.DescriptorEmptyJSON, Data: ocispec.DescriptorEmptyJSON.Data}
+	empty.Desc.Data = nil
+	return empty
+}
+
+// seal builds the root (and parts) of s from the index blobs' descriptors
+// (layers) and s.Chunks.
+func (s *Sealed) seal(layers []ocispec.Descriptor, config ocispec.Descriptor, files int, bytes int64, maxLayers int, extra map[string]string) error {
 	ann := make(map[string]string, len(extra)+3)
 	maps.Copy(ann, extra)
-	ann[AnnotationFiles] = strconv.Itoa(x.Len())
-	ann[AnnotationBytes] = strconv.FormatInt(x.Bytes(), 10)
-	ann[AnnotationChunks] = strconv.Itoa(x.NumChunks())
+	ann[AnnotationFiles] = strconv.Itoa(files)
+	ann[AnnotationBytes] = strconv.FormatInt(bytes, 10)
+	ann[AnnotationChunks] = strconv.Itoa(len(s.Chunks))
 	layers = append(layers, s.Chunks...)
 	if len(layers) <= maxLayers {
-		m, err := manifest(ArtifactTypeVolume, empty.Desc, layers, ann)
+		m, err := manifest(ArtifactTypeVolume, config, layers, ann)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.Root = m
-		return s, nil
+		return nil
 	}
 	var parts []ocispec.Descriptor
 	for start := 0; start < len(layers); start += maxLayers {
 		end := min(start+maxLayers, len(layers))
-		m, err := manifest(ArtifactTypePart, empty.Desc, layers[start:end], nil)
+		m, err := manifest(ArtifactTypePart, config, layers[start:end], nil)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.Parts = append(s.Parts, m)
 		d := m.Desc
@@ -124,11 +139,11 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	}
 	b, err := json.Marshal(root)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.Root = blobOf(ocispec.MediaTypeImageIndex, b)
 	s.Root.Desc.ArtifactType = ArtifactTypeVolume
-	return s, nil
+	return nil
 }
 
 func manifest(artifactType string, config ocispec.Descriptor, layers []ocispec.Descriptor, ann map[string]string) (Blob, error) {
