@@ -168,23 +168,31 @@ func encodePiece(x *Index, start, end int) ([]byte, PieceRef, []Chunk, error) {
 // encodeV2 returns the top-level index and the pieces of x in format
 // version 2.
 func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error) {
+	top, pieces, _, _, err = encodeV2Pieces(x, pp)
+	return top, pieces, err
+}
+
+// encodeV2Pieces is encodeV2, also returning where each piece ends (an
+// exclusive entry number) and the pieces' references.
+func encodeV2Pieces(x *Index, pp PieceParams) (top []byte, pieces [][]byte, ends []int, refs []PieceRef, err error) {
 	if err := x.Validate(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	t := topIndex{Version: FormatVersion, Chunking: x.Chunking, Piecing: pp,
 		Entries: int64(x.Len()), Bytes: x.Bytes(), Chunks: int64(x.NumChunks()), Pieces: []PieceRef{}}
 	start := 0
-	for _, end := range cutPieces(x, pp) {
+	ends = cutPieces(x, pp)
+	for _, end := range ends {
 		b, ref, _, err := encodePiece(x, start, end)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		pieces = append(pieces, b)
 		t.Pieces = append(t.Pieces, ref)
 		start = end
 	}
 	top, err = encodeTop(&t)
-	return top, pieces, err
+	return top, pieces, ends, t.Pieces, err
 }
 
 // encodeTop encodes a top-level index, within its limit.

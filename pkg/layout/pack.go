@@ -154,7 +154,10 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		if size >= p.Min {
 			hi, lo := bits.Mul64(uint64(e.Size), threshold)
 			if hi > 0 || binary.BigEndian.Uint64(mustHex(m.dg)) < lo {
-				return closePack()
+				if err := closePack(); err != nil {
+					return err
+				}
+				b.results[i].closes = true // decided by this file alone
 			}
 		}
 		return nil

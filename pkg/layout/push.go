@@ -44,12 +44,22 @@ type PushOptions struct {
 	// FormatVersion1 writes the one-blob index (and packs small files with
 	// the chunk sizes, as version 1 did).
 	FormatVersion int
+	// Destination names the repository pushed to (oci.Ref.Repo). With a
+	// stat cache and a local source, a push remembers the pieces of the
+	// version it sealed beside the stat records (the piece memo), and a
+	// later push of the same tree to the same repository reuses each piece
+	// whose files all kept their stat keys without looking at them. ""
+	// disables the memo.
+	Destination string
 }
 
 // PushResult describes a pushed version.
 type PushResult struct {
-	Root           ocispec.Descriptor
-	RootBytes      []byte // the root manifest or index, for tagging
+	Root      ocispec.Descriptor
+	RootBytes []byte // the root manifest or index, for tagging
+	// Index is the version's file index; nil when the push reused pieces
+	// of the version before (PushOptions.Destination), which it does not
+	// hold.
 	Index          *Index
 	Files          int   // index entries
 	Bytes          int64 // file bytes
@@ -78,6 +88,7 @@ type chunkJob struct {
 type fileChunks struct {
 	digest  digest.Digest
 	extents []extentRef
+	closes  bool // a small file whose own digest closed its pack
 }
 
 type extentRef struct {
@@ -119,13 +130,9 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	} else {
 		b.packHeld = semaphore.NewWeighted(packHeldBudget)
 	}
-	allHit := true
 	for _, e := range entries {
 		if e.Type == TypeFile {
 			opt.Counters.Total.Add(e.Size)
-			if _, ok := opt.Cache.Lookup(e.Path, e.Stat); !ok {
-				allHit = false
-			}
 		}
 	}
 	opt.Cache.prune(func(p string) bool {
@@ -135,6 +142,20 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	})
 
 	up := &uploader{dst: dst, src: src, seen: map[digest.Digest]bool{}, counters: opt.Counters, buffer: b.buffer}
+	if m := b.usableMemo(ctx, dst); m != nil {
+		if cands := b.candidates(m); len(cands) > 0 {
+			return b.pushReusing(ctx, dst, up, m, cands)
+		}
+	}
+	allHit := true
+	for _, e := range entries {
+		if e.Type == TypeFile {
+			if _, ok := opt.Cache.Lookup(e.Path, e.Stat); !ok {
+				allHit = false
+				break
+			}
+		}
+	}
 	if !allHit {
 		err := up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
 			return b.chunkAll(ctx, submit)
@@ -195,6 +216,14 @@ type builder struct {
 	packHeld *semaphore.Weighted
 	entries  []Entry
 	results  []fileChunks // by entry index
+	// reused marks the entries of pieces taken from the piece memo, which
+	// are not chunked; nil when none are.
+	reused []bool
+	// memo is the piece memo of the version sealed, when pushReusing
+	// built it; memoCleanBefore tracks, as it is built, whether the pieces
+	// so far left no pack open.
+	memo            *pieceMemo
+	memoCleanBefore bool
 
 	collect bool
 	mu      sync.Mutex
@@ -231,13 +260,14 @@ func (b *builder) store(ctx context.Context, dst content.Storage, s *Sealed, up 
 }
 
 func (b *builder) result(s *Sealed, up *uploader, metaBytes int64, existed bool) *PushResult {
+	b.writeMemo(s)
 	return &PushResult{
 		Root:           s.Root.Desc,
 		RootBytes:      s.Root.Data,
 		Index:          s.Index,
-		Files:          s.Index.Len(),
-		Bytes:          s.Index.Bytes(),
-		Chunks:         s.Index.NumChunks(),
+		Files:          s.files,
+		Bytes:          s.bytes,
+		Chunks:         len(s.Chunks),
 		ChunksUploaded: up.chunks.Load(),
 		BytesUploaded:  up.bytes.Load() + metaBytes,
 		Existed:        existed,
@@ -258,9 +288,23 @@ func (b *builder) emit(submit func(chunkJob) error, j chunkJob) error {
 // in its compact form (a million entries are not held as Files first).
 // The chunk table lists chunks in order of first use.
 func (b *builder) index() (*Index, error) {
-	ent, ch := newEntries(len(b.entries)), newChunkTable(false)
+	x, err := b.indexRange(0, len(b.entries))
+	if err != nil {
+		return nil, err
+	}
+	if err := x.Validate(); err != nil {
+		return nil, err
+	}
+	return x, x.compact(false)
+}
+
+// indexRange assembles entries [lo, hi) of the walk as an index, not
+// checked.
+func (b *builder) indexRange(lo, hi int) (*Index, error) {
+	ent, ch := newEntries(hi-lo), newChunkTable(false)
 	var exts []Extent
-	for i, e := range b.entries {
+	for i := lo; i < hi; i++ {
+		e := b.entries[i]
 		f := File{Path: e.Path, Type: e.Type, Mode: e.Mode}
 		switch e.Type {
 		case TypeSymlink:
@@ -286,10 +330,7 @@ func (b *builder) index() (*Index, error) {
 	if ch.len() > 0 {
 		x.ch = ch
 	}
-	if err := x.Validate(); err != nil {
-		return nil, err
-	}
-	return x, x.compact(false)
+	return x, nil
 }
 
 // chunkIndex returns the index of c in t, adding it first if it is not

@@ -35,6 +35,13 @@ type Sealed struct {
 	Parts  []Blob // part manifests, empty for a single-manifest version
 	Root   Blob   // root manifest or root image index
 	Chunks []ocispec.Descriptor
+
+	files int   // entries of the version
+	bytes int64 // bytes of its regular files
+	// pieces are the ends (exclusive entry numbers) of the index pieces
+	// of a version 2 version, and their references.
+	pieceEnds []int
+	pieceRefs []PieceRef
 }
 
 func blobOf(mediaType string, data []byte) Blob {
@@ -66,10 +73,11 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 		}
 		s.Blobs = []Blob{blobOf(MediaTypeIndex, ib)}
 	case FormatVersion:
-		top, pieces, err := encodeV2(x, DefaultPieceParams)
+		top, pieces, ends, refs, err := encodeV2Pieces(x, DefaultPieceParams)
 		if err != nil {
 			return nil, err
 		}
+		s.pieceEnds, s.pieceRefs = ends, refs
 		s.Blobs = make([]Blob, 0, 1+len(pieces)+1)
 		s.Blobs = append(s.Blobs, blobOf(MediaTypeIndexV2, top))
 		for _, b := range pieces {
@@ -104,6 +112,7 @@ func emptyConfig() Blob {
 // seal builds the root (and parts) of s from the index blobs' descriptors
 // (layers) and s.Chunks.
 func (s *Sealed) seal(layers []ocispec.Descriptor, config ocispec.Descriptor, files int, bytes int64, maxLayers int, extra map[string]string) error {
+	s.files, s.bytes = files, bytes
 	ann := make(map[string]string, len(extra)+3)
 	maps.Copy(ann, extra)
 	ann[AnnotationFiles] = strconv.Itoa(files)
