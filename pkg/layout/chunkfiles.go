@@ -33,7 +33,7 @@ func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) err
 	g.Go(func() error {
 		defer close(large)
 		for i, e := range b.entries {
-			if e.Type != TypeFile || e.Size < b.opt.Params.Min || b.skip(i) {
+			if e.Type != TypeFile || e.Size < b.opt.Params.Min {
 				continue
 			}
 			select {

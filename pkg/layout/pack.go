@@ -154,10 +154,7 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		if size >= p.Min {
 			hi, lo := bits.Mul64(uint64(e.Size), threshold)
 			if hi > 0 || binary.BigEndian.Uint64(mustHex(m.dg)) < lo {
-				if err := closePack(); err != nil {
-					return err
-				}
-				b.results[i].closes = true // decided by this file alone
+				return closePack()
 			}
 		}
 		return nil

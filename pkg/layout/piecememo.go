@@ -18,16 +18,17 @@ import (
 
 // The piece memo (format 1), kept beside the stat records of the tree: what
 // the last push of the tree sealed, piece by piece, so that a re-push
-// reuses a piece whose files all kept their stat keys without looking at
-// them again.
+// reuses each piece whose content did not change without building,
+// checking or storing it again, and does not ask the destination for the
+// chunks that version holds.
 //
 //	header  "BDNVMEM\x00", u32 format
 //	body    uvarint-prefixed destination, root digest, uvarint root size,
 //	        uvarint-prefixed root media type, chunking (uvarint min, avg, max, pack), piecing (uvarint min,
 //	        avg, max, maxBytes), uvarint pieces, then per piece: digest,
 //	        uvarint size, uvarint-prefixed first path, uvarint entries,
-//	        uvarint bytes, 32-byte fingerprint, flags, uvarint chunks and
-//	        each chunk (as in the stat records)
+//	        uvarint bytes, 32-byte fingerprint, uvarint chunks and each
+//	        chunk (as in the stat records)
 //	trailer SHA-256 of all bytes before it, "BDNVEND\x00"
 //
 // A memo whose checksum, magic or bounds do not hold is refused: the push
@@ -43,17 +44,6 @@ const (
 // errMemo is wrapped when a piece memo is torn or corrupt.
 var errMemo = errors.New("layout: piece memo is torn or corrupt")
 
-// Piece flags in the memo.
-const (
-	// memoCleanEnd: no pack of small files runs on past the piece, and
-	// its last one was closed by its own last member (not by the size of
-	// a file after the piece).
-	memoCleanEnd = 1 << iota
-	// memoTrusted: every file of the piece had a stat key old enough to
-	// prove it unchanged (as the stat records require).
-	memoTrusted
-)
-
 // pieceMemo is what a push remembers of the version it sealed.
 type pieceMemo struct {
 	dest     string        // the destination repository
@@ -65,12 +55,11 @@ type pieceMemo struct {
 	pieces   []memoPiece
 }
 
-// memoPiece is one piece of the version: its reference, a fingerprint of
-// the walk entries it holds, and its chunk table.
+// memoPiece is one piece of the version: its reference, the fingerprint
+// of its content (pieceSum), and its chunk table.
 type memoPiece struct {
 	ref    PieceRef
 	sum    [sha256.Size]byte
-	flags  byte
 	chunks []Chunk
 }
 
@@ -138,7 +127,6 @@ func encodeMemo(w io.Writer, m *pieceMemo) error {
 		b = binary.AppendUvarint(b, uint64(p.ref.Entries))
 		b = binary.AppendUvarint(b, uint64(p.ref.Bytes))
 		b = append(b, p.sum[:]...)
-		b = append(b, p.flags)
 		b = binary.AppendUvarint(b, uint64(len(p.chunks)))
 		for _, ch := range p.chunks {
 			b = appendChunk(b, ch)
@@ -236,12 +224,11 @@ func decodeMemo(b []byte) (*pieceMemo, error) {
 	for i := range m.pieces {
 		p := &m.pieces[i]
 		p.ref = PieceRef{Digest: r.digest(), Size: r.int(), First: r.string(), Entries: r.int(), Bytes: r.int()}
-		if r.err != nil || len(r.b) < sha256.Size+1 {
+		if r.err != nil || len(r.b) < sha256.Size {
 			return nil, errMemo
 		}
 		copy(p.sum[:], r.b)
-		p.flags = r.b[sha256.Size]
-		r.b = r.b[sha256.Size+1:]
+		r.b = r.b[sha256.Size:]
 		k := r.uvarint()
 		if r.err != nil || k > uint64(len(r.b)) {
 			return nil, errMemo
@@ -265,30 +252,13 @@ func decodeMemo(b []byte) (*pieceMemo, error) {
 	return m, nil
 }
 
-// entriesSum is the fingerprint of walk entries as a piece memo keeps it:
-// each entry's path, type and mode, a regular file's size and stat key
-// (size, mtime, ctime, inode), a symlink's target.
-func entriesSum(es []Entry) [sha256.Size]byte {
-	h := sha256.New()
-	var b []byte
-	for i := range es {
-		e := &es[i]
-		b = appendString(b[:0], e.Path)
-		b = appendString(b, e.Type)
-		b = binary.AppendUvarint(b, uint64(e.Mode))
-		switch e.Type {
-		case TypeFile:
-			b = binary.AppendUvarint(b, uint64(e.Size))
-			b = binary.AppendVarint(b, e.Stat.Mtime)
-			b = binary.AppendVarint(b, e.Stat.Ctime)
-			b = binary.AppendUvarint(b, e.Stat.Ino)
-			b = binary.AppendUvarint(b, uint64(e.Stat.Size))
-		case TypeSymlink:
-			b = appendString(b, e.Target)
+// chunkSet returns the chunks of the version m describes.
+func (m *pieceMemo) chunkSet() map[digest.Digest]bool {
+	out := map[digest.Digest]bool{}
+	for _, p := range m.pieces {
+		for _, c := range p.chunks {
+			out[c.Digest] = true
 		}
-		h.Write(b)
 	}
-	var out [sha256.Size]byte
-	h.Sum(out[:0])
 	return out
 }

@@ -88,7 +88,6 @@ type chunkJob struct {
 type fileChunks struct {
 	digest  digest.Digest
 	extents []extentRef
-	closes  bool // a small file whose own digest closed its pack
 }
 
 type extentRef struct {
@@ -142,10 +141,9 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	})
 
 	up := &uploader{dst: dst, src: src, seen: map[digest.Digest]bool{}, counters: opt.Counters, buffer: b.buffer}
-	if m := b.usableMemo(ctx, dst); m != nil {
-		if cands := b.candidates(m); len(cands) > 0 {
-			return b.pushReusing(ctx, dst, up, m, cands)
-		}
+	if b.last = b.usableMemo(ctx, dst); b.last != nil {
+		// The version before is stored, so are its chunks.
+		up.stored = b.last.chunkSet()
 	}
 	allHit := true
 	for _, e := range entries {
@@ -172,11 +170,7 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 		return nil, err
 	}
 	b.collect = false
-	x, err := b.index()
-	if err != nil {
-		return nil, err
-	}
-	s, err := Seal(x, opt.MaxLayers, opt.Annotations)
+	s, err := b.sealed()
 	if err != nil {
 		return nil, err
 	}
@@ -216,14 +210,9 @@ type builder struct {
 	packHeld *semaphore.Weighted
 	entries  []Entry
 	results  []fileChunks // by entry index
-	// reused marks the entries of pieces taken from the piece memo, which
-	// are not chunked; nil when none are.
-	reused []bool
-	// memo is the piece memo of the version sealed, when pushReusing
-	// built it; memoCleanBefore tracks, as it is built, whether the pieces
-	// so far left no pack open.
-	memo            *pieceMemo
-	memoCleanBefore bool
+	// last is the piece memo of the version before, when it may be used;
+	// memo is the memo of the version sealed, when sealReusing built it.
+	last, memo *pieceMemo
 
 	collect bool
 	mu      sync.Mutex
@@ -236,15 +225,25 @@ type builder struct {
 // seal builds the index and manifests once every chunk is stored and
 // stores them.
 func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (*PushResult, error) {
-	x, err := b.index()
-	if err != nil {
-		return nil, err
-	}
-	s, err := Seal(x, b.opt.MaxLayers, b.opt.Annotations)
+	s, err := b.sealed()
 	if err != nil {
 		return nil, err
 	}
 	return b.store(ctx, dst, s, up)
+}
+
+// sealed seals the version once every file is chunked: from the pieces of
+// the version before where they did not change (the piece memo), else
+// from the whole index.
+func (b *builder) sealed() (*Sealed, error) {
+	if b.last != nil {
+		return b.sealReusing(b.last)
+	}
+	x, err := b.index()
+	if err != nil {
+		return nil, err
+	}
+	return Seal(x, b.opt.MaxLayers, b.opt.Annotations)
 }
 
 // store stores the manifests of s and saves the stat cache.

@@ -2,6 +2,8 @@ package layout
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"sort"
 
@@ -10,38 +12,22 @@ import (
 	"oras.land/oras-go/v2/content"
 )
 
-// A re-push and its piece memo. A piece is what the entries from its first
-// path on make of it: the files' results (digests, chunks) and the piece's
-// cut depend on those entries alone, once the piece starts where a piece
-// starts and no pack of small files runs into it. So a piece of the last
-// push (the memo) is sealed again as it was when
-//
-//   - its entries, with their stat keys, are the same (the fingerprint);
-//   - in the last push, no pack ran into it from the piece before, and its
-//     own last pack was closed by its own last small file (memoCleanEnd),
-//     or it was the last piece and still ends the walk;
-//   - in this push, what comes before it ends a piece where it starts and
-//     leaves no pack open there: checked after the entries between reused
-//     pieces are chunked, and a piece for which it does not hold is
-//     chunked too, over again.
-//
-// The version then is the one a push reading every file would seal, with
-// the same digest.
-
-// memoCandidate is a piece of the memo whose entries the walk still holds.
-type memoCandidate struct {
-	lo, hi int // its entries in the walk
-	piece  int // in the memo
-}
+// A re-push and the piece memo. Files are chunked as in any push (the stat
+// records give the digests of the files that kept their stat keys, and
+// the packs of those files, so none is read), then the entries are cut
+// into pieces as encodeV2 cuts them, straight from the walk and the
+// chunking results. A piece whose fingerprint (pieceSum: every entry's
+// path, type, mode, size, digest, target and extents, by chunk digest) is
+// the one a piece of the memo had, with the same first path and number of
+// entries, is that piece: its reference is reused, and it is not built,
+// checked or stored again. Chunks of the version before are not asked for
+// (its root is stored, so are they). The version is the one a push without
+// the memo seals, with the same digest.
 
 // memoOn reports whether this push keeps a piece memo.
 func (b *builder) memoOn() bool {
-	return b.opt.Destination != "" && b.opt.Cache != nil && b.opt.FormatVersion == FormatVersion &&
-		b.buffer == nil && b.opt.Previous == nil
+	return b.opt.Destination != "" && b.opt.Cache != nil && b.opt.FormatVersion == FormatVersion
 }
-
-// skip reports whether entry i is in a reused piece.
-func (b *builder) skip(i int) bool { return b.reused != nil && b.reused[i] }
 
 // usableMemo returns the memo of the last push of the tree to this
 // destination, if its version is still stored there.
@@ -63,164 +49,78 @@ func (b *builder) usableMemo(ctx context.Context, dst content.Storage) *pieceMem
 	return m
 }
 
-// candidates returns the pieces of m that the walk still holds unchanged
-// and that the last push left clean at both ends, in path order.
-func (b *builder) candidates(m *pieceMemo) []memoCandidate {
-	es := b.entries
-	var out []memoCandidate
-	for k, p := range m.pieces {
-		last := k == len(m.pieces)-1
-		if p.flags&memoTrusted == 0 || (k > 0 && m.pieces[k-1].flags&memoCleanEnd == 0) ||
-			(!last && p.flags&memoCleanEnd == 0) {
-			continue
-		}
-		lo := sort.Search(len(es), func(i int) bool { return es[i].Path >= p.ref.First })
-		hi := lo + int(p.ref.Entries)
-		if lo == len(es) || es[lo].Path != p.ref.First || hi > len(es) || (last && hi != len(es)) {
-			continue
-		}
-		if entriesSum(es[lo:hi]) != p.sum {
-			continue
-		}
-		out = append(out, memoCandidate{lo: lo, hi: hi, piece: k})
+// cutWalk returns the ends of the pieces the entries are cut into, as
+// cutPieces cuts the index they make.
+func (b *builder) cutWalk(pp PieceParams) []int {
+	var threshold uint64 = ^uint64(0)
+	if pp.Avg > pp.Min {
+		threshold = ^uint64(0) / uint64(pp.Avg-pp.Min)
 	}
-	return out
-}
-
-// pushReusing seals the version reusing the candidates of m that hold:
-// only the entries between them are chunked (and read, where the stat
-// records do not know them), and only their pieces are built and stored.
-func (b *builder) pushReusing(ctx context.Context, dst content.Storage, up *uploader, m *pieceMemo, cands []memoCandidate) (*PushResult, error) {
-	b.collect = true
-	for {
-		b.reused = make([]bool, len(b.entries))
-		for _, c := range cands {
-			for i := c.lo; i < c.hi; i++ {
-				b.reused[i] = true
-			}
-		}
-		clear(b.results)
-		b.pending = nil
-		if err := b.chunkAll(ctx, nil); err != nil {
-			return nil, err
-		}
-		keep, err := b.holding(cands)
-		if err != nil {
-			return nil, err
-		}
-		if len(keep) == len(cands) {
-			break
-		}
-		cands = keep // chunk the entries of the others too, over again
-	}
-	b.collect = false
-	s, memo, err := b.sealReusing(m, cands)
-	if err != nil {
-		return nil, err
-	}
-	var done int64
-	for _, e := range b.entries {
+	var ends []int
+	n, cost := 0, int64(0)
+	seen := map[digest.Digest]bool{}
+	for i := range b.entries {
+		e, r := &b.entries[i], &b.results[i]
+		n++
+		cost += int64(64 + len(e.Path) + len(e.Target) + 24*len(r.extents))
 		if e.Type == TypeFile {
-			done += e.Size
+			cost += int64(len(r.digest))
 		}
-	}
-	if ok, err := dst.Exists(ctx, s.Root.Desc); err == nil && ok {
-		b.opt.Counters.Processed.Store(done)
-		if err := b.opt.Cache.Save(); err != nil {
-			return nil, fmt.Errorf("save stat cache: %w", err)
-		}
-		b.memo = memo
-		return b.result(s, up, 0, true), nil
-	}
-	err = up.run(ctx, b.opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
-		for _, j := range b.pending {
-			if err := submit(j); err != nil {
-				return err
+		for _, x := range r.extents {
+			if !seen[x.chunk.Digest] {
+				seen[x.chunk.Digest] = true
+				cost += chunkCost
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	b.opt.Counters.Processed.Store(done)
-	b.memo = memo
-	return b.store(ctx, dst, s, up)
-}
-
-// region is a run of entries of this push: a reused piece of the memo, or
-// entries chunked (piece -1).
-type region struct {
-	lo, hi int
-	piece  int
-}
-
-// regions lists the reused pieces and the runs of entries between them.
-func (b *builder) regions(cands []memoCandidate) []region {
-	var out []region
-	at := 0
-	for _, c := range cands {
-		if c.lo > at {
-			out = append(out, region{at, c.lo, -1})
+		if n >= pp.Max || cost >= pp.MaxBytes || (n >= pp.Min && pathHash(e.Path) < threshold) {
+			ends = append(ends, i+1)
+			n, cost = 0, 0
+			clear(seen)
 		}
-		out = append(out, region{c.lo, c.hi, c.piece})
-		at = c.hi
 	}
-	if at < len(b.entries) {
-		out = append(out, region{at, len(b.entries), -1})
+	if n > 0 {
+		ends = append(ends, len(b.entries))
 	}
+	return ends
+}
+
+// pieceSum is the fingerprint of the piece of entries [lo, hi): what its
+// blob holds, in a form cheaper to hash than its JSON.
+func (b *builder) pieceSum(lo, hi int) [sha256.Size]byte {
+	h := sha256.New()
+	var buf []byte
+	for i := lo; i < hi; i++ {
+		e, r := &b.entries[i], &b.results[i]
+		buf = appendString(buf[:0], e.Path)
+		buf = appendString(buf, e.Type)
+		buf = binary.AppendUvarint(buf, uint64(e.Mode))
+		switch e.Type {
+		case TypeFile:
+			buf = binary.AppendUvarint(buf, uint64(e.Size))
+			buf = appendDigest(buf, r.digest)
+			buf = binary.AppendUvarint(buf, uint64(len(r.extents)))
+			for _, x := range r.extents {
+				buf = appendChunk(buf, x.chunk)
+				buf = binary.AppendUvarint(buf, uint64(x.off))
+				buf = binary.AppendUvarint(buf, uint64(x.length))
+			}
+		case TypeSymlink:
+			buf = appendString(buf, e.Target)
+		}
+		h.Write(buf)
+	}
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
 	return out
 }
 
-// smallPacked reports whether entry i is a small file in a pack.
-func (b *builder) smallPacked(i int) bool {
-	e := &b.entries[i]
-	return e.Type == TypeFile && e.Size > 0 && e.Size < b.opt.Params.Min
-}
-
-// holding returns the candidates that the chunked runs before them leave
-// as they were: a run ends where its last piece was cut by the rule, and
-// with no pack open.
-func (b *builder) holding(cands []memoCandidate) ([]memoCandidate, error) {
-	rs := b.regions(cands)
-	drop := map[int]bool{} // by the candidate's first entry
-	for _, r := range rs {
-		if r.piece >= 0 || r.hi == len(b.entries) {
-			continue
-		}
-		x, err := b.indexRange(r.lo, r.hi)
-		if err != nil {
-			return nil, err
-		}
-		if _, rule := cutPiecesRule(x, DefaultPieceParams); !rule || !b.packClosed(r.lo, r.hi) {
-			drop[r.hi] = true
-		}
+// sealReusing seals the version from the chunking results, reusing the
+// pieces of m that did not change, and keeps the memo of it.
+func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
+	byFirst := make(map[string]int, len(m.pieces))
+	for k, p := range m.pieces {
+		byFirst[p.ref.First] = k
 	}
-	out := cands[:0:0]
-	for _, c := range cands {
-		if !drop[c.lo] {
-			out = append(out, c)
-		}
-	}
-	return out, nil
-}
-
-// packClosed reports whether the chunked entries [lo, hi) leave no pack
-// open: their last small file closed its pack by itself (or they hold
-// none, and what comes before them, the start or a reused piece, left
-// none).
-func (b *builder) packClosed(lo, hi int) bool {
-	for i := hi - 1; i >= lo; i-- {
-		if b.smallPacked(i) {
-			return b.results[i].closes
-		}
-	}
-	return true
-}
-
-// sealReusing seals the version from the reused pieces and the pieces of
-// the runs between them, and returns the memo of it.
-func (b *builder) sealReusing(m *pieceMemo, cands []memoCandidate) (*Sealed, *pieceMemo, error) {
 	var (
 		refs   []PieceRef
 		blobs  []Blob
@@ -236,51 +136,52 @@ func (b *builder) sealReusing(m *pieceMemo, cands []memoCandidate) (*Sealed, *pi
 			}
 		}
 	}
-	b.memoCleanBefore = true
-	for _, r := range b.regions(cands) {
-		if r.piece >= 0 {
-			p := m.pieces[r.piece]
+	start := 0
+	for _, end := range b.cutWalk(DefaultPieceParams) {
+		sum := b.pieceSum(start, end)
+		if k, ok := byFirst[b.entries[start].Path]; ok && m.pieces[k].sum == sum && m.pieces[k].ref.Entries == int64(end-start) {
+			p := m.pieces[k]
 			refs = append(refs, p.ref)
 			addChunks(p.chunks)
 			memo.pieces = append(memo.pieces, p)
-			b.memoCleanBefore = p.flags&memoCleanEnd != 0
+			start = end
 			continue
 		}
-		x, err := b.indexRange(r.lo, r.hi)
+		x, err := b.indexRange(start, end)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if err := b.checkRange(x); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		start := 0
-		for _, end := range cutPieces(x, DefaultPieceParams) {
-			data, ref, cs, err := encodePiece(x, start, end)
-			if err != nil {
-				return nil, nil, err
-			}
-			blobs = append(blobs, blobOf(MediaTypePiece, data))
-			refs = append(refs, ref)
-			addChunks(cs)
-			memo.pieces = append(memo.pieces, b.memoPiece(r.lo+start, r.lo+end, ref, cs))
-			start = end
+		data, ref, cs, err := encodePiece(x, 0, end-start)
+		if err != nil {
+			return nil, err
 		}
+		blobs = append(blobs, blobOf(MediaTypePiece, data))
+		refs = append(refs, ref)
+		addChunks(cs)
+		memo.pieces = append(memo.pieces, memoPiece{ref: ref, sum: sum, chunks: cs})
+		start = end
 	}
 	t := topIndex{Version: FormatVersion, Chunking: b.opt.Params, Piecing: DefaultPieceParams,
 		Chunks: int64(len(chunks)), Pieces: refs}
+	if t.Pieces == nil {
+		t.Pieces = []PieceRef{}
+	}
 	for _, r := range refs {
 		t.Entries += r.Entries
 		t.Bytes += r.Bytes
 	}
 	if t.Entries != int64(len(b.entries)) {
-		return nil, nil, fmt.Errorf("layout: reused pieces hold %d entries, the walk %d", t.Entries, len(b.entries))
+		return nil, fmt.Errorf("layout: pieces hold %d entries, the walk %d", t.Entries, len(b.entries))
 	}
 	if t.Entries > MaxEntries || t.Chunks > MaxChunks {
-		return nil, nil, invalid("%d entries and %d chunks exceed the limits", t.Entries, t.Chunks)
+		return nil, invalid("%d entries and %d chunks exceed the limits", t.Entries, t.Chunks)
 	}
 	top, err := encodeTop(&t)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	empty := emptyConfig()
 	s := &Sealed{Chunks: chunks}
@@ -294,10 +195,14 @@ func (b *builder) sealReusing(m *pieceMemo, cands []memoCandidate) (*Sealed, *pi
 	if maxLayers <= 0 {
 		maxLayers = DefaultMaxLayers
 	}
-	if err := s.seal(layers, empty.Desc, int(t.Entries), t.Bytes, maxLayers, b.opt.Annotations); err != nil {
-		return nil, nil, err
+	if maxLayers < 2 {
+		return nil, fmt.Errorf("layout: max layers must be at least 2")
 	}
-	return s, memo, nil
+	if err := s.seal(layers, empty.Desc, int(t.Entries), t.Bytes, maxLayers, b.opt.Annotations); err != nil {
+		return nil, err
+	}
+	b.memo = memo
+	return s, nil
 }
 
 // checkRange checks the entries of x, a run of the walk, as Validate
@@ -322,35 +227,9 @@ func (b *builder) checkRange(x *Index) error {
 	return nil
 }
 
-// memoPiece describes the piece of entries [lo, hi) of the walk for the
-// memo.
-func (b *builder) memoPiece(lo, hi int, ref PieceRef, chunks []Chunk) memoPiece {
-	p := memoPiece{ref: ref, sum: entriesSum(b.entries[lo:hi]), chunks: chunks, flags: memoTrusted}
-	since := b.opt.Cache.since
-	for i := lo; i < hi; i++ {
-		if e := &b.entries[i]; e.Type == TypeFile && (e.Stat.Mtime >= since || e.Stat.Ctime >= since) {
-			p.flags &^= memoTrusted // may still change within the clock's resolution
-			break
-		}
-	}
-	// A piece with no small file leaves packs as the piece before did.
-	closed := b.memoCleanBefore
-	for i := lo; i < hi; i++ {
-		if b.smallPacked(i) {
-			closed = b.results[i].closes
-		}
-	}
-	if closed {
-		p.flags |= memoCleanEnd
-	}
-	b.memoCleanBefore = closed
-	return p
-}
-
-// writeMemo keeps the memo of the version s sealed (the one pushReusing
-// built, or one of every piece of s), or drops the memo when this push
-// keeps none. A memo that cannot be written is dropped: it only saves
-// work.
+// writeMemo keeps the memo of the version s sealed (the one sealReusing
+// built, or one of every piece of s), or drops the memo when s has no
+// pieces. A memo that cannot be written is dropped: it only saves work.
 func (b *builder) writeMemo(s *Sealed) {
 	if !b.memoOn() {
 		return
@@ -362,10 +241,10 @@ func (b *builder) writeMemo(s *Sealed) {
 			return
 		}
 		m = &pieceMemo{dest: b.opt.Destination, chunking: b.opt.Params, piecing: DefaultPieceParams}
-		b.memoCleanBefore = true
 		start := 0
 		for k, end := range s.pieceEnds {
-			m.pieces = append(m.pieces, b.memoPiece(start, end, s.pieceRefs[k], pieceChunks(s.Index, start, end)))
+			m.pieces = append(m.pieces, memoPiece{ref: s.pieceRefs[k], sum: b.pieceSum(start, end),
+				chunks: pieceChunks(s.Index, start, end)})
 			start = end
 		}
 	}

@@ -48,7 +48,7 @@ func (b *builder) readSmallAhead(ctx context.Context, limit int64, fn func(*smal
 		defer close(order)
 		defer close(jobs)
 		for i, e := range b.entries {
-			if e.Type != TypeFile || e.Size >= limit || b.skip(i) {
+			if e.Type != TypeFile || e.Size >= limit {
 				continue
 			}
 			if ahead.Acquire(ctx, min(e.Size, smallAhead)) != nil {
