@@ -67,6 +67,10 @@ type PushResult struct {
 	ChunksUploaded int64
 	BytesUploaded  int64 // chunk and metadata bytes actually uploaded
 	Existed        bool  // the version was already stored
+	// PiecesReused are the index pieces taken from the version before
+	// unchanged (the piece memo), not built or stored again; PiecesBuilt
+	// the others.
+	PiecesReused, PiecesBuilt int
 }
 
 // section is a run of a file of the source.
@@ -270,6 +274,8 @@ func (b *builder) result(s *Sealed, up *uploader, metaBytes int64, existed bool)
 		ChunksUploaded: up.chunks.Load(),
 		BytesUploaded:  up.bytes.Load() + metaBytes,
 		Existed:        existed,
+		PiecesReused:   s.reused,
+		PiecesBuilt:    len(s.pieceRefs) - s.reused,
 	}
 }
 

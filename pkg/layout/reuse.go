@@ -127,6 +127,7 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 		memo   = &pieceMemo{dest: b.opt.Destination, chunking: b.opt.Params, piecing: DefaultPieceParams}
 		chunks []ocispec.Descriptor
 		seen   = map[digest.Digest]bool{}
+		reused int
 	)
 	addChunks := func(cs []Chunk) {
 		for _, c := range cs {
@@ -141,6 +142,7 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 		sum := b.pieceSum(start, end)
 		if k, ok := byFirst[b.entries[start].Path]; ok && m.pieces[k].sum == sum && m.pieces[k].ref.Entries == int64(end-start) {
 			p := m.pieces[k]
+			reused++
 			refs = append(refs, p.ref)
 			addChunks(p.chunks)
 			memo.pieces = append(memo.pieces, p)
@@ -184,7 +186,7 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 		return nil, err
 	}
 	empty := emptyConfig()
-	s := &Sealed{Chunks: chunks}
+	s := &Sealed{Chunks: chunks, pieceRefs: refs, reused: reused}
 	s.Blobs = append(append([]Blob{blobOf(MediaTypeIndexV2, top)}, blobs...), empty)
 	layers := make([]ocispec.Descriptor, 0, 1+len(refs))
 	layers = append(layers, s.Blobs[0].Desc)

@@ -42,6 +42,7 @@ type Sealed struct {
 	// of a version 2 version, and their references.
 	pieceEnds []int
 	pieceRefs []PieceRef
+	reused    int // pieces of pieceRefs taken from a piece memo
 }
 
 func blobOf(mediaType string, data []byte) Blob {
