@@ -49,11 +49,12 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 		Tag:   ref.Tag,
 		Extra: c.Tag,
 		Push: layout.PushOptions{
-			Params:    params,
-			MaxLayers: c.MaxLayers,
-			Jobs:      c.Jobs,
-			Cache:     layout.OpenStatCache(g.cacheDir(), c.Dir, params),
-			Counters:  counters,
+			Params:      params,
+			MaxLayers:   c.MaxLayers,
+			Jobs:        c.Jobs,
+			Cache:       layout.OpenStatCache(g.cacheDir(), c.Dir, params),
+			Counters:    counters,
+			Destination: ref.Repo(),
 		},
 	})
 	stop()

@@ -92,6 +92,14 @@ const chunkCost = 240
 
 // cutPieces returns the ends (exclusive entry indices) of the pieces of x.
 func cutPieces(x *Index, pp PieceParams) []int {
+	ends, _ := cutPiecesRule(x, pp)
+	return ends
+}
+
+// cutPiecesRule is cutPieces, also reporting whether the last piece ended
+// by the cutting rule (not because the entries ran out), so that what
+// follows x would start a piece of its own.
+func cutPiecesRule(x *Index, pp PieceParams) ([]int, bool) {
 	var threshold uint64 = ^uint64(0)
 	if pp.Avg > pp.Min {
 		threshold = ^uint64(0) / uint64(pp.Avg-pp.Min)
@@ -117,61 +125,86 @@ func cutPieces(x *Index, pp PieceParams) []int {
 	}
 	if n > 0 {
 		ends = append(ends, x.Len())
+		return ends, false
 	}
-	return ends
+	return ends, true
+}
+
+// encodePiece encodes entries [start, end) of x as a piece blob, with its
+// reference and its chunk table (in order of first use in the piece).
+func encodePiece(x *Index, start, end int) ([]byte, PieceRef, []Chunk, error) {
+	p := piece{Chunks: []Chunk{}, Files: make([]File, end-start)}
+	local := map[int]int{}
+	var bytes int64
+	for i := start; i < end; i++ {
+		f := x.File(i)
+		bytes += f.Size
+		if len(f.Extents) > 0 {
+			exts := make([]Extent, len(f.Extents))
+			for k, e := range f.Extents {
+				l, ok := local[e.Chunk]
+				if !ok {
+					l = len(p.Chunks)
+					local[e.Chunk] = l
+					p.Chunks = append(p.Chunks, x.Chunk(e.Chunk))
+				}
+				exts[k] = Extent{Chunk: l, Offset: e.Offset, Length: e.Length}
+			}
+			f.Extents = exts
+		}
+		p.Files[i-start] = f
+	}
+	b, err := canonicalJSON(p)
+	if err != nil {
+		return nil, PieceRef{}, nil, err
+	}
+	if len(b) > MaxPieceBytes {
+		return nil, PieceRef{}, nil, fmt.Errorf("layout: index piece of %d bytes at %q exceeds %d", len(b), p.Files[0].Path, MaxPieceBytes)
+	}
+	ref := PieceRef{Digest: digest.FromBytes(b), Size: int64(len(b)), First: p.Files[0].Path, Entries: int64(end - start), Bytes: bytes}
+	return b, ref, p.Chunks, nil
 }
 
 // encodeV2 returns the top-level index and the pieces of x in format
 // version 2.
 func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error) {
+	top, pieces, _, _, err = encodeV2Pieces(x, pp)
+	return top, pieces, err
+}
+
+// encodeV2Pieces is encodeV2, also returning where each piece ends (an
+// exclusive entry number) and the pieces' references.
+func encodeV2Pieces(x *Index, pp PieceParams) (top []byte, pieces [][]byte, ends []int, refs []PieceRef, err error) {
 	if err := x.Validate(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	t := topIndex{Version: FormatVersion, Chunking: x.Chunking, Piecing: pp,
 		Entries: int64(x.Len()), Bytes: x.Bytes(), Chunks: int64(x.NumChunks()), Pieces: []PieceRef{}}
 	start := 0
-	for _, end := range cutPieces(x, pp) {
-		p := piece{Chunks: []Chunk{}, Files: make([]File, end-start)}
-		local := map[int]int{}
-		var bytes int64
-		for i := start; i < end; i++ {
-			f := x.File(i)
-			bytes += f.Size
-			if len(f.Extents) > 0 {
-				exts := make([]Extent, len(f.Extents))
-				for k, e := range f.Extents {
-					l, ok := local[e.Chunk]
-					if !ok {
-						l = len(p.Chunks)
-						local[e.Chunk] = l
-						p.Chunks = append(p.Chunks, x.Chunk(e.Chunk))
-					}
-					exts[k] = Extent{Chunk: l, Offset: e.Offset, Length: e.Length}
-				}
-				f.Extents = exts
-			}
-			p.Files[i-start] = f
-		}
-		b, err := canonicalJSON(p)
+	ends = cutPieces(x, pp)
+	for _, end := range ends {
+		b, ref, _, err := encodePiece(x, start, end)
 		if err != nil {
-			return nil, nil, err
-		}
-		if len(b) > MaxPieceBytes {
-			return nil, nil, fmt.Errorf("layout: index piece of %d bytes at %q exceeds %d", len(b), p.Files[0].Path, MaxPieceBytes)
+			return nil, nil, nil, nil, err
 		}
 		pieces = append(pieces, b)
-		t.Pieces = append(t.Pieces, PieceRef{Digest: digest.FromBytes(b), Size: int64(len(b)),
-			First: p.Files[0].Path, Entries: int64(end - start), Bytes: bytes})
+		t.Pieces = append(t.Pieces, ref)
 		start = end
 	}
-	top, err = canonicalJSON(t)
+	top, err = encodeTop(&t)
+	return top, pieces, ends, t.Pieces, err
+}
+
+// encodeTop encodes a top-level index, within its limit.
+func encodeTop(t *topIndex) ([]byte, error) {
+	top, err := canonicalJSON(t)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if len(top) > MaxTopIndexBytes {
-		return nil, nil, fmt.Errorf("layout: top-level index of %d bytes exceeds %d", len(top), MaxTopIndexBytes)
+		return nil, fmt.Errorf("layout: top-level index of %d bytes exceeds %d", len(top), MaxTopIndexBytes)
 	}
-	return top, pieces, nil
+	return top, nil
 }
 
 // strictDecode decodes b into v refusing unknown fields and trailing data,

@@ -44,12 +44,22 @@ type PushOptions struct {
 	// FormatVersion1 writes the one-blob index (and packs small files with
 	// the chunk sizes, as version 1 did).
 	FormatVersion int
+	// Destination names the repository pushed to (oci.Ref.Repo). With a
+	// stat cache and a local source, a push remembers the pieces of the
+	// version it sealed beside the stat records (the piece memo), and a
+	// later push of the same tree to the same repository reuses each piece
+	// whose files all kept their stat keys without looking at them. ""
+	// disables the memo.
+	Destination string
 }
 
 // PushResult describes a pushed version.
 type PushResult struct {
-	Root           ocispec.Descriptor
-	RootBytes      []byte // the root manifest or index, for tagging
+	Root      ocispec.Descriptor
+	RootBytes []byte // the root manifest or index, for tagging
+	// Index is the version's file index; nil when the push reused pieces
+	// of the version before (PushOptions.Destination), which it does not
+	// hold.
 	Index          *Index
 	Files          int   // index entries
 	Bytes          int64 // file bytes
@@ -57,6 +67,10 @@ type PushResult struct {
 	ChunksUploaded int64
 	BytesUploaded  int64 // chunk and metadata bytes actually uploaded
 	Existed        bool  // the version was already stored
+	// PiecesReused are the index pieces taken from the version before
+	// unchanged (the piece memo), not built or stored again; PiecesBuilt
+	// the others.
+	PiecesReused, PiecesBuilt int
 }
 
 // section is a run of a file of the source.
@@ -119,13 +133,9 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	} else {
 		b.packHeld = semaphore.NewWeighted(packHeldBudget)
 	}
-	allHit := true
 	for _, e := range entries {
 		if e.Type == TypeFile {
 			opt.Counters.Total.Add(e.Size)
-			if _, ok := opt.Cache.Lookup(e.Path, e.Stat); !ok {
-				allHit = false
-			}
 		}
 	}
 	opt.Cache.prune(func(p string) bool {
@@ -135,6 +145,19 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	})
 
 	up := &uploader{dst: dst, src: src, seen: map[digest.Digest]bool{}, counters: opt.Counters, buffer: b.buffer}
+	if b.last = b.usableMemo(ctx, dst); b.last != nil {
+		// The version before is stored, so are its chunks.
+		up.stored = b.last.chunkSet()
+	}
+	allHit := true
+	for _, e := range entries {
+		if e.Type == TypeFile {
+			if _, ok := opt.Cache.Lookup(e.Path, e.Stat); !ok {
+				allHit = false
+				break
+			}
+		}
+	}
 	if !allHit {
 		err := up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
 			return b.chunkAll(ctx, submit)
@@ -151,11 +174,7 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 		return nil, err
 	}
 	b.collect = false
-	x, err := b.index()
-	if err != nil {
-		return nil, err
-	}
-	s, err := Seal(x, opt.MaxLayers, opt.Annotations)
+	s, err := b.sealed()
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +214,9 @@ type builder struct {
 	packHeld *semaphore.Weighted
 	entries  []Entry
 	results  []fileChunks // by entry index
+	// last is the piece memo of the version before, when it may be used;
+	// memo is the memo of the version sealed, when sealReusing built it.
+	last, memo *pieceMemo
 
 	collect bool
 	mu      sync.Mutex
@@ -207,15 +229,25 @@ type builder struct {
 // seal builds the index and manifests once every chunk is stored and
 // stores them.
 func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (*PushResult, error) {
-	x, err := b.index()
-	if err != nil {
-		return nil, err
-	}
-	s, err := Seal(x, b.opt.MaxLayers, b.opt.Annotations)
+	s, err := b.sealed()
 	if err != nil {
 		return nil, err
 	}
 	return b.store(ctx, dst, s, up)
+}
+
+// sealed seals the version once every file is chunked: from the pieces of
+// the version before where they did not change (the piece memo), else
+// from the whole index.
+func (b *builder) sealed() (*Sealed, error) {
+	if b.last != nil {
+		return b.sealReusing(b.last)
+	}
+	x, err := b.index()
+	if err != nil {
+		return nil, err
+	}
+	return Seal(x, b.opt.MaxLayers, b.opt.Annotations)
 }
 
 // store stores the manifests of s and saves the stat cache.
@@ -231,16 +263,19 @@ func (b *builder) store(ctx context.Context, dst content.Storage, s *Sealed, up 
 }
 
 func (b *builder) result(s *Sealed, up *uploader, metaBytes int64, existed bool) *PushResult {
+	b.writeMemo(s)
 	return &PushResult{
 		Root:           s.Root.Desc,
 		RootBytes:      s.Root.Data,
 		Index:          s.Index,
-		Files:          s.Index.Len(),
-		Bytes:          s.Index.Bytes(),
-		Chunks:         s.Index.NumChunks(),
+		Files:          s.files,
+		Bytes:          s.bytes,
+		Chunks:         len(s.Chunks),
 		ChunksUploaded: up.chunks.Load(),
 		BytesUploaded:  up.bytes.Load() + metaBytes,
 		Existed:        existed,
+		PiecesReused:   s.reused,
+		PiecesBuilt:    len(s.pieceRefs) - s.reused,
 	}
 }
 
@@ -258,9 +293,23 @@ func (b *builder) emit(submit func(chunkJob) error, j chunkJob) error {
 // in its compact form (a million entries are not held as Files first).
 // The chunk table lists chunks in order of first use.
 func (b *builder) index() (*Index, error) {
-	ent, ch := newEntries(len(b.entries)), newChunkTable(false)
+	x, err := b.indexRange(0, len(b.entries))
+	if err != nil {
+		return nil, err
+	}
+	if err := x.Validate(); err != nil {
+		return nil, err
+	}
+	return x, x.compact(false)
+}
+
+// indexRange assembles entries [lo, hi) of the walk as an index, not
+// checked.
+func (b *builder) indexRange(lo, hi int) (*Index, error) {
+	ent, ch := newEntries(hi-lo), newChunkTable(false)
 	var exts []Extent
-	for i, e := range b.entries {
+	for i := lo; i < hi; i++ {
+		e := b.entries[i]
 		f := File{Path: e.Path, Type: e.Type, Mode: e.Mode}
 		switch e.Type {
 		case TypeSymlink:
@@ -286,10 +335,7 @@ func (b *builder) index() (*Index, error) {
 	if ch.len() > 0 {
 		x.ch = ch
 	}
-	if err := x.Validate(); err != nil {
-		return nil, err
-	}
-	return x, x.compact(false)
+	return x, nil
 }
 
 // chunkIndex returns the index of c in t, adding it first if it is not

@@ -35,6 +35,14 @@ type Sealed struct {
 	Parts  []Blob // part manifests, empty for a single-manifest version
 	Root   Blob   // root manifest or root image index
 	Chunks []ocispec.Descriptor
+
+	files int   // entries of the version
+	bytes int64 // bytes of its regular files
+	// pieces are the ends (exclusive entry numbers) of the index pieces
+	// of a version 2 version, and their references.
+	pieceEnds []int
+	pieceRefs []PieceRef
+	reused    int // pieces of pieceRefs taken from a piece memo
 }
 
 func blobOf(mediaType string, data []byte) Blob {
@@ -57,8 +65,7 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 		return nil, fmt.Errorf("layout: max layers must be at least 2")
 	}
 	s := &Sealed{Index: x}
-	empty := Blob{Desc: ocispec.DescriptorEmptyJSON, Data: ocispec.DescriptorEmptyJSON.Data}
-	empty.Desc.Data = nil
+	empty := emptyConfig()
 	switch x.Version {
 	case FormatVersion1:
 		ib, err := x.Encode()
@@ -67,10 +74,11 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 		}
 		s.Blobs = []Blob{blobOf(MediaTypeIndex, ib)}
 	case FormatVersion:
-		top, pieces, err := encodeV2(x, DefaultPieceParams)
+		top, pieces, ends, refs, err := encodeV2Pieces(x, DefaultPieceParams)
 		if err != nil {
 			return nil, err
 		}
+		s.pieceEnds, s.pieceRefs = ends, refs
 		s.Blobs = make([]Blob, 0, 1+len(pieces)+1)
 		s.Blobs = append(s.Blobs, blobOf(MediaTypeIndexV2, top))
 		for _, b := range pieces {
@@ -89,26 +97,43 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	for i := range s.Chunks {
 		s.Chunks[i] = x.ChunkDescriptor(i)
 	}
+	if err := s.seal(layers, empty.Desc, x.Len(), x.Bytes(), maxLayers, extra); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// emptyConfig is the config blob of every manifest of a version.
+func emptyConfig() Blob {
+	empty := Blob{Desc: ocispec.DescriptorEmptyJSON, Data: ocispec.DescriptorEmptyJSON.Data}
+	empty.Desc.Data = nil
+	return empty
+}
+
+// seal builds the root (and parts) of s from the index blobs' descriptors
+// (layers) and s.Chunks.
+func (s *Sealed) seal(layers []ocispec.Descriptor, config ocispec.Descriptor, files int, bytes int64, maxLayers int, extra map[string]string) error {
+	s.files, s.bytes = files, bytes
 	ann := make(map[string]string, len(extra)+3)
 	maps.Copy(ann, extra)
-	ann[AnnotationFiles] = strconv.Itoa(x.Len())
-	ann[AnnotationBytes] = strconv.FormatInt(x.Bytes(), 10)
-	ann[AnnotationChunks] = strconv.Itoa(x.NumChunks())
+	ann[AnnotationFiles] = strconv.Itoa(files)
+	ann[AnnotationBytes] = strconv.FormatInt(bytes, 10)
+	ann[AnnotationChunks] = strconv.Itoa(len(s.Chunks))
 	layers = append(layers, s.Chunks...)
 	if len(layers) <= maxLayers {
-		m, err := manifest(ArtifactTypeVolume, empty.Desc, layers, ann)
+		m, err := manifest(ArtifactTypeVolume, config, layers, ann)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.Root = m
-		return s, nil
+		return nil
 	}
 	var parts []ocispec.Descriptor
 	for start := 0; start < len(layers); start += maxLayers {
 		end := min(start+maxLayers, len(layers))
-		m, err := manifest(ArtifactTypePart, empty.Desc, layers[start:end], nil)
+		m, err := manifest(ArtifactTypePart, config, layers[start:end], nil)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		s.Parts = append(s.Parts, m)
 		d := m.Desc
@@ -124,11 +149,11 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	}
 	b, err := json.Marshal(root)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.Root = blobOf(ocispec.MediaTypeImageIndex, b)
 	s.Root.Desc.ArtifactType = ArtifactTypeVolume
-	return s, nil
+	return nil
 }
 
 func manifest(artifactType string, config ocispec.Descriptor, layers []ocispec.Descriptor, ann map[string]string) (Blob, error) {

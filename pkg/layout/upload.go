@@ -26,6 +26,7 @@ type uploader struct {
 	counters *Counters
 	mu       sync.Mutex
 	seen     map[digest.Digest]bool
+	stored   map[digest.Digest]bool // chunks known to be stored: not asked for
 	chunks   atomic.Int64
 	bytes    atomic.Int64
 }
@@ -49,7 +50,7 @@ func (u *uploader) run(ctx context.Context, jobs int, produce func(context.Conte
 		defer close(queue)
 		return produce(ctx, func(j chunkJob) error {
 			u.mu.Lock()
-			dup := u.seen[j.Digest]
+			dup := u.seen[j.Digest] || u.stored[j.Digest]
 			u.seen[j.Digest] = true
 			u.mu.Unlock()
 			if dup {

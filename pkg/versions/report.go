@@ -12,7 +12,12 @@ type Report struct {
 	Chunks         int      `json:"chunks"`
 	ChunksUploaded int64    `json:"chunks_uploaded"`
 	BytesUploaded  int64    `json:"bytes_uploaded"`
-	Seconds        float64  `json:"seconds"`
+	// PiecesReused are the index pieces a push took unchanged from the
+	// version it pushed last from the same tree to the same repository;
+	// PiecesBuilt the ones it built.
+	PiecesReused int     `json:"pieces_reused"`
+	PiecesBuilt  int     `json:"pieces_built"`
+	Seconds      float64 `json:"seconds"`
 }
 
 // Report returns p, published in the repository ref names, as push and
@@ -27,5 +32,7 @@ func (p *Published) Report(ref oci.Ref) Report {
 		Chunks:         p.Chunks,
 		ChunksUploaded: p.ChunksUploaded,
 		BytesUploaded:  p.BytesUploaded,
+		PiecesReused:   p.PiecesReused,
+		PiecesBuilt:    p.PiecesBuilt,
 	}
 }
