@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -15,8 +16,9 @@ import (
 // changed file; a model signed with `bdnvol sign` is accepted by
 // --require-signature (pull, mount, verify --key) and an unsigned one
 // refused; bdnvol.yaml with requireSignature mounts it; pin and lint pin
-// and check its tag; cache warm fills the cache so that a mount reads no
-// blob of the registry.
+// and check its tag; the derived index is kept (a second inspect reads no
+// blob) and a torn record is derived again; cache warm fills the cache so
+// that a mount reads no blob of the registry.
 func TestModelPackReadPaths(t *testing.T) {
 	requireFUSE(t)
 	reg := newDistribution(t)
@@ -141,6 +143,43 @@ func TestModelPackReadPaths(t *testing.T) {
 			t.Fatalf("lint after the model's tag moved:\n%s", r)
 		}
 		putManifest(t, reg, "mp/paths", "v1", mtManifest, m.manifest)
+	})
+
+	t.Run("index record torn", func(t *testing.T) {
+		// The first inspect derives the index from the layers and keeps it;
+		// the second reads no layer; a torn record is dropped, the layers
+		// read again, and the same record written back.
+		cache := filepath.Join(t.TempDir(), "cache")
+		record := filepath.Join(cache, "indexes", "sha256-"+strings.TrimPrefix(digest, "sha256:"))
+		var layers int64
+		for _, l := range m.layers {
+			layers += int64(len(l.blob))
+		}
+		inspect := func() (string, int64) {
+			reg.ResetStats()
+			out := mustRun(t, "inspect", "--cache-dir", cache, ref).stdout
+			return out, reg.Stats().BlobBytesOut
+		}
+		want, n := inspect()
+		if n < layers {
+			t.Fatalf("first inspect fetched %d blob bytes, less than the layers' %d", n, layers)
+		}
+		good, err := os.ReadFile(record)
+		if err != nil {
+			t.Fatalf("no record kept: %v", err)
+		}
+		if out, n := inspect(); out != want || n != 0 {
+			t.Fatalf("inspect with the record kept fetched %d blob bytes (want none), or printed otherwise:\n%s", n, out)
+		}
+		if err := os.WriteFile(record, good[:len(good)/2], 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, n := inspect(); out != want || n < layers {
+			t.Fatalf("inspect with a torn record fetched %d blob bytes (want the layers again, %d), or printed otherwise:\n%s", n, layers, out)
+		}
+		if now, _ := os.ReadFile(record); !bytes.Equal(now, good) {
+			t.Fatal("the torn record was not written back as derived")
+		}
 	})
 
 	t.Run("cache warm", func(t *testing.T) {

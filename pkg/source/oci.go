@@ -222,6 +222,9 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 	}
 	a, err := modelpack.Parse(desc, b)
 	if err != nil {
+		if bytes.Contains(b, []byte(`"application/vnd.bdnvol.`)) {
+			return nil, fmt.Errorf("%s: %w: it is a bdnvol version, not a model: copy it with bdnvol copy", name, ErrUnsupported)
+		}
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	var layers []*ociLayer

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -213,4 +214,18 @@ func TestOCISourceRefs(t *testing.T) {
 		t.Errorf("Pin of a Hub source: %q, %v", got, err)
 	}
 	var _ layout.Remote = (*ociSource)(nil)
+}
+
+// TestOCISourceRefusesABdnvolVersion: a bdnvol version named as an oci://
+// source is refused with the command that copies it.
+func TestOCISourceRefusesABdnvolVersion(t *testing.T) {
+	_, ref := ociLayoutManifest(t, "", "application/vnd.bdnvol.config.v1+json",
+		[3]string{"application/vnd.bdnvol.index.v2+json", "{}", ""})
+	src, err := Open(context.Background(), ref, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Walk(context.Background()); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "bdnvol copy") {
+		t.Fatalf("Walk of a bdnvol version: %v", err)
+	}
 }
