@@ -6,15 +6,39 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // NotConnected reports whether mp is a FUSE mount whose server is gone.
 // statfs always reaches the server (stat may be answered from the kernel's
-// attribute cache).
+// attribute cache). A server that does not answer within statfsWait (alive
+// but stuck) is not known to be gone: NotConnected then reports false
+// rather than waiting for it, so that listing mounts or planning gc never
+// hangs on one wedged mount.
 func NotConnected(mp string) bool {
-	var st syscall.Statfs_t
-	err := syscall.Statfs(mp, &st)
-	return errors.Is(err, syscall.ENOTCONN)
+	return notConnectedWithin(mp, statfsWait)
+}
+
+// statfsWait bounds how long NotConnected waits for a mount's server.
+var statfsWait = 2 * time.Second
+
+// notConnectedWithin is NotConnected with its bound: the statfs runs in a
+// goroutine that a stuck server may keep (it ends when the server answers
+// or its connection is aborted).
+func notConnectedWithin(mp string, wait time.Duration) bool {
+	res := make(chan error, 1)
+	go func() {
+		var st syscall.Statfs_t
+		res <- syscall.Statfs(mp, &st)
+	}()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-res:
+		return errors.Is(err, syscall.ENOTCONN)
+	case <-t.C:
+		return false
+	}
 }
 
 // Detach unmounts mp lazily: it disappears now, and the kernel lets go of
