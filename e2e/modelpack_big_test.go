@@ -207,7 +207,9 @@ func TestModelPackSparse5GB(t *testing.T) {
 	if st.BlobBytesOut > int64(float64(len(want))*1.1) {
 		t.Errorf("reading one tensor of %d bytes fetched %d bytes, more than 1.1x", len(want), st.BlobBytesOut)
 	}
+	t0 = time.Now()
 	forceUnmount(t, mp)
+	t.Logf("unmounting: %v", time.Since(t0).Round(time.Millisecond))
 
 	reg.ResetStats()
 	t0 = time.Now()
