@@ -89,7 +89,7 @@ func TestGGUFMountOneTensor(t *testing.T) {
 	b := fileContents(t, p)
 	dataStart, offs := o.GGUFLayout()
 	hdrChunk := digestOf(b[:dataStart]) // the chunk push cuts at the header's end
-	const k = 11                         // blk.2.attn_k.weight
+	const k = 11                        // blk.2.attn_k.weight
 	x := o.GGUFTensors()[k]
 	want := b[offs[k] : offs[k]+x.Bytes]
 	ref := mustRun(t, "push", reg.Host+"/models/gguf:v1", dir).lastLine()

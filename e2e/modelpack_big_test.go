@@ -208,7 +208,7 @@ func TestModelPackSparse5GB(t *testing.T) {
 		t.Errorf("reading one tensor of %d bytes fetched %d bytes, more than 1.1x", len(want), st.BlobBytesOut)
 	}
 	t0 = time.Now()
-	forceUnmount(t, mp)
+	mustRun(t, "umount", mp)
 	t.Logf("unmounting: %v", time.Since(t0).Round(time.Millisecond))
 
 	reg.ResetStats()
