@@ -220,6 +220,9 @@ func TestModelPackSparse5GB(t *testing.T) {
 	}
 	st = reg.Stats()
 	pullTime := time.Since(t0)
+	if res.maxRSS == 0 || res.maxRSS > 512<<20 {
+		t.Errorf("pull of a 5 GiB model: peak RSS %d MiB, want at most 512 MiB", res.maxRSS>>20)
+	}
 	t0 = time.Now()
 	pf, err := os.Open(filepath.Join(dir, "model.safetensors"))
 	if err != nil {
