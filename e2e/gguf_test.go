@@ -70,3 +70,68 @@ func TestGGUFFineTune(t *testing.T) {
 		t.Errorf("diff --tensors: files %v, changed %v, undecided %v, %d unchanged; want %v changed", d.Files, names, d.Undecided, d.Unchanged, want)
 	}
 }
+
+// TestGGUFMountOneTensor mounts a pushed GGUF checkpoint and reads one
+// tensor from its middle through real FUSE. With the default --prefetch
+// headers the mount has fetched the header's chunk before the read, so
+// the read fetches no header bytes (and at most three requests: the
+// tensor and the neighbouring edges or small chunks); with --prefetch none
+// the same read has to fetch the header first.
+func TestGGUFMountOneTensor(t *testing.T) {
+	requireFUSE(t)
+	reg := newDistribution(t)
+	o := synth.GGUFOptions{Blocks: 4, Hidden: 1024, Seed: 7}
+	dir := t.TempDir()
+	p := filepath.Join(dir, "model.gguf")
+	if err := synth.WriteGGUF(p, o); err != nil {
+		t.Fatal(err)
+	}
+	b := fileContents(t, p)
+	dataStart, offs := o.GGUFLayout()
+	hdrChunk := digestOf(b[:dataStart]) // the chunk push cuts at the header's end
+	const k = 11                        // blk.2.attn_k.weight
+	x := o.GGUFTensors()[k]
+	want := b[offs[k] : offs[k]+x.Bytes]
+	ref := mustRun(t, "push", reg.Host+"/models/gguf:v1", dir).lastLine()
+
+	for _, c := range []struct {
+		prefetch   string
+		headerRead bool
+	}{{"headers", false}, {"none", true}} {
+		t.Run(c.prefetch, func(t *testing.T) {
+			reg.ResetStats()
+			mp := mount(t, ref, "--prefetch", c.prefetch)
+			reg.Settle(t)
+			open := reg.Stats()
+			reg.ResetStats()
+			f, err := os.Open(filepath.Join(mp, "model.gguf"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(want))
+			_, err = f.ReadAt(got, offs[k])
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s read through the mount differs", x.Name)
+			}
+			reg.Settle(t)
+			st := reg.Stats()
+			t.Logf("--prefetch %s: the open fetched the header chunk %d times; one tensor of %d bytes: %d requests (%v), %d blob bytes (%.3fx), header chunk %d times",
+				c.prefetch, open.BlobGets[hdrChunk], x.Bytes, total(st.Requests), st.Requests, st.BlobBytesOut, float64(st.BlobBytesOut)/float64(x.Bytes), st.BlobGets[hdrChunk])
+			if read := st.BlobGets[hdrChunk] > 0; read != c.headerRead {
+				t.Errorf("--prefetch %s: the tensor read fetched the header chunk: %v, want %v", c.prefetch, read, c.headerRead)
+			}
+			if !c.headerRead {
+				if open.BlobGets[hdrChunk] != 1 {
+					t.Errorf("the header prefetch fetched the header chunk %d times, want once", open.BlobGets[hdrChunk])
+				}
+				if n := total(st.Requests); n > 3 {
+					t.Errorf("reading one tensor took %d requests, want at most 3: %v", n, st.Requests)
+				}
+			}
+		})
+	}
+}

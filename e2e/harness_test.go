@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -60,6 +62,7 @@ type result struct {
 	stdout string
 	stderr string
 	code   int
+	maxRSS int64 // the process's peak resident memory, bytes (0 if unknown)
 }
 
 func (r result) String() string {
@@ -109,8 +112,15 @@ func run(t testing.TB, args ...string) result {
 // runIn is run with the working directory set to dir ("" keeps the test's).
 func runIn(t testing.TB, dir string, args ...string) result {
 	t.Helper()
+	return runFor(t, dir, runTimeout, args...)
+}
+
+// runFor is runIn with a time limit of its own, for the few runs that
+// move gigabytes.
+func runFor(t testing.TB, dir string, limit time.Duration, args ...string) result {
+	t.Helper()
 	h := home(t)
-	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin(t), args...)
 	cmd.Dir = dir
@@ -127,11 +137,11 @@ func runIn(t testing.TB, dir string, args ...string) result {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
-	res := result{args: args, stdout: stdout.String(), stderr: stderr.String()}
+	res := result{args: args, stdout: stdout.String(), stderr: stderr.String(), maxRSS: peakRSS(cmd.ProcessState)}
 	var exitErr *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
-		t.Fatalf("timed out after %v:\n%s", runTimeout, res)
+		t.Fatalf("timed out after %v:\n%s", limit, res)
 	case err == nil:
 	case errors.As(err, &exitErr):
 		res.code = exitErr.ExitCode()
@@ -149,4 +159,20 @@ func mustRun(t testing.TB, args ...string) result {
 		t.Fatalf("expected success:\n%s", res)
 	}
 	return res
+}
+
+// peakRSS returns the peak resident memory of a process that exited, in
+// bytes, or 0 when the system does not say.
+func peakRSS(ps *os.ProcessState) int64 {
+	if ps == nil {
+		return 0
+	}
+	ru, ok := ps.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return 0
+	}
+	if runtime.GOOS == "darwin" {
+		return int64(ru.Maxrss) // bytes
+	}
+	return int64(ru.Maxrss) << 10 // KiB
 }

@@ -85,9 +85,10 @@ type stats struct {
 	Requests     map[string]int // "METHOD kind", kind is base, blob, upload, manifest, tags, other
 	BlobBytesIn  int64          // request bodies of blob upload POST/PUT/PATCH
 	BlobBytesOut int64          // response bodies of blob GETs
+	BlobGets     map[string]int // blob GETs by digest
 }
 
-func newStats() stats { return stats{Requests: map[string]int{}} }
+func newStats() stats { return stats{Requests: map[string]int{}, BlobGets: map[string]int{}} }
 
 // distributionConfig is the configuration of the test registries:
 // filesystem storage under root, deletes on, quiet.
@@ -151,6 +152,10 @@ func (r *registry) Stats() stats {
 	s.Requests = map[string]int{}
 	for k, v := range r.stats.Requests {
 		s.Requests[k] = v
+	}
+	s.BlobGets = map[string]int{}
+	for k, v := range r.stats.BlobGets {
+		s.BlobGets[k] = v
 	}
 	return s
 }
@@ -223,6 +228,9 @@ func (r *registry) middleware(next http.Handler) http.Handler {
 		r.mu.Lock()
 		r.stats.Requests[req.Method+" "+kind]++
 		flip := kind == "blob" && req.Method == http.MethodGet && r.corrupt[digest]
+		if kind == "blob" && req.Method == http.MethodGet {
+			r.stats.BlobGets[digest]++
+		}
 		r.mu.Unlock()
 
 		if kind == "upload" && req.Body != nil {

@@ -83,9 +83,7 @@ func WriteGGUF(path string, o GGUFOptions) (err error) {
 	str("general.alignment")
 	put(uint32(4))
 	put(uint32(32))
-	pad := func(n int64) int64 { return (n + 31) / 32 * 32 }
-	var off, pos int64 = 0, 4 + 4 + 8 + 8
-	pos += 8 + 20 + 4 + 8 + 5 + 8 + 17 + 4 + 4
+	var off int64
 	for _, t := range ts {
 		str(t.Name)
 		put(uint32(len(t.Dims)))
@@ -94,10 +92,10 @@ func WriteGGUF(path string, o GGUFOptions) (err error) {
 		}
 		put(t.Type)
 		put(uint64(off))
-		off = pad(off + t.Bytes)
-		pos += 8 + int64(len(t.Name)) + 4 + 8*int64(len(t.Dims)) + 4 + 8
+		off = ggufPad(off + t.Bytes)
 	}
-	w.Write(make([]byte, pad(pos)-pos))
+	pos := o.headerBytes()
+	w.Write(make([]byte, ggufPad(pos)-pos))
 	for _, t := range ts {
 		tag := "base"
 		if o.Tuned != nil && o.Tuned(t.Name) {
@@ -109,7 +107,32 @@ func WriteGGUF(path string, o GGUFOptions) (err error) {
 			binary.LittleEndian.PutUint64(b[:], r.next())
 			w.Write(b[:min(8, t.Bytes-n)])
 		}
-		w.Write(make([]byte, pad(t.Bytes)-t.Bytes))
+		w.Write(make([]byte, ggufPad(t.Bytes)-t.Bytes))
 	}
 	return w.Flush()
+}
+
+// ggufPad rounds n up to the alignment, 32.
+func ggufPad(n int64) int64 { return (n + 31) / 32 * 32 }
+
+// headerBytes is the length of the header WriteGGUF writes, before its
+// padding: magic, version, counts, two key-values, the tensor records.
+func (o GGUFOptions) headerBytes() int64 {
+	pos := int64(4+4+8+8) + 8 + 20 + 4 + 8 + 5 + 8 + 17 + 4 + 4
+	for _, t := range o.GGUFTensors() {
+		pos += 8 + int64(len(t.Name)) + 4 + 8*int64(len(t.Dims)) + 4 + 8
+	}
+	return pos
+}
+
+// GGUFLayout returns where WriteGGUF puts the tensor data (the end of the
+// header and its padding) and each tensor's offset in the file.
+func (o GGUFOptions) GGUFLayout() (dataStart int64, offsets []int64) {
+	dataStart = ggufPad(o.headerBytes())
+	off := dataStart
+	for _, t := range o.GGUFTensors() {
+		offsets = append(offsets, off)
+		off += ggufPad(t.Bytes)
+	}
+	return dataStart, offsets
 }

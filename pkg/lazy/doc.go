@@ -22,7 +22,7 @@
 //
 // A version opened for reading: its index, a Cache, and a Fetcher. Volume.File
 // returns a File, an io.ReaderAt over a regular file's extents. Sequential
-// reads fetch the next chunks ahead in parallel; safetensors headers can be
+// reads fetch the next chunks ahead in parallel; safetensors and GGUF headers can be
 // fetched early with PrefetchHeaders; Prefetch fills the cache in the order
 // files are likely read.
 //

@@ -11,7 +11,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
-// leadIn is how far a reader must read sequentially into a safetensors
+// leadIn is how far a reader must read sequentially into a safetensors or GGUF
 // tensor before the volume reads ahead inside it. It absorbs the kernel's
 // own readahead, which reads a little past the end of every tensor a loader
 // reads.
@@ -41,10 +41,10 @@ type File struct {
 	// a read of the next tensor.
 	whole   int64
 	parsed  bool
-	tensors []region // header and tensors of a safetensors file, by offset
+	tensors []region // header and tensors of a safetensors or GGUF file, by offset
 }
 
-// region is a byte range of a file read as a unit: a safetensors header or
+// region is a byte range of a file read as a unit: a safetensors or GGUF header or
 // tensor.
 type region struct{ begin, end int64 }
 
@@ -142,7 +142,7 @@ func (f *File) copyOut(ctx context.Context, p []byte, off int64, first int) (int
 
 // readahead records the read [off, off+n) and, when reads are sequential,
 // starts fetching the chunks after it. The window grows with the length of
-// the sequential run; in a safetensors file it stays inside the current
+// the sequential run; in a safetensors or GGUF file it stays inside the current
 // tensor until the reader is leadIn bytes into that tensor, and then goes
 // at most one chunk past its end, so reading one tensor fetches little else.
 func (f *File) readahead(ctx context.Context, off, n int64) {
@@ -150,7 +150,7 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		return
 	}
 	var regions []region
-	if layout.IsSafetensors(f.e.Path) {
+	if hasHeader(f.e.Path) {
 		regions = f.regions(ctx)
 	}
 	end := off + n
@@ -365,9 +365,13 @@ func regionAt(rs []region, o int64) (region, bool) {
 	return region{}, false
 }
 
-// regions returns the header and tensors of a safetensors file, parsing
-// the header on first use (fetching its chunks); nil when the header does
-// not parse, or could not be fetched this time.
+// hasHeader reports whether a file's name says it starts with a header
+// listing its tensors (safetensors, GGUF).
+func hasHeader(p string) bool { return layout.IsSafetensors(p) || layout.IsGGUF(p) }
+
+// regions returns the header and tensors of a safetensors or GGUF file,
+// parsing the header on first use (fetching its chunks); nil when the
+// header does not parse, or could not be fetched this time.
 func (f *File) regions(ctx context.Context) []region {
 	f.mu.Lock()
 	if f.parsed {
@@ -376,7 +380,14 @@ func (f *File) regions(ctx context.Context) []region {
 	}
 	f.mu.Unlock()
 	r := &rawReader{ctx: ctx, f: f}
-	hdr, ts, err := f.readHeader(ctx, &headReader{raw: r})
+	var hdr int64
+	var ts []layout.Tensor
+	var err error
+	if layout.IsGGUF(f.e.Path) {
+		hdr, ts, err = f.readGGUF(ctx, &extentReader{raw: r})
+	} else {
+		hdr, ts, err = f.readHeader(ctx, &headReader{raw: r})
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.parsed {
@@ -417,6 +428,55 @@ func (f *File) readHeader(ctx context.Context, r io.ReaderAt) (int64, []layout.T
 	}
 	defer f.v.headers.Release(n)
 	return layout.ReadSafetensorsHeaderMax(r, f.e.Size, maxHeaderBytes)
+}
+
+// ggufParseBytes is what one GGUF header parse counts against the header
+// budget: the parser reads through a small buffer and keeps only the
+// tensor records, so at most two parse at once, whatever their headers.
+const ggufParseBytes = headerBudget / 2
+
+// readGGUF reads and parses the GGUF header of f through r (header, tensor
+// records and the padding to the data, at most layout.GGUFHeaderLimit
+// bytes), waiting for its share of the volume's header budget. The header
+// is the first region; each tensor runs to the next one's start, its
+// alignment padding with it, as the file's chunks are cut.
+func (f *File) readGGUF(ctx context.Context, r io.Reader) (int64, []layout.Tensor, error) {
+	if err := f.v.headers.Acquire(ctx, ggufParseBytes); err != nil {
+		return 0, nil, err
+	}
+	defer f.v.headers.Release(ggufParseBytes)
+	h, err := layout.ReadGGUFHeaderFrom(r, f.e.Size, layout.GGUFHeaderLimit)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s: %w", f.e.Path, err)
+	}
+	return h.DataStart, h.Ranges(f.e.Size), nil
+}
+
+// extentReader reads a File from its start as a stream, each read ending
+// at the end of the extent it starts in: a parser reading ahead through a
+// buffer touches no chunk past the one holding the bytes it needs (a GGUF
+// file is cut at the end of its header, so parsing the header fetches
+// none of its tensors).
+type extentReader struct {
+	raw *rawReader
+	off int64
+}
+
+func (e *extentReader) Read(p []byte) (int, error) {
+	f := e.raw.f
+	if e.off >= f.e.Size {
+		return 0, io.EOF
+	}
+	k := sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > e.off }) - 1
+	if end := f.starts[k] + f.e.Extents[k].Length; int64(len(p)) > end-e.off {
+		p = p[:end-e.off]
+	}
+	n, err := e.raw.ReadAt(p, e.off)
+	e.off += int64(n)
+	if err == io.EOF && n > 0 {
+		err = nil
+	}
+	return n, err
 }
 
 // headProbe is how many bytes at a safetensors file's start are read at

@@ -63,7 +63,8 @@ type Volume struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	sem    chan struct{}
-	// headers bounds the safetensors header bytes in flight (headerBudget).
+	// headers bounds the safetensors and GGUF header bytes in flight
+	// (headerBudget).
 	headers *semaphore.Weighted
 
 	mu      sync.Mutex
@@ -302,14 +303,17 @@ func (v *Volume) fetchAhead(k, parts int) {
 	}()
 }
 
-// PrefetchHeaders fetches the header of every safetensors file in
-// parallel, as every loader reads them first.
+// PrefetchHeaders fetches and parses the header of every safetensors and
+// GGUF file in parallel, as every loader reads them first: a GGUF file's
+// header, tensor records and alignment padding (up to
+// layout.GGUFHeaderLimit), so that the first read of a tensor finds the
+// header's chunks cached and its tensor map parsed.
 func (v *Volume) PrefetchHeaders(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(v.opt.Jobs)
 	for i := range v.ver.Index.Len() {
 		e := v.ver.Index.File(i)
-		if e.Type != layout.TypeFile || !layout.IsSafetensors(e.Path) {
+		if e.Type != layout.TypeFile || !hasHeader(e.Path) {
 			continue
 		}
 		g.Go(func() error {
@@ -327,7 +331,7 @@ func (v *Volume) PrefetchHeaders(ctx context.Context) error {
 // Prefetch fills the cache with the chunks of the regular files for which
 // match returns true (all files if match is nil), in the order a loader
 // likely reads them: small files such as configs first, then safetensors
-// files by name, each from its start. It returns the first error after
+// and GGUF files by name, each from its start. It returns the first error after
 // trying every chunk.
 func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) error {
 	var idx []int
@@ -340,7 +344,7 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 	}
 	sort.SliceStable(idx, func(a, b int) bool {
 		pa, pb := x.Path(idx[a]), x.Path(idx[b])
-		if sa, sb := layout.IsSafetensors(pa), layout.IsSafetensors(pb); sa != sb {
+		if sa, sb := hasHeader(pa), hasHeader(pb); sa != sb {
 			return !sa
 		}
 		return pa < pb

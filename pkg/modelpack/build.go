@@ -221,6 +221,9 @@ func (m *Map) readTar(ctx context.Context, r *counter, i int, l Layer) error {
 		}
 		f := File{Path: p, Layer: i, Offset: r.n, Size: h.Size, Mode: fileMode(uint32(h.Mode)), Lazy: l.Packing.RangeReadable()}
 		if err := m.cutFile(ctx, tr, &f); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				err = fmt.Errorf("%w: it claims %d bytes, and the layer ends after %d of them: %w", ErrInvalid, h.Size, r.n-f.Offset, err)
+			}
 			return fmt.Errorf("%s: %w", termsafe.Short(p), err)
 		}
 		m.Files = append(m.Files, f)
