@@ -22,6 +22,7 @@
 # (exit 1 when a target is missed), BENCH_MOUNT_ARGS (extra arguments to
 # `bdnvol mount`, e.g. --no-passthrough), as in bench/mount.sh.
 set -euo pipefail
+shopt -s inherit_errexit # a reader failing inside $(...) fails the bench
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=$ROOT/bench/.bin
@@ -58,7 +59,9 @@ MOUNTS=()
 cleanup() {
 	local mp
 	for mp in "${MOUNTS[@]}"; do
-		mountpoint -q "$mp" 2>/dev/null && { "$BDNVOL" umount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null || true; }
+		if grep -qF " $mp " /proc/self/mountinfo; then
+			"$BDNVOL" umount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null || true
+		fi
 	done
 	[[ -n $REG_PID ]] && { kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; }
 	if [[ ${BENCH_KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
@@ -98,6 +101,17 @@ MNT=$(mountpoint_new warm)
 mount_warm "$MNT"
 # The mount's files are what the reference reads, in the same order.
 diff <(cd "$MODEL" && find . -type f | sort) <(cd "$MNT" && find . -type f | sort) >/dev/null || die "the mount does not list the checkpoint's files"
+(cd "$MODEL" && find . -type f -print0 | xargs -0 -I{} cmp {} "$MNT/{}") || die "the mount's bytes differ from the checkpoint's"
+# fuse_reads: the FUSE READ requests the mount served for its top-level
+# files; fails when the mount is gone.
+fuse_reads() {
+	python3 - "$MNT" <<-'EOF'
+		import os, sys
+		d = sys.argv[1]
+		print(sum(int(os.getxattr(os.path.join(d, n), "user.bdnvol.fuse-reads")) for n in os.listdir(d) if os.path.isfile(os.path.join(d, n))))
+	EOF
+}
+READS0=$(fuse_reads) || die "the mount is gone"
 
 # Readers: each takes a directory and reads it all.
 read_seq() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 cat >/dev/null); }
@@ -145,7 +159,8 @@ for mode in dropped cached; do
 	for r in seq par4 mmap; do
 		res=()
 		for i in $(seq 1 "$RUNS"); do
-			read -r l m < <(measure "$mode" "$r")
+			out=$(measure "$mode" "$r") || die "$mode $r: a reader failed"
+			read -r l m <<<"$out"
 			res+=("$l $m")
 			log "$mode $r run $i: local ${l}s, mount ${m}s ($(awk -v a="$m" -v b="$l" 'BEGIN {printf "%.2f", a / b}')x)"
 		done
@@ -159,12 +174,8 @@ if [[ -n $TIMEV ]]; then
 	read_mmap "$MODEL" && read_mmap "$MNT"
 	MF_LOCAL=$(faults mmap "$MODEL") MF_MOUNT=$(faults mmap "$MNT")
 fi
-FUSE_READS=0
-for f in "$MNT"/*; do
-	[[ -f $f ]] || continue
-	n=$(getfattr --only-values -n user.bdnvol.fuse-reads "$f" 2>/dev/null || python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], "user.bdnvol.fuse-reads").decode())' "$f" 2>/dev/null || echo 0)
-	FUSE_READS=$((FUSE_READS + n))
-done
+READS1=$(fuse_reads) || die "the mount is gone after the runs"
+FUSE_READS=$((READS1 - READS0))
 
 # --- report ------------------------------------------------------------------
 name() {
@@ -189,7 +200,7 @@ for row in "${ROWS[@]}"; do
 done
 echo
 [[ -n $MF_LOCAL ]] && echo "mmap loader, all cached: $MF_LOCAL page faults on local files, $MF_MOUNT through the mount."
-echo "FUSE READ requests the warm mount served for the top-level files during all runs: $FUSE_READS."
+echo "FUSE READ requests the warm mount served for the top-level files during the timed runs: $FUSE_READS."
 if [[ $FAILED == 1 && ${BENCH_STRICT:-0} == 1 ]]; then
 	exit 1
 fi

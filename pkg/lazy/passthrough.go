@@ -19,8 +19,11 @@ import (
 // Warm reads through FUSE passthrough. When every chunk of a file is in the
 // chunk cache, the volume assembles the file's bytes once into a backing
 // file of the cache (chunkcache.Assemble: verified against the file's
-// digest, counted in the cache's bound). An open of a file that has one is
-// answered with the backing file's descriptor, and the kernel then serves
+// digest, counted in the cache's bound): when such a file is opened and no
+// FUSE handle of it is open, before the open is answered (so the first open
+// after a mount is served by passthrough too), and otherwise in the
+// background once its last FUSE handle is closed. An open of a file that
+// has one is answered with the backing file's descriptor, and the kernel then serves
 // reads and mmap of it straight from that file, with no request to this
 // process. The kernel does not let one inode be open both ways at once, so
 // a file open through FUSE (its backing file not yet made) gets its next
