@@ -128,7 +128,7 @@ timed() {
 }
 median() { sort -g | awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 # faults READER DIR: minor+major page faults of one run (mmap reader).
-faults() { [[ -n $TIMEV ]] && $TIMEV -f '%R %F' "$LOADER" -mode mmap "$2" 2>&1 >/dev/null | tail -1 | awk '{print $1 + $2}'; }
+faults() { $TIMEV -f '%R %F' "$LOADER" -mode mmap "$2" 2>&1 >/dev/null | tail -1 | awk '{printf "%d minor + %d major", $1, $2}'; }
 
 # measure MODE READER: one run of a row; prints "local mount".
 measure() {
@@ -169,10 +169,16 @@ for mode in dropped cached; do
 			END {k = int((NR + 1) / 2); printf "%s %s %.2f %.2f %.2f", l[k], m[k], r[k], r[1], r[NR]}')")
 	done
 done
-MF_LOCAL= MF_MOUNT=
+MF_LOCAL= MF_MOUNT= DF_LOCAL= DF_MOUNT=
 if [[ -n $TIMEV ]]; then
 	read_mmap "$MODEL" && read_mmap "$MNT"
 	MF_LOCAL=$(faults mmap "$MODEL") MF_MOUNT=$(faults mmap "$MNT")
+	if [[ $DROP == 1 ]]; then
+		drop
+		DF_LOCAL=$(faults mmap "$MODEL")
+		drop
+		DF_MOUNT=$(faults mmap "$MNT")
+	fi
 fi
 READS1=$(fuse_reads) || die "the mount is gone after the runs"
 FUSE_READS=$((READS1 - READS0))
@@ -199,7 +205,10 @@ for row in "${ROWS[@]}"; do
 	printf '| %s | %s | %s | %s | %s | %s–%s | ≤ 1.1× | %s |\n' "$(name "$r")" "$mode" "$l" "$m" "$ratio" "$lo" "$hi" "$ok"
 done
 echo
-[[ -n $MF_LOCAL ]] && echo "mmap loader, all cached: $MF_LOCAL page faults on local files, $MF_MOUNT through the mount."
+if [[ -n $MF_LOCAL ]]; then
+	echo "Page faults of one mmap load, all cached: $MF_LOCAL on local files, $MF_MOUNT through the mount."
+	[[ -n $DF_LOCAL ]] && echo "Page caches dropped: $DF_LOCAL on local files, $DF_MOUNT through the mount."
+fi
 echo "FUSE READ requests the warm mount served for the top-level files during the timed runs: $FUSE_READS."
 if [[ $FAILED == 1 && ${BENCH_STRICT:-0} == 1 ]]; then
 	exit 1
