@@ -78,7 +78,8 @@ MODEL_BYTES=$(du -sb "$MODEL" | cut -f1)
 "$BDNVOL" push "$HOST/bdnvol:v1" "$MODEL" >/dev/null 2>"$TMP/push.err" || { cat "$TMP/push.err" >&2; die "push failed"; }
 NFILES=$(find "$MODEL" -type f -size +0 | wc -l)
 
-mountpoint_new() { local mp=$TMP/mnt$1; mkdir -p "$mp"; MOUNTS+=("$mp"); echo "$mp"; }
+# mountpoint_new NAME: make $TMP/mntNAME, to be unmounted on exit, in $MP.
+mountpoint_new() { MP=$TMP/mnt$1; mkdir -p "$MP"; MOUNTS+=("$MP"); }
 CACHE=$TMP/cache
 # shellcheck disable=SC2086
 mount_warm() { "$BDNVOL" --cache-dir "$CACHE" mount --daemon --prefetch none ${BENCH_MOUNT_ARGS:-} "$HOST/bdnvol:v1" "$1" >/dev/null; }
@@ -87,7 +88,7 @@ mount_warm() { "$BDNVOL" --cache-dir "$CACHE" mount --daemon --prefetch none ${B
 # and a second open of each (in a second mount) finds its backing file or
 # makes it.
 log "filling the chunk cache"
-MP=$(mountpoint_new fill)
+mountpoint_new fill
 mount_warm "$MP"
 (cd "$MP" && find . -type f -print0 | sort -z | xargs -0 cat >/dev/null)
 "$BDNVOL" umount "$MP" >/dev/null
@@ -97,7 +98,8 @@ mount_warm "$MP"
 BACKINGS=$(find "$CACHE" -path '*/files/*' -type f 2>/dev/null | wc -l)
 log "$BACKINGS backing files for $NFILES non-empty files"
 
-MNT=$(mountpoint_new warm)
+mountpoint_new warm
+MNT=$MP
 mount_warm "$MNT"
 # The mount's files are what the reference reads, in the same order.
 diff <(cd "$MODEL" && find . -type f | sort) <(cd "$MNT" && find . -type f | sort) >/dev/null || die "the mount does not list the checkpoint's files"
