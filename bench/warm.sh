@@ -22,6 +22,7 @@
 # (exit 1 when a target is missed), BENCH_MOUNT_ARGS (extra arguments to
 # `bdnvol mount`, e.g. --no-passthrough), as in bench/mount.sh.
 set -euo pipefail
+shopt -s inherit_errexit # a reader failing inside $(...) fails the bench
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=$ROOT/bench/.bin
@@ -58,7 +59,9 @@ MOUNTS=()
 cleanup() {
 	local mp
 	for mp in "${MOUNTS[@]}"; do
-		mountpoint -q "$mp" 2>/dev/null && { "$BDNVOL" umount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null || true; }
+		if grep -qF " $mp " /proc/self/mountinfo; then
+			"$BDNVOL" umount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null || true
+		fi
 	done
 	[[ -n $REG_PID ]] && { kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; }
 	if [[ ${BENCH_KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
@@ -75,7 +78,8 @@ MODEL_BYTES=$(du -sb "$MODEL" | cut -f1)
 "$BDNVOL" push "$HOST/bdnvol:v1" "$MODEL" >/dev/null 2>"$TMP/push.err" || { cat "$TMP/push.err" >&2; die "push failed"; }
 NFILES=$(find "$MODEL" -type f -size +0 | wc -l)
 
-mountpoint_new() { local mp=$TMP/mnt$1; mkdir -p "$mp"; MOUNTS+=("$mp"); echo "$mp"; }
+# mountpoint_new NAME: make $TMP/mntNAME, to be unmounted on exit, in $MP.
+mountpoint_new() { MP=$TMP/mnt$1; mkdir -p "$MP"; MOUNTS+=("$MP"); }
 CACHE=$TMP/cache
 # shellcheck disable=SC2086
 mount_warm() { "$BDNVOL" --cache-dir "$CACHE" mount --daemon --prefetch none ${BENCH_MOUNT_ARGS:-} "$HOST/bdnvol:v1" "$1" >/dev/null; }
@@ -84,7 +88,7 @@ mount_warm() { "$BDNVOL" --cache-dir "$CACHE" mount --daemon --prefetch none ${B
 # and a second open of each (in a second mount) finds its backing file or
 # makes it.
 log "filling the chunk cache"
-MP=$(mountpoint_new fill)
+mountpoint_new fill
 mount_warm "$MP"
 (cd "$MP" && find . -type f -print0 | sort -z | xargs -0 cat >/dev/null)
 "$BDNVOL" umount "$MP" >/dev/null
@@ -94,10 +98,22 @@ mount_warm "$MP"
 BACKINGS=$(find "$CACHE" -path '*/files/*' -type f 2>/dev/null | wc -l)
 log "$BACKINGS backing files for $NFILES non-empty files"
 
-MNT=$(mountpoint_new warm)
+mountpoint_new warm
+MNT=$MP
 mount_warm "$MNT"
 # The mount's files are what the reference reads, in the same order.
 diff <(cd "$MODEL" && find . -type f | sort) <(cd "$MNT" && find . -type f | sort) >/dev/null || die "the mount does not list the checkpoint's files"
+(cd "$MODEL" && find . -type f -print0 | xargs -0 -I{} cmp {} "$MNT/{}") || die "the mount's bytes differ from the checkpoint's"
+# fuse_reads: the FUSE READ requests the mount served for its top-level
+# files; fails when the mount is gone.
+fuse_reads() {
+	python3 - "$MNT" <<-'EOF'
+		import os, sys
+		d = sys.argv[1]
+		print(sum(int(os.getxattr(os.path.join(d, n), "user.bdnvol.fuse-reads")) for n in os.listdir(d) if os.path.isfile(os.path.join(d, n))))
+	EOF
+}
+READS0=$(fuse_reads) || die "the mount is gone"
 
 # Readers: each takes a directory and reads it all.
 read_seq() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 cat >/dev/null); }
@@ -114,7 +130,7 @@ timed() {
 }
 median() { sort -g | awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 # faults READER DIR: minor+major page faults of one run (mmap reader).
-faults() { [[ -n $TIMEV ]] && $TIMEV -f '%R %F' "$LOADER" -mode mmap "$2" 2>&1 >/dev/null | tail -1 | awk '{print $1 + $2}'; }
+faults() { $TIMEV -f '%R %F' "$LOADER" -mode mmap "$2" 2>&1 >/dev/null | tail -1 | awk '{printf "%d minor + %d major", $1, $2}'; }
 
 # measure MODE READER: one run of a row; prints "local mount".
 measure() {
@@ -145,7 +161,8 @@ for mode in dropped cached; do
 	for r in seq par4 mmap; do
 		res=()
 		for i in $(seq 1 "$RUNS"); do
-			read -r l m < <(measure "$mode" "$r")
+			out=$(measure "$mode" "$r") || die "$mode $r: a reader failed"
+			read -r l m <<<"$out"
 			res+=("$l $m")
 			log "$mode $r run $i: local ${l}s, mount ${m}s ($(awk -v a="$m" -v b="$l" 'BEGIN {printf "%.2f", a / b}')x)"
 		done
@@ -154,17 +171,19 @@ for mode in dropped cached; do
 			END {k = int((NR + 1) / 2); printf "%s %s %.2f %.2f %.2f", l[k], m[k], r[k], r[1], r[NR]}')")
 	done
 done
-MF_LOCAL= MF_MOUNT=
+MF_LOCAL= MF_MOUNT= DF_LOCAL= DF_MOUNT=
 if [[ -n $TIMEV ]]; then
 	read_mmap "$MODEL" && read_mmap "$MNT"
 	MF_LOCAL=$(faults mmap "$MODEL") MF_MOUNT=$(faults mmap "$MNT")
+	if [[ $DROP == 1 ]]; then
+		drop
+		DF_LOCAL=$(faults mmap "$MODEL")
+		drop
+		DF_MOUNT=$(faults mmap "$MNT")
+	fi
 fi
-FUSE_READS=0
-for f in "$MNT"/*; do
-	[[ -f $f ]] || continue
-	n=$(getfattr --only-values -n user.bdnvol.fuse-reads "$f" 2>/dev/null || python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], "user.bdnvol.fuse-reads").decode())' "$f" 2>/dev/null || echo 0)
-	FUSE_READS=$((FUSE_READS + n))
-done
+READS1=$(fuse_reads) || die "the mount is gone after the runs"
+FUSE_READS=$((READS1 - READS0))
 
 # --- report ------------------------------------------------------------------
 name() {
@@ -188,8 +207,11 @@ for row in "${ROWS[@]}"; do
 	printf '| %s | %s | %s | %s | %s | %s–%s | ≤ 1.1× | %s |\n' "$(name "$r")" "$mode" "$l" "$m" "$ratio" "$lo" "$hi" "$ok"
 done
 echo
-[[ -n $MF_LOCAL ]] && echo "mmap loader, all cached: $MF_LOCAL page faults on local files, $MF_MOUNT through the mount."
-echo "FUSE READ requests the warm mount served for the top-level files during all runs: $FUSE_READS."
+if [[ -n $MF_LOCAL ]]; then
+	echo "Page faults of one mmap load, all cached: $MF_LOCAL on local files, $MF_MOUNT through the mount."
+	[[ -n $DF_LOCAL ]] && echo "Page caches dropped: $DF_LOCAL on local files, $DF_MOUNT through the mount."
+fi
+echo "FUSE READ requests the warm mount served for the top-level files during the timed runs: $FUSE_READS."
 if [[ $FAILED == 1 && ${BENCH_STRICT:-0} == 1 ]]; then
 	exit 1
 fi
