@@ -46,6 +46,9 @@ func Publish(ctx context.Context, t oci.Target, src layout.Source, opt PublishOp
 	if opt.Push.Params == (layout.Params{}) {
 		opt.Push.Params = PreviousParams(ctx, t, opt.Tag)
 	}
+	if opt.Check != nil {
+		opt.Push.Destination = "" // Check needs the whole index, which reused pieces are not in
+	}
 	res, err := layout.Push(ctx, t, src, opt.Push)
 	if err != nil {
 		return nil, err
