@@ -200,9 +200,9 @@ func (v *Version) readIndex(ctx context.Context, src content.Fetcher, first *man
 // the index: its pieces first (version 2), read as they come, then one
 // layer per chunk.
 type layerCheck struct {
-	src  content.Fetcher
-	v    *Version
-	x    *Index
+	src   content.Fetcher
+	v     *Version
+	x     *Index
 	rd    *v2Reader   // nil for a version 1 index
 	next  int         // chunks matched
 	ahead *pieceAhead // pieces being fetched ahead of match
