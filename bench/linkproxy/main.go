@@ -54,7 +54,7 @@ func main() {
 	target := flag.String("target", "", "registry base URL, e.g. http://127.0.0.1:5000")
 	delay := flag.Duration("delay", 20*time.Millisecond, "wait before passing on each request")
 	rate := flag.String("rate", "50MB", "bytes per second per request body, each way (suffix KB, MB, GB: powers of 1000)")
-	logPath := flag.String("log", "", "file to append one line per request to: start and end (ms since the proxy started), method, path, Range, bytes sent")
+	logPath := flag.String("log", "", "file to append one line per request to: arrival and end (Unix seconds), method, path, Range, bytes sent")
 	flag.Parse()
 	u, err := url.Parse(*target)
 	if err != nil || u.Host == "" {
@@ -76,7 +76,7 @@ func main() {
 		if err != nil {
 			log.Fatalf("linkproxy: -log: %v", err)
 		}
-		reqLog = &requestLog{w: f, t0: time.Now()}
+		reqLog = &requestLog{w: f}
 	}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
@@ -169,20 +169,20 @@ func (p *paced) Close() error {
 // startKey keys the time a request arrived in its context.
 type startKey struct{}
 
-// requestLog writes one line per request: arrival and end in milliseconds
-// since t0, method, path, Range header and response bytes.
+// requestLog writes one line per request: arrival and end in Unix
+// seconds (so that they line up with other tools' clocks), method, path,
+// Range header and response bytes.
 type requestLog struct {
 	mu sync.Mutex
 	w  io.Writer
-	t0 time.Time
 }
 
 func (l *requestLog) add(r *http.Request, n int64) {
 	start, _ := r.Context().Value(startKey{}).(time.Time)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fmt.Fprintf(l.w, "%.1f %.1f %s %s range=%q bytes=%d\n", float64(start.Sub(l.t0).Microseconds())/1e3,
-		float64(time.Since(l.t0).Microseconds())/1e3, r.Method, r.URL.Path, r.Header.Get("Range"), n)
+	fmt.Fprintf(l.w, "%.6f %.6f %s %s range=%q bytes=%d\n", float64(start.UnixMicro())/1e6,
+		float64(time.Now().UnixMicro())/1e6, r.Method, r.URL.Path, r.Header.Get("Range"), n)
 }
 
 func parseRate(s string) (float64, error) {
