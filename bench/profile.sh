@@ -93,7 +93,7 @@ print(8 + n, 8 + n + b, e - b)
 PY
 )
 
-"$BIN/linkproxy" -target "http://$DIRECT" -delay "${BENCH_DELAY:-20ms}" -rate "${BENCH_RATE:-50MB}" >"$TMP/linkproxy.addr" 2>"$TMP/linkproxy.log" &
+"$BIN/linkproxy" -log "$TMP/requests.log" -target "http://$DIRECT" -delay "${BENCH_DELAY:-20ms}" -rate "${BENCH_RATE:-50MB}" >"$TMP/linkproxy.addr" 2>"$TMP/linkproxy.log" &
 LINK_PID=$!
 for _ in $(seq 1 100); do [[ -s $TMP/linkproxy.addr ]] && break; sleep 0.1; done
 HOST=$(head -1 "$TMP/linkproxy.addr")
@@ -171,7 +171,10 @@ COLD_CPU=$(cpu "$(daemon_pid)")
 
 log "first mid-shard tensor, 5 runs"
 RANGE_URL="http://$HOST/v2/raw/blobs/$SHARD_DIGEST"
-FIRSTS=() RANGES=()
+FIRSTS=() RANGES=() SPLITS=() WAITS=()
+# runq_wait PID: milliseconds the process's threads spent runnable but not
+# running (waiting for a CPU), summed: what a loaded machine adds.
+runq_wait() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{w += $2} END {printf "%.0f", w / 1e6}'; }
 for _ in 1 2 3 4 5; do
 	N=$((N + 1))
 	MP=$TMP/mnt$N
@@ -179,10 +182,16 @@ for _ in 1 2 3 4 5; do
 	MOUNTS+=("$MP")
 	settle "$MODEL" "$BIN"
 	T0=$(now)
-	"$BDNVOL" --cache-dir "$TMP/cache$N" mount --daemon --profile off "$REF" "$MP" >/dev/null 2>&1
+	echo "=== first tensor run $N" >>"$TMP/requests.log"
+	"$BDNVOL" --cache-dir "$TMP/cache$N" mount --daemon --profile off "$REF" "$MP" >/dev/null 2>"$TMP/mount.err"
+	T1=$(now)
 	dd if="$MP/$SHARD" of=/dev/null bs=1M iflag=count_bytes count="$HLEN" status=none
+	T2=$(now)
 	dd if="$MP/$SHARD" of=/dev/null bs=1M iflag=skip_bytes,count_bytes skip="$TOFF" count="$TLEN" status=none
-	FIRSTS+=("$(secs "$T0" "$(now)")")
+	T3=$(now)
+	FIRSTS+=("$(secs "$T0" "$T3")")
+	SPLITS+=("$(secs "$T0" "$T1") + $(secs "$T1" "$T2") + $(secs "$T2" "$T3")")
+	WAITS+=("$(runq_wait "$(daemon_pid)")")
 	"$BDNVOL" umount "$MP" >/dev/null 2>&1
 	RANGES+=("$(curl -s -o /dev/null -w '%{time_total}' -r "$TOFF-$((TOFF + TLEN - 1))" "$RANGE_URL")")
 done
@@ -207,4 +216,13 @@ for i in 0 1 2 3 4; do
 	echo "| first mid-shard tensor, fresh mount (run $((i + 1))) | ${FIRSTS[$i]} | | one range GET | ${RANGES[$i]} | $(ratio "${FIRSTS[$i]}" "${RANGES[$i]}")x |"
 done
 echo
+echo "First-tensor runs, mount + header + tensor (s), and the mount daemon's run-queue wait (ms, all threads):"
+for i in 0 1 2 3 4; do
+	echo "run $((i + 1)): ${SPLITS[$i]}; ${WAITS[$i]} ms"
+done
+echo
 echo "Loading the pulled copy alone took ${LOAD_LOCAL}s (page cache warm from the pull)."
+echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+if [[ ${BENCH_KEEP:-0} == 1 ]]; then
+	echo "Request timeline (linkproxy -log): $TMP/requests.log."
+fi

@@ -54,6 +54,7 @@ func main() {
 	target := flag.String("target", "", "registry base URL, e.g. http://127.0.0.1:5000")
 	delay := flag.Duration("delay", 20*time.Millisecond, "wait before passing on each request")
 	rate := flag.String("rate", "50MB", "bytes per second per request body, each way (suffix KB, MB, GB: powers of 1000)")
+	logPath := flag.String("log", "", "file to append one line per request to: arrival and end (Unix seconds), method, path, Range, bytes sent")
 	flag.Parse()
 	u, err := url.Parse(*target)
 	if err != nil || u.Host == "" {
@@ -69,6 +70,14 @@ func main() {
 	}
 	fmt.Println(ln.Addr().String())
 	os.Stdout.Sync()
+	var reqLog *requestLog
+	if *logPath != "" {
+		f, err := os.OpenFile(*logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			log.Fatalf("linkproxy: -log: %v", err)
+		}
+		reqLog = &requestLog{w: f}
+	}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
 	rp.FlushInterval = -1
@@ -81,7 +90,11 @@ func main() {
 		}
 	}()
 	rp.ModifyResponse = func(resp *http.Response) error {
-		resp.Body = &paced{ctx: resp.Request.Context(), r: resp.Body, bps: bps, start: time.Now(), count: &sent}
+		p := &paced{ctx: resp.Request.Context(), r: resp.Body, bps: bps, start: time.Now(), count: &sent}
+		if reqLog != nil {
+			p.done = func(n int64) { reqLog.add(resp.Request, n) }
+		}
+		resp.Body = p
 		return nil
 	}
 	director := rp.Director
@@ -92,6 +105,9 @@ func main() {
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
+		if reqLog != nil {
+			r = r.WithContext(context.WithValue(r.Context(), startKey{}, time.Now()))
+		}
 		select {
 		case <-time.After(*delay):
 		case <-r.Context().Done():
@@ -114,6 +130,7 @@ type paced struct {
 	n     int64
 	count *atomic.Int64 // bytes read, when not nil
 	timer *time.Timer
+	done  func(n int64) // called once with the bytes read, at Close, when not nil
 }
 
 func (p *paced) Read(b []byte) (int, error) {
@@ -141,7 +158,32 @@ func (p *paced) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func (p *paced) Close() error { return p.r.Close() }
+func (p *paced) Close() error {
+	if p.done != nil {
+		p.done(p.n)
+		p.done = nil
+	}
+	return p.r.Close()
+}
+
+// startKey keys the time a request arrived in its context.
+type startKey struct{}
+
+// requestLog writes one line per request: arrival and end in Unix
+// seconds (so that they line up with other tools' clocks), method, path,
+// Range header and response bytes.
+type requestLog struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *requestLog) add(r *http.Request, n int64) {
+	start, _ := r.Context().Value(startKey{}).(time.Time)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, "%.6f %.6f %s %s range=%q bytes=%d\n", float64(start.UnixMicro())/1e6,
+		float64(time.Now().UnixMicro())/1e6, r.Method, r.URL.Path, r.Header.Get("Range"), n)
+}
 
 func parseRate(s string) (float64, error) {
 	mult := 1.0

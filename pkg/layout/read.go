@@ -85,7 +85,11 @@ func OpenWith(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor,
 	if first.Config.Digest != "" {
 		v.Meta = append(v.Meta, first.Config)
 	}
-	m := &layerCheck{src: src, v: v}
+	// The pieces of a version 2 index are fetched while the top-level
+	// index is: the manifest lists them, so no round trip waits on another.
+	ahead := startPieces(ctx, src, first)
+	defer ahead.stop()
+	m := &layerCheck{src: src, v: v, ahead: ahead}
 	if m.x, m.rd, err = v.readIndex(ctx, src, first, opt.SkipEdges); err != nil {
 		return nil, err
 	}
@@ -196,11 +200,12 @@ func (v *Version) readIndex(ctx context.Context, src content.Fetcher, first *man
 // the index: its pieces first (version 2), read as they come, then one
 // layer per chunk.
 type layerCheck struct {
-	src  content.Fetcher
-	v    *Version
-	x    *Index
-	rd   *v2Reader // nil for a version 1 index
-	next int       // chunks matched
+	src   content.Fetcher
+	v     *Version
+	x     *Index
+	rd    *v2Reader   // nil for a version 1 index
+	next  int         // chunks matched
+	ahead *pieceAhead // pieces being fetched ahead of match
 }
 
 // match checks the next layer ll.
@@ -212,7 +217,10 @@ func (m *layerCheck) match(ctx context.Context, ll layer) error {
 		if l.Digest != p.Digest || l.Size != p.Size || l.MediaType != MediaTypePiece {
 			return fmt.Errorf("%s: %w: layer %s does not match index piece %s", desc.Digest, ErrInvalidIndex, l.Digest, p.Digest)
 		}
-		pb, err := fetchAll(ctx, m.src, l)
+		pb, err := m.ahead.take(ctx, l)
+		if errors.Is(err, errNotAhead) {
+			pb, err = fetchAll(ctx, m.src, l)
+		}
 		if err != nil {
 			return fmt.Errorf("index piece %s of %s: %w", l.Digest, desc.Digest, err)
 		}
