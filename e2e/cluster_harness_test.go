@@ -253,11 +253,8 @@ func (c *cluster) prepareKubeletDir() {
 	if err := os.MkdirAll(kubeletDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mount(kubeletDir, kubeletDir, "", syscall.MS_BIND, ""); err != nil {
-		t.Fatalf("bind-mount %s on itself: %v", kubeletDir, err)
-	}
-	if err := syscall.Mount("", kubeletDir, "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
-		t.Fatalf("make %s rshared: %v", kubeletDir, err)
+	if err := bindShared(kubeletDir); err != nil {
+		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(kubeletDir, clusterMark), nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -280,7 +277,7 @@ func unmountUnder(prefix string) {
 		}
 		sort.Slice(mps, func(i, j int) bool { return len(mps[i]) > len(mps[j]) })
 		for _, mp := range mps {
-			syscall.Unmount(mp, syscall.MNT_DETACH)
+			detachMount(mp)
 		}
 	}
 }

@@ -111,7 +111,7 @@ func startCSIWith(t *testing.T, linger time.Duration, cacheSize string, mounterF
 		for _, line := range strings.Split(string(b), "\n") {
 			f := strings.Fields(line)
 			if len(f) > 4 && strings.HasPrefix(f[4], root) {
-				syscall.Unmount(f[4], syscall.MNT_DETACH)
+				detachMount(f[4])
 			}
 		}
 		if t.Failed() {

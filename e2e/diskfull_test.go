@@ -23,11 +23,11 @@ func mountTmpfs(t *testing.T, size string) string {
 		t.Fatal(err)
 	}
 	unmount := func() {
-		if err := syscall.Unmount(dir, 0); err != nil {
-			syscall.Unmount(dir, syscall.MNT_DETACH)
+		if err := unmountNow(dir); err != nil {
+			detachMount(dir)
 		}
 	}
-	err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0755")
+	err := mountTmpfsAt(dir, "size="+size+",mode=0755")
 	if err != nil {
 		// Not root: passwordless sudo, as CI machines often have.
 		opts := fmt.Sprintf("size=%s,mode=0755,uid=%d,gid=%d", size, os.Getuid(), os.Getgid())

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"golang.org/x/sys/unix"
+
 	"bytes"
 	"errors"
 	"net"
@@ -98,7 +100,7 @@ func forceUnmount(t *testing.T, mp string) {
 			return
 		}
 	}
-	syscall.Unmount(mp, syscall.MNT_DETACH)
+	detachMount(mp)
 }
 
 // mountedAt reports whether the mount table lists a FUSE mount at mp. It
@@ -117,7 +119,7 @@ func mountedAt(mp string) bool {
 func getxattr(t *testing.T, p, name string) string {
 	t.Helper()
 	buf := make([]byte, 256)
-	n, err := syscall.Getxattr(p, name, buf)
+	n, err := unix.Getxattr(p, name, buf)
 	if err != nil {
 		t.Fatalf("getxattr %s %s: %v", p, name, err)
 	}
