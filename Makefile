@@ -91,7 +91,7 @@ cluster-deps:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq containerd runc busybox-static >/dev/null; }
 
 e2e: $(COSIGN) cluster-tools cluster-deps
-	cd e2e && BDNVOL_COSIGN=$(COSIGN) CI=$${CI:-true} $(GO) test -count=1 -timeout 25m ./...
+	cd e2e && BDNVOL_COSIGN=$(COSIGN) CI=$${CI:-true} $(GO) test -count=1 -timeout 40m ./...
 
 # Unit tests first, then vet, fuzz and the end-to-end tests. The image pin in
 # deploy/ is a release step (make release-check), not part of the inner loop:

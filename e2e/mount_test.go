@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"golang.org/x/sys/unix"
-
 	"bytes"
 	"errors"
 	"net"
@@ -17,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bdnvol/bdnvol/e2e/synth"
 )
