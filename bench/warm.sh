@@ -103,6 +103,15 @@ MNT=$MP
 mount_warm "$MNT"
 # The mount's files are what the reference reads, in the same order.
 diff <(cd "$MODEL" && find . -type f | sort) <(cd "$MNT" && find . -type f | sort) >/dev/null || die "the mount does not list the checkpoint's files"
+# The backing files' pages are still those the assembly wrote: one mmap
+# load now, against one of the local files, both in the page cache.
+FRESH=
+if [[ -n $TIMEV ]]; then
+	"$LOADER" -mode mmap "$MODEL" >/dev/null
+	FRESH_LOCAL=$($TIMEV -f '%e s, %R faults' "$LOADER" -mode mmap "$MODEL" 2>&1 >/dev/null | tail -1)
+	FRESH_MOUNT=$($TIMEV -f '%e s, %R faults' "$LOADER" -mode mmap "$MNT" 2>&1 >/dev/null | tail -1)
+	FRESH="mmap load right after the backing files were made (their pages as written): $FRESH_MOUNT through the mount, $FRESH_LOCAL on local files (cached)."
+fi
 (cd "$MODEL" && find . -type f -print0 | xargs -0 -I{} cmp {} "$MNT/{}") || die "the mount's bytes differ from the checkpoint's"
 # fuse_reads: the FUSE READ requests the mount served for its top-level
 # files; fails when the mount is gone.
@@ -210,6 +219,7 @@ echo
 if [[ -n $MF_LOCAL ]]; then
 	echo "Page faults of one mmap load, all cached: $MF_LOCAL on local files, $MF_MOUNT through the mount."
 	[[ -n $DF_LOCAL ]] && echo "Page caches dropped: $DF_LOCAL on local files, $DF_MOUNT through the mount."
+	echo "The first $FRESH"
 fi
 echo "FUSE READ requests the warm mount served for the top-level files during the timed runs: $FUSE_READS."
 if [[ $FAILED == 1 && ${BENCH_STRICT:-0} == 1 ]]; then
