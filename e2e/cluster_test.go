@@ -596,7 +596,7 @@ now() { read up rest </proc/uptime; echo $(( ${up%%.*}${up#*.} * 10 )); }
 		devsBefore := fuseDevices(kubeletDir)
 		mounterPods := func() string {
 			out, _ := c.kubectlErr("get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/component=mounter",
-				"-o", `jsonpath={range .items[*]}{.metadata.name} {.status.phase}{"\n"}{end}`)
+				"-o", `jsonpath={range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}`)
 			return strings.TrimSpace(out)
 		}
 		holderPods := func() string {
@@ -612,7 +612,7 @@ now() { read up rest </proc/uptime; echo $(( ${up%%.*}${up#*.} * 10 )); }
 		rollout := time.Since(t0)
 		newMounter := mounterPods()
 		if newMounter == oldMounter || strings.Contains(newMounter, "\n") {
-			t.Errorf("mounter pods before the rollout %q, after %q: want one new pod", oldMounter, newMounter)
+			t.Errorf("running mounter pods before the rollout %q, after %q: want one new pod", oldMounter, newMounter)
 		}
 		if h := holderPods(); h != oldHolder {
 			t.Errorf("the fd holder pod changed with the mounter's rollout: %q, then %q", oldHolder, h)

@@ -85,6 +85,20 @@ func ServeFDHolder(ctx context.Context, opt FDHolderOptions) error {
 		case <-arrived:
 		case <-time.After(opt.DetachAfter):
 		}
+	} else if held > 0 {
+		// A mounter stopping with the holder (an uninstall, both pods
+		// deleted) leaves its mounts to it: were the holder to go first,
+		// nobody would serve or detach them. Wait for the mounters to stay
+		// or go; if they all go, detach below.
+		log.Info("stopping with a mounter connected: waiting to see it stay", "mounts", held, "for", opt.DetachAfter.String())
+		for deadline := time.Now().Add(opt.DetachAfter); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			h.mu.Lock()
+			gone := h.mounters == 0
+			h.mu.Unlock()
+			if gone {
+				break
+			}
+		}
 	}
 	l.Close()
 	h.mu.Lock()

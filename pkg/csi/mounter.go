@@ -420,8 +420,9 @@ func writeError(w http.ResponseWriter, err error) {
 	json.NewEncoder(w).Encode(apiError{Kind: kind, Message: err.Error()})
 }
 
-// Listen listens on the unix socket at path, replacing a stale one. The
-// socket is made 0600, whatever the umask: only root may call it.
+// Listen listens on the unix socket at path, replacing a stale one (or a
+// predecessor's: closing the listener leaves the path alone). The socket
+// is made 0600, whatever the umask: only root may call it.
 func Listen(path string) (net.Listener, error) {
 	path = strings.TrimPrefix(path, "unix://")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -438,5 +439,8 @@ func Listen(path string) (net.Listener, error) {
 		l.Close()
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
+	// A successor may have replaced the socket by now: closing must not
+	// remove its socket.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	return l, nil
 }

@@ -107,7 +107,7 @@ func (r *handoffFS) Open(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.O
 		return fuse.EIO
 	}
 	out.Fh = 0
-	out.OpenFlags = fuse.FOPEN_KEEP_CACHE
+	out.OpenFlags = fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH
 	return fuse.OK
 }
 
@@ -151,8 +151,9 @@ func cancelContext(cancel <-chan struct{}) (context.Context, func()) {
 // Release needs nothing: handles hold nothing.
 func (r *handoffFS) Release(cancel <-chan struct{}, input *fuse.ReleaseIn) {}
 
-// Flush succeeds: nothing is written.
-func (r *handoffFS) Flush(cancel <-chan struct{}, input *fuse.FlushIn) fuse.Status { return fuse.OK }
+// Flush is not served (ENOSYS, from the embedded default): the kernel
+// then sends no FLUSH again on this connection, so a close() never waits
+// for a server, even while no process serves the mount (a handoff).
 
 // OpenDir opens a directory, letting the kernel keep its listing.
 func (r *handoffFS) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
