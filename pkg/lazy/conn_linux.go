@@ -167,7 +167,7 @@ func serveConn(dir string, master *os.File, init []byte, ps *fuse.ProtocolServer
 		id: connOf(dir), ps: ps, stopFd: stop, gone: make(chan struct{}), log: opt.Logger}
 	for range connReaders {
 		c.readers.Add(1)
-		go c.serve()
+		go c.serve(cfd)
 	}
 	return c, nil
 }
@@ -183,13 +183,14 @@ func readRetry(fd int, buf []byte) (int, error) {
 	}
 }
 
-// serve reads and answers requests until the connection ends or Drain
-// asks it to stop: each request read is answered first.
-func (c *Conn) serve() {
+// serve reads and answers requests on fd, c's clone, until the connection
+// ends or Drain asks it to stop: each request read is answered first. It
+// takes the descriptor number rather than reading c.clone, which Drain
+// closes once every reader has returned.
+func (c *Conn) serve(fd int) {
 	defer c.readers.Done()
 	in := make([]byte, connBuf)
 	out := make([]byte, connBuf)
-	fd := int(c.clone.Fd())
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(c.stopFd), Events: unix.POLLIN}}
 	for {
 		fds[0].Revents, fds[1].Revents = 0, 0
