@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -127,8 +128,29 @@ func MountConn(dir string, v *Volume, opt ConnOptions) (*Conn, error) {
 		master.Close()
 		return nil, err
 	}
+	askNoPoll(dir)
 	return c, nil
 }
+
+// askNoPoll has the kernel ask the server of the mount at dir for POLL
+// once, which the protocol server answers ENOSYS: the kernel then sends no
+// more for the connection, whoever serves it later. Otherwise every file
+// the Go runtime opens on the mount asks POLL from inside epoll_ctl, where
+// a garbage collection cannot stop it: a process that serves the mount and
+// also opens files on it (the tests, a warm-up) deadlocks when a GC starts
+// while the POLL waits on the stopped readers.
+func askNoPoll(dir string) {
+	fd, err := unix.Open(filepath.Join(dir, pollProbeName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
+	unix.Close(fd)
+}
+
+// pollProbeName is the file name go-fuse's protocol server answers on its
+// own (a file whose POLL is answered ENOSYS), outside any volume's tree.
+const pollProbeName = ".go-fuse-epoll-hack"
 
 // ResumeConn serves v on a mount at dir that another process mounted and
 // served: master is the mount's master descriptor (see Conn.Master) and
