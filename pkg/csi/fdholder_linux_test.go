@@ -77,9 +77,10 @@ func fuseMount(t *testing.T) (string, *os.File) {
 		master.Close()
 		t.Fatal(err)
 	}
-	id, _ := mountedAt(t, dir)
 	t.Cleanup(func() {
-		if id != "" {
+		// The connection mounted at dir now (ours: dir is this test's); a
+		// number read earlier may have been reused by another mount since.
+		if id, ok := mountedAt(t, dir); ok && id != "" {
 			os.WriteFile("/sys/fs/fuse/connections/"+id+"/abort", []byte("1"), 0)
 		}
 		unix.Unmount(dir, unix.MNT_DETACH)
