@@ -140,7 +140,7 @@ func TestConnSweepRemovesDeadTestMounts(t *testing.T) {
 		return dir, fd
 	}
 	dead, fd := mount()
-	unix.Close(fd) // the server died: statfs fails with ENOTCONN
+	unix.Close(fd)     // the server died: statfs fails with ENOTCONN
 	live, _ := mount() // nobody answers: not known to be dead
 	sweepDeadTestMounts()
 	if connOf(dead) != "" {
