@@ -137,7 +137,11 @@ func (m *Mounter) resume(ctx context.Context, h heldMount, f *os.File) error {
 		vol.Close()
 		return err
 	}
-	m.add(ref, h, vol, pinned, conn, prefetch)
+	if _, ok := m.add(ref, h, vol, pinned, conn, prefetch); !ok {
+		conn.Drain()
+		vol.Close()
+		return errors.New("this mounter handed its mounts over already")
+	}
 	m.log.Info("serving a mount taken over", "ref", pinned, "path", h.Mountpoint)
 	return nil
 }
@@ -182,12 +186,25 @@ func (m *Mounter) ServeHandoff(ctx context.Context, l *net.UnixListener) {
 	}
 }
 
-// handOver drains every mount and sends it on c. A mount that cannot be
-// sent is served here again.
+// handoffMountWait bounds how long a handoff waits for the mounts in
+// progress when it starts (a mount opening its version) to finish, so that
+// it hands them over too.
+var handoffMountWait = 30 * time.Second
+
+// handOver refuses new mounts, waits (up to handoffMountWait) for the
+// mounts in progress, then drains every mount and sends it on c. A mount
+// that cannot be sent is served here again; one still in progress after
+// the wait fails (see add), and its request is retried on the successor.
 func (m *Mounter) handOver(c *net.UnixConn) {
 	start := time.Now()
 	m.mu.Lock()
 	m.handedOver = true
+	m.mu.Unlock()
+	if n := m.waitInflight(handoffMountWait); n > 0 {
+		m.log.Warn("handoff: mounts still in progress are not handed over", "mounts", n, "waited", handoffMountWait.String())
+	}
+	m.mu.Lock()
+	m.gaveAway = true
 	all := m.served
 	m.served = map[string]*mounted{}
 	m.mu.Unlock()
@@ -235,6 +252,31 @@ func (m *Mounter) handOver(c *net.UnixConn) {
 		m.log.Warn("handoff to a successor", "sent", sent, "error", failed.Error())
 	}
 	m.log.Info("handed the mounts over to a successor", "mounts", sent, "seconds", time.Since(start).Seconds())
+}
+
+// waitInflight waits up to limit for the mounts in progress to finish and
+// returns how many still are.
+func (m *Mounter) waitInflight(limit time.Duration) int {
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	for {
+		m.mu.Lock()
+		var wait chan struct{}
+		for _, ch := range m.inflight {
+			wait = ch
+			break
+		}
+		n := len(m.inflight)
+		m.mu.Unlock()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-wait:
+		case <-deadline.C:
+			return n
+		}
+	}
 }
 
 // holderClient is the mounter's connection to the fd holder; it
