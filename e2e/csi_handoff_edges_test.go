@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"bytes"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -24,6 +27,8 @@ type gateProxy struct {
 	mu      sync.Mutex
 	open    chan struct{} // closed while the gate is open
 	holding atomic.Int32
+	down    atomic.Bool // answer 503 to every request
+	refused atomic.Int32
 }
 
 // newGateProxy starts an open gate in front of reg.
@@ -37,6 +42,11 @@ func newGateProxy(t *testing.T, reg *registry) *gateProxy {
 	close(g.open)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.down.Load() {
+			g.refused.Add(1)
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
 		g.mu.Lock()
 		open := g.open
 		g.mu.Unlock()
@@ -135,4 +145,84 @@ func TestCSIMounterHandoffMountInProgress(t *testing.T) {
 	}
 	compareTrees(t, src, a.target)
 	compareTrees(t, src2, b.target)
+}
+
+// TestCSIMounterResumeRetries: the mounter is killed (the fd holder keeps
+// its mount) and its successor starts while the registry is down and the
+// cache is empty, so that it cannot open the version: it keeps the mount
+// and retries; a read meanwhile waits in the kernel's queue, and gets the
+// right bytes once the registry is back.
+func TestCSIMounterResumeRetries(t *testing.T) {
+	reg := newDistribution(t)
+	gate := newGateProxy(t, reg)
+	src := filepath.Join(t.TempDir(), "model")
+	if err := synth.Generate(src, synth.Options{TargetBytes: 8 << 20, Shards: 2, Seed: 38}); err != nil {
+		t.Fatal(err)
+	}
+	d := push(t, reg.Host+"/vols/retry", reg.Host+"/vols/retry:v1", src)
+	n := startCSIWith(t, time.Minute, "1GiB", nil)
+	h := n.startHolder()
+	n.mounterFlags = []string{"--fd-holder", h.socket}
+	stopProcess(t, n.mounter, 30*time.Second)
+	n.startMounter()
+	a := n.newPod("a")
+	n.mustPublish(a, gate.Host+"/vols/retry@"+d, "")
+	f, err := os.Open(filepath.Join(a.target, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n.kill9Mounter()
+	gate.down.Store(true)
+	ents, _ := os.ReadDir(n.cacheDir)
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(n.cacheDir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := make(chan error, 1)
+	var got []byte
+	go func() {
+		var err error
+		got, err = io.ReadAll(f)
+		read <- err
+	}()
+	start := time.Now()
+	n.startSuccessor(bin(t), "--fd-holder", h.socket)
+	time.Sleep(2 * time.Second)
+	select {
+	case err := <-read:
+		t.Fatalf("a read while the successor cannot open the version returned %v; want it to wait", err)
+	default:
+	}
+	if ms := n.fuseMounts(); len(ms) != 1 {
+		t.Errorf("FUSE mounts while the successor retries: %v, want the one kept", ms)
+	}
+	refused := gate.refused.Load()
+	if refused == 0 {
+		t.Errorf("the successor never asked the registry while it was down:\n%s", n.mounterLog)
+	}
+	gate.down.Store(false)
+	up := time.Now()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatalf("the read queued while the successor retried: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the read queued while the successor retried did not return a minute after the registry came back:\n%s", n.mounterLog)
+	}
+	want, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("the read queued while the successor retried returned wrong bytes")
+	}
+	t.Logf("MEASURE successor retrying a mount it cannot open: %d requests refused while down; the queued read returned %v after the registry came back, %v after the successor started",
+		refused, time.Since(up).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	if log := n.mounterLog.String(); !strings.Contains(log, "cannot be served yet: retrying") || !strings.Contains(log, "served after retrying") {
+		t.Errorf("the successor's log does not show it retried:\n%s", log)
+	}
+	compareTrees(t, src, a.target)
 }
