@@ -105,20 +105,106 @@ func (m *Mounter) resumeAll(ctx context.Context, got []received, taken map[strin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := m.resume(ctx, r.h, r.f); err != nil {
-				m.log.Warn("a mount handed over could not be served: detaching it", "mount", r.h.String(), "error", err.Error())
-				r.f.Close()
-				mounts.Detach(r.h.Mountpoint)
-				m.dropHolder(r.h.Key)
+			err := m.resume(ctx, r.h, r.f)
+			if err == nil {
+				mu.Lock()
+				n++
+				mu.Unlock()
 				return
 			}
-			mu.Lock()
-			n++
-			mu.Unlock()
+			if !retryResume(err) {
+				m.giveUp(r, err)
+				return
+			}
+			// The registry or the cache may be back soon: retry in the
+			// background, the kernel queueing the mount's requests
+			// meanwhile; a Mount of it waits as for a mount in progress.
+			m.log.Warn("a mount handed over cannot be served yet: retrying", "mount", r.h.String(), "for", resumeRetryFor.String(), "error", err.Error())
+			done := make(chan struct{})
+			m.mu.Lock()
+			m.inflight[r.h.Key] = done
+			m.mu.Unlock()
+			go m.resumeLater(ctx, r, done)
 		}()
 	}
 	wg.Wait()
 	return n
+}
+
+// How long and how often a mount handed over whose version cannot be
+// opened (registry and cache unreachable) is tried again before it is
+// detached: the first retry after resumeRetryFirst, each next one after
+// twice the wait before, at most resumeRetryMax.
+var (
+	resumeRetryFor   = time.Minute
+	resumeRetryFirst = 250 * time.Millisecond
+	resumeRetryMax   = 10 * time.Second
+)
+
+// retryResume tells whether a failure to serve a mount handed over may
+// pass: not a version that is not there, not a volume, or not readable
+// with the mount's credential.
+func retryResume(err error) bool {
+	switch kindOf(err) {
+	case kindInvalid, kindNotFound, kindPermission:
+		return false
+	}
+	return true
+}
+
+// resumeLater tries to serve r again, with backoff, for up to
+// resumeRetryFor, then gives up on it; done is r's entry in m.inflight,
+// removed and closed when it returns.
+func (m *Mounter) resumeLater(ctx context.Context, r received, done chan struct{}) {
+	defer func() {
+		m.mu.Lock()
+		delete(m.inflight, r.h.Key)
+		close(done)
+		m.mu.Unlock()
+	}()
+	start := time.Now()
+	deadline := start.Add(resumeRetryFor)
+	wait := resumeRetryFirst
+	var err error
+	for attempt := 2; ; attempt++ {
+		if time.Now().Add(wait).After(deadline) {
+			wait = time.Until(deadline)
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			m.giveUp(r, ctx.Err())
+			return
+		}
+		m.mu.Lock()
+		away := m.gaveAway
+		m.mu.Unlock()
+		if away {
+			// Handed over to a successor meanwhile, which did not get this
+			// one (the fd holder, if any, still keeps it): let go of it.
+			m.log.Warn("a mount never served was not handed over", "mount", r.h.String())
+			r.f.Close()
+			return
+		}
+		if err = m.resume(ctx, r.h, r.f); err == nil {
+			m.log.Info("a mount handed over is served after retrying", "mount", r.h.String(), "attempts", attempt, "seconds", time.Since(start).Seconds())
+			return
+		}
+		if !retryResume(err) || !time.Now().Before(deadline) {
+			break
+		}
+		wait = min(2*wait, resumeRetryMax)
+	}
+	m.giveUp(r, err)
+}
+
+// giveUp detaches a mount handed over that cannot be served: its readers
+// see ENOTCONN.
+func (m *Mounter) giveUp(r received, err error) {
+	m.log.Warn("a mount handed over could not be served: detaching it", "mount", r.h.String(), "error", err.Error())
+	r.f.Close()
+	mounts.Detach(r.h.Mountpoint)
+	m.dropHolder(r.h.Key)
 }
 
 // resume serves the mount h, whose master descriptor is f.
@@ -137,7 +223,11 @@ func (m *Mounter) resume(ctx context.Context, h heldMount, f *os.File) error {
 		vol.Close()
 		return err
 	}
-	m.add(ref, h, vol, pinned, conn, prefetch)
+	if _, ok := m.add(ref, h, vol, pinned, conn, prefetch); !ok {
+		conn.Drain()
+		vol.Close()
+		return errors.New("this mounter handed its mounts over already")
+	}
 	m.log.Info("serving a mount taken over", "ref", pinned, "path", h.Mountpoint)
 	return nil
 }
@@ -182,12 +272,25 @@ func (m *Mounter) ServeHandoff(ctx context.Context, l *net.UnixListener) {
 	}
 }
 
-// handOver drains every mount and sends it on c. A mount that cannot be
-// sent is served here again.
+// handoffMountWait bounds how long a handoff waits for the mounts in
+// progress when it starts (a mount opening its version) to finish, so that
+// it hands them over too.
+var handoffMountWait = 30 * time.Second
+
+// handOver refuses new mounts, waits (up to handoffMountWait) for the
+// mounts in progress, then drains every mount and sends it on c. A mount
+// that cannot be sent is served here again; one still in progress after
+// the wait fails (see add), and its request is retried on the successor.
 func (m *Mounter) handOver(c *net.UnixConn) {
 	start := time.Now()
 	m.mu.Lock()
 	m.handedOver = true
+	m.mu.Unlock()
+	if n := m.waitInflight(handoffMountWait); n > 0 {
+		m.log.Warn("handoff: mounts still in progress are not handed over", "mounts", n, "waited", handoffMountWait.String())
+	}
+	m.mu.Lock()
+	m.gaveAway = true
 	all := m.served
 	m.served = map[string]*mounted{}
 	m.mu.Unlock()
@@ -235,6 +338,31 @@ func (m *Mounter) handOver(c *net.UnixConn) {
 		m.log.Warn("handoff to a successor", "sent", sent, "error", failed.Error())
 	}
 	m.log.Info("handed the mounts over to a successor", "mounts", sent, "seconds", time.Since(start).Seconds())
+}
+
+// waitInflight waits up to limit for the mounts in progress to finish and
+// returns how many still are.
+func (m *Mounter) waitInflight(limit time.Duration) int {
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	for {
+		m.mu.Lock()
+		var wait chan struct{}
+		for _, ch := range m.inflight {
+			wait = ch
+			break
+		}
+		n := len(m.inflight)
+		m.mu.Unlock()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-wait:
+		case <-deadline.C:
+			return n
+		}
+	}
 }
 
 // holderClient is the mounter's connection to the fd holder; it

@@ -60,10 +60,13 @@ type Mounter struct {
 	mu       sync.Mutex               // guards the maps and handedOver
 	served   map[string]*mounted      // by mount key (see MountKey)
 	inflight map[string]chan struct{} // mount keys being mounted; closed when done
-	// handedOver is set once a successor took the mounts: new mounts are
-	// refused.
+	// handedOver is set once a successor asked for the mounts: new mounts
+	// are refused.
 	handedOver bool
-	holder     *holderClient // nil without an fd holder
+	// gaveAway is set once the mounts to hand over were taken: a mount in
+	// progress that finishes later was not handed over, and is undone.
+	gaveAway bool
+	holder   *holderClient // nil without an fd holder
 }
 
 // MountKey is what mounts are keyed by: REGISTRY/REPOSITORY@DIGEST, the
@@ -206,7 +209,16 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 		return MountInfo{}, fmt.Errorf("mount %s on %s: %w", pinned, mp, err)
 	}
 	held := heldMount{Key: MountKey(ref), Ref: req.Ref, Mountpoint: mp, Prefetch: req.Prefetch, Auth: req.Auth, Init: conn.Init()}
-	info := m.add(ref, held, vol, pinned, conn, prefetch)
+	info, ok := m.add(ref, held, vol, pinned, conn, prefetch)
+	if !ok {
+		// Mounted after the handoff took the mounts: the successor does not
+		// know it, and this mounter is going.
+		err := conn.Unmount(stopGrace)
+		vol.Close()
+		os.Remove(mp)
+		m.log.Warn("mounted after the handoff: undone, the request is to be retried", "ref", pinned, "path", mp)
+		return MountInfo{}, &kindError{kindUnavailable, errors.Join(fmt.Errorf("%s: this mounter handed its mounts over to a successor while mounting it", pinned), err)}
+	}
 	m.log.Info("mounted", "ref", pinned, "digest", info.Digest, "path", mp)
 	info.New = true
 	return info, nil
@@ -226,14 +238,21 @@ func (m *Mounter) open(ctx context.Context, ref oci.Ref, cred *credential) (*laz
 }
 
 // add records a mount served by conn, gives its descriptor to the fd
-// holder and starts its prefetch.
-func (m *Mounter) add(ref oci.Ref, held heldMount, vol *lazy.Volume, pinned string, conn *lazy.Conn, prefetch func(context.Context, *lazy.Volume) error) MountInfo {
+// holder and starts its prefetch. It records nothing and returns false
+// when the mounts were handed over already (the caller undoes the mount).
+func (m *Mounter) add(ref oci.Ref, held heldMount, vol *lazy.Volume, pinned string, conn *lazy.Conn, prefetch func(context.Context, *lazy.Volume) error) (MountInfo, bool) {
 	idx := vol.Version().Index
 	info := MountInfo{Digest: ref.Digest.String(), Ref: pinned, Key: held.Key, Path: held.Mountpoint, Bytes: idx.Bytes(), Files: int64(idx.Len())}
 	lease := m.hold(vol, held.Ref, pinned, held.Mountpoint)
 	pctx, stop := context.WithCancel(context.Background())
 	s := &mounted{info: info, conn: conn, vol: vol, held: held, stop: stop, lease: lease}
 	m.mu.Lock()
+	if m.gaveAway {
+		m.mu.Unlock()
+		stop()
+		lease()
+		return MountInfo{}, false
+	}
 	m.served[held.Key] = s
 	m.mu.Unlock()
 	m.putHolder(s)
@@ -244,7 +263,7 @@ func (m *Mounter) add(ref oci.Ref, held heldMount, vol *lazy.Volume, pinned stri
 			}
 		}()
 	}
-	return info
+	return info, true
 }
 
 // Unmount unmounts the version with mount key key (see MountKey), if

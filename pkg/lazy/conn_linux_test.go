@@ -32,7 +32,7 @@ func TestConnChangesHands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	track := mountCleanup(t, mnt)
 	list := func() []string {
 		var out []string
 		filepath.Walk(mnt, func(p string, fi os.FileInfo, err error) error {
@@ -55,7 +55,7 @@ func TestConnChangesHands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer open.Close()
+	track(open)
 	want := fx.files["b/big"]
 	head := make([]byte, 4096)
 	if _, err := open.ReadAt(head, 0); err != nil || !bytes.Equal(head, want[:4096]) {
@@ -152,12 +152,12 @@ func TestConnCrashFailsInFlightReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	track := mountCleanup(t, mnt)
 	open, err := os.Open(filepath.Join(mnt, "b/big"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer open.Close()
+	track(open)
 	held, err := unix.Dup(int(c.Master().Fd())) // the fd holder's copy
 	if err != nil {
 		t.Fatal(err)
