@@ -140,8 +140,15 @@ func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint
 func (v *Volume) fileDesc(i int) (ocispec.Descriptor, bool) {
 	e := v.ver.Index.File(i)
 	d := ocispec.Descriptor{Digest: e.Digest, Size: e.Size}
-	return d, e.Size > 0 && e.Digest.Validate() == nil && e.Digest.Algorithm() == "sha256"
+	return d, e.Size >= passthroughMin && e.Digest.Validate() == nil && e.Digest.Algorithm() == "sha256"
 }
+
+// passthroughMin is the size of the smallest file served by passthrough.
+// Below it a backing file costs more than the FUSE reads it saves (a file
+// made, hashed and opened, where FUSE answers one read, then the page
+// cache), and a tree of many small files would get one each: an open of
+// each of 10^5 cached 1 KiB files waited for its own backing file.
+var passthroughMin int64 = 64 << 10
 
 // openBacking returns the cache's backing file of file i, or nil.
 func (v *Volume) openBacking(i int) *chunkcache.Backing {
@@ -239,7 +246,7 @@ const assemblyWrite = 2 << 20
 // cached chunks.
 func (v *Volume) assemble(ctx context.Context, i int, d ocispec.Descriptor) (*chunkcache.Backing, error) {
 	e := v.ver.Index.File(i)
-	buf := make([]byte, 1<<20)
+	buf := make([]byte, min(1<<20, max(e.Size, 1)))
 	return v.opt.Cache.Assemble(ctx, d, func(out io.Writer) error {
 		// Whole, aligned writes of assemblyWrite bytes: the kernel then
 		// caches the file in large folios, which a mapping maps with few
@@ -248,7 +255,7 @@ func (v *Volume) assemble(ctx context.Context, i int, d ocispec.Descriptor) (*ch
 		// offsets (the chunks' own) 2,294 faults and 70-190 ms; 2 MiB
 		// aligned writes 1,463-1,508 faults and 10-24 ms; the same file
 		// read back from disk 600 faults and 4 ms.
-		w := bufio.NewWriterSize(out, assemblyWrite)
+		w := bufio.NewWriterSize(out, int(min(int64(assemblyWrite), max(e.Size, 1))))
 		for _, x := range e.Extents {
 			ch, err := v.opt.Cache.Load(ctx, cachedOnly{}, v.ver.Chunk(x.Chunk))
 			if err != nil {
