@@ -88,7 +88,7 @@ func TestModelPackBombs(t *testing.T) {
 		{"zstd", "tar+zstd", zstdBomb(hdr, 16384), []string{"tar bomb"}},
 		{"gzip", "tar+gzip", gzipBomb(t, hdr, 16), []string{"claims 1099511627776 bytes, and the layer ends after"}},
 	}
-	const rssLimit = 256 << 20
+	const rssLimit = 512 << 20
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			m := newModel(t, nil,
