@@ -18,13 +18,7 @@ import (
 // opened under the first are read under the second, with no error and the
 // right bytes, and a listing is the same.
 func TestConnChangesHands(t *testing.T) {
-	needFUSE(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("MountConn needs root under CI=true")
-		}
-		t.Skip("MountConn needs root")
-	}
+	needConnMount(t)
 	fx, kinds := treeFixture(t)
 	v := fx.open(t, t.TempDir(), Options{})
 	mnt := t.TempDir()
@@ -138,13 +132,7 @@ func equal(a, b []string) bool {
 // answered by a new server on the master (or fails with ECONNABORTED),
 // never hangs; the next reads get the right bytes.
 func TestConnCrashFailsInFlightReads(t *testing.T) {
-	needFUSE(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("MountConn needs root under CI=true")
-		}
-		t.Skip("MountConn needs root")
-	}
+	needConnMount(t)
 	fx, _ := treeFixture(t)
 	v := fx.open(t, t.TempDir(), Options{})
 	mnt := t.TempDir()
@@ -205,5 +193,18 @@ func TestConnCrashFailsInFlightReads(t *testing.T) {
 	open.Close()
 	if err := c2.Unmount(2 * time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// needConnMount fails (under CI=true) or skips the test unless FUSE is
+// usable and the test runs as root, which MountConn's mount(2) needs.
+func needConnMount(t *testing.T) {
+	t.Helper()
+	needFUSE(t)
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("MountConn needs root under CI=true")
+		}
+		t.Skip("MountConn needs root")
 	}
 }
