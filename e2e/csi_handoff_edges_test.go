@@ -140,8 +140,8 @@ func TestCSIMounterHandoffMountInProgress(t *testing.T) {
 	if ms := n.fuseMounts(); len(ms) != 2 {
 		t.Errorf("FUSE mounts after the handoff and the old mounter's stop: %v, want both", ms)
 	}
-	if log := n.mounterLog.String(); !strings.Contains(log, `"msg":"took over from the predecessor","component":"mounter","mounts":2,`) {
-		t.Errorf("the successor did not take both mounts over:\n%s", log)
+	if !n.mounterLog.waitFor(10*time.Second, `"msg":"took over from the predecessor","component":"mounter","mounts":2,`) {
+		t.Errorf("the successor did not take both mounts over:\n%s", n.mounterLog)
 	}
 	compareTrees(t, src, a.target)
 	compareTrees(t, src2, b.target)
@@ -221,8 +221,10 @@ func TestCSIMounterResumeRetries(t *testing.T) {
 	}
 	t.Logf("MEASURE successor retrying a mount it cannot open: %d requests refused while down; the queued read returned %v after the registry came back, %v after the successor started",
 		refused, time.Since(up).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-	if log := n.mounterLog.String(); !strings.Contains(log, "cannot be served yet: retrying") || !strings.Contains(log, "served after retrying") {
-		t.Errorf("the successor's log does not show it retried:\n%s", log)
+	// The mounter logs "served after retrying" once it serves, so the read can
+	// return before the line reaches the test through the output pipe.
+	if !n.mounterLog.waitFor(10*time.Second, "cannot be served yet: retrying", "served after retrying") {
+		t.Errorf("the successor's log does not show it retried:\n%s", n.mounterLog.String())
 	}
 	compareTrees(t, src, a.target)
 }

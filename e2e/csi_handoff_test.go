@@ -312,7 +312,7 @@ func TestCSIMounterHandoff(t *testing.T) {
 		}
 		t.Logf("MEASURE graceful handoff: successor serving after %v; longest read stall %v over %d bytes",
 			took.Round(time.Millisecond), time.Duration(s.stall.Load()).Round(time.Millisecond), s.read.Load())
-		if !strings.Contains(n.mounterLog.String(), "handoff-successor") || !strings.Contains(n.mounterLog.String(), "took over from the predecessor") {
+		if !n.mounterLog.waitFor(10*time.Second, "handoff-successor", "took over from the predecessor") {
 			t.Errorf("the successor's log does not show it took over:\n%s", n.mounterLog)
 		}
 		if ms := n.fuseMounts(); len(ms) != 1 {
@@ -369,7 +369,7 @@ func TestCSIMounterHandoff(t *testing.T) {
 		}
 		t.Logf("MEASURE kill -9 via the fd holder: %d read errors (%v); successor serving %v after the kill (2s of it waiting on purpose); longest read stall %v over %d bytes",
 			len(errs), errs, took.Round(time.Millisecond), time.Duration(s.stall.Load()).Round(time.Millisecond), s.read.Load())
-		if !strings.Contains(n.mounterLog.String(), "took over from the fd holder") {
+		if !n.mounterLog.waitFor(10*time.Second, "took over from the fd holder") {
 			t.Errorf("the new mounter did not take over from the holder:\n%s", n.mounterLog)
 		}
 	})
@@ -505,7 +505,7 @@ func TestCSIFDHolderRestartAndStop(t *testing.T) {
 	if ms := n.fuseMounts(); len(ms) != 0 {
 		t.Errorf("FUSE mounts left after the holder detached: %v", ms)
 	}
-	if !strings.Contains(h2.log.String(), "no mounter: detached") {
+	if !h2.log.waitFor(10*time.Second, "no mounter: detached") {
 		t.Errorf("the holder's log does not show the detach:\n%s", h2.log)
 	}
 }

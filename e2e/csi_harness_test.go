@@ -64,6 +64,28 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// waitFor reports whether every one of subs is in the buffer within d.
+func (s *syncBuffer) waitFor(d time.Duration, subs ...string) bool {
+	deadline := time.Now().Add(d)
+	for {
+		all := true
+		text := s.String()
+		for _, sub := range subs {
+			if !strings.Contains(text, sub) {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // startCSI starts a node plugin with the given global flags (--ca-file ...).
 // Everything it mounts is removed in t.Cleanup.
 func startCSI(t *testing.T, linger time.Duration, globals ...string) *csiNode {

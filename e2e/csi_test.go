@@ -157,7 +157,7 @@ func TestCSIKubeletPlay(t *testing.T) {
 	if ms := n.fuseMounts(); len(ms) != 2 {
 		t.Fatalf("two digests: %d FUSE mounts %v, want 2", len(ms), ms)
 	}
-	if !strings.Contains(n.nodeLog.String(), `"msg":"published"`) || !strings.Contains(n.nodeLog.String(), d2) {
+	if !n.nodeLog.waitFor(10*time.Second, `"msg":"published"`, d2) {
 		t.Errorf("no published log line with %s:\n%s", d2, n.nodeLog)
 	}
 

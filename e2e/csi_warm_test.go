@@ -309,7 +309,7 @@ func TestCSIWarmList(t *testing.T) {
 	if m["bdnvol_warm_list_fits"] != 0 {
 		t.Errorf("bdnvol_warm_list_fits = %v, want 0", m["bdnvol_warm_list_fits"])
 	}
-	if !strings.Contains(n.mounterLog.String(), "warm entry does not fit") {
+	if !n.mounterLog.waitFor(10*time.Second, "warm entry does not fit") {
 		t.Error("the mounter's log does not say the list does not fit")
 	}
 	// Still no thrash: a few more resolve rounds fetch nothing.
