@@ -53,12 +53,16 @@ func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) err
 func (b *builder) known(i int, d digest.Digest, chunks []Chunk, submit func(chunkJob) error) error {
 	e := b.entries[i]
 	var off int64
-	res := fileChunks{digest: d}
-	for _, ch := range chunks {
+	sum, err := fileSum(e.Path, d)
+	if err != nil {
+		return err
+	}
+	res := fileChunks{sum: sum, extents: make([]extentRef, 0, len(chunks))}
+	for k, ch := range chunks {
 		if err := b.emit(submit, chunkJob{Chunk: ch, src: []section{{e.Path, off, ch.Size}}}); err != nil {
 			return err
 		}
-		res.extents = append(res.extents, extentRef{chunk: ch, length: ch.Size})
+		res.extents = append(res.extents, extentRef{chunk: &chunks[k], length: ch.Size})
 		off += ch.Size
 	}
 	b.results[i] = res
@@ -113,13 +117,13 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		return err
 	}
 	res := fc.res
-	res.digest = digest.NewDigest(digest.SHA256, fc.fileHash)
+	fc.fileHash.Sum(res.sum[:0])
 	b.results[i] = res
 	chunks := make([]Chunk, len(res.extents))
 	for k, x := range res.extents {
-		chunks[k] = x.chunk
+		chunks[k] = *x.chunk
 	}
-	b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: res.digest, Chunks: chunks})
+	b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: res.digest(), Chunks: chunks})
 	return nil
 }
 
@@ -228,7 +232,7 @@ func (fc *fileCut) emit(ctx context.Context) error {
 	}
 	fc.head = ""
 	fc.cut.reset()
-	fc.res.extents = append(fc.res.extents, extentRef{chunk: ch, length: n})
+	fc.res.extents = append(fc.res.extents, extentRef{chunk: &ch, length: n})
 	job := chunkJob{Chunk: ch, src: []section{{fc.path, fc.start, n}}}
 	if fc.b.buffer != nil {
 		if err := fc.b.buffer.Acquire(ctx, min(n, bufferBudget)); err != nil {

@@ -128,9 +128,16 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 			}
 		}
 		var off int64
+		pc := &ch                               // shared by the pack's files
+		exts := make([]extentRef, len(members)) // one allocation for the pack
 		for k, m := range members {
 			job.src[k] = section{b.entries[m.idx].Path, 0, m.size}
-			b.results[m.idx] = fileChunks{digest: m.dg, extents: []extentRef{{chunk: ch, off: off, length: m.size}}}
+			exts[k] = extentRef{chunk: pc, off: off, length: m.size}
+			sum, err := fileSum(b.entries[m.idx].Path, m.dg)
+			if err != nil {
+				return err
+			}
+			b.results[m.idx] = fileChunks{sum: sum, extents: exts[k : k+1 : k+1]}
 			off += m.size
 		}
 		members, size = members[:0], 0
@@ -141,7 +148,11 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		m := packMember{idx: i, size: e.Size, dg: sf.dg, data: sf.data}
 		b.opt.Counters.Processed.Add(e.Size)
 		if e.Size == 0 {
-			b.results[i] = fileChunks{digest: m.dg}
+			sum, err := fileSum(e.Path, m.dg)
+			if err != nil {
+				return err
+			}
+			b.results[i] = fileChunks{sum: sum}
 			return nil
 		}
 		if size > 0 && size+e.Size > p.Max {

@@ -88,15 +88,31 @@ type chunkJob struct {
 	held *semaphore.Weighted // what data holds of, when not the uploader's buffer
 }
 
-// fileChunks is the result of chunking one regular file.
+// fileChunks is the result of chunking one regular file, held for every
+// file until the index is built: its SHA-256 as bytes (not as a digest
+// string), and its extents.
 type fileChunks struct {
-	digest  digest.Digest
+	sum     [sha256Len]byte
 	extents []extentRef
 }
 
+// digest returns the file's digest.
+func (r *fileChunks) digest() digest.Digest { return sha256Digest(&r.sum) }
+
+// extentRef is a run of a chunk; the files of one pack share its Chunk.
 type extentRef struct {
-	chunk       Chunk
+	chunk       *Chunk
 	off, length int64
+}
+
+// fileSum returns the SHA-256 of a file's digest d, or an error naming
+// the file when d is not a sha256 digest.
+func fileSum(path string, d digest.Digest) ([sha256Len]byte, error) {
+	sum, ok := sha256Of(d)
+	if !ok {
+		return sum, invalid("%q: bad digest %q", path, d)
+	}
+	return sum, nil
 }
 
 // Push chunks the tree of src, uploads the chunks dst lacks, and stores
@@ -316,10 +332,10 @@ func (b *builder) indexRange(lo, hi int) (*Index, error) {
 			f.Target = e.Target
 		case TypeFile:
 			r := b.results[i]
-			f.Size, f.Digest = e.Size, r.digest
+			f.Size, f.Digest = e.Size, r.digest()
 			exts = exts[:0]
 			for _, ex := range r.extents {
-				k, err := chunkIndex(ch, ex.chunk)
+				k, err := chunkIndex(ch, *ex.chunk)
 				if err != nil {
 					return nil, err
 				}

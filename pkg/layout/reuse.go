@@ -64,7 +64,7 @@ func (b *builder) cutWalk(pp PieceParams) []int {
 		n++
 		cost += int64(64 + len(e.Path) + len(e.Target) + 24*len(r.extents))
 		if e.Type == TypeFile {
-			cost += int64(len(r.digest))
+			cost += int64(len("sha256:") + 2*sha256Len) // the digest's length
 		}
 		for _, x := range r.extents {
 			if !seen[x.chunk.Digest] {
@@ -97,10 +97,10 @@ func (b *builder) pieceSum(lo, hi int) [sha256.Size]byte {
 		switch e.Type {
 		case TypeFile:
 			buf = binary.AppendUvarint(buf, uint64(e.Size))
-			buf = appendDigest(buf, r.digest)
+			buf = append(append(buf, 1), r.sum[:]...) // as appendDigest writes a sha256 digest
 			buf = binary.AppendUvarint(buf, uint64(len(r.extents)))
 			for _, x := range r.extents {
-				buf = appendChunk(buf, x.chunk)
+				buf = appendChunk(buf, *x.chunk)
 				buf = binary.AppendUvarint(buf, uint64(x.off))
 				buf = binary.AppendUvarint(buf, uint64(x.length))
 			}
