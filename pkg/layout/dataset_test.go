@@ -139,3 +139,60 @@ func TestV2OneChangedFileUploadsLittle(t *testing.T) {
 		t.Fatalf("the same tree sealed to %s (was %s) uploading %d bytes", again.Root.Digest, second.Root.Digest, st.bytes.Load())
 	}
 }
+
+// TestPushSpillsIndexPieces: a push of more than spillEntries files keeps
+// its encoded index pieces in a file, not in memory, and stores exactly
+// the bytes an in-memory seal of the same index encodes.
+func TestPushSpillsIndexPieces(t *testing.T) {
+	if testing.Short() {
+		t.Skip("70,000 files")
+	}
+	ctx := context.Background()
+	g := &genSource{n: spillEntries + 4_000, size: 512, changed: map[int]int{}}
+	st := memory.New()
+	res, err := Push(ctx, st, g, PushOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := Seal(res.Index, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mem.Root.Desc.Digest != res.Root.Digest {
+		t.Fatalf("spilled push sealed %s, in-memory seal %s", res.Root.Digest, mem.Root.Desc.Digest)
+	}
+	pieces := 0
+	for _, b := range mem.Blobs {
+		if b.Desc.MediaType != MediaTypePiece {
+			continue
+		}
+		pieces++
+		got, err := content.FetchAll(ctx, st, b.Desc)
+		if err != nil {
+			t.Fatalf("piece %s not stored: %v", b.Desc.Digest, err)
+		}
+		if !bytes.Equal(got, b.Data) {
+			t.Fatalf("piece %s stored with other bytes", b.Desc.Digest)
+		}
+	}
+	if pieces < 2 {
+		t.Fatalf("%d pieces; the test needs several", pieces)
+	}
+
+	// The builder's own seal spilled them.
+	b := &builder{}
+	b.spill = b.spillFile()
+	if b.spill == nil {
+		t.Fatal("no spill file could be made in the temporary directory")
+	}
+	defer b.spill.Close()
+	s, err := seal(res.Index, 0, nil, b.spill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bl := range s.Blobs {
+		if bl.Desc.MediaType == MediaTypePiece && (bl.Data != nil || bl.spill == nil) {
+			t.Fatalf("piece %s held in memory", bl.Desc.Digest)
+		}
+	}
+}

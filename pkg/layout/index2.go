@@ -168,15 +168,19 @@ func encodePiece(x *Index, start, end int) ([]byte, PieceRef, []Chunk, error) {
 // encodeV2 returns the top-level index and the pieces of x in format
 // version 2.
 func encodeV2(x *Index, pp PieceParams) (top []byte, pieces [][]byte, err error) {
-	top, pieces, _, _, err = encodeV2Pieces(x, pp)
+	top, _, _, err = encodeV2Pieces(x, pp, func(b []byte) error {
+		pieces = append(pieces, b)
+		return nil
+	})
 	return top, pieces, err
 }
 
-// encodeV2Pieces is encodeV2, also returning where each piece ends (an
-// exclusive entry number) and the pieces' references.
-func encodeV2Pieces(x *Index, pp PieceParams) (top []byte, pieces [][]byte, ends []int, refs []PieceRef, err error) {
+// encodeV2Pieces is encodeV2 handing each piece to piece as it is
+// encoded, and returning where each piece ends (an exclusive entry
+// number) and the pieces' references.
+func encodeV2Pieces(x *Index, pp PieceParams, piece func([]byte) error) (top []byte, ends []int, refs []PieceRef, err error) {
 	if err := x.Validate(); err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, nil, err
 	}
 	t := topIndex{Version: FormatVersion, Chunking: x.Chunking, Piecing: pp,
 		Entries: int64(x.Len()), Bytes: x.Bytes(), Chunks: int64(x.NumChunks()), Pieces: []PieceRef{}}
@@ -185,14 +189,16 @@ func encodeV2Pieces(x *Index, pp PieceParams) (top []byte, pieces [][]byte, ends
 	for _, end := range ends {
 		b, ref, _, err := encodePiece(x, start, end)
 		if err != nil {
-			return nil, nil, nil, nil, err
+			return nil, nil, nil, err
 		}
-		pieces = append(pieces, b)
+		if err := piece(b); err != nil {
+			return nil, nil, nil, err
+		}
 		t.Pieces = append(t.Pieces, ref)
 		start = end
 	}
 	top, err = encodeTop(&t)
-	return top, pieces, ends, t.Pieces, err
+	return top, ends, t.Pieces, err
 }
 
 // encodeTop encodes a top-level index, within its limit.

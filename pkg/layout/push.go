@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -144,6 +146,11 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 		return nil, err
 	}
 	b := &builder{opt: opt, src: src, entries: entries, results: make([]fileChunks, len(entries))}
+	defer func() {
+		if b.spill != nil {
+			b.spill.Close()
+		}
+	}()
 	if r, ok := src.(Remote); ok && r.Remote() {
 		b.buffer = semaphore.NewWeighted(bufferBudget)
 	} else {
@@ -240,6 +247,8 @@ type builder struct {
 
 	prevOnce sync.Once
 	prev     map[digest.Digest]int // files of opt.Previous by digest
+
+	spill *os.File // the encoded index pieces, when not in memory
 }
 
 // seal builds the index and manifests once every chunk is stored and
@@ -263,7 +272,36 @@ func (b *builder) sealed() (*Sealed, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Seal(x, b.opt.MaxLayers, b.opt.Annotations)
+	if x.Version == FormatVersion && x.Len() >= spillEntries && b.spill == nil {
+		// The encoded pieces of a million files are some 200 MB: written
+		// to an unlinked file as they are encoded, read back to upload.
+		b.spill = b.spillFile()
+	}
+	return seal(x, b.opt.MaxLayers, b.opt.Annotations, b.spill)
+}
+
+// spillEntries is the entry count from which a push keeps its encoded index
+// pieces in a file, not in memory.
+const spillEntries = 1 << 16
+
+// spillFile returns an unlinked temporary file beside the stat cache (else
+// in the temporary directory), or nil (the pieces stay in memory) when none
+// can be made.
+func (b *builder) spillFile() *os.File {
+	dir := ""
+	if b.opt.Cache != nil {
+		dir = filepath.Dir(b.opt.Cache.path)
+		_ = os.MkdirAll(dir, 0o700)
+	}
+	f, err := os.CreateTemp(dir, ReservedPrefix+"index-*")
+	if err != nil {
+		return nil
+	}
+	if os.Remove(f.Name()) != nil {
+		f.Close()
+		return nil
+	}
+	return f
 }
 
 // store stores the manifests of s and saves the stat cache.

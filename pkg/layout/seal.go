@@ -6,11 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"os"
 	"strconv"
+	"sync/atomic"
 
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
 )
@@ -24,6 +28,18 @@ const DefaultMaxLayers = 20000
 type Blob struct {
 	Desc ocispec.Descriptor
 	Data []byte
+	// spill holds the bytes at off instead of Data, for a version whose
+	// index pieces are not kept in memory (a push of many files).
+	spill *os.File
+	off   int64
+}
+
+// reader returns the blob's bytes.
+func (b *Blob) reader() io.Reader {
+	if b.spill != nil {
+		return io.NewSectionReader(b.spill, b.off, b.Desc.Size)
+	}
+	return bytes.NewReader(b.Data)
 }
 
 // Sealed is a version ready to be stored: the index blobs, the empty
@@ -58,6 +74,12 @@ func chunkDescriptor(c Chunk) ocispec.Descriptor {
 // root digest. Extra annotations (such as a sync's source revision) go on
 // the root next to bdnvol's own, which they may not override.
 func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
+	return seal(x, maxLayers, extra, nil)
+}
+
+// seal is Seal; with spill, the index pieces are written there as they
+// are encoded instead of kept in memory.
+func seal(x *Index, maxLayers int, extra map[string]string, spill *os.File) (*Sealed, error) {
 	if maxLayers <= 0 {
 		maxLayers = DefaultMaxLayers
 	}
@@ -74,16 +96,27 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 		}
 		s.Blobs = []Blob{blobOf(MediaTypeIndex, ib)}
 	case FormatVersion:
-		top, pieces, ends, refs, err := encodeV2Pieces(x, DefaultPieceParams)
+		var pieces []Blob
+		var off int64
+		top, ends, refs, err := encodeV2Pieces(x, DefaultPieceParams, func(b []byte) error {
+			bl := blobOf(MediaTypePiece, b)
+			if spill != nil {
+				if _, err := spill.WriteAt(b, off); err != nil {
+					return fmt.Errorf("layout: keep index piece: %w", err)
+				}
+				bl.Data, bl.spill, bl.off = nil, spill, off
+				off += int64(len(b))
+			}
+			pieces = append(pieces, bl)
+			return nil
+		})
 		if err != nil {
 			return nil, err
 		}
 		s.pieceEnds, s.pieceRefs = ends, refs
 		s.Blobs = make([]Blob, 0, 1+len(pieces)+1)
 		s.Blobs = append(s.Blobs, blobOf(MediaTypeIndexV2, top))
-		for _, b := range pieces {
-			s.Blobs = append(s.Blobs, blobOf(MediaTypePiece, b))
-		}
+		s.Blobs = append(s.Blobs, pieces...)
 	default:
 		return nil, invalid("unsupported version %d", x.Version)
 	}
@@ -182,19 +215,30 @@ const MaxManifestBytes = 4 << 20
 
 // Store pushes the metadata of a sealed version: blobs, then parts, then the
 // root. Chunks must already be stored. It returns the bytes it uploaded.
+// The blobs of a group go storeJobs at a time: a version of a million files
+// has thousands of index pieces, and one after another their round trips
+// were most of its push's time.
 func (s *Sealed) Store(ctx context.Context, dst content.Storage) (int64, error) {
-	var up int64
+	var up atomic.Int64
 	for _, group := range [][]Blob{s.Blobs, s.Parts, {s.Root}} {
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(storeJobs)
 		for _, b := range group {
-			n, err := pushBytes(ctx, dst, b)
-			if err != nil {
-				return up, err
-			}
-			up += n
+			g.Go(func() error {
+				n, err := pushBytes(gctx, dst, b)
+				up.Add(n)
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return up.Load(), err
 		}
 	}
-	return up, nil
+	return up.Load(), nil
 }
+
+// storeJobs bounds the metadata blobs Store pushes at once.
+const storeJobs = 8
 
 // pushBytes stores b unless dst has it; it returns the bytes uploaded.
 func pushBytes(ctx context.Context, dst content.Storage, b Blob) (int64, error) {
@@ -205,7 +249,7 @@ func pushBytes(ctx context.Context, dst content.Storage, b Blob) (int64, error) 
 	if ok {
 		return 0, nil
 	}
-	if err := dst.Push(ctx, b.Desc, bytes.NewReader(b.Data)); err != nil {
+	if err := dst.Push(ctx, b.Desc, b.reader()); err != nil {
 		if errors.Is(err, errdef.ErrAlreadyExists) {
 			return 0, nil
 		}
