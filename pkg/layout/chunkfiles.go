@@ -119,11 +119,9 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	res := fc.res
 	fc.fileHash.Sum(res.sum[:0])
 	b.results[i] = res
-	chunks := make([]Chunk, len(res.extents))
-	for k, x := range res.extents {
-		chunks[k] = *x.chunk
+	if b.read != nil {
+		b.read[i] = true // its stat record: b.freshRecords
 	}
-	b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: res.digest(), Chunks: chunks})
 	return nil
 }
 

@@ -146,6 +146,10 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 		return nil, err
 	}
 	b := &builder{opt: opt, src: src, entries: entries, results: make([]fileChunks, len(entries))}
+	if opt.Cache != nil {
+		b.read = make([]bool, len(entries))
+		opt.Cache.setFresh(b.freshRecords)
+	}
 	defer func() {
 		if b.spill != nil {
 			b.spill.Close()
@@ -249,6 +253,31 @@ type builder struct {
 	prev     map[digest.Digest]int // files of opt.Previous by digest
 
 	spill *os.File // the encoded index pieces, when not in memory
+	// read marks the files this push read and hashed: their stat records
+	// are written from entries and results when the stat cache is saved.
+	read []bool
+}
+
+// freshRecords yields the stat records of the files the push read, in
+// path order (the walk's).
+func (b *builder) freshRecords(yield func(freshRecord) bool) {
+	for i, ok := range b.read {
+		if !ok {
+			continue
+		}
+		e, r := &b.entries[i], &b.results[i]
+		rec := freshRecord{path: e.Path, stat: e.Stat, sum: r.sum}
+		if e.Size >= b.opt.Params.Min {
+			// A large file's record lists its chunks; a packed one's not.
+			rec.chunks = make([]Chunk, len(r.extents))
+			for k, x := range r.extents {
+				rec.chunks[k] = *x.chunk
+			}
+		}
+		if !yield(rec) {
+			return
+		}
+	}
 }
 
 // seal builds the index and manifests once every chunk is stored and

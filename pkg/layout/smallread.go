@@ -102,5 +102,7 @@ func (b *builder) readSmallFile(ctx context.Context, f *smallFile) {
 		return
 	}
 	f.dg, f.data = digest.FromBytes(data), data
-	b.opt.Cache.store(e.Path, CachedFile{Stat: e.Stat, Digest: f.dg})
+	if b.read != nil {
+		b.read[f.idx] = true // its stat record: b.freshRecords
+	}
 }

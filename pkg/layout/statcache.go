@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"path/filepath"
 	"sort"
@@ -39,6 +40,10 @@ type StatCache struct {
 	legacy string // an older format's file, removed once saved anew
 	// fresh are the records a push stored, in the order it did.
 	fresh []freshRecord
+	// freshSeq, when set, gives a push's records in path order as Save
+	// writes them, from what the push holds anyway: they are not copied
+	// here file by file.
+	freshSeq iter.Seq[freshRecord]
 	// The files a pull wrote or kept, held compactly: entries of index px
 	// by number, with their stat keys; digests and extents come from px
 	// when a record is needed (Save writes them as the other records).
@@ -57,6 +62,26 @@ type freshRecord struct {
 	stat   StatKey
 	sum    [sha256Len]byte
 	chunks []Chunk
+}
+
+// setFresh makes seq (records in increasing path order, one per path)
+// records this run stored, besides those of store; it is read when the
+// cache is saved.
+func (c *StatCache) setFresh(seq iter.Seq[freshRecord]) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.freshSeq = seq
+	c.dirty = true
+}
+
+// trusts reports whether a record of a file with stat key k can be kept:
+// a file changed within the clock's resolution of the cache's opening may
+// still change unseen.
+func (c *StatCache) trusts(k StatKey) bool {
+	return k.Mtime < c.since && k.Ctime < c.since
 }
 
 func (r *freshRecord) file() CachedFile {
@@ -358,7 +383,7 @@ func isPulled(p string, f CachedFile) bool {
 // store records what a push found of the file at p. The record is held
 // compactly until Save writes it, and is looked up from then on.
 func (c *StatCache) store(p string, f CachedFile) {
-	if c == nil || f.Stat.Mtime >= c.since || f.Stat.Ctime >= c.since {
+	if c == nil || !c.trusts(f.Stat) {
 		return // racy: the file may still change within the clock's resolution
 	}
 	sum, ok := sha256Of(f.Digest)
@@ -576,7 +601,7 @@ func (c *StatCache) reopen() {
 	if err != nil {
 		return // what is in memory still stands
 	}
-	c.disk, c.keeps, c.fresh = r, nil, nil
+	c.disk, c.keeps, c.fresh, c.freshSeq = r, nil, nil, nil
 	c.data.Files = map[string]CachedFile{}
 	c.px, c.pstat, c.pkind = nil, nil, nil
 }
@@ -587,17 +612,19 @@ func (c *StatCache) reopen() {
 func (c *StatCache) encode(w io.Writer) error {
 	rw := newRecWriter(w)
 	c.sortFresh()
-	fresh := c.fresh
+	next, stop := iter.Pull(c.freshRecords())
+	defer stop()
+	cur, more := next()
 	mem := sortedKeys(c.data.Files)
 	// A fresh record stands for a path before any other.
 	add := func(p string, f func() CachedFile) {
-		for len(fresh) > 0 && fresh[0].path < p {
-			rw.add(fresh[0].path, fresh[0].file())
-			fresh = fresh[1:]
+		for more && cur.path < p {
+			rw.add(cur.path, cur.file())
+			cur, more = next()
 		}
-		if len(fresh) > 0 && fresh[0].path == p {
-			rw.add(p, fresh[0].file())
-			fresh = fresh[1:]
+		if more && cur.path == p {
+			rw.add(p, cur.file())
+			cur, more = next()
 			return
 		}
 		rw.add(p, f())
@@ -644,10 +671,43 @@ func (c *StatCache) encode(w io.Writer) error {
 		return rw.err == nil
 	})
 	upTo("", true)
-	for _, r := range fresh {
-		rw.add(r.path, r.file())
+	for ; more; cur, more = next() {
+		rw.add(cur.path, cur.file())
 	}
 	return rw.finish(c.data.Packs)
+}
+
+// freshRecords yields this run's records in path order, one per path (of
+// store's and freshSeq's, store's for a path both have), the racy left
+// out. Called with c.mu held, after sortFresh.
+func (c *StatCache) freshRecords() iter.Seq[freshRecord] {
+	return func(yield func(freshRecord) bool) {
+		stored := c.fresh
+		if c.freshSeq != nil {
+			for r := range c.freshSeq {
+				if !c.trusts(r.stat) {
+					continue
+				}
+				for len(stored) > 0 && stored[0].path < r.path {
+					if !yield(stored[0]) {
+						return
+					}
+					stored = stored[1:]
+				}
+				if len(stored) > 0 && stored[0].path == r.path {
+					continue
+				}
+				if !yield(r) {
+					return
+				}
+			}
+		}
+		for _, r := range stored {
+			if !yield(r) {
+				return
+			}
+		}
+	}
 }
 
 // sortFresh sorts the fresh records by path, the last stored of a path

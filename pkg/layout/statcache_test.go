@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/opencontainers/go-digest"
+	"oras.land/oras-go/v2/content/memory"
 )
 
 // TestStatCacheEncodeRoundTrips: the cache written entry by entry reads
@@ -208,4 +210,51 @@ func allRecords(c *StatCache) map[string]CachedFile {
 		out[p] = f
 	}
 	return out
+}
+
+// TestPushRecordsFromItsResults: the stat records of a push are written
+// from the push's own results when the cache is saved (not copied file by
+// file as it goes): every file read gets its record, a large file's lists
+// its chunks, and a second push with the cache opens no file and seals the
+// same digest.
+func TestPushRecordsFromItsResults(t *testing.T) {
+	dir := memoTree(t, 300)
+	cacheDir := t.TempDir()
+	store := memory.New()
+	push := func() (*PushResult, int64) {
+		cache := OpenStatCache(cacheDir, dir, memoParams)
+		cache.since = math.MaxInt64 // files just written count as settled
+		src := &openCounter{Source: DirSource(dir), opens: map[string]int{}}
+		res, err := Push(context.Background(), store, src, PushOptions{Params: memoParams, Cache: cache})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, int64(len(src.opens))
+	}
+	first, opened := push()
+	if opened < 300 {
+		t.Fatalf("the first push opened %d files", opened)
+	}
+	cache := OpenStatCache(cacheDir, dir, memoParams)
+	files := 0
+	for _, f := range first.Index.AllFiles() {
+		if f.Type != TypeFile {
+			continue
+		}
+		files++
+		rec, ok := cache.get(f.Path)
+		if !ok || rec.Digest != f.Digest {
+			t.Fatalf("%s: record %+v, %v; want digest %s", f.Path, rec, ok, f.Digest)
+		}
+		if big := f.Size >= memoParams.Min; big != (rec.Chunks != nil) || (big && len(rec.Chunks) != len(f.Extents)) {
+			t.Fatalf("%s (%d bytes): record lists %d chunks, the file has %d extents", f.Path, f.Size, len(rec.Chunks), len(f.Extents))
+		}
+	}
+	if files < 300 {
+		t.Fatalf("%d files checked", files)
+	}
+	second, opened := push()
+	if opened != 0 || second.Root.Digest != first.Root.Digest {
+		t.Fatalf("second push opened %d files and sealed %s (first %s)", opened, second.Root.Digest, first.Root.Digest)
+	}
 }
