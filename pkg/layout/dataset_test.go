@@ -179,6 +179,23 @@ func TestPushSpillsIndexPieces(t *testing.T) {
 		t.Fatalf("%d pieces; the test needs several", pieces)
 	}
 
+	// With a destination, the push seals piece by piece, never building
+	// the whole index: the same version, the same pieces.
+	st2 := memory.New()
+	pw, err := Push(ctx, st2, g, PushOptions{Destination: "example/ds"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pw.Root.Digest != res.Root.Digest || pw.Index != nil || pw.PiecesBuilt != pieces || pw.PiecesReused != 0 {
+		t.Fatalf("piece by piece: %s, index held %v, %d pieces built, %d reused; want %s, no index, %d built",
+			pw.Root.Digest, pw.Index != nil, pw.PiecesBuilt, pw.PiecesReused, res.Root.Digest, pieces)
+	}
+	for _, b := range mem.Blobs {
+		if got, err := content.FetchAll(ctx, st2, b.Desc); err != nil || !bytes.Equal(got, b.Data) {
+			t.Fatalf("blob %s %s: stored piece by piece as other bytes (%v)", b.Desc.MediaType, b.Desc.Digest, err)
+		}
+	}
+
 	// The builder's own seal spilled them.
 	b := &builder{}
 	b.spill = b.spillFile()

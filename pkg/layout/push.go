@@ -59,9 +59,10 @@ type PushOptions struct {
 type PushResult struct {
 	Root      ocispec.Descriptor
 	RootBytes []byte // the root manifest or index, for tagging
-	// Index is the version's file index; nil when the push reused pieces
-	// of the version before (PushOptions.Destination), which it does not
-	// hold.
+	// Index is the version's file index; nil when the push had a
+	// destination (PushOptions.Destination) and reused pieces of the
+	// version before, which it does not hold, or sealed a version of
+	// many files piece by piece.
 	Index          *Index
 	Files          int   // index entries
 	Bytes          int64 // file bytes
@@ -252,7 +253,8 @@ type builder struct {
 	prevOnce sync.Once
 	prev     map[digest.Digest]int // files of opt.Previous by digest
 
-	spill *os.File // the encoded index pieces, when not in memory
+	spill    *os.File // the encoded index pieces, when not in memory
+	spillEnd int64    // bytes written to spill
 	// read marks the files this push read and hashed: their stat records
 	// are written from entries and results when the stat cache is saved.
 	read []bool
@@ -294,17 +296,23 @@ func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (
 // the version before where they did not change (the piece memo), else
 // from the whole index.
 func (b *builder) sealed() (*Sealed, error) {
+	many := b.opt.FormatVersion == FormatVersion && len(b.entries) >= spillEntries
+	if many && b.spill == nil {
+		// The encoded pieces of a million files are some 200 MB: written
+		// to an unlinked file as they are encoded, read back to upload.
+		b.spill = b.spillFile()
+	}
 	if b.last != nil {
 		return b.sealReusing(b.last)
+	}
+	if many && b.opt.Destination != "" {
+		// Piece by piece, as a memo's pieces are checked: the whole
+		// index (some 100 MB at a million files) is never built.
+		return b.sealReusing(b.newMemo())
 	}
 	x, err := b.index()
 	if err != nil {
 		return nil, err
-	}
-	if x.Version == FormatVersion && x.Len() >= spillEntries && b.spill == nil {
-		// The encoded pieces of a million files are some 200 MB: written
-		// to an unlinked file as they are encoded, read back to upload.
-		b.spill = b.spillFile()
 	}
 	return seal(x, b.opt.MaxLayers, b.opt.Annotations, b.spill)
 }

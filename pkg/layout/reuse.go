@@ -124,7 +124,7 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 	var (
 		refs   []PieceRef
 		blobs  []Blob
-		memo   = &pieceMemo{dest: b.opt.Destination, chunking: b.opt.Params, piecing: DefaultPieceParams}
+		memo   = b.newMemo()
 		chunks []ocispec.Descriptor
 		seen   = map[digest.Digest]bool{}
 		reused int
@@ -160,7 +160,11 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 		if err != nil {
 			return nil, err
 		}
-		blobs = append(blobs, blobOf(MediaTypePiece, data))
+		bl, err := b.pieceBlob(data)
+		if err != nil {
+			return nil, err
+		}
+		blobs = append(blobs, bl)
 		refs = append(refs, ref)
 		addChunks(cs)
 		memo.pieces = append(memo.pieces, memoPiece{ref: ref, sum: sum, chunks: cs})
@@ -205,6 +209,27 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 	}
 	b.memo = memo
 	return s, nil
+}
+
+// newMemo returns an empty piece memo for this push's destination and
+// parameters.
+func (b *builder) newMemo() *pieceMemo {
+	return &pieceMemo{dest: b.opt.Destination, chunking: b.opt.Params, piecing: DefaultPieceParams}
+}
+
+// pieceBlob returns the blob of an encoded piece, its bytes written to
+// the spill file when the push has one.
+func (b *builder) pieceBlob(data []byte) (Blob, error) {
+	bl := blobOf(MediaTypePiece, data)
+	if b.spill == nil {
+		return bl, nil
+	}
+	if _, err := b.spill.WriteAt(data, b.spillEnd); err != nil {
+		return Blob{}, fmt.Errorf("layout: keep index piece: %w", err)
+	}
+	bl.Data, bl.spill, bl.off = nil, b.spill, b.spillEnd
+	b.spillEnd += int64(len(data))
+	return bl, nil
 }
 
 // checkRange checks the entries of x, a run of the walk, as Validate
