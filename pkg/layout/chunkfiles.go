@@ -32,7 +32,8 @@ func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) err
 	g.Go(func() error { return b.packSmall(ctx, submit) })
 	g.Go(func() error {
 		defer close(large)
-		for i, e := range b.entries {
+		for i := range b.entries.len() {
+			e := b.entries.at(i)
 			if e.Type != TypeFile || e.Size < b.opt.Params.Min {
 				continue
 			}
@@ -51,7 +52,7 @@ func (b *builder) chunkAll(ctx context.Context, submit func(chunkJob) error) err
 // reading it, and hands each chunk to submit: the uploader reads it from
 // the source only if the destination lacks it.
 func (b *builder) known(i int, d digest.Digest, chunks []Chunk, submit func(chunkJob) error) error {
-	e := b.entries[i]
+	e := b.entries.at(i)
 	var off int64
 	sum, err := fileSum(e.Path, d)
 	if err != nil {
@@ -72,7 +73,7 @@ func (b *builder) known(i int, d digest.Digest, chunks []Chunk, submit func(chun
 
 // chunkFile cuts one large file into chunks and hands each to submit.
 func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(chunkJob) error) error {
-	e := b.entries[i]
+	e := b.entries.at(i)
 	if chunks, ok := b.previousChunks(e); ok {
 		return b.known(i, e.Digest, chunks, submit)
 	}

@@ -96,12 +96,12 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 			edges := newEdgeHasher(size)
 			for k, m := range members {
 				if m.data == nil {
-					data, err := b.readSmall(ctx, b.entries[m.idx].Path, m.size)
+					data, err := b.readSmall(ctx, b.entries.path(m.idx), m.size)
 					if err != nil {
 						return err
 					}
-					if verify.Bytes(b.entries[m.idx].Path, data, ocispec.Descriptor{Digest: m.dg, Size: m.size}) != nil {
-						return fmt.Errorf("%s: %w", b.entries[m.idx].Path, ErrFileChanged)
+					if verify.Bytes(b.entries.path(m.idx), data, ocispec.Descriptor{Digest: m.dg, Size: m.size}) != nil {
+						return fmt.Errorf("%s: %w", b.entries.path(m.idx), ErrFileChanged)
 					}
 					if b.buffer != nil {
 						members[k].data = data // a remote source's pack is uploaded from memory
@@ -131,9 +131,9 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		pc := &ch                               // shared by the pack's files
 		exts := make([]extentRef, len(members)) // one allocation for the pack
 		for k, m := range members {
-			job.src[k] = section{b.entries[m.idx].Path, 0, m.size}
+			job.src[k] = section{b.entries.path(m.idx), 0, m.size}
 			exts[k] = extentRef{chunk: pc, off: off, length: m.size}
-			sum, err := fileSum(b.entries[m.idx].Path, m.dg)
+			sum, err := fileSum(b.entries.path(m.idx), m.dg)
 			if err != nil {
 				return err
 			}
@@ -144,7 +144,7 @@ func (b *builder) packSmall(ctx context.Context, submit func(chunkJob) error) er
 		return b.emit(submit, job)
 	}
 	err := b.readSmallAhead(ctx, limit, func(sf *smallFile) error {
-		i, e := sf.idx, b.entries[sf.idx]
+		i, e := sf.idx, b.entries.at(sf.idx)
 		m := packMember{idx: i, size: e.Size, dg: sf.dg, data: sf.data}
 		b.opt.Counters.Processed.Add(e.Size)
 		if e.Size == 0 {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -142,13 +141,13 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	if opt.Counters == nil {
 		opt.Counters = &Counters{}
 	}
-	entries, err := src.Walk(ctx)
+	entries, err := walkOf(ctx, src)
 	if err != nil {
 		return nil, err
 	}
-	b := &builder{opt: opt, src: src, entries: entries, results: make([]fileChunks, len(entries))}
+	b := &builder{opt: opt, src: src, entries: entries, results: make([]fileChunks, entries.len())}
 	if opt.Cache != nil {
-		b.read = make([]bool, len(entries))
+		b.read = make([]bool, entries.len())
 		opt.Cache.setFresh(b.freshRecords)
 	}
 	defer func() {
@@ -161,15 +160,14 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	} else {
 		b.packHeld = semaphore.NewWeighted(packHeldBudget)
 	}
-	for _, e := range entries {
-		if e.Type == TypeFile {
-			opt.Counters.Total.Add(e.Size)
+	for i := range entries.len() {
+		if entries.kind(i) == TypeFile {
+			opt.Counters.Total.Add(entries.size[i])
 		}
 	}
 	opt.Cache.prune(func(p string) bool {
-		// The walk is sorted by path.
-		i := sort.Search(len(entries), func(i int) bool { return entries[i].Path >= p })
-		return i < len(entries) && entries[i].Path == p && entries[i].Type == TypeFile
+		i := entries.find(p)
+		return i >= 0 && entries.kind(i) == TypeFile
 	})
 
 	up := &uploader{dst: dst, src: src, seen: map[digest.Digest]bool{}, counters: opt.Counters, buffer: b.buffer}
@@ -178,8 +176,8 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 		up.stored = b.last.chunkSet()
 	}
 	allHit := true
-	for _, e := range entries {
-		if e.Type == TypeFile {
+	for i := range entries.len() {
+		if e := entries.at(i); e.Type == TypeFile {
 			if _, ok := opt.Cache.Lookup(e.Path, e.Stat); !ok {
 				allHit = false
 				break
@@ -227,6 +225,18 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 	return b.store(ctx, dst, s, up)
 }
 
+// walkOf returns the walk of src, compactly.
+func walkOf(ctx context.Context, src Source) (*walkList, error) {
+	if c, ok := src.(compactWalker); ok {
+		return c.walkList(ctx)
+	}
+	es, err := src.Walk(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return newWalkList(es)
+}
+
 // bufferBudget bounds the chunk bytes held in memory for remote sources.
 const bufferBudget = 128 << 20
 
@@ -240,7 +250,7 @@ type builder struct {
 	// packHeld bounds the packs of small files a local push keeps, as it
 	// read them, until they are uploaded: not read a second time.
 	packHeld *semaphore.Weighted
-	entries  []Entry
+	entries  *walkList
 	results  []fileChunks // by entry index
 	// last is the piece memo of the version before, when it may be used;
 	// memo is the memo of the version sealed, when sealReusing built it.
@@ -267,7 +277,7 @@ func (b *builder) freshRecords(yield func(freshRecord) bool) {
 		if !ok {
 			continue
 		}
-		e, r := &b.entries[i], &b.results[i]
+		e, r := b.entries.at(i), &b.results[i]
 		rec := freshRecord{path: e.Path, stat: e.Stat, sum: r.sum}
 		if e.Size >= b.opt.Params.Min {
 			// A large file's record lists its chunks; a packed one's not.
@@ -296,7 +306,7 @@ func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (
 // the version before where they did not change (the piece memo), else
 // from the whole index.
 func (b *builder) sealed() (*Sealed, error) {
-	many := b.opt.FormatVersion == FormatVersion && len(b.entries) >= spillEntries
+	many := b.opt.FormatVersion == FormatVersion && b.entries.len() >= spillEntries
 	if many && b.spill == nil {
 		// The encoded pieces of a million files are some 200 MB: written
 		// to an unlinked file as they are encoded, read back to upload.
@@ -384,7 +394,7 @@ func (b *builder) emit(submit func(chunkJob) error, j chunkJob) error {
 // in its compact form (a million entries are not held as Files first).
 // The chunk table lists chunks in order of first use.
 func (b *builder) index() (*Index, error) {
-	x, err := b.indexRange(0, len(b.entries))
+	x, err := b.indexRange(0, b.entries.len())
 	if err != nil {
 		return nil, err
 	}
@@ -400,7 +410,7 @@ func (b *builder) indexRange(lo, hi int) (*Index, error) {
 	ent, ch := newEntries(hi-lo), newChunkTable(false)
 	var exts []Extent
 	for i := lo; i < hi; i++ {
-		e := b.entries[i]
+		e := b.entries.at(i)
 		f := File{Path: e.Path, Type: e.Type, Mode: e.Mode}
 		switch e.Type {
 		case TypeSymlink:

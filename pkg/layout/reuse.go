@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
-	"sort"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -59,8 +58,8 @@ func (b *builder) cutWalk(pp PieceParams) []int {
 	var ends []int
 	n, cost := 0, int64(0)
 	seen := map[digest.Digest]bool{}
-	for i := range b.entries {
-		e, r := &b.entries[i], &b.results[i]
+	for i := range b.entries.len() {
+		e, r := b.entries.at(i), &b.results[i]
 		n++
 		cost += int64(64 + len(e.Path) + len(e.Target) + 24*len(r.extents))
 		if e.Type == TypeFile {
@@ -79,7 +78,7 @@ func (b *builder) cutWalk(pp PieceParams) []int {
 		}
 	}
 	if n > 0 {
-		ends = append(ends, len(b.entries))
+		ends = append(ends, b.entries.len())
 	}
 	return ends
 }
@@ -90,7 +89,7 @@ func (b *builder) pieceSum(lo, hi int) [sha256.Size]byte {
 	h := sha256.New()
 	var buf []byte
 	for i := lo; i < hi; i++ {
-		e, r := &b.entries[i], &b.results[i]
+		e, r := b.entries.at(i), &b.results[i]
 		buf = appendString(buf[:0], e.Path)
 		buf = appendString(buf, e.Type)
 		buf = binary.AppendUvarint(buf, uint64(e.Mode))
@@ -140,7 +139,7 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 	start := 0
 	for _, end := range b.cutWalk(DefaultPieceParams) {
 		sum := b.pieceSum(start, end)
-		if k, ok := byFirst[b.entries[start].Path]; ok && m.pieces[k].sum == sum && m.pieces[k].ref.Entries == int64(end-start) {
+		if k, ok := byFirst[b.entries.path(start)]; ok && m.pieces[k].sum == sum && m.pieces[k].ref.Entries == int64(end-start) {
 			p := m.pieces[k]
 			reused++
 			refs = append(refs, p.ref)
@@ -179,8 +178,8 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 		t.Entries += r.Entries
 		t.Bytes += r.Bytes
 	}
-	if t.Entries != int64(len(b.entries)) {
-		return nil, fmt.Errorf("layout: pieces hold %d entries, the walk %d", t.Entries, len(b.entries))
+	if t.Entries != int64(b.entries.len()) {
+		return nil, fmt.Errorf("layout: pieces hold %d entries, the walk %d", t.Entries, b.entries.len())
 	}
 	if t.Entries > MaxEntries || t.Chunks > MaxChunks {
 		return nil, invalid("%d entries and %d chunks exceed the limits", t.Entries, t.Chunks)
@@ -240,8 +239,8 @@ func (b *builder) checkRange(x *Index) error {
 		return err
 	}
 	isDir := func(p string) bool {
-		i := sort.Search(len(b.entries), func(i int) bool { return b.entries[i].Path >= p })
-		return i < len(b.entries) && b.entries[i].Path == p && b.entries[i].Type == TypeDir
+		i := b.entries.find(p)
+		return i >= 0 && b.entries.kind(i) == TypeDir
 	}
 	prev := ""
 	for i := range x.Len() {

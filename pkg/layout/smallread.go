@@ -47,7 +47,8 @@ func (b *builder) readSmallAhead(ctx context.Context, limit int64, fn func(*smal
 	wg.Go(func() {
 		defer close(order)
 		defer close(jobs)
-		for i, e := range b.entries {
+		for i := range b.entries.len() {
+			e := b.entries.at(i)
 			if e.Type != TypeFile || e.Size >= limit {
 				continue
 			}
@@ -73,7 +74,7 @@ func (b *builder) readSmallAhead(ctx context.Context, limit int64, fn func(*smal
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		ahead.Release(min(b.entries[f.idx].Size, smallAhead))
+		ahead.Release(min(b.entries.size[f.idx], smallAhead))
 		if f.err != nil {
 			return f.err
 		}
@@ -87,7 +88,7 @@ func (b *builder) readSmallAhead(ctx context.Context, limit int64, fn func(*smal
 // readSmallFile takes f's digest from the stat cache, or reads and hashes
 // it (and records it there).
 func (b *builder) readSmallFile(ctx context.Context, f *smallFile) {
-	e := b.entries[f.idx]
+	e := b.entries.at(f.idx)
 	if c, ok := b.opt.Cache.Lookup(e.Path, e.Stat); ok && b.buffer == nil {
 		f.dg = c.Digest
 		return

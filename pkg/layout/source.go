@@ -43,6 +43,14 @@ type dirSource string
 
 func (d dirSource) Walk(context.Context) ([]Entry, error) { return Walk(string(d)) }
 
+// walkList is Walk, held compactly (a push of a directory takes this).
+func (d dirSource) walkList(context.Context) (*walkList, error) { return walkDir(string(d)) }
+
+// compactWalker is a Source that can give its walk compactly.
+type compactWalker interface {
+	walkList(context.Context) (*walkList, error)
+}
+
 // sourceRes opens the files of directory sources.
 var sourceRes beneath.Resolver
 

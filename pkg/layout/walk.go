@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 
@@ -44,6 +43,15 @@ type StatKey struct {
 // files are refused with an error naming them. Names bdnvol keeps for its
 // own files (ReservedPrefix: a pull's temporary files) are skipped.
 func Walk(root string) ([]Entry, error) {
+	w, err := walkDir(root)
+	if err != nil {
+		return nil, err
+	}
+	return w.entries(), nil
+}
+
+// walkDir is Walk, the entries held compactly.
+func walkDir(root string) (*walkList, error) {
 	st, err := os.Stat(root)
 	if err != nil {
 		return nil, err
@@ -57,7 +65,7 @@ func Walk(root string) ([]Entry, error) {
 			return nil, err
 		}
 	}
-	var out []Entry
+	var out walkBuilder
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -102,14 +110,12 @@ func Walk(root string) ([]Entry, error) {
 		if err := checkPath(rel); err != nil {
 			return fmt.Errorf("%s: %w: %v", p, ErrUnsupportedFile, err)
 		}
-		out = append(out, e)
-		return nil
+		return out.add(&e) // the path is copied: p and rel are not kept
 	})
 	if err != nil {
 		return nil, err
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
-	return out, nil
+	return out.list(), nil
 }
 
 // StatKeyOf returns the stat key of the file info describes.
