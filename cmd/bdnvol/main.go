@@ -139,14 +139,15 @@ type usageError struct{ error }
 // GOMEMLIMIT is unset, for the commands whose live data grows with the
 // file count (memoryLimited): their heap (a diff of two million-file
 // versions: two indexes; a pull of a million files: the index and 45
-// bytes a file) is collected before it doubles. It is soft: a command
-// whose live data is larger still runs, with more GC. A pull of large
-// files holds far less than the limit, which then never binds. Push
-// keeps the GC's default pacing.
+// bytes a file; a push of a million files: its compact walk, the files'
+// digests and extents, about 185 MB) is collected before it doubles. It
+// is soft: a command whose live data is larger still runs, with more GC. A
+// pull or push of large files holds far less than the limit, which then
+// never binds.
 const defaultMemoryLimit = 192 << 20
 
 // memoryLimited names the commands defaultMemoryLimit applies to.
-var memoryLimited = map[string]bool{"pull": true, "mount": true, "versions": true, "inspect": true, "diff": true, "history": true, "verify": true}
+var memoryLimited = map[string]bool{"push": true, "pull": true, "mount": true, "versions": true, "inspect": true, "diff": true, "history": true, "verify": true}
 
 // commandName returns the first argument that is not a flag: the command,
 // unless a global flag with a value comes first (then no limit is set).

@@ -1,8 +1,12 @@
 package layout
 
 import (
+	"runtime"
+	"sync/atomic"
+
 	"errors"
 	"fmt"
+	"golang.org/x/sync/errgroup"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -84,6 +88,18 @@ func walkDir(root string) (*walkList, error) {
 			return err
 		}
 		rel = filepath.ToSlash(rel)
+		if d.Type().IsRegular() {
+			// Stat later, many at once (statFiles).
+			if err := checkPath(rel); err != nil {
+				return fmt.Errorf("%s: %w: %v", p, ErrUnsupportedFile, err)
+			}
+			e := Entry{Path: rel, Type: TypeFile}
+			if err := out.add(&e); err != nil {
+				return err
+			}
+			out.w.meta[len(out.w.meta)-1] |= statPending
+			return nil
+		}
 		info, err := d.Info()
 		if err != nil {
 			return err
@@ -115,8 +131,55 @@ func walkDir(root string) (*walkList, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := out.statFiles(root); err != nil {
+		return nil, err
+	}
 	return out.list(), nil
 }
+
+// statFiles fills in the mode, size and stat key of the regular files
+// added with none, statting statWorkers at a time: on a tree of many small
+// files the walk is mostly these calls.
+func (b *walkBuilder) statFiles(root string) error {
+	w := &b.w
+	w.arena = b.arena.String()
+	const batch = 4096
+	var next atomic.Int64
+	g := new(errgroup.Group)
+	for range statWorkers {
+		g.Go(func() error {
+			for {
+				lo := int(next.Add(batch)) - batch
+				if lo >= w.len() {
+					return nil
+				}
+				for i := lo; i < min(lo+batch, w.len()); i++ {
+					if w.meta[i]&statPending == 0 {
+						continue // statted in the walk
+					}
+					p := filepath.Join(root, filepath.FromSlash(w.path(i)))
+					info, err := os.Lstat(p)
+					if err != nil {
+						return err
+					}
+					if !info.Mode().IsRegular() {
+						return fmt.Errorf("%s: %w (no longer a regular file)", p, ErrFileChanged)
+					}
+					k := StatKeyOf(info)
+					w.meta[i] = kindFile<<16 | uint32(info.Mode().Perm())
+					w.size[i], w.mtime[i], w.ctime[i], w.ino[i] = k.Size, k.Mtime, k.Ctime, k.Ino
+				}
+			}
+		})
+	}
+	return g.Wait()
+}
+
+// statPending marks, in a walkList's meta, a regular file not statted yet.
+const statPending = 1 << 15
+
+// statWorkers is how many files statFiles stats at once.
+var statWorkers = max(4, 2*runtime.GOMAXPROCS(0))
 
 // StatKeyOf returns the stat key of the file info describes.
 func StatKeyOf(info fs.FileInfo) StatKey {

@@ -1,6 +1,9 @@
 package layout
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -36,5 +39,52 @@ func TestWalkListRoundTrips(t *testing.T) {
 	}
 	if _, err := newWalkList([]Entry{{Path: "x", Type: "fifo"}}); err == nil {
 		t.Fatal("an entry of unknown type was held")
+	}
+}
+
+// TestWalkStatsFilesAsLstat: Walk stats regular files many at once after
+// listing them; each file's mode, size and stat key are those lstat gives,
+// a directory's and a symlink's too, in path order.
+func TestWalkStatsFilesAsLstat(t *testing.T) {
+	root := t.TempDir()
+	for i := range 5000 {
+		p := filepath.Join(root, fmt.Sprintf("d%d", i%7), fmt.Sprintf("f%04d", i))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, make([]byte, i%300), os.FileMode(0o600|(i%2)*0o44)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("d1/f0001", filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+	es, err := Walk(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 5000+7+1 {
+		t.Fatalf("%d entries", len(es))
+	}
+	for i, e := range es {
+		if i > 0 && es[i-1].Path >= e.Path {
+			t.Fatalf("%q after %q", e.Path, es[i-1].Path)
+		}
+		info, err := os.Lstat(filepath.Join(root, e.Path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Entry{Path: e.Path, Mode: uint32(info.Mode().Perm()), Stat: StatKeyOf(info)}
+		switch {
+		case info.Mode().IsRegular():
+			want.Type, want.Size = TypeFile, info.Size()
+		case info.IsDir():
+			want.Type = TypeDir
+		default:
+			want.Type, want.Mode, want.Target = TypeSymlink, 0o777, "d1/f0001"
+		}
+		if !reflect.DeepEqual(e, want) {
+			t.Fatalf("entry %d:\n got %+v\nwant %+v", i, e, want)
+		}
 	}
 }
