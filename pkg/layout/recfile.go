@@ -13,6 +13,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
@@ -57,6 +58,7 @@ type recFile struct {
 	n       int
 	offsAt  int
 	packsAt int
+	finds   atomic.Int64 // lookups, for releasing the pages they touched
 }
 
 // openRecFile maps the record file at path after checking its checksum,
@@ -145,6 +147,11 @@ func (r *recFile) find(p string) (CachedFile, bool) {
 	if r == nil {
 		return CachedFile{}, false
 	}
+	if r.finds.Add(1)%releaseFinds == 0 {
+		// Lookups spread over the file (some twenty pages each); the
+		// few pages every lookup reads come back on the next.
+		r.release(0, len(r.data))
+	}
 	i := sort.Search(r.n, func(i int) bool {
 		q, _, ok := r.key(i)
 		return !ok || string(q) >= p // compared in place, not copied
@@ -163,18 +170,51 @@ func (r *recFile) find(p string) (CachedFile, bool) {
 // each calls fn with every record in path order until fn returns false;
 // a record that does not decode ends the walk.
 func (r *recFile) each(fn func(p string, f CachedFile) bool) {
+	r.walk(func(key, rest []byte) bool {
+		f, _, err := decodeRecord(rest)
+		return err == nil && fn(string(key), f)
+	})
+}
+
+// walk calls fn with every record's path (mapped bytes) and the bytes
+// that follow it, in order, until fn returns false or a record is out of
+// bounds.
+func (r *recFile) walk(fn func(key, rest []byte) bool) {
 	if r == nil {
 		return
 	}
 	for i := range r.n {
-		p, rest, ok := r.record(i)
-		if !ok {
+		if i > 0 && i%releaseEvery == 0 {
+			// Pages behind the walk are not read again: let them go, so
+			// that a pass over a million records does not keep all of
+			// them (some 90 MB) in the process's memory.
+			off := int(binary.LittleEndian.Uint64(r.data[r.offsAt+8*i:]))
+			r.release(recHeaderLen, min(off, r.offsAt))
+			r.release(r.offsAt, r.offsAt+8*i)
+		}
+		key, rest, ok := r.key(i)
+		if !ok || !fn(key, rest) {
 			return
 		}
-		f, _, err := decodeRecord(rest)
-		if err != nil || !fn(p, f) {
-			return
-		}
+	}
+}
+
+// releaseFinds is how many lookups find makes between releases of the
+// whole mapping.
+const releaseFinds = 512
+
+// releaseEvery is how many records each walks between releases of the
+// pages behind it.
+const releaseEvery = 1 << 15
+
+// release lets the pages wholly inside data[lo:hi] go from the process
+// (they stay in the page cache, and are read again if touched).
+func (r *recFile) release(lo, hi int) {
+	pg := os.Getpagesize()
+	lo = (lo + pg - 1) / pg * pg
+	hi = hi / pg * pg
+	if lo < hi {
+		_ = unix.Madvise(r.data[lo:hi], unix.MADV_DONTNEED)
 	}
 }
 

@@ -474,12 +474,13 @@ func (c *StatCache) prune(keep func(p string) bool) {
 		return
 	}
 	c.keeps = append(c.keeps, keep)
-	for i := range c.disk.n {
-		if p, _, ok := c.disk.record(i); ok && !keep(p) {
+	c.disk.walk(func(p, _ []byte) bool {
+		if !keep(string(p)) {
 			c.dirty = true
-			break
+			return false
 		}
-	}
+		return true
+	})
 }
 
 // settleMin is how many bytes of recently written files with extents make
