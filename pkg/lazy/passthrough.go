@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -172,12 +173,46 @@ func (v *Volume) assembleAsync(i int) {
 	}
 	go func() {
 		defer v.endAssembly(i)
+		if !v.waitQuiet() {
+			return
+		}
 		b, err := v.assemble(v.bg, i, d)
 		if err == nil {
 			b.Close() // on disk now; the next open finds it
 		}
 	}()
 }
+
+// waitQuiet waits until the volume has fetched no chunk for
+// assemblyQuiet, so that a backing file made in the background (which
+// reads, writes and hashes the whole file again) does not take the CPU and
+// disk that reads waiting on the link need: a cold `cat` of every file
+// would otherwise assemble each file while it fetches the next. It returns
+// false if the volume closes first.
+func (v *Volume) waitQuiet() bool {
+	const ticks = 4
+	t := time.NewTicker(assemblyQuiet / ticks)
+	defer t.Stop()
+	seen, quiet := v.fetches.Load(), 0
+	for quiet < ticks {
+		select {
+		case <-v.bg.Done():
+			return false
+		case <-t.C:
+		}
+		n := v.fetches.Load()
+		if n == seen && v.fetching.Load() == 0 {
+			quiet++
+		} else {
+			seen, quiet = n, 0
+		}
+	}
+	return true
+}
+
+// assemblyQuiet is how long a volume must fetch nothing before a backing
+// file is made in the background.
+var assemblyQuiet = 200 * time.Millisecond
 
 // assembleNow makes the backing file of file i and returns it open, if
 // every chunk of the file is cached and none is being made; else nil. It

@@ -79,6 +79,11 @@ type Volume struct {
 	splitFailures atomic.Int32 // split fetches that failed in a row; splitting stops at maxEdgeFailures
 	rangesOK      atomic.Bool  // the source has served a split fetch
 	autoAhead     bool         // Readahead was 0: read ahead by Jobs chunks
+
+	// fetches counts the chunk fetches started, fetching those in flight:
+	// background assembly waits for the fetching to pause (waitQuiet).
+	fetches  atomic.Int64
+	fetching atomic.Int32
 }
 
 type handle struct {
@@ -204,6 +209,9 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 		return h, nil
 	}
 	v.mu.Unlock()
+	v.fetches.Add(1)
+	v.fetching.Add(1)
+	defer v.fetching.Add(-1)
 	ctx, cancel := v.fetchContext(ctx)
 	defer cancel()
 	desc := v.ver.Chunk(k)

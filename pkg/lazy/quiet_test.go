@@ -1,0 +1,68 @@
+package lazy
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestWaitQuietWaitsForFetchesToPause: a background assembly does not start
+// while a chunk fetch is in flight or new ones start, starts once fetching
+// has paused, and gives up when the volume closes.
+func TestWaitQuietWaitsForFetchesToPause(t *testing.T) {
+	defer func(d time.Duration) { assemblyQuiet = d }(assemblyQuiet)
+	assemblyQuiet = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	v := &Volume{bg: ctx}
+
+	v.fetching.Store(1) // a fetch in flight
+	done := make(chan bool, 1)
+	go func() { done <- v.waitQuiet() }()
+	select {
+	case <-done:
+		t.Fatal("waitQuiet returned while a fetch was in flight")
+	case <-time.After(10 * assemblyQuiet):
+	}
+	v.fetching.Store(0)
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Fatal("waitQuiet gave up on an open volume")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waitQuiet did not return once fetching paused")
+	}
+
+	// Fetches starting one after another (none in flight at a tick) keep
+	// it waiting too; closing the volume ends the wait.
+	assemblyQuiet = 200 * time.Millisecond // a loaded machine may hold the fetcher back a while
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				v.fetches.Add(1)
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	go func() { done <- v.waitQuiet() }()
+	select {
+	case <-done:
+		t.Fatal("waitQuiet returned while fetches kept starting")
+	case <-time.After(5 * assemblyQuiet):
+	}
+	cancel()
+	close(stop)
+	select {
+	case ok := <-done:
+		if ok {
+			t.Fatal("waitQuiet reported quiet for a closed volume")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waitQuiet did not return when the volume closed")
+	}
+}
