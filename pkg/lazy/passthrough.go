@@ -183,24 +183,25 @@ func (v *Volume) assembleAsync(i int) {
 	}()
 }
 
-// waitQuiet waits until the volume has fetched no chunk for
-// assemblyQuiet, so that a backing file made in the background (which
-// reads, writes and hashes the whole file again) does not take the CPU and
-// disk that reads waiting on the link need: a cold `cat` of every file
-// would otherwise assemble each file while it fetches the next. It returns
-// false if the volume closes first.
+// waitQuiet waits until the volume has fetched nothing and served no
+// FUSE read for assemblyQuiet, so that a backing file made in the
+// background (which reads, writes and hashes the whole file again) does
+// not take the CPU and disk that reads need: a cold `cat` of every file,
+// or a loader in a cold start, would otherwise wait while the files it
+// read are copied. It returns false if the volume closes first.
 func (v *Volume) waitQuiet() bool {
 	const ticks = 4
 	t := time.NewTicker(assemblyQuiet / ticks)
 	defer t.Stop()
-	seen, quiet := v.fetches.Load(), 0
+	activity := func() int64 { return v.fetches.Load() + v.reads.Load() }
+	seen, quiet := activity(), 0
 	for quiet < ticks {
 		select {
 		case <-v.bg.Done():
 			return false
 		case <-t.C:
 		}
-		n := v.fetches.Load()
+		n := activity()
 		if n == seen && v.fetching.Load() == 0 {
 			quiet++
 		} else {
@@ -221,7 +222,11 @@ var assemblyQuiet = 200 * time.Millisecond
 // (and hashed) into it.
 func (v *Volume) assembleNow(i int) *chunkcache.Backing {
 	d, ok := v.fileDesc(i)
-	if !ok || !v.allCached(i) || !v.startAssembly(i) {
+	if !ok || v.busy(assemblyQuiet) || !v.allCached(i) || !v.startAssembly(i) {
+		// While the volume fetches or serves reads (a cold start, a
+		// profile replayed), the open is served through FUSE at once
+		// rather than made to wait for a copy of the file, which is
+		// made once the volume is quiet (assembleAsync).
 		return nil
 	}
 	defer v.endAssembly(i)

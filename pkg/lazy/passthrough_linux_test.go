@@ -176,6 +176,11 @@ func TestPassthroughFromFirstOpen(t *testing.T) {
 	if s := v.opt.Cache.Stats(); s.BackingsMade != 0 {
 		t.Fatalf("stats %+v: a backing file made before the mount", s)
 	}
+	// The fill stands for a pull or a warm by another process: this
+	// volume has been quiet since (a volume that fetched or served reads
+	// within assemblyQuiet serves an open through FUSE, not waiting for a
+	// backing file; TestOpenWhileFetchingIsNotHeldForAssembly).
+	v.active.Store(0)
 	mnt := t.TempDir()
 	srv, err := Mount(mnt, v, MountOptions{})
 	if err != nil {
@@ -223,5 +228,51 @@ func TestFlushAskedOnce(t *testing.T) {
 	}
 	if n := flushes.Load(); n != 1 {
 		t.Fatalf("%d FLUSH requests for 4 opens and closes, want 1", n)
+	}
+}
+
+// A file opened while its volume fetches or serves reads (a cold start) is
+// served through FUSE at once, not held while its backing file is made;
+// the backing file is made once the volume has been quiet, and the opens
+// after that are served by passthrough.
+func TestOpenWhileFetchingIsNotHeldForAssembly(t *testing.T) {
+	needFUSE(t)
+	fx := newFixture(t)
+	v := fx.open(t, t.TempDir(), Options{})
+	f, err := v.Open("big.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fx.files["big.bin"]
+	if got := readAll(t, f); !bytes.Equal(got, want) {
+		t.Fatal("wrong bytes read from the volume")
+	}
+	mnt := t.TempDir()
+	srv, err := Mount(mnt, v, MountOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Unmount() })
+	if srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		t.Fatal("the kernel did not grant passthrough (needs Linux 6.9 or later and root)")
+	}
+	p := filepath.Join(mnt, "big.bin")
+	v.touch() // the volume fetched just now
+	readThrough(t, p, want)
+	if n := fuseReads(t, p); n == 0 {
+		t.Fatal("an open right after a fetch waited for a backing file; want it served through FUSE")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for v.opt.Cache.Stats().BackingsMade == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no backing file made once the volume was quiet")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	dropPages(t, p)
+	before := fuseReads(t, p)
+	readThrough(t, p, want)
+	if n := fuseReads(t, p); n != before {
+		t.Fatalf("%d FUSE READ requests after the backing file was made, want 0", n-before)
 	}
 }

@@ -80,10 +80,25 @@ type Volume struct {
 	rangesOK      atomic.Bool  // the source has served a split fetch
 	autoAhead     bool         // Readahead was 0: read ahead by Jobs chunks
 
-	// fetches counts the chunk fetches started, fetching those in flight:
-	// background assembly waits for the fetching to pause (waitQuiet).
+	// fetches counts the requests to the source started, fetching those
+	// in flight (counted.go): a backing file is made only while the
+	// volume fetches nothing.
 	fetches  atomic.Int64
 	fetching atomic.Int32
+	// reads counts the FUSE READ requests served: a backing file is made
+	// in the background only once reads and fetches pause.
+	reads atomic.Int64
+	// active is when (time.Now().UnixNano()) the volume last started or
+	// ended a fetch or served a FUSE read.
+	active atomic.Int64
+}
+
+// touch records activity now (see active).
+func (v *Volume) touch() { v.active.Store(time.Now().UnixNano()) }
+
+// busy reports whether the volume fetched or served a FUSE read within d.
+func (v *Volume) busy(d time.Duration) bool {
+	return v.fetching.Load() > 0 || time.Now().UnixNano()-v.active.Load() < int64(d)
 }
 
 type handle struct {
@@ -118,7 +133,7 @@ func New(ver *layout.Version, src content.Fetcher, opt Options) (*Volume, error)
 		opt.Readahead = 64 << 20
 	}
 	v := &Volume{
-		ver: ver, src: ver.ChunkSource(src), opt: opt, autoAhead: auto,
+		ver: ver, opt: opt, autoAhead: auto,
 		sem:        make(chan struct{}, opt.Jobs),
 		headers:    semaphore.NewWeighted(headerBudget),
 		files:      map[int]*File{},
@@ -127,6 +142,7 @@ func New(ver *layout.Version, src content.Fetcher, opt Options) (*Volume, error)
 		edges:      map[edgeKey]*edgeCall{},
 		assembling: map[int]bool{},
 	}
+	v.src = v.counted(ver.ChunkSource(src))
 	v.bg, v.cancel = context.WithCancel(context.Background())
 	return v, nil
 }
@@ -209,9 +225,6 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 		return h, nil
 	}
 	v.mu.Unlock()
-	v.fetches.Add(1)
-	v.fetching.Add(1)
-	defer v.fetching.Add(-1)
 	ctx, cancel := v.fetchContext(ctx)
 	defer cancel()
 	desc := v.ver.Chunk(k)
