@@ -188,32 +188,41 @@ func (v *Volume) assembleAsync(i int) {
 // background (which reads, writes and hashes the whole file again) does
 // not take the CPU and disk that reads need: a cold `cat` of every file,
 // or a loader in a cold start, would otherwise wait while the files it
-// read are copied. It returns false if the volume closes first.
+// read are copied. Reads hold it back for assemblyMaxWait at most, fetches
+// for as long as they go on. It returns false if the volume closes first.
 func (v *Volume) waitQuiet() bool {
 	const ticks = 4
 	t := time.NewTicker(assemblyQuiet / ticks)
 	defer t.Stop()
-	activity := func() int64 { return v.fetches.Load() + v.reads.Load() }
-	seen, quiet := activity(), 0
+	start := time.Now()
+	seenF, seenR, quiet := v.fetches.Load(), v.reads.Load(), 0
 	for quiet < ticks {
 		select {
 		case <-v.bg.Done():
 			return false
 		case <-t.C:
 		}
-		n := activity()
-		if n == seen && v.fetching.Load() == 0 {
+		f, r := v.fetches.Load(), v.reads.Load()
+		// Reads hold it back for assemblyMaxWait at most: a file read
+		// without pause still gets its backing file.
+		readsQuiet := r == seenR || time.Since(start) >= assemblyMaxWait
+		if f == seenF && readsQuiet && v.fetching.Load() == 0 {
 			quiet++
 		} else {
-			seen, quiet = n, 0
+			quiet = 0
 		}
+		seenF, seenR = f, r
 	}
 	return true
 }
 
-// assemblyQuiet is how long a volume must fetch nothing before a backing
-// file is made in the background.
+// assemblyQuiet is how long a volume must fetch nothing and serve no read
+// before a backing file is made in the background.
 var assemblyQuiet = 200 * time.Millisecond
+
+// assemblyMaxWait is how long reads (not fetches) can hold back a backing
+// file made in the background.
+var assemblyMaxWait = 5 * time.Second
 
 // assembleNow makes the backing file of file i and returns it open, if
 // every chunk of the file is cached and none is being made; else nil. It

@@ -8,9 +8,10 @@ import (
 
 // TestWaitQuietWaitsForFetchesToPause: a background assembly does not start
 // while a chunk fetch is in flight or new ones start, starts once fetching
-// has paused, and gives up when the volume closes.
+// has paused, waits for reads to pause only up to assemblyMaxWait, and
+// gives up when the volume closes.
 func TestWaitQuietWaitsForFetchesToPause(t *testing.T) {
-	defer func(d time.Duration) { assemblyQuiet = d }(assemblyQuiet)
+	defer func(d, m time.Duration) { assemblyQuiet, assemblyMaxWait = d, m }(assemblyQuiet, assemblyMaxWait)
 	assemblyQuiet = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -33,6 +34,30 @@ func TestWaitQuietWaitsForFetchesToPause(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("waitQuiet did not return once fetching paused")
 	}
+
+	// Reads without pause hold it back until assemblyMaxWait.
+	assemblyMaxWait = 100 * time.Millisecond
+	stopReads := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stopReads:
+				return
+			default:
+				v.reads.Add(1)
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	start := time.Now()
+	if !v.waitQuiet() {
+		t.Fatal("waitQuiet gave up on an open volume")
+	}
+	close(stopReads)
+	if took := time.Since(start); took < assemblyMaxWait {
+		t.Fatalf("waitQuiet returned after %v of reads, before assemblyMaxWait", took)
+	}
+	assemblyMaxWait = time.Hour
 
 	// Fetches starting one after another (none in flight at a tick) keep
 	// it waiting too; closing the volume ends the wait.
