@@ -163,16 +163,7 @@ func TestPassthroughFallsBack(t *testing.T) {
 // backing file, and no read of it is a FUSE READ.
 func TestPassthroughFromFirstOpen(t *testing.T) {
 	needFUSE(t)
-	fx := newFixture(t)
-	v := fx.open(t, t.TempDir(), Options{})
-	f, err := v.Open("big.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := fx.files["big.bin"]
-	if got := readAll(t, f); !bytes.Equal(got, want) {
-		t.Fatal("wrong bytes read from the volume")
-	}
+	fx, v, want := filledVolume(t)
 	if s := v.opt.Cache.Stats(); s.BackingsMade != 0 {
 		t.Fatalf("stats %+v: a backing file made before the mount", s)
 	}
@@ -181,16 +172,7 @@ func TestPassthroughFromFirstOpen(t *testing.T) {
 	// within assemblyQuiet serves an open through FUSE, not waiting for a
 	// backing file; TestOpenWhileFetchingIsNotHeldForAssembly).
 	v.active.Store(0)
-	mnt := t.TempDir()
-	srv, err := Mount(mnt, v, MountOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Unmount() })
-	if srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
-		t.Fatal("the kernel did not grant passthrough (needs Linux 6.9 or later and root)")
-	}
-	p := filepath.Join(mnt, "big.bin")
+	mnt, p := mountPassthrough(t, v)
 	readThrough(t, p, want)
 	if n := fuseReads(t, p); n != 0 {
 		t.Fatalf("%d FUSE READ requests from the first open on, want 0", n)
@@ -237,26 +219,8 @@ func TestFlushAskedOnce(t *testing.T) {
 // after that are served by passthrough.
 func TestOpenWhileFetchingIsNotHeldForAssembly(t *testing.T) {
 	needFUSE(t)
-	fx := newFixture(t)
-	v := fx.open(t, t.TempDir(), Options{})
-	f, err := v.Open("big.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := fx.files["big.bin"]
-	if got := readAll(t, f); !bytes.Equal(got, want) {
-		t.Fatal("wrong bytes read from the volume")
-	}
-	mnt := t.TempDir()
-	srv, err := Mount(mnt, v, MountOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Unmount() })
-	if srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
-		t.Fatal("the kernel did not grant passthrough (needs Linux 6.9 or later and root)")
-	}
-	p := filepath.Join(mnt, "big.bin")
+	_, v, want := filledVolume(t)
+	_, p := mountPassthrough(t, v)
 	v.touch() // the volume fetched just now
 	readThrough(t, p, want)
 	if n := fuseReads(t, p); n == 0 {
@@ -275,4 +239,38 @@ func TestOpenWhileFetchingIsNotHeldForAssembly(t *testing.T) {
 	if n := fuseReads(t, p); n != before {
 		t.Fatalf("%d FUSE READ requests after the backing file was made, want 0", n-before)
 	}
+}
+
+// filledVolume opens the fixture's volume and reads big.bin through it,
+// so that the file's chunks are all cached; it returns the fixture, the
+// volume and the file's bytes.
+func filledVolume(t *testing.T) (*fixture, *Volume, []byte) {
+	t.Helper()
+	fx := newFixture(t)
+	v := fx.open(t, t.TempDir(), Options{})
+	f, err := v.Open("big.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fx.files["big.bin"]
+	if got := readAll(t, f); !bytes.Equal(got, want) {
+		t.Fatal("wrong bytes read from the volume")
+	}
+	return fx, v, want
+}
+
+// mountPassthrough mounts v and fails unless the kernel grants
+// passthrough; it returns the mountpoint and the path of big.bin in it.
+func mountPassthrough(t *testing.T, v *Volume) (string, string) {
+	t.Helper()
+	mnt := t.TempDir()
+	srv, err := Mount(mnt, v, MountOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Unmount() })
+	if srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		t.Fatal("the kernel did not grant passthrough (needs Linux 6.9 or later and root)")
+	}
+	return mnt, filepath.Join(mnt, "big.bin")
 }

@@ -2,6 +2,7 @@ package lazy
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -37,23 +38,12 @@ func TestWaitQuietWaitsForFetchesToPause(t *testing.T) {
 
 	// Reads without pause hold it back until assemblyMaxWait.
 	assemblyMaxWait = 100 * time.Millisecond
-	stopReads := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stopReads:
-				return
-			default:
-				v.reads.Add(1)
-				time.Sleep(time.Millisecond)
-			}
-		}
-	}()
+	stopReads := keepAdding(&v.reads)
 	start := time.Now()
 	if !v.waitQuiet() {
 		t.Fatal("waitQuiet gave up on an open volume")
 	}
-	close(stopReads)
+	stopReads()
 	if took := time.Since(start); took < assemblyMaxWait {
 		t.Fatalf("waitQuiet returned after %v of reads, before assemblyMaxWait", took)
 	}
@@ -62,18 +52,7 @@ func TestWaitQuietWaitsForFetchesToPause(t *testing.T) {
 	// Fetches starting one after another (none in flight at a tick) keep
 	// it waiting too; closing the volume ends the wait.
 	assemblyQuiet = 200 * time.Millisecond // a loaded machine may hold the fetcher back a while
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				v.fetches.Add(1)
-				time.Sleep(time.Millisecond)
-			}
-		}
-	}()
+	stop := keepAdding(&v.fetches)
 	go func() { done <- v.waitQuiet() }()
 	select {
 	case <-done:
@@ -81,7 +60,7 @@ func TestWaitQuietWaitsForFetchesToPause(t *testing.T) {
 	case <-time.After(5 * assemblyQuiet):
 	}
 	cancel()
-	close(stop)
+	stop()
 	select {
 	case ok := <-done:
 		if ok {
@@ -90,4 +69,22 @@ func TestWaitQuietWaitsForFetchesToPause(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("waitQuiet did not return when the volume closed")
 	}
+}
+
+// keepAdding adds 1 to n every millisecond until the returned stop is
+// called.
+func keepAdding(n *atomic.Int64) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+				n.Add(1)
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	return func() { close(done) }
 }
