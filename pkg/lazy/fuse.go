@@ -410,7 +410,6 @@ func (n *fileNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 func (n *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n.reads.Add(1)
 	n.t.v.reads.Add(1)
-	n.t.v.touch()
 	f, err := n.file()
 	if err != nil {
 		return nil, syscall.EIO

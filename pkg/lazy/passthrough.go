@@ -231,11 +231,12 @@ var assemblyMaxWait = 5 * time.Second
 // (and hashed) into it.
 func (v *Volume) assembleNow(i int) *chunkcache.Backing {
 	d, ok := v.fileDesc(i)
-	if !ok || v.busy(assemblyQuiet) || !v.allCached(i) || !v.startAssembly(i) {
-		// While the volume fetches or serves reads (a cold start, a
-		// profile replayed), the open is served through FUSE at once
-		// rather than made to wait for a copy of the file, which is
-		// made once the volume is quiet (assembleAsync).
+	if !ok || v.coldStart() || !v.allCached(i) || !v.startAssembly(i) {
+		// While the volume fetches, or fetched within coldWindow (a cold
+		// start, a profile replayed), the open is served through FUSE
+		// at once rather than made to wait for a copy of the file,
+		// which is made once the volume is quiet (assembleAsync). A
+		// warm mount, which fetches nothing, makes it here.
 		return nil
 	}
 	defer v.endAssembly(i)

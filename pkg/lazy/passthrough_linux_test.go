@@ -168,10 +168,10 @@ func TestPassthroughFromFirstOpen(t *testing.T) {
 		t.Fatalf("stats %+v: a backing file made before the mount", s)
 	}
 	// The fill stands for a pull or a warm by another process: this
-	// volume has been quiet since (a volume that fetched or served reads
-	// within assemblyQuiet serves an open through FUSE, not waiting for a
-	// backing file; TestOpenWhileFetchingIsNotHeldForAssembly).
-	v.active.Store(0)
+	// volume has fetched nothing since (one that fetched within
+	// coldWindow serves an open through FUSE, not waiting for a backing
+	// file; TestOpenWhileFetchingIsNotHeldForAssembly).
+	v.fetched.Store(0)
 	mnt, p := mountPassthrough(t, v)
 	readThrough(t, p, want)
 	if n := fuseReads(t, p); n != 0 {
@@ -213,7 +213,7 @@ func TestFlushAskedOnce(t *testing.T) {
 	}
 }
 
-// A file opened while its volume fetches or serves reads (a cold start) is
+// A file opened while its volume fetches or just fetched (a cold start) is
 // served through FUSE at once, not held while its backing file is made;
 // the backing file is made once the volume has been quiet, and the opens
 // after that are served by passthrough.

@@ -88,18 +88,22 @@ type Volume struct {
 	// reads counts the FUSE READ requests served: a backing file is made
 	// in the background only once reads and fetches pause.
 	reads atomic.Int64
-	// active is when (time.Now().UnixNano()) the volume last started or
-	// ended a fetch or served a FUSE read.
-	active atomic.Int64
+	// fetched is when (time.Now().UnixNano()) the volume last started or
+	// ended a fetch from its source.
+	fetched atomic.Int64
 }
 
-// touch records activity now (see active).
-func (v *Volume) touch() { v.active.Store(time.Now().UnixNano()) }
+// touch records a fetch starting or ending now (see fetched).
+func (v *Volume) touch() { v.fetched.Store(time.Now().UnixNano()) }
 
-// busy reports whether the volume fetched or served a FUSE read within d.
-func (v *Volume) busy(d time.Duration) bool {
-	return v.fetching.Load() > 0 || time.Now().UnixNano()-v.active.Load() < int64(d)
+// coldStart reports whether the volume is fetching or fetched within
+// coldWindow: a start in progress, which an open should not hold up.
+func (v *Volume) coldStart() bool {
+	return v.fetching.Load() > 0 || time.Now().UnixNano()-v.fetched.Load() < int64(coldWindow)
 }
+
+// coldWindow is how long after its last fetch a volume counts as starting.
+var coldWindow = 2 * time.Second
 
 type handle struct {
 	ch   chunkcache.Chunk
