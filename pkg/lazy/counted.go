@@ -66,6 +66,14 @@ type countedBody struct {
 	done atomic.Bool
 }
 
+// WriteTo keeps the body's own WriteTo, where it has one, for io.Copy.
+func (b *countedBody) WriteTo(w io.Writer) (int64, error) {
+	if wt, ok := b.ReadCloser.(io.WriterTo); ok {
+		return wt.WriteTo(w)
+	}
+	return io.Copy(w, struct{ io.Reader }{b.ReadCloser})
+}
+
 func (b *countedBody) Close() error {
 	if b.done.CompareAndSwap(false, true) {
 		b.v.fetching.Add(-1)
