@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -178,19 +179,25 @@ func TestLegacyRecordsRechecked(t *testing.T) {
 	}
 }
 
-// TestStoreHeldCompactly: what a push stores is held as compact records,
-// not in the map, and saved sorted, the last stored of a path winning over
-// an older record of it on disk.
-func TestStoreHeldCompactly(t *testing.T) {
+// TestFreshRecordsSaved: the records a push gives the cache (setFresh, in
+// path order) are not held in its map, and are saved merged with those on
+// disk, a fresh one winning over an older record of its path and a racy one
+// left out.
+func TestFreshRecordsSaved(t *testing.T) {
 	dir, want := savedCache(t, 50)
 	c := OpenStatCache(dir, "/data", DefaultParams)
 	k := StatKey{Size: 1, Mtime: 1, Ctime: 1, Ino: 1}
-	c.store("d1/f00001", CachedFile{Stat: k, Digest: digest.FromString("old")})
-	c.store("zz", CachedFile{Stat: k, Digest: digest.FromString("z")})
-	c.store("d1/f00001", CachedFile{Stat: k, Digest: digest.FromString("new"), Chunks: []Chunk{}})
-	c.store("a", CachedFile{Stat: k, Digest: digest.FromString("a")})
-	if len(c.data.Files) != 0 || len(c.fresh) != 4 {
-		t.Fatalf("%d records in the map, %d compact; want 0 and 4", len(c.data.Files), len(c.fresh))
+	racy := StatKey{Size: 1, Mtime: c.since, Ctime: c.since, Ino: 2}
+	sum := func(s string) [sha256Len]byte { b, _ := sha256Of(digest.FromString(s)); return b }
+	fresh := []freshRecord{
+		{path: "a", stat: k, sum: sum("a")},
+		{path: "d1/f00001", stat: k, sum: sum("new"), chunks: []Chunk{}},
+		{path: "d1/racy", stat: racy, sum: sum("racy")},
+		{path: "zz", stat: k, sum: sum("z")},
+	}
+	c.setFresh(slices.Values(fresh))
+	if len(c.data.Files) != 0 {
+		t.Fatalf("%d records in the map, want 0", len(c.data.Files))
 	}
 	if err := c.Save(); err != nil {
 		t.Fatal(err)
@@ -203,6 +210,6 @@ func TestStoreHeldCompactly(t *testing.T) {
 		t.Errorf("saved %v\nwant %v", got, want)
 	}
 	if f, ok := c.Lookup("a", k); !ok || f.Digest != digest.FromString("a") {
-		t.Errorf("after Save, a stored record is looked up as %+v, %v", f, ok)
+		t.Errorf("after Save, a fresh record is looked up as %+v, %v", f, ok)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"iter"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -38,8 +37,6 @@ type StatCache struct {
 	disk   *recFile
 	keeps  []func(p string) bool
 	legacy string // an older format's file, removed once saved anew
-	// fresh are the records a push stored, in the order it did.
-	fresh []freshRecord
 	// freshSeq, when set, gives a push's records in path order as Save
 	// writes them, from what the push holds anyway: they are not copied
 	// here file by file.
@@ -55,7 +52,7 @@ type StatCache struct {
 	settleBytes int64
 }
 
-// freshRecord is a record a push stored: a file's stat key, digest and,
+// freshRecord is a record a push made: a file's stat key, digest and,
 // for a large file, chunks.
 type freshRecord struct {
 	path   string
@@ -65,8 +62,7 @@ type freshRecord struct {
 }
 
 // setFresh makes seq (records in increasing path order, one per path)
-// records this run stored, besides those of store; it is read when the
-// cache is saved.
+// the records this run stored; it is read when the cache is saved.
 func (c *StatCache) setFresh(seq iter.Seq[freshRecord]) {
 	if c == nil {
 		return
@@ -380,23 +376,6 @@ func isPulled(p string, f CachedFile) bool {
 	return (f.Extents != nil || f.Chunks == nil) && checkPath(p) == nil
 }
 
-// store records what a push found of the file at p. The record is held
-// compactly until Save writes it, and is looked up from then on.
-func (c *StatCache) store(p string, f CachedFile) {
-	if c == nil || !c.trusts(f.Stat) {
-		return // racy: the file may still change within the clock's resolution
-	}
-	sum, ok := sha256Of(f.Digest)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.dirty = true
-	if !ok || f.Extents != nil || f.Unverified || f.Racy {
-		c.data.Files[p] = f
-		return
-	}
-	c.fresh = append(c.fresh, freshRecord{path: p, stat: f.Stat, sum: sum, chunks: f.Chunks})
-}
-
 func (c *StatCache) pack(key string) (Chunk, bool) {
 	if c == nil {
 		return Chunk{}, false
@@ -602,7 +581,7 @@ func (c *StatCache) reopen() {
 	if err != nil {
 		return // what is in memory still stands
 	}
-	c.disk, c.keeps, c.fresh, c.freshSeq = r, nil, nil, nil
+	c.disk, c.keeps, c.freshSeq = r, nil, nil
 	c.data.Files = map[string]CachedFile{}
 	c.px, c.pstat, c.pkind = nil, nil, nil
 }
@@ -612,7 +591,6 @@ func (c *StatCache) reopen() {
 // more than one has. Called with c.mu held.
 func (c *StatCache) encode(w io.Writer) error {
 	rw := newRecWriter(w)
-	c.sortFresh()
 	next, stop := iter.Pull(c.freshRecords())
 	defer stop()
 	cur, more := next()
@@ -678,51 +656,19 @@ func (c *StatCache) encode(w io.Writer) error {
 	return rw.finish(c.data.Packs)
 }
 
-// freshRecords yields this run's records in path order, one per path (of
-// store's and freshSeq's, store's for a path both have), the racy left
-// out. Called with c.mu held, after sortFresh.
+// freshRecords yields this run's records (freshSeq's) in path order, the
+// racy left out. Called with c.mu held.
 func (c *StatCache) freshRecords() iter.Seq[freshRecord] {
 	return func(yield func(freshRecord) bool) {
-		stored := c.fresh
-		if c.freshSeq != nil {
-			for r := range c.freshSeq {
-				if !c.trusts(r.stat) {
-					continue
-				}
-				for len(stored) > 0 && stored[0].path < r.path {
-					if !yield(stored[0]) {
-						return
-					}
-					stored = stored[1:]
-				}
-				if len(stored) > 0 && stored[0].path == r.path {
-					continue
-				}
-				if !yield(r) {
-					return
-				}
-			}
+		if c.freshSeq == nil {
+			return
 		}
-		for _, r := range stored {
-			if !yield(r) {
+		for r := range c.freshSeq {
+			if c.trusts(r.stat) && !yield(r) {
 				return
 			}
 		}
 	}
-}
-
-// sortFresh sorts the fresh records by path, the last stored of a path
-// alone. Called with c.mu held.
-func (c *StatCache) sortFresh() {
-	sort.SliceStable(c.fresh, func(i, j int) bool { return c.fresh[i].path < c.fresh[j].path })
-	out := c.fresh[:0]
-	for i, r := range c.fresh {
-		if i+1 < len(c.fresh) && c.fresh[i+1].path == r.path {
-			continue
-		}
-		out = append(out, r)
-	}
-	c.fresh = out
 }
 
 // pulledExtents lists where f's chunks are in it, for a later pull.
