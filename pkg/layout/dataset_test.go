@@ -202,7 +202,7 @@ func TestPushSpillsIndexPieces(t *testing.T) {
 	if b.spill == nil {
 		t.Fatal("no spill file could be made in the temporary directory")
 	}
-	defer b.spill.Close()
+	defer b.spill.close()
 	s, err := seal(res.Index, 0, nil, b.spill)
 	if err != nil {
 		t.Fatal(err)

@@ -150,11 +150,7 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt PushOptions)
 		b.read = make([]bool, entries.len())
 		opt.Cache.setFresh(b.freshRecords)
 	}
-	defer func() {
-		if b.spill != nil {
-			b.spill.Close()
-		}
-	}()
+	defer func() { b.spill.close() }()
 	if r, ok := src.(Remote); ok && r.Remote() {
 		b.buffer = semaphore.NewWeighted(bufferBudget)
 	} else {
@@ -263,8 +259,7 @@ type builder struct {
 	prevOnce sync.Once
 	prev     map[digest.Digest]int // files of opt.Previous by digest
 
-	spill    *os.File // the encoded index pieces, when not in memory
-	spillEnd int64    // bytes written to spill
+	spill *pieceSpill // the encoded index pieces, when not in memory
 	// read marks the files this push read and hashed: their stat records
 	// are written from entries and results when the stat cache is saved.
 	read []bool
@@ -331,10 +326,10 @@ func (b *builder) sealed() (*Sealed, error) {
 // pieces in a file, not in memory.
 const spillEntries = 1 << 16
 
-// spillFile returns an unlinked temporary file beside the stat cache (else
-// in the temporary directory), or nil (the pieces stay in memory) when none
-// can be made.
-func (b *builder) spillFile() *os.File {
+// spillFile returns a spill of an unlinked temporary file beside the stat
+// cache (else in the temporary directory), or nil (the pieces stay in
+// memory) when none can be made.
+func (b *builder) spillFile() *pieceSpill {
 	dir := ""
 	if b.opt.Cache != nil {
 		dir = filepath.Dir(b.opt.Cache.path)
@@ -348,7 +343,7 @@ func (b *builder) spillFile() *os.File {
 		f.Close()
 		return nil
 	}
-	return f
+	return &pieceSpill{f: f}
 }
 
 // store stores the manifests of s and saves the stat cache.

@@ -159,7 +159,7 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 		if err != nil {
 			return nil, err
 		}
-		bl, err := b.pieceBlob(data)
+		bl, err := b.spill.blob(data)
 		if err != nil {
 			return nil, err
 		}
@@ -214,21 +214,6 @@ func (b *builder) sealReusing(m *pieceMemo) (*Sealed, error) {
 // parameters.
 func (b *builder) newMemo() *pieceMemo {
 	return &pieceMemo{dest: b.opt.Destination, chunking: b.opt.Params, piecing: DefaultPieceParams}
-}
-
-// pieceBlob returns the blob of an encoded piece, its bytes written to
-// the spill file when the push has one.
-func (b *builder) pieceBlob(data []byte) (Blob, error) {
-	bl := blobOf(MediaTypePiece, data)
-	if b.spill == nil {
-		return bl, nil
-	}
-	if _, err := b.spill.WriteAt(data, b.spillEnd); err != nil {
-		return Blob{}, fmt.Errorf("layout: keep index piece: %w", err)
-	}
-	bl.Data, bl.spill, bl.off = nil, b.spill, b.spillEnd
-	b.spillEnd += int64(len(data))
-	return bl, nil
 }
 
 // checkRange checks the entries of x, a run of the walk, as Validate

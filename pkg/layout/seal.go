@@ -77,9 +77,37 @@ func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
 	return seal(x, maxLayers, extra, nil)
 }
 
+// pieceSpill is an unlinked file that holds a version's encoded index
+// pieces instead of memory; end is the bytes written to it.
+type pieceSpill struct {
+	f   *os.File
+	end int64
+}
+
+// blob returns the blob of an encoded piece, its bytes written to the
+// spill file (held in memory when s is nil).
+func (s *pieceSpill) blob(data []byte) (Blob, error) {
+	bl := blobOf(MediaTypePiece, data)
+	if s == nil {
+		return bl, nil
+	}
+	if _, err := s.f.WriteAt(data, s.end); err != nil {
+		return Blob{}, fmt.Errorf("layout: keep index piece: %w", err)
+	}
+	bl.Data, bl.spill, bl.off = nil, s.f, s.end
+	s.end += int64(len(data))
+	return bl, nil
+}
+
+func (s *pieceSpill) close() {
+	if s != nil {
+		s.f.Close()
+	}
+}
+
 // seal is Seal; with spill, the index pieces are written there as they
 // are encoded instead of kept in memory.
-func seal(x *Index, maxLayers int, extra map[string]string, spill *os.File) (*Sealed, error) {
+func seal(x *Index, maxLayers int, extra map[string]string, spill *pieceSpill) (*Sealed, error) {
 	if maxLayers <= 0 {
 		maxLayers = DefaultMaxLayers
 	}
@@ -97,15 +125,10 @@ func seal(x *Index, maxLayers int, extra map[string]string, spill *os.File) (*Se
 		s.Blobs = []Blob{blobOf(MediaTypeIndex, ib)}
 	case FormatVersion:
 		var pieces []Blob
-		var off int64
 		top, ends, refs, err := encodeV2Pieces(x, DefaultPieceParams, func(b []byte) error {
-			bl := blobOf(MediaTypePiece, b)
-			if spill != nil {
-				if _, err := spill.WriteAt(b, off); err != nil {
-					return fmt.Errorf("layout: keep index piece: %w", err)
-				}
-				bl.Data, bl.spill, bl.off = nil, spill, off
-				off += int64(len(b))
+			bl, err := spill.blob(b)
+			if err != nil {
+				return err
 			}
 			pieces = append(pieces, bl)
 			return nil

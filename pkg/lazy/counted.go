@@ -11,8 +11,9 @@ import (
 
 // counted returns src counting its requests in v.fetches and v.fetching
 // (until the body is closed), keeping the optional interfaces the volume
-// and the cache ask of a source (ranges, NoSplit, Local). A chunk the cache holds asks the
-// source nothing, so the counts are of what the volume fetches.
+// and the cache ask of a source (ranges, NoSplit, Local). A chunk the
+// cache holds asks the source nothing, so the counts are of what the
+// volume fetches.
 func (v *Volume) counted(src content.Fetcher) content.Fetcher {
 	c := countedSource{src: src, v: v}
 	if _, ok := src.(rangeSource); ok {
