@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/distribution/distribution/v3/registry/handlers"
+	"github.com/opencontainers/go-digest"
 	"google.golang.org/grpc/codes"
 )
 
@@ -23,9 +25,11 @@ import (
 // nothing else. Repository "big" sends a GET body over the 4 MiB manifest
 // limit (a client that skips reading large manifests then takes the
 // digest on trust); repository "leaked" sends manifest, the real bytes
-// (an attacker who got hold of them); the others send a small body that is
-// not the manifest.
-func forgingRegistry(t *testing.T, ip net.IP, ca testCA, claimed string, manifest []byte) *registry {
+// (an attacker who got hold of them); repository "crafted" sends crafted,
+// with its own digest (a manifest an attacker wrote, naming another's
+// blobs); the others send a small body that is not the manifest. Blob
+// requests are answered 404: it holds no blob.
+func forgingRegistry(t *testing.T, ip net.IP, ca testCA, claimed string, manifest, crafted []byte) *registry {
 	t.Helper()
 	return serveTLS(t, ip, ca.Server, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v2/" {
@@ -41,9 +45,14 @@ func forgingRegistry(t *testing.T, ip net.IP, ca testCA, claimed string, manifes
 			body = []byte(strings.Repeat(" ", 4<<20+1))
 		case strings.HasPrefix(r.URL.Path, "/v2/leaked/"):
 			body = manifest
+		case strings.HasPrefix(r.URL.Path, "/v2/crafted/"):
+			body = crafted
 		}
 		w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
 		w.Header().Set("Docker-Content-Digest", claimed)
+		if strings.HasPrefix(r.URL.Path, "/v2/crafted/") {
+			w.Header().Set("Docker-Content-Digest", digest.FromBytes(crafted).String())
+		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		if r.Method == http.MethodGet {
 			w.Write(body)
@@ -57,8 +66,12 @@ func forgingRegistry(t *testing.T, ip net.IP, ca testCA, claimed string, manifes
 // is mounted and after its linger with D's chunks in the node's cache. A
 // second real registry holding the same manifest in another repository gets
 // its own mount. The mounter's default /metrics does not list D, and /warm
-// is not served. The documented limit holds too: D's real manifest bytes,
-// served from a registry holding no blob, mount D from the cache.
+// is not served. The origin rule (docs/kubernetes.md, "What a pod can
+// obtain"): D's real manifest bytes, or a manifest of the attacker's naming
+// D's index and chunk digests, served from a registry holding no blob, read
+// not one byte of D from the cache, while D is mounted and after its linger;
+// a new pod of A's repository with A's secret reads D from the cache with no
+// blob fetched.
 func TestCSIForgedDigest(t *testing.T) {
 	const user = "tenant-a"
 	pass := "pw-tenant-a-" + strings.Repeat("3", 10)
@@ -82,7 +95,8 @@ func TestCSIForgedDigest(t *testing.T) {
 		t.Fatalf("the same tree pushed to a second registry is %s, not %s", d2, d)
 	}
 	os.Remove(filepath.Join(home(t), "config.json")) // the node has no credentials of its own
-	evil := forgingRegistry(t, ip, reg.CA, d, tlsManifest(t, reg.CA, copyRepo+"@"+d))
+	leaked := tlsManifest(t, reg.CA, copyRepo+"@"+d)
+	evil := forgingRegistry(t, ip, reg.CA, d, leaked, craftedFrom(t, leaked))
 
 	const linger = 1500 * time.Millisecond
 	metricsAddr := freeAddr(t)
@@ -126,6 +140,34 @@ func TestCSIForgedDigest(t *testing.T) {
 		}
 	}
 	tryForged("mounted", 1)
+	compareTrees(t, src, a.target)
+
+	// Tenant A's manifest bytes, and a manifest naming A's blobs, from a
+	// registry that holds none of them: no byte of A's files.
+	tryStolen := func(when string, mounts int) {
+		t.Helper()
+		for _, ref := range []string{evil.Host + "/leaked@" + d, evil.Host + "/crafted:latest"} {
+			evil.ResetStats()
+			p := n.newPod("stolen-" + when + "-" + strings.Split(strings.TrimPrefix(ref, evil.Host+"/"), "@")[0])
+			if err := n.publish(p, ref, ""); err == nil {
+				for _, rel := range []string{"readme.txt", "big.bin", "données/模型.bin"} {
+					if b, rerr := os.ReadFile(filepath.Join(p.target, rel)); rerr == nil {
+						t.Errorf("%s: %s: a pod read %d bytes of tenant A's %s from the node's cache", when, ref, len(b), rel)
+					}
+				}
+				n.unpublish(p)
+			} else if _, err := os.Stat(p.target); !os.IsNotExist(err) {
+				t.Errorf("%s: the refused publish of %s left %s: %v", when, ref, p.target, err)
+			}
+			if st := evil.Stats(); st.Requests["GET blob"]+st.Requests["HEAD blob"] == 0 {
+				t.Errorf("%s: %s: the attacker's registry got no blob request (%v): A's blobs came from the cache", when, ref, st.Requests)
+			}
+		}
+		if ms := n.fuseMounts(); len(ms) > mounts {
+			t.Errorf("%s: FUSE mounts %v after the stolen manifests, want at most %d", when, ms, mounts)
+		}
+	}
+	tryStolen("mounted", 1)
 	compareTrees(t, src, a.target)
 
 	// The same manifest in another registry and repository: its own mount.
@@ -182,17 +224,41 @@ func TestCSIForgedDigest(t *testing.T) {
 	}
 	tryForged("after-linger", 0)
 
-	// The documented limit (docs/kubernetes.md, "What a pod can obtain"):
-	// a pod that has D's exact manifest bytes, served from a registry that
-	// holds no blob of D, reads D's cached chunks.
-	l := n.newPod("leaked-manifest")
-	if err := n.publish(l, evil.Host+"/leaked@"+d, ""); err != nil {
-		t.Fatalf("the manifest's own bytes from a registry holding no blob: %v; docs/kubernetes.md says this mounts from the cache", err)
+	tryStolen("after-linger", 0)
+
+	// Another pod of A's repository, with A's secret, after the linger: a
+	// new mount, read from the cache with no blob fetched.
+	reg.ResetStats()
+	a2 := n.newPod("tenant-a-again")
+	n.mustPublish(a2, private+"@"+d, dockerConfig(reg.Host, user, pass))
+	compareTrees(t, src, a2.target)
+	if st := reg.Stats(); st.Requests["GET blob"] != 0 {
+		t.Errorf("a second pod of A's repository fetched %d blobs (%v), want 0: the cache did not serve its own origin", st.Requests["GET blob"], st.BlobGets)
 	}
-	compareTrees(t, src, l.target)
-	if err := n.unpublish(l); err != nil {
+	if err := n.unpublish(a2); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// craftedFrom returns a manifest of the attacker's own: manifest with an
+// annotation added, so that it names the same blobs under another digest.
+func craftedFrom(t *testing.T, manifest []byte) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(manifest, &m); err != nil {
+		t.Fatal(err)
+	}
+	ann, _ := m["annotations"].(map[string]any)
+	if ann == nil {
+		ann = map[string]any{}
+	}
+	ann["org.example.crafted"] = "yes"
+	m["annotations"] = ann
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // tlsManifest GETs the manifest of ref from a TLS registry the CA signed.

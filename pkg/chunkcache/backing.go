@@ -99,6 +99,10 @@ func (c *Cache) OpenBacking(desc ocispec.Descriptor) (*Backing, error) {
 		c.forgetBacking(desc.Digest)
 		return nil, nil
 	}
+	if !c.deliveredAt(p, f) {
+		f.Close() // kept: Assemble for this origin replaces it
+		return nil, nil
+	}
 	return c.openedBacking(desc, f), nil
 }
 
@@ -129,6 +133,7 @@ func (c *Cache) forgetBacking(d digest.Digest) {
 		c.lru.Remove(el)
 		delete(c.backings, d)
 	}
+	delete(c.delivered, c.backingPath(d))
 }
 
 // Assemble makes the backing file of the file desc and returns it open:
@@ -188,6 +193,7 @@ func (c *Cache) Assemble(ctx context.Context, desc ocispec.Descriptor, write fun
 		c.corrupt.Add(1)
 		return nil, err
 	}
+	c.deliver(f, c.backingPath(desc.Digest))
 	if err := os.Rename(f.Name(), c.backingPath(desc.Digest)); err != nil {
 		return nil, fmt.Errorf("chunk cache: %w", err)
 	}

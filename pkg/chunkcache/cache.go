@@ -58,7 +58,18 @@ type Stats struct {
 // Layout: DIR/sha256/HEX holds a verified blob; DIR/tmp holds blobs being
 // written. Entries written by other processes are found on disk; the size
 // bound is kept by each process over the entries it knows about.
+//
+// A Cache from Open serves every entry to every caller. A view from For
+// serves an entry only once its origin has delivered those bytes (see
+// origins.go); views share the entries, the bound and the loads in flight.
 type Cache struct {
+	*store
+	origin string // "" for the unscoped cache Open returns
+	oid    string // originID(origin)
+}
+
+// store is what every view of one opened cache shares.
+type store struct {
 	dir string
 	max int64
 
@@ -67,7 +78,11 @@ type Cache struct {
 	entries  map[digest.Digest]*list.Element
 	size     int64
 	verified map[digest.Digest]bool // entries this process has hashed
-	flight   map[digest.Digest]*call
+	flight   map[flightKey]*call    // loads in flight, by digest and origin
+	// delivered holds, by entry path, the origins (originID) known to have
+	// delivered the entry's bytes: read from disk (origins.go) or recorded
+	// by this process.
+	delivered map[string][]string
 	owners   map[string]map[digest.Digest]int64 // protect sets by owner (protect.go)
 	pins     map[digest.Digest]int              // how many owners protect each digest
 	// backing files (backing.go): in the LRU beside the chunks, by file digest
@@ -110,18 +125,19 @@ func Open(dir string, maxBytes int64) (*Cache, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultSize
 	}
-	c := &Cache{
+	c := &Cache{store: &store{
 		dir: dir, max: maxBytes,
 		lru:         list.New(),
 		entries:     map[digest.Digest]*list.Element{},
 		verified:    map[digest.Digest]bool{},
-		flight:      map[digest.Digest]*call{},
+		flight:      map[flightKey]*call{},
+		delivered:   map[string][]string{},
 		owners:      map[string]map[digest.Digest]int64{},
 		pins:        map[digest.Digest]int{},
 		backings:    map[digest.Digest]*list.Element{},
 		backingOpen: map[digest.Digest]int{},
 		building:    map[digest.Digest]bool{},
-	}
+	}}
 	for _, d := range []string{c.blobDir(), c.tmpDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("chunk cache: %w", err)
@@ -195,13 +211,17 @@ func wellFormed(d digest.Digest) bool {
 	return d.Validate() == nil && d.Algorithm() == digest.SHA256
 }
 
-// Contains reports whether d has an entry on disk.
+// Contains reports whether d has an entry on disk (for a view, one its
+// origin delivered).
 func (c *Cache) Contains(d digest.Digest) bool {
 	if !wellFormed(d) {
 		return false
 	}
-	_, err := os.Stat(c.path(d))
-	return err == nil
+	p := c.path(d)
+	if _, err := os.Stat(p); err != nil {
+		return false
+	}
+	return c.deliveredAt(p, nil)
 }
 
 // cacheable reports whether desc can be held by the cache.
@@ -232,7 +252,8 @@ func (c *Cache) Load(ctx context.Context, src content.Fetcher, desc ocispec.Desc
 			return ch, nil
 		}
 		c.mu.Lock()
-		if cl, ok := c.flight[desc.Digest]; ok {
+		key := flightKey{desc.Digest, c.oid}
+		if cl, ok := c.flight[key]; ok {
 			c.mu.Unlock()
 			select {
 			case <-cl.done:
@@ -256,28 +277,31 @@ func (c *Cache) Load(ctx context.Context, src content.Fetcher, desc ocispec.Desc
 			}
 		}
 		cl := &call{done: make(chan struct{})}
-		c.flight[desc.Digest] = cl
+		c.flight[key] = cl
 		c.mu.Unlock()
 
 		ch, mem, err := c.fetch(ctx, src, desc)
 		cl.err, cl.mem = err, mem
 		c.mu.Lock()
-		delete(c.flight, desc.Digest)
+		delete(c.flight, key)
 		c.mu.Unlock()
 		close(cl.done)
 		return ch, err
 	}
 }
 
-// Has reports whether d is stored or being fetched.
+// Has reports whether d is stored (for a view, delivered by its origin) or
+// being fetched (for a view, from its origin).
 func (c *Cache) Has(d digest.Digest) bool {
 	c.mu.Lock()
-	_, fl := c.flight[d]
+	_, fl := c.flight[flightKey{d, c.oid}]
 	c.mu.Unlock()
 	return fl || c.Contains(d)
 }
 
-// open returns the disk entry of desc, or nil when there is none usable.
+// open returns the disk entry of desc, or nil when there is none usable
+// (for a view, none its origin delivered: such an entry is kept, and the
+// caller's fetch from the origin replaces it, see origins.go).
 // An entry whose bytes match desc.Digest but not desc.Size shows that desc
 // is wrong, not the entry: the entry is kept and the error wraps
 // ErrWrongSize.
@@ -323,6 +347,10 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 		os.Chtimes(p, now, now) // the on-disk LRU order other processes start from
 		vouchEntry(p)
 	}
+	if !c.deliveredAt(p, f) {
+		f.Close()
+		return nil, nil
+	}
 	c.mu.Lock()
 	c.verified[desc.Digest] = true
 	if el, ok := c.entries[desc.Digest]; ok {
@@ -366,6 +394,7 @@ func (c *Cache) forget(d digest.Digest) {
 		delete(c.entries, d)
 	}
 	delete(c.verified, d)
+	delete(c.delivered, c.path(d))
 }
 
 // drop removes the entry of d from disk and from the accounting.
@@ -387,10 +416,12 @@ func (c *Cache) evictLocked(keep *list.Element) {
 				if e.backing {
 					os.Remove(c.backingPath(e.d))
 					delete(c.backings, e.d)
+					delete(c.delivered, c.backingPath(e.d))
 				} else {
 					os.Remove(c.path(e.d))
 					delete(c.entries, e.d)
 					delete(c.verified, e.d)
+					delete(c.delivered, c.path(e.d))
 				}
 				c.evictions.Add(1)
 			}
@@ -453,10 +484,12 @@ func (c *Cache) fetchToFile(ctx context.Context, src content.Fetcher, desc ocisp
 	if err := c.checkFetched(desc, rc, got); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(f.Name(), c.path(desc.Digest)); err != nil {
+	p := c.path(desc.Digest)
+	c.deliver(f, p)
+	if err := os.Rename(f.Name(), p); err != nil {
 		return nil, &storeError{err}
 	}
-	vouchEntry(c.path(desc.Digest))
+	vouchEntry(p)
 	c.added(desc)
 	keep = true
 	return f, nil
@@ -581,6 +614,9 @@ type cachedFetcher struct {
 
 // Local reports whether the wrapped source reads local files.
 func (f *cachedFetcher) Local() bool { return isLocal(f.src) }
+
+// Origin returns the origin of the cache view the fetcher reads through.
+func (f *cachedFetcher) Origin() string { return f.c.origin }
 
 // isLocal reports whether src reads local files (implements Local() bool
 // returning true): fetching again does not cure a bad blob.

@@ -33,3 +33,6 @@ func (r cacheReader) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Rea
 // Local reports whether the source reads local files, so that a bad chunk
 // is not fetched again.
 func (r cacheReader) Local() bool { return isLocal(r.src) }
+
+// Origin returns the origin of the cache view the fetcher reads through.
+func (r cacheReader) Origin() string { return r.cache.origin }

@@ -3,6 +3,7 @@ package modelpack
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,10 +34,15 @@ const indexRecordMagic = "bdnvol-modelpack-index\x01"
 // manifest it names, the index's own validation, and every file and chunk
 // against the layers of the verified manifest): a torn or altered record
 // is removed and the model read again, never trusted.
+//
+// Records are kept per origin (For), as the chunk cache serves blobs: an
+// index derived from one repository's layers is not handed to a reader of
+// another that only names the same manifest.
 type IndexCache struct {
-	dir string
-	max int64
-	mu  sync.Mutex // serialises this process's writes and evictions
+	dir    string
+	max    int64
+	mu     *sync.Mutex // serialises this process's writes and evictions
+	origin string      // "" unscoped; else the origin of this view's records
 }
 
 // OpenIndexCache returns the cache in dir (created on first write), bounded
@@ -45,7 +51,16 @@ func OpenIndexCache(dir string, max int64) *IndexCache {
 	if max <= 0 {
 		max = DefaultIndexCacheBytes
 	}
-	return &IndexCache{dir: dir, max: max}
+	return &IndexCache{dir: dir, max: max, mu: new(sync.Mutex)}
+}
+
+// For returns the view of c whose records are those derived from models
+// read from origin (as chunkcache.Cache.For names it); "" is the unscoped
+// view.
+func (c *IndexCache) For(origin string) *IndexCache {
+	v := *c
+	v.origin = origin
+	return &v
 }
 
 // Dir returns the cache's directory.
@@ -73,9 +88,14 @@ type fileRecord struct {
 	Offset int64  `json:"offset"`
 }
 
-// name is the record file of the manifest d.
+// name is the record file of the manifest d for c's origin.
 func (c *IndexCache) name(d digest.Digest) string {
-	return filepath.Join(c.dir, d.Algorithm().String()+"-"+d.Encoded())
+	n := d.Algorithm().String() + "-" + d.Encoded()
+	if c.origin != "" {
+		sum := sha256.Sum256([]byte(c.origin))
+		n += "-" + hex.EncodeToString(sum[:12])
+	}
+	return filepath.Join(c.dir, n)
 }
 
 // Load returns the map of the model a from its record, or false when

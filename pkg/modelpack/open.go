@@ -31,6 +31,7 @@ func OpenCached(ctx context.Context, src content.Fetcher, desc ocispec.Descripto
 		return nil, err
 	}
 	if c != nil {
+		c = c.For(originOf(src))
 		if m, ok := c.Load(a); ok {
 			return m.Version(), nil
 		}
@@ -43,6 +44,15 @@ func OpenCached(ctx context.Context, src content.Fetcher, desc ocispec.Descripto
 		_ = c.Store(m) // a cache that cannot be written costs the next open a read of the layers, nothing else
 	}
 	return m.Version(), nil
+}
+
+// originOf returns the origin src reads for (a chunk cache's view says
+// it), "" when it does not say.
+func originOf(src content.Fetcher) string {
+	if o, ok := src.(interface{ Origin() string }); ok {
+		return o.Origin()
+	}
+	return ""
 }
 
 // Version returns the map as a read-only version.

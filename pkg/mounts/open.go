@@ -44,7 +44,12 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if err != nil {
 		return nil, "", err
 	}
-	lo := lazy.Options{Cache: opt.Cache, Jobs: opt.Jobs, FetchTimeout: opt.FetchTimeout}
+	lo := lazy.Options{Jobs: opt.Jobs, FetchTimeout: opt.FetchTimeout}
+	if opt.Cache != nil {
+		// What the mount reads from the cache its own origin delivered
+		// (chunkcache's origin rule).
+		lo.Cache = opt.Cache.For(o.Name())
+	}
 	rec := opt.Recorder
 	var auto *profile.Recorder
 	if rec == nil && opt.Profile.Mode == ProfileAuto && opt.Profile.Store.Dir != "" {

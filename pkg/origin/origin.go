@@ -26,8 +26,9 @@ type Options struct {
 	// host the registry), for metrics. A local layout is not wrapped.
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 	// Preload, when set, receives the manifest the resolution fetched
-	// (verified against the root by the cache), so that opening the
-	// version through the cache reads it from there.
+	// (verified against the root by the cache, and recorded as delivered
+	// by the reference's repository), so that opening the version through
+	// the cache's view of that repository reads it from there.
 	Preload *chunkcache.Cache
 }
 
@@ -43,6 +44,10 @@ type Origin struct {
 	// nil when ref's registry has no mirror.
 	Mirrors *oci.MirrorFetcher
 }
+
+// Name names the origin as the chunk cache records it (chunkcache.For):
+// the registry and repository, or the layout's path.
+func (o *Origin) Name() string { return o.Ref.Repo() }
 
 // Pinned returns the reference pinned to the resolved digest.
 func (o *Origin) Pinned() string { return o.Ref.Pinned(o.Root.Digest) }
@@ -60,7 +65,7 @@ func Resolve(ctx context.Context, ref oci.Ref, opt Options) (*Origin, error) {
 		return nil, err
 	}
 	if b != nil && opt.Preload != nil {
-		if ch, err := opt.Preload.Load(ctx, bytesFetcher(b), desc); err == nil {
+		if ch, err := opt.Preload.For(ref.Repo()).Load(ctx, bytesFetcher(b), desc); err == nil {
 			ch.Close()
 		}
 	}

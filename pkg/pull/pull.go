@@ -130,6 +130,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		if cache, err = chunkcache.Open(filepath.Join(opt.CacheDir, "chunks"), max); err != nil {
 			return nil, err
 		}
+		cache = cache.For(o.Name()) // what this repository delivered (chunkcache's origin rule)
 		wrap = cache.ReadOnly
 		if opt.Cache == CacheFill {
 			wrap = cache.Fetcher

@@ -50,6 +50,7 @@ type Plan struct {
 	// Patterns are the globs asked for ("" for every file).
 	Patterns string
 	src      content.Fetcher
+	origin   string // what Fill records as the chunks' origin (chunkcache.For)
 }
 
 // Open resolves ref (a tag becomes a digest now), reads its index through
@@ -71,6 +72,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 		return nil, err
 	}
 	desc, src := o.Root, o.Fetcher
+	cache = cache.For(o.Name()) // chunkcache's origin rule: what ref's repository delivered
 	ver, err := layout.Open(ctx, cache.Fetcher(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
@@ -84,7 +86,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
-	tg := &Plan{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: ver.ChunkSource(src)}
+	tg := &Plan{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: ver.ChunkSource(src), origin: o.Name()}
 	seen := map[int]bool{}
 	for fi := range ver.Index.Len() {
 		f := ver.Index.File(fi)
@@ -140,6 +142,7 @@ func (t *Plan) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOption
 	if opt.Jobs <= 0 {
 		opt.Jobs = 4
 	}
+	cache = cache.For(t.origin)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opt.Jobs)
 	for _, d := range t.Need {
@@ -169,11 +172,11 @@ func (t *Plan) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOption
 	return ctx.Err()
 }
 
-// Cached returns the bytes of descs the cache holds and the number of
-// blobs missing.
+// Cached returns the bytes of descs the cache holds (for a view, that its
+// origin delivered) and the number of blobs missing.
 func Cached(cache *chunkcache.Cache, descs []ocispec.Descriptor) (bytes int64, missing int) {
 	for _, d := range descs {
-		if n, ok := cache.EntrySize(d.Digest); ok && n == d.Size {
+		if n, ok := cache.EntrySize(d.Digest); ok && n == d.Size && cache.Contains(d.Digest) {
 			bytes += d.Size
 		} else {
 			missing++

@@ -311,7 +311,7 @@ func cachedOf(c *chunkcache.Cache, t *Plan) (int64, int) {
 	if t == nil {
 		return 0, 0
 	}
-	return Cached(c, t.Need)
+	return Cached(c.For(t.origin), t.Need)
 }
 
 func cloneWith(st *Status, i int, es EntryStatus) *Status {
