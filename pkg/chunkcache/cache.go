@@ -83,8 +83,8 @@ type store struct {
 	// delivered the entry's bytes: read from disk (origins.go) or recorded
 	// by this process.
 	delivered map[string][]string
-	owners   map[string]map[digest.Digest]int64 // protect sets by owner (protect.go)
-	pins     map[digest.Digest]int              // how many owners protect each digest
+	owners    map[string]map[digest.Digest]int64 // protect sets by owner (protect.go)
+	pins      map[digest.Digest]int              // how many owners protect each digest
 	// backing files (backing.go): in the LRU beside the chunks, by file digest
 	backings    map[digest.Digest]*list.Element
 	backingOpen map[digest.Digest]int  // open Backings by digest: never evicted

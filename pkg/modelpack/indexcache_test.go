@@ -14,6 +14,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 )
@@ -248,5 +249,44 @@ func TestIndexCacheBound(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(dir, "tiny")); len(ents) != 0 {
 		t.Fatalf("a record past the bound was kept: %v", ents)
+	}
+}
+
+// originFetcher is a fetcher that says which origin it reads, as a chunk
+// cache's view does.
+type originFetcher struct {
+	content.Fetcher
+	origin string
+}
+
+func (f originFetcher) Origin() string { return f.origin }
+
+// TestIndexCachePerOrigin: the index derived from one repository's layers
+// is not handed to a reader of another origin that names the same manifest
+// (it reads the layers itself), nor to an unscoped reader; the first
+// origin's next open still reads only the manifest.
+func TestIndexCachePerOrigin(t *testing.T) {
+	st, desc, _ := cacheFixture(t)
+	dir := filepath.Join(t.TempDir(), "indexes")
+	ctx := context.Background()
+	a := originFetcher{st, "reg.example/tenant-a/model"}
+	if _, err := OpenCached(ctx, a, desc, OpenIndexCache(dir, 0)); err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []content.Fetcher{originFetcher{st, "evil.example/x"}, st} {
+		st.whole = 0
+		if _, err := OpenCached(ctx, src, desc, OpenIndexCache(dir, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if st.whole != 5 {
+			t.Errorf("origin %q: %d whole fetches, want 5: another origin's derived index was used", originOf(src), st.whole)
+		}
+	}
+	st.whole = 0
+	if _, err := OpenCached(ctx, a, desc, OpenIndexCache(dir, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if st.whole != 1 {
+		t.Errorf("origin A's own record: %d whole fetches, want the manifest only", st.whole)
 	}
 }
