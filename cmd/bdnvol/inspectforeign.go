@@ -11,7 +11,8 @@ import (
 
 // foreignName names a foreign artifact type for people.
 func foreignName(artifactType string) string {
-	if artifactType == modelpack.ArtifactType || artifactType == modelpack.MediaTypeConfig {
+	switch artifactType {
+	case modelpack.ArtifactType, modelpack.MediaTypeConfig, modelpack.LegacyArtifactType, modelpack.LegacyMediaTypeConfig:
 		return "modelpack"
 	}
 	return termsafe.Short(artifactType)

@@ -205,21 +205,17 @@ func (b *boundedReader) Read(p []byte) (int, error) {
 func (m *Map) readTar(ctx context.Context, r *counter, i int, l Layer) error {
 	tr := tar.NewReader(r)
 	for {
-		h, err := tr.Next()
+		h, p, err := NextFile(tr)
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("%w: tar: %v", ErrInvalid, err)
-		}
-		p, err := tarEntry(h)
-		if err != nil || p == "" {
-			return err // "" is a directory: its files make it
+			return err
 		}
 		if len(m.Files) >= MaxFiles {
 			return fmt.Errorf("%w: more than %d files", ErrInvalid, MaxFiles)
 		}
-		f := File{Path: p, Layer: i, Offset: r.n, Size: h.Size, Mode: fileMode(uint32(h.Mode)), Lazy: l.Packing.RangeReadable()}
+		f := File{Path: p, Layer: i, Offset: r.n, Size: h.Size, Mode: TarMode(h), Lazy: l.Packing.RangeReadable()}
 		if err := m.cutFile(ctx, tr, &f); err != nil {
 			if errors.Is(err, io.ErrUnexpectedEOF) {
 				err = fmt.Errorf("%w: it claims %d bytes, and the layer ends after %d of them: %w", ErrInvalid, h.Size, r.n-f.Offset, err)
@@ -230,10 +226,31 @@ func (m *Map) readTar(ctx context.Context, r *counter, i int, l Layer) error {
 	}
 }
 
-// CheckTarEntry checks a tar header of a model layer: it returns the path
-// of a regular file, "" for a directory, and an error wrapping ErrInvalid
-// for anything else (links, devices, sparse members, unsafe paths).
-func CheckTarEntry(h *tar.Header) (string, error) { return tarEntry(h) }
+// NextFile advances tr to the next regular file of a model layer and
+// returns its header and path: directories (and the "./" of a tar made
+// from a directory) are skipped, as their files make them. It returns
+// io.EOF at the end, and an error wrapping ErrInvalid for a member bdnvol
+// does not read (links, devices, sparse members, unsafe paths) or a
+// damaged tar. Every reader of model tars (Build, sync) lists files
+// through it, so they agree on what a layer holds.
+func NextFile(tr *tar.Reader) (*tar.Header, string, error) {
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil, "", io.EOF
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: tar: %w", ErrInvalid, err)
+		}
+		p, err := tarEntry(h)
+		if err != nil {
+			return nil, "", err
+		}
+		if p != "" {
+			return h, p, nil
+		}
+	}
+}
 
 // Decompress returns the uncompressed content of layer l read from r
 // (bounded: a tar bomb fails with ErrInvalid) and a function that frees
@@ -249,6 +266,11 @@ func Decompress(l Layer, r io.Reader) (io.Reader, func(), error) {
 // tarEntry checks a tar header: the path of a regular file, "" for a
 // directory, an error for anything else.
 func tarEntry(h *tar.Header) (string, error) {
+	if h.Typeflag == tar.TypeDir {
+		if d := strings.TrimLeft(h.Name, "./"); d == "" {
+			return "", nil // "./" or ".": the layer's own root
+		}
+	}
 	p, err := CheckPath(h.Name)
 	if err != nil {
 		return "", err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"strings"
 	"time"
 
@@ -255,9 +256,10 @@ type exportMetadata struct {
 	Typeflag byte      `json:"typeflag"`
 }
 
-// fileMetadata is f's metadata as export writes it: fixed owner and time.
+// fileMetadata is f's metadata as export writes it, as modctl does: the
+// base name, typeflag 0; fixed owner and time.
 func fileMetadata(f layout.File) exportMetadata {
-	return exportMetadata{Name: f.Path, Mode: uint32(f.Mode & 0o777), Size: f.Size, ModTime: time.Unix(0, 0).UTC(), Typeflag: '0'}
+	return exportMetadata{Name: path.Base(f.Path), Mode: uint32(f.Mode & 0o777), Size: f.Size, ModTime: time.Unix(0, 0).UTC(), Typeflag: 0}
 }
 
 // errPrefixFull stops a read once a prefixWriter has what it wants.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"testing"
 
@@ -122,6 +123,11 @@ func TestExportDeterministicAndValid(t *testing.T) {
 		if _, packing, ok := ParseMediaType(l.MediaType); !ok || packing != PackingRaw {
 			t.Fatalf("layer of %s: media type %s", p, l.MediaType)
 		}
+		// As modctl writes it: the base name, typeflag 0.
+		var fm map[string]any
+		if err := json.Unmarshal([]byte(l.Annotations[AnnotationFileMetadata]), &fm); err != nil || fm["name"] != path.Base(p) || fm["typeflag"] != float64(0) {
+			t.Errorf("layer of %s: file metadata %s, want name %q and typeflag 0", p, l.Annotations[AnnotationFileMetadata], path.Base(p))
+		}
 	}
 	cb, err := content.FetchAll(ctx, tg, m.Config)
 	if err != nil {
@@ -130,7 +136,7 @@ func TestExportDeterministicAndValid(t *testing.T) {
 	validate(t, cb)
 	var c Config
 	json.Unmarshal(cb, &c)
-	want := ModelConfig{Architecture: "LlamaForCausalLM", Format: "safetensors", ParamSize: "1.4M", Precision: "bfloat16,float32"}
+	want := ModelConfig{Architecture: "transformer", Format: "safetensors", ParamSize: "1.4M", Precision: "bfloat16,float32"}
 	if c.Config != want || c.Descriptor.Family != "llama" || len(c.ModelFS.DiffIDs) != 6 {
 		t.Fatalf("config: %s", cb)
 	}

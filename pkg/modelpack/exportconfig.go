@@ -82,8 +82,8 @@ func (x *facts) add(p string, size int64, prefix []byte) {
 			ModelType     string   `json:"model_type"`
 		}
 		if json.Unmarshal(prefix, &c) == nil {
-			if len(c.Architectures) > 0 && x.arch == "" {
-				x.arch = c.Architectures[0]
+			if len(c.Architectures) > 0 {
+				x.arch = "transformer" // a transformers model, as modctl names it
 			}
 			x.family = c.ModelType
 		}

@@ -1,6 +1,7 @@
 package modelpack
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -77,10 +78,15 @@ type Artifact struct {
 	Layers   []Layer
 }
 
-// IsModel reports whether a manifest is a ModelPack model by its artifact
-// type or, for builders that leave that out, its config's media type.
+// IsModel reports whether a manifest is a ModelPack model (CNCF or the
+// pre-CNCF CNAI format) by its artifact type or, for builders that leave
+// that out, its config's media type.
 func IsModel(m ocispec.Manifest) bool {
-	return m.ArtifactType == ArtifactType || m.Config.MediaType == MediaTypeConfig
+	switch {
+	case m.ArtifactType == ArtifactType || m.ArtifactType == LegacyArtifactType:
+		return true
+	}
+	return m.Config.MediaType == MediaTypeConfig || m.Config.MediaType == LegacyMediaTypeConfig
 }
 
 // Fetch fetches the manifest desc from src, verified, and parses it.
@@ -132,6 +138,9 @@ func classify(d ocispec.Descriptor) (Layer, error) {
 	l := Layer{Desc: d, Mode: 0o644}
 	l.Path = d.Annotations[AnnotationFilepath]
 	if l.Path == "" {
+		l.Path = d.Annotations[LegacyAnnotationFilepath]
+	}
+	if l.Path == "" {
 		l.Path = d.Annotations[AnnotationTitle]
 	}
 	var ok bool
@@ -158,7 +167,11 @@ func classify(d ocispec.Descriptor) (Layer, error) {
 		return Layer{}, err
 	}
 	l.Path = p
-	if mj := d.Annotations[AnnotationFileMetadata]; mj != "" {
+	mj := d.Annotations[AnnotationFileMetadata]
+	if mj == "" {
+		mj = d.Annotations[LegacyAnnotationFileMetadata]
+	}
+	if mj != "" {
 		var fm FileMetadata
 		if err := json.Unmarshal([]byte(mj), &fm); err != nil {
 			return Layer{}, fmt.Errorf("%w: %s: %v", ErrInvalid, AnnotationFileMetadata, err)
@@ -171,11 +184,14 @@ func classify(d ocispec.Descriptor) (Layer, error) {
 	return l, nil
 }
 
-// fileMode keeps the permission bits a file of a read-only volume may have:
-// readable by its owner, executable bits as given, no setuid, setgid,
-// sticky or write-by-others.
+// TarMode returns the mode of the file of tar header h as a model's
+// file: the permission bits it gives (see fileMode).
+func TarMode(h *tar.Header) uint32 { return fileMode(uint32(h.Mode & 0o7777)) }
+
+// fileMode keeps the permission bits the artifact gives (0777, as push
+// keeps them; no setuid, setgid or sticky bit), readable by the owner.
 func fileMode(m uint32) uint32 {
-	m &= 0o755
+	m &= 0o777
 	return m | 0o400
 }
 

@@ -12,6 +12,21 @@ const ArtifactType = "application/vnd.cncf.model.manifest.v1+json"
 // MediaTypeConfig is the media type of a ModelPack manifest's config blob.
 const MediaTypeConfig = "application/vnd.cncf.model.config.v1+json"
 
+// The names of the format before it moved to the CNCF (CNAI, read only:
+// modctl still extracts such artifacts and registries hold many). bdnvol
+// writes only the CNCF names.
+const (
+	// LegacyArtifactType is the artifactType of a pre-CNCF model manifest.
+	LegacyArtifactType = "application/vnd.cnai.model.manifest.v1+json"
+	// LegacyMediaTypeConfig is the media type of a pre-CNCF model's config.
+	LegacyMediaTypeConfig = "application/vnd.cnai.model.config.v1+json"
+	// LegacyAnnotationFilepath is AnnotationFilepath before the CNCF.
+	LegacyAnnotationFilepath = "org.cnai.model.filepath"
+	// LegacyAnnotationFileMetadata is AnnotationFileMetadata before the CNCF.
+	LegacyAnnotationFileMetadata = "org.cnai.model.file.metadata+json"
+	legacyMediaTypePrefix        = "application/vnd.cnai.model."
+)
+
 // Layer annotation keys of the format.
 const (
 	// AnnotationFilepath is the path of the file (a .raw layer) or of the
@@ -80,12 +95,15 @@ var (
 	MediaTypeCodeRaw         = MediaType(KindCode, PackingRaw)
 )
 
-// ParseMediaType splits a ModelPack layer media type into its kind and
-// packing; ok is false for any other media type.
+// ParseMediaType splits a ModelPack layer media type (CNCF, or the
+// pre-CNCF CNAI names) into its kind and packing; ok is false for any
+// other media type.
 func ParseMediaType(mt string) (k Kind, p Packing, ok bool) {
 	rest, found := strings.CutPrefix(mt, mediaTypePrefix)
 	if !found {
-		return "", "", false
+		if rest, found = strings.CutPrefix(mt, legacyMediaTypePrefix); !found {
+			return "", "", false
+		}
 	}
 	kind, packing, found := strings.Cut(rest, mediaTypeVersion)
 	if !found {

@@ -10,8 +10,9 @@ import (
 )
 
 func init() {
-	layout.RegisterForeign(ArtifactType, Open)
-	layout.RegisterForeign(MediaTypeConfig, Open)
+	for _, t := range []string{ArtifactType, MediaTypeConfig, LegacyArtifactType, LegacyMediaTypeConfig} {
+		layout.RegisterForeign(t, Open)
+	}
 }
 
 // Open reads the model whose manifest is desc into a read-only

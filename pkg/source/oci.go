@@ -327,7 +327,7 @@ func (s *ociSource) listTar(ctx context.Context, t oci.Target, ol *ociLayer, bud
 func listTarFrom(rs *rangeSeeker, ol *ociLayer) error {
 	tr := tar.NewReader(rs)
 	for {
-		h, err := tr.Next()
+		h, p, err := modelpack.NextFile(tr)
 		if err == io.EOF {
 			return nil
 		}
@@ -335,19 +335,12 @@ func listTarFrom(rs *rangeSeeker, ol *ociLayer) error {
 			if rs.err != nil {
 				return rs.err
 			}
-			return fmt.Errorf("%w: tar: %v", modelpack.ErrInvalid, err)
-		}
-		p, err := modelpack.CheckTarEntry(h)
-		if err != nil {
 			return err
-		}
-		if p == "" {
-			continue
 		}
 		if h.Size > ol.l.Desc.Size-rs.pos {
 			return fmt.Errorf("%w: %s claims %d bytes, past the end of its layer", modelpack.ErrInvalid, termsafe.Short(p), h.Size)
 		}
-		ol.files = append(ol.files, &ociFile{path: p, layer: ol, off: rs.pos, size: h.Size, mode: fileMode(h.Mode)})
+		ol.files = append(ol.files, &ociFile{path: p, layer: ol, off: rs.pos, size: h.Size, mode: modelpack.TarMode(h)})
 		if len(ol.files) > modelpack.MaxFiles {
 			return fmt.Errorf("%w: more than %d files", modelpack.ErrInvalid, modelpack.MaxFiles)
 		}
@@ -436,24 +429,14 @@ func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLay
 	keep := ol.l.Desc.Size <= smallLayer
 	var held int64
 	for {
-		h, err := tr.Next()
+		h, p, err := modelpack.NextFile(tr)
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			if errors.Is(err, verify.ErrDigestMismatch) {
-				return err
-			}
-			return fmt.Errorf("%w: tar: %v", modelpack.ErrInvalid, err)
+			return err // a digest mismatch of the layer's bytes stays one (errors.Is)
 		}
-		p, err := modelpack.CheckTarEntry(h)
-		if err != nil {
-			return err
-		}
-		if p == "" {
-			continue
-		}
-		f := &ociFile{path: p, layer: ol, off: cr.n, size: h.Size, mode: fileMode(h.Mode)}
+		f := &ociFile{path: p, layer: ol, off: cr.n, size: h.Size, mode: modelpack.TarMode(h)}
 		hh := sha256.New()
 		var w io.Writer = hh
 		var kept bytes.Buffer
@@ -492,12 +475,6 @@ func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLay
 	}
 	*budget -= held
 	return nil
-}
-
-// fileMode keeps the permission bits a file of a volume may have from a
-// tar header's mode (as modelpack reads it).
-func fileMode(m int64) uint32 {
-	return uint32(m)&0o755 | 0o400
 }
 
 // fetchRange reads n bytes at off of a blob: one range request, or where
