@@ -52,6 +52,7 @@ type mpMember struct {
 	data []byte
 	typ  byte
 	link string
+	mode int64 // 0644 when 0
 }
 
 // mpTar writes members into a tar, PAX where a name needs it; gzip it
@@ -62,6 +63,9 @@ func mpTar(t testing.TB, gz bool, ms ...mpMember) []byte {
 	tw := tar.NewWriter(&buf)
 	for _, m := range ms {
 		h := &tar.Header{Name: m.name, Mode: 0o644, Size: int64(len(m.data)), ModTime: time.Unix(0, 0), Typeflag: tar.TypeReg, Format: tar.FormatPAX}
+		if m.mode != 0 {
+			h.Mode = m.mode
+		}
 		if m.typ != 0 {
 			h.Typeflag, h.Size, h.Linkname = m.typ, 0, m.link
 		}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -28,6 +29,7 @@ type syncOCIReport struct {
 	Bytes          int64  `json:"bytes"`
 	ChunksUploaded int64  `json:"chunks_uploaded"`
 	BytesUploaded  int64  `json:"bytes_uploaded"`
+	FilesUnchanged int    `json:"files_unchanged"`
 }
 
 func syncOCI(t *testing.T, src, dst string, flags ...string) syncOCIReport {
@@ -260,6 +262,9 @@ func TestSyncOCIChangedReleaseUploadsTheChangedTensors(t *testing.T) {
 	if ratio > 1.05 {
 		t.Errorf("release 2 uploaded %d bytes, %.3fx the %d bytes of changed tensors, want at most 1.05x", r2.BytesUploaded, ratio, changed)
 	}
+	if r2.FilesUnchanged != 1 {
+		t.Errorf("release 2: files_unchanged %d, want 1 (model-c.safetensors, whose raw layer did not change, is not read)", r2.FilesUnchanged)
+	}
 	if st.BlobBytesOut > int64(len(a2)+len(b2))+1<<20 {
 		t.Errorf("release 2 read %d bytes from the source", st.BlobBytesOut)
 	}
@@ -423,5 +428,43 @@ func TestSyncOCIKilledMidImportResumesThePinnedManifest(t *testing.T) {
 	_, d, _ := strings.Cut(ref, "@")
 	if ann := rootAnnotations(t, dst, "team/llm", d); ann["io.bdnvol.source.revision"] != m.digest {
 		t.Errorf("annotations %v: want the pinned revision %s", ann, m.digest)
+	}
+}
+
+// TestModelPackDirectoryTar: a tar layer made from a directory, as GNU tar
+// and modctl write it ("./", "./scripts/", then the files), with a 0664
+// README and a 0775 script: pull and sync both give every file with its
+// mode, and verify passes. (Before, the reader stopped at the first
+// directory and refused "./".)
+func TestModelPackDirectoryTar(t *testing.T) {
+	syncEnv(t, nil)
+	reg := newDistribution(t)
+	files := map[string][]byte{"README.md": []byte("# m\n"), "scripts/convert.sh": []byte("#!/bin/sh\n"), "weights/w.bin": randBytes(3, 300<<10)}
+	modes := map[string]os.FileMode{"README.md": 0o664, "scripts/convert.sh": 0o775, "weights/w.bin": 0o644}
+	m := newModel(t, files,
+		mpLayer{mpType("code", "tar"), mpTar(t, false,
+			mpMember{name: "./", typ: tar.TypeDir, mode: 0o755},
+			mpMember{name: "./README.md", data: files["README.md"], mode: 0o664},
+			mpMember{name: "./scripts/", typ: tar.TypeDir, mode: 0o775},
+			mpMember{name: "./scripts/convert.sh", data: files["scripts/convert.sh"], mode: 0o775},
+			mpMember{name: "./weights/", typ: tar.TypeDir, mode: 0o755},
+			mpMember{name: "./weights/w.bin", data: files["weights/w.bin"]},
+		), "."})
+	m.push(t, target{name: "distribution", reg: reg}, "mp/dirs", "v1")
+	synced := syncOCI(t, "oci://"+reg.Host+"/mp/dirs:v1", reg.Host+"/team/dirs:v1")
+	for name, ref := range map[string]string{"pull": reg.Host + "/mp/dirs:v1", "sync": synced.Reference} {
+		dir := filepath.Join(t.TempDir(), name)
+		mustRun(t, "pull", ref, dir)
+		for p, want := range files {
+			fi, err := os.Stat(filepath.Join(dir, p))
+			if err != nil {
+				t.Errorf("%s: %s missing: %v", name, p, err)
+				continue
+			}
+			if got := fileContents(t, filepath.Join(dir, p)); !bytes.Equal(got, want) || fi.Mode().Perm() != modes[p] {
+				t.Errorf("%s: %s: %d bytes, mode %v; want %d bytes, mode %v", name, p, len(got), fi.Mode().Perm(), len(want), modes[p])
+			}
+		}
+		mustRun(t, "verify", ref, dir)
 	}
 }

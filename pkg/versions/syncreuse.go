@@ -3,6 +3,7 @@ package versions
 import (
 	"context"
 	"encoding/json"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -90,12 +91,18 @@ func previousRecord(ctx context.Context, t oci.Target, v *layout.Version) *sourc
 // for the previous version (same scope, same path, same identifier) and
 // that the previous version holds at that path with the same size the
 // digest the previous version gives it, so that the push takes its chunks
-// from there instead of reading it. It returns how many it matched.
+// from there instead of reading it. It returns how many it matched, with
+// the files whose digest the source states (an OCI source's raw layers)
+// and the previous version holds with the same size: the push takes those
+// chunks from there too, without reading them.
 func reuseUnchanged(entries []layout.Entry, ids source.Identities, rec *sourceRecord, x *layout.Index) int {
-	if rec == nil || x == nil || ids.Scope == "" || rec.Scope != ids.Scope {
+	if x == nil {
 		return 0
 	}
-	n := 0
+	n := statedUnchanged(entries, x)
+	if rec == nil || ids.Scope == "" || rec.Scope != ids.Scope {
+		return n
+	}
 	for i := range entries {
 		e := &entries[i]
 		id := ids.Files[e.Path]
@@ -108,6 +115,30 @@ func reuseUnchanged(entries []layout.Entry, ids source.Identities, rec *sourceRe
 		}
 		if f := x.File(k); f.Size == e.Size && f.Digest != "" {
 			e.Digest = f.Digest
+			n++
+		}
+	}
+	return n
+}
+
+// statedUnchanged counts the file entries whose digest the source states
+// and that the previous version x holds, same digest and size.
+func statedUnchanged(entries []layout.Entry, x *layout.Index) int {
+	var have map[digest.Digest]int64
+	n := 0
+	for _, e := range entries {
+		if e.Type != layout.TypeFile || e.Digest == "" {
+			continue
+		}
+		if have == nil {
+			have = map[digest.Digest]int64{}
+			for k := range x.Len() {
+				if f := x.File(k); f.Type == layout.TypeFile && f.Digest != "" {
+					have[f.Digest] = f.Size
+				}
+			}
+		}
+		if size, ok := have[e.Digest]; ok && size == e.Size {
 			n++
 		}
 	}
