@@ -96,6 +96,7 @@ type CLI struct {
 
 	ExportImage     ExportImageCmd     `cmd:"" name:"export-image" help:"Build an eStargz OCI image of a version's tree, attached to the version as a referrer."`
 	ExportModelPack ExportModelPackCmd `cmd:"" name:"export-modelpack" help:"Write a ModelPack view of a version (one .raw layer per file), attached to the version as a referrer."`
+	IndexModelPack  IndexModelPackCmd  `cmd:"" name:"index-modelpack" help:"Publish a ModelPack model's derived index beside it, signed, so that machines trusting the key open it lazily (without reading every layer)."`
 }
 
 func (g *Globals) options() oci.Options {

@@ -13,6 +13,10 @@ type mountRequest struct {
 	// Auth is the registry credential to fetch with when the digest is
 	// first mounted; nil uses the node's docker config. Kept in memory.
 	Auth *credential `json:"auth,omitempty"`
+	// IndexKeys are the PEM public keys of the volume's signature policy:
+	// an index published beside a ModelPack model and signed by one of
+	// them is used instead of reading the model's layers whole.
+	IndexKeys []string `json:"index_keys,omitempty"`
 }
 
 // credential is a registry credential handed to the mounter.

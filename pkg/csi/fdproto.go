@@ -62,8 +62,9 @@ type heldMount struct {
 	Ref        string      `json:"ref"`        // the digest-pinned reference it was mounted for
 	Mountpoint string      `json:"mountpoint"` // where it is mounted
 	Prefetch   string      `json:"prefetch,omitempty"`
-	Auth       *credential `json:"auth,omitempty"` // the credential it fetches with, as the mount holds it
-	Init       []byte      `json:"init"`           // the kernel's INIT request body (lazy.Conn.Init)
+	Auth       *credential `json:"auth,omitempty"`       // the credential it fetches with, as the mount holds it
+	IndexKeys  []string    `json:"index_keys,omitempty"` // the keys it trusts a published ModelPack index by
+	Init       []byte      `json:"init"`                 // the kernel's INIT request body (lazy.Conn.Init)
 }
 
 // String names the mount, never its credential.

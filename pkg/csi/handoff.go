@@ -214,7 +214,7 @@ func (m *Mounter) resume(ctx context.Context, h heldMount, f *os.File) error {
 		return err
 	}
 	prefetch, _ := mounts.Prefetcher(h.Prefetch)
-	vol, pinned, err := m.open(ctx, ref, h.Auth)
+	vol, pinned, err := m.open(ctx, ref, h.Auth, h.IndexKeys)
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/signature"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
@@ -187,7 +188,7 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 	if err != nil {
 		return MountInfo{}, &kindError{kindInvalid, fmt.Errorf("prefetch %q: %w", req.Prefetch, err)}
 	}
-	vol, pinned, err := m.open(ctx, ref, req.Auth)
+	vol, pinned, err := m.open(ctx, ref, req.Auth, req.IndexKeys)
 	if err != nil {
 		return MountInfo{}, err
 	}
@@ -208,7 +209,7 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 		vol.Close()
 		return MountInfo{}, fmt.Errorf("mount %s on %s: %w", pinned, mp, err)
 	}
-	held := heldMount{Key: MountKey(ref), Ref: req.Ref, Mountpoint: mp, Prefetch: req.Prefetch, Auth: req.Auth, Init: conn.Init()}
+	held := heldMount{Key: MountKey(ref), Ref: req.Ref, Mountpoint: mp, Prefetch: req.Prefetch, Auth: req.Auth, IndexKeys: req.IndexKeys, Init: conn.Init()}
 	info, ok := m.add(ref, held, vol, pinned, conn, prefetch)
 	if !ok {
 		// Mounted after the handoff took the mounts: the successor does not
@@ -225,7 +226,7 @@ func (m *Mounter) mountNew(ctx context.Context, ref oci.Ref, req mountRequest) (
 }
 
 // open opens the version ref pins, fetching with auth when not nil.
-func (m *Mounter) open(ctx context.Context, ref oci.Ref, cred *credential) (*lazy.Volume, string, error) {
+func (m *Mounter) open(ctx context.Context, ref oci.Ref, cred *credential, indexKeys []string) (*lazy.Volume, string, error) {
 	opt := m.opt.OCI
 	if cred != nil {
 		store := credentials.NewMemoryStore()
@@ -233,8 +234,17 @@ func (m *Mounter) open(ctx context.Context, ref oci.Ref, cred *credential) (*laz
 			RefreshToken: cred.RefreshToken, AccessToken: cred.AccessToken})
 		opt.Credentials = store
 	}
+	var trust signature.Policy
+	for _, k := range indexKeys {
+		v, err := signature.ParsePublicKey([]byte(k))
+		if err != nil {
+			return nil, "", &kindError{kindInvalid, fmt.Errorf("index key: %w", err)}
+		}
+		trust.Keys = append(trust.Keys, v)
+	}
+	logf := func(format string, args ...any) { m.log.Info(fmt.Sprintf(format, args...), "ref", ref.String()) }
 	return mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout, Wrap: m.opt.Wrap,
-		Profile: m.profileOptions()})
+		Profile: m.profileOptions(), IndexTrust: trust, Logf: logf})
 }
 
 // add records a mount served by conn, gives its descriptor to the fd

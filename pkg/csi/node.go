@@ -360,7 +360,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		}
 	}
 	if err == nil {
-		t, info, err = n.bind(ctx, req, s, pinned, prefetch, cred)
+		t, info, err = n.bind(ctx, req, s, pinned, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred, IndexKeys: indexKeys(policy)})
 	}
 	n.mu.Lock()
 	n.pending[d]--
@@ -386,10 +386,10 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 // the mount read-only there (the record comes first: unpublish acts only on
 // recorded targets). On failure it leaves no bind and no record; info
 // names the mounter's mount when there is one.
-func (n *Node) bind(ctx context.Context, req *csi.NodePublishVolumeRequest, ref, pinned, prefetch string, cred *credential) (target, MountInfo, error) {
+func (n *Node) bind(ctx context.Context, req *csi.NodePublishVolumeRequest, ref, pinned string, mreq mountRequest) (target, MountInfo, error) {
 	tp := req.GetTargetPath()
 	mctx, cancel := context.WithTimeout(ctx, mounterCallTimeout)
-	info, err := n.opt.Mounter.Mount(mctx, mountRequest{Ref: pinned, Prefetch: prefetch, Auth: cred})
+	info, err := n.opt.Mounter.Mount(mctx, mreq)
 	cancel()
 	if err != nil {
 		return target{}, MountInfo{}, status.Errorf(codeOf(kindOf(err)), "volume %s: %s: %v", req.GetVolumeId(), ref, err)
@@ -544,3 +544,15 @@ func (n *Node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeG
 
 // String names the node for logs.
 func (n *Node) String() string { return fmt.Sprintf("bdnvol csi node %s", n.opt.NodeID) }
+
+// indexKeys returns the PEM public keys of p, for the mounter to trust
+// an index published beside a ModelPack model (modelpack.WithTrust).
+func indexKeys(p signature.Policy) []string {
+	var out []string
+	for _, v := range p.Keys {
+		if b, err := signature.PublicKeyPEM(v); err == nil {
+			out = append(out, string(b))
+		}
+	}
+	return out
+}

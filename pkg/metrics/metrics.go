@@ -17,6 +17,7 @@ import (
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
@@ -83,6 +84,15 @@ func (m *Metrics) Cache(c *chunkcache.Cache) {
 			func() float64 { return float64(c.Max()) }),
 		&fetchedCollector{m: m, c: c},
 	)
+	for how, n := range map[string]func(modelpack.Counts) int64{
+		"published": func(c modelpack.Counts) int64 { return c.Published },
+		"derived":   func(c modelpack.Counts) int64 { return c.Derived },
+	} {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bdnvol_modelpack_indexes_total",
+			Help:        "ModelPack models opened: from a signed published index (how=published), or by reading every layer whole (how=derived).",
+			ConstLabels: prometheus.Labels{"how": how}},
+			func() float64 { return float64(n(modelpack.OpenCounts())) }))
+	}
 }
 
 // cacheCounters are the counters of the chunk cache's Stats, by name.

@@ -144,22 +144,12 @@ func readBounded(p string, max int64) ([]byte, error) {
 // place), then drops the least recently used records past the bound. A
 // record larger than the bound is not kept.
 func (c *IndexCache) Store(m *Map) error {
-	if m.encoded == nil {
-		return errors.New("modelpack: the map has no encoded index to keep")
-	}
-	rec := indexRecord{Manifest: m.Artifact.Desc.Digest, Index: m.encoded, Files: make([]fileRecord, len(m.Files))}
-	for i, f := range m.Files {
-		rec.Files[i] = fileRecord{Path: f.Path, Layer: f.Layer, Offset: f.Offset}
-	}
-	body, err := json.Marshal(rec)
+	b, err := encodeRecord(m)
 	if err != nil {
 		return err
 	}
-	sum := sha256.Sum256(body)
-	b := make([]byte, 0, len(indexRecordMagic)+len(sum)+len(body))
-	b = append(append(append(b, indexRecordMagic...), sum[:]...), body...)
 	if int64(len(b)) > c.max {
-		return fmt.Errorf("modelpack: the index of %s takes %d bytes, more than the cache's bound of %d", rec.Manifest, len(b), c.max)
+		return fmt.Errorf("modelpack: the index of %s takes %d bytes, more than the cache's bound of %d", m.Artifact.Desc.Digest, len(b), c.max)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -178,7 +168,7 @@ func (c *IndexCache) Store(m *Map) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), c.name(rec.Manifest))
+		err = os.Rename(tmp.Name(), c.name(m.Artifact.Desc.Digest))
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
@@ -186,6 +176,25 @@ func (c *IndexCache) Store(m *Map) error {
 	}
 	c.evict()
 	return nil
+}
+
+// encodeRecord encodes the record of m: what an IndexCache keeps and a
+// published index holds (see PublishIndex).
+func encodeRecord(m *Map) ([]byte, error) {
+	if m.encoded == nil {
+		return nil, errors.New("modelpack: the map has no encoded index to keep")
+	}
+	rec := indexRecord{Manifest: m.Artifact.Desc.Digest, Index: m.encoded, Files: make([]fileRecord, len(m.Files))}
+	for i, f := range m.Files {
+		rec.Files[i] = fileRecord{Path: f.Path, Layer: f.Layer, Offset: f.Offset}
+	}
+	body, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(body)
+	b := make([]byte, 0, len(indexRecordMagic)+len(sum)+len(body))
+	return append(append(append(b, indexRecordMagic...), sum[:]...), body...), nil
 }
 
 // evict removes the least recently used records (and temporary files

@@ -19,8 +19,10 @@ func init() {
 // layout.Version (see Build): its index lists the model's files, and its
 // ChunkSource reads each chunk out of the layers. Every layer is read once,
 // whole, and verified here, unless the process's IndexCache (see
-// UseIndexCache) holds the index derived from this manifest before: then
-// only the manifest is read.
+// UseIndexCache) holds the index derived from this manifest before, or ctx
+// carries a Trust (WithTrust) whose policy's key signed an index published
+// beside the model (PublishIndex): then only the manifest (and the
+// published index) is read.
 func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*layout.Version, error) {
 	return OpenCached(ctx, src, desc, processCache.Load())
 }
@@ -37,10 +39,21 @@ func OpenCached(ctx context.Context, src content.Fetcher, desc ocispec.Descripto
 			return m.Version(), nil
 		}
 	}
+	if tr := trustOf(ctx); tr != nil {
+		m, err := tr.published(ctx, a)
+		if err == nil {
+			// Not kept in c: the next open checks the signature again.
+			published.Add(1)
+			tr.logf("modelpack %s: index from a signed published index; layers are read by range as readers ask", a.Desc.Digest)
+			return m.Version(), nil
+		}
+		tr.logf("modelpack %s: no trusted published index (%v): reading its %d layers whole to derive it", a.Desc.Digest, err, len(a.Layers))
+	}
 	m, err := Build(ctx, src, a)
 	if err != nil {
 		return nil, err
 	}
+	derived.Add(1)
 	if c != nil {
 		_ = c.Store(m) // a cache that cannot be written costs the next open a read of the layers, nothing else
 	}

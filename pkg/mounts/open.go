@@ -9,6 +9,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/origin"
 	"github.com/bdnvol/bdnvol/pkg/profile"
@@ -35,6 +36,14 @@ type OpenOptions struct {
 	// Recorder, when set, is told every chunk a read touches (bdnvol
 	// profile record).
 	Recorder *profile.Recorder
+	// IndexTrust holds the keys whose signature on an index published
+	// beside a ModelPack model is trusted (modelpack.WithTrust), so that
+	// the first open on a machine does not read every layer; when it has
+	// none, Policy's keys are.
+	IndexTrust signature.Policy
+	// Logf, when set, is told what the open did that an operator may ask
+	// about (a ModelPack model read whole for want of a trusted index).
+	Logf func(format string, args ...any)
 }
 
 // Open resolves ref (a tag becomes a digest now) and opens the version it
@@ -59,6 +68,11 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if rec != nil {
 		lo.OnRead = rec.Read
 	}
+	trust := opt.IndexTrust
+	if !trust.Required() {
+		trust = opt.Policy
+	}
+	ctx = modelpack.WithTrust(ctx, modelpack.Trust{Target: o.Target, Policy: trust, Logf: opt.Logf})
 	vol, err := lazy.Open(ctx, o.Fetcher, o.Root, lo)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", ref, err)

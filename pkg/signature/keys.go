@@ -73,6 +73,16 @@ func NewVerifier(pub crypto.PublicKey) (Verifier, error) {
 	return &keyVerifier{pub: pub, id: Fingerprint(der)}, nil
 }
 
+// PublicKeyPEM returns the PEM public key of v, as ParsePublicKey reads it;
+// an error for a verifier that holds no key in memory.
+func PublicKeyPEM(v Verifier) ([]byte, error) {
+	k, ok := v.(*keyVerifier)
+	if !ok {
+		return nil, fmt.Errorf("verifier %s: %w: no public key to encode", short(v.KeyID()), ErrKey)
+	}
+	return EncodePublicKey(k.pub)
+}
+
 // Fingerprint is the key id of a public key given as PKIX DER: sha256, hex.
 func Fingerprint(der []byte) string {
 	s := sha256.Sum256(der)
