@@ -1,0 +1,36 @@
+// Package peer is the peer tier of a cluster's chunk caches: each node's
+// mounter serves the verified chunks of its cache to the other nodes as
+// OCI blob requests, and asks them before the registry, so that a rollout
+// of one version on N nodes asks the registry for each chunk about once.
+//
+// The algorithm:
+//
+//  1. Membership is given from outside (Ring.Set): the addresses of the
+//     cluster's mounters, as an engine that exists reports them
+//     (Kubernetes EndpointSlices, a static list); never a protocol of ours.
+//  2. Each chunk has an owner: the peer with the highest rendezvous hash of
+//     (digest, address) among those not marked down, so every node agrees
+//     on it without talking, and a departure moves only that peer's share.
+//  3. A node reading a chunk through a Fetcher asks the owner (then the
+//     next owner) before its own source (the registry, behind its
+//     mirrors). The owner serves the chunk from its cache, or, when it
+//     does not hold it yet but serves a mount of the same origin itself,
+//     fetches it from the registry once (the cache joins concurrent loads)
+//     and serves it as soon as it is verified: one registry fetch per chunk
+//     per cluster, as chunks arrive, not after the whole version.
+//  4. Every byte from a peer is verified against its digest; a peer that
+//     fails, is slow or serves wrong bytes costs a fallback to the next
+//     owner or the source, never a wrong byte, and is skipped for a
+//     cooldown. A peer is asked for whole chunks only, with a deadline
+//     that a link as fast as the registry's meets.
+//  5. Access follows the chunk cache's origin rule (chunkcache.Cache.For):
+//     a peer serves a chunk for an origin (registry and repository) only
+//     if that origin delivered it, to it or to a node it got it from; a
+//     node asks peers only inside a mount it opened with a pod's own
+//     credentials. Peers talk over mutual TLS with certificates of one
+//     cluster CA (a Secret the chart makes), so only mounters reach one
+//     another.
+//  6. Work is bounded: requests served at once (more are refused with
+//     503, which sends the asker to its next choice), requests asked at
+//     once, and the bytes a peer answer may hold (one chunk).
+package peer

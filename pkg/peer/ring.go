@@ -1,0 +1,105 @@
+package peer
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// Ring is the membership a node routes by: the addresses (host:port) of
+// the cluster's mounters, this node's own among them. It is safe for
+// concurrent use.
+type Ring struct {
+	self string
+
+	mu        sync.Mutex
+	peers     []string
+	downUntil map[string]time.Time
+}
+
+// NewRing returns a ring whose own address is self.
+func NewRing(self string) *Ring {
+	return &Ring{self: self, downUntil: map[string]time.Time{}}
+}
+
+// Self returns this node's address.
+func (r *Ring) Self() string { return r.self }
+
+// Set replaces the membership with peers (this node's address may be
+// among them or not: it is always a member).
+func (r *Ring) Set(peers []string) {
+	ps := slices.Clone(peers)
+	if !slices.Contains(ps, r.self) {
+		ps = append(ps, r.self)
+	}
+	slices.Sort(ps)
+	ps = slices.Compact(ps)
+	r.mu.Lock()
+	r.peers = ps
+	r.mu.Unlock()
+}
+
+// Members returns the membership, sorted.
+func (r *Ring) Members() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.peers) == 0 {
+		return []string{r.self}
+	}
+	return slices.Clone(r.peers)
+}
+
+// MarkDown skips addr when choosing owners for d.
+func (r *Ring) MarkDown(addr string, d time.Duration) {
+	if addr == r.self || d <= 0 {
+		return
+	}
+	r.mu.Lock()
+	r.downUntil[addr] = time.Now().Add(d)
+	r.mu.Unlock()
+}
+
+// Owners returns the members in the order they own d: rendezvous hashing
+// of the digest with each address, highest first, the peers marked down
+// left out (this node never is).
+func (r *Ring) Owners(d digest.Digest) []string {
+	now := time.Now()
+	r.mu.Lock()
+	ps := r.peers
+	if len(ps) == 0 {
+		ps = []string{r.self}
+	}
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		if until, ok := r.downUntil[p]; ok && now.Before(until) {
+			continue
+		}
+		out = append(out, p)
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b string) int {
+		ha, hb := weight(d, a), weight(d, b)
+		switch {
+		case ha > hb:
+			return -1
+		case ha < hb:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// weight is the rendezvous weight of member addr for d.
+func weight(d digest.Digest, addr string) uint64 {
+	h := sha256.New()
+	h.Write([]byte(d))
+	h.Write([]byte{0})
+	h.Write([]byte(addr))
+	var sum [sha256.Size]byte
+	return binary.BigEndian.Uint64(h.Sum(sum[:0]))
+}

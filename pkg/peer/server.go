@@ -1,0 +1,172 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+)
+
+// DefaultMaxServing bounds the requests a Server serves at once.
+const DefaultMaxServing = 16
+
+// Server serves the chunks of a node's cache to its peers:
+// GET /v2/<repository>/blobs/<digest>?ns=<registry>&size=<bytes>. It
+// serves a chunk only from the cache's view of that origin (what the
+// origin delivered), and, when this node owns the chunk and serves a mount
+// of the origin, fetches it from the origin once first. Everything else
+// is 404; more than MaxServing requests at once are 503.
+type Server struct {
+	Cache *chunkcache.Cache
+	Ring  *Ring
+	// MaxServing bounds the requests served at once; <= 0 means
+	// DefaultMaxServing.
+	MaxServing int
+
+	mu      sync.Mutex
+	origins map[string]content.Fetcher // origin -> its source, while a mount of it is served
+
+	serving atomic.Int64
+	stats   serverStats
+}
+
+type serverStats struct {
+	served, servedBytes, fetched, refused atomic.Int64
+}
+
+// ServerStats count what a Server did.
+type ServerStats struct {
+	Served      int64 // chunks served to peers
+	ServedBytes int64
+	Fetched     int64 // chunks this node fetched from an origin as their owner, for a peer
+	Refused     int64 // requests refused: not held, no such origin here, busy, malformed
+}
+
+// Stats returns the counters.
+func (s *Server) Stats() ServerStats {
+	return ServerStats{Served: s.stats.served.Load(), ServedBytes: s.stats.servedBytes.Load(),
+		Fetched: s.stats.fetched.Load(), Refused: s.stats.refused.Load()}
+}
+
+// Serve records src as the source of origin ("host/repository") while a
+// mount of it is open on this node, so that this node fetches the chunks
+// it owns for its peers; the returned function withdraws it.
+func (s *Server) Serve(origin string, src content.Fetcher) (withdraw func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.origins == nil {
+		s.origins = map[string]content.Fetcher{}
+	}
+	s.origins[origin] = src
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.origins[origin] == src {
+			delete(s.origins, origin)
+		}
+	}
+}
+
+func (s *Server) source(origin string) content.Fetcher {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.origins[origin]
+}
+
+// ServeHTTP answers one blob request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	max := s.MaxServing
+	if max <= 0 {
+		max = DefaultMaxServing
+	}
+	if s.serving.Add(1) > int64(max) {
+		s.serving.Add(-1)
+		s.refuse(w, http.StatusServiceUnavailable, "busy")
+		return
+	}
+	defer s.serving.Add(-1)
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		s.refuse(w, http.StatusMethodNotAllowed, "GET only")
+		return
+	}
+	origin, desc, ok := parseRequest(r)
+	if !ok {
+		s.refuse(w, http.StatusNotFound, "not a chunk request")
+		return
+	}
+	view := s.Cache.For(origin)
+	var src content.Fetcher = absent{}
+	if !view.Contains(desc.Digest) {
+		owners := s.Ring.Owners(desc.Digest)
+		if len(owners) == 0 || owners[0] != s.Ring.Self() {
+			s.refuse(w, http.StatusNotFound, "not held, and not its owner")
+			return
+		}
+		if src = s.source(origin); src == nil {
+			s.refuse(w, http.StatusNotFound, "not held, and no mount of its origin here")
+			return
+		}
+	}
+	fetchedBefore := s.Cache.Stats().Fetches
+	ch, err := view.Load(r.Context(), src, desc)
+	if err != nil {
+		s.refuse(w, http.StatusNotFound, err.Error())
+		return
+	}
+	defer ch.Close()
+	if s.Cache.Stats().Fetches > fetchedBefore {
+		s.stats.fetched.Add(1)
+	}
+	s.stats.served.Add(1)
+	s.stats.servedBytes.Add(desc.Size)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Docker-Content-Digest", desc.Digest.String())
+	w.Header().Set("Content-Length", strconv.FormatInt(desc.Size, 10))
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodGet {
+		io.Copy(w, io.NewSectionReader(ch, 0, desc.Size))
+	}
+}
+
+func (s *Server) refuse(w http.ResponseWriter, code int, why string) {
+	s.stats.refused.Add(1)
+	http.Error(w, why, code)
+}
+
+// parseRequest reads the origin and the chunk asked for from r.
+func parseRequest(r *http.Request) (string, ocispec.Descriptor, bool) {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v2/")
+	if !ok {
+		return "", ocispec.Descriptor{}, false
+	}
+	repo, dg, ok := strings.Cut(rest, "/blobs/")
+	d, err := digest.Parse(dg)
+	q := r.URL.Query()
+	ns := q.Get("ns")
+	size, serr := strconv.ParseInt(q.Get("size"), 10, 64)
+	if !ok || err != nil || d.Algorithm() != digest.SHA256 || repo == "" || ns == "" ||
+		strings.ContainsAny(ns, "/?#") || serr != nil || size < 0 || size > layout.MaxChunkBytes {
+		return "", ocispec.Descriptor{}, false
+	}
+	return ns + "/" + repo, ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: d, Size: size}, true
+}
+
+// absent is the source of a chunk the cache holds: it has nothing else.
+type absent struct{}
+
+func (absent) Fetch(context.Context, ocispec.Descriptor) (io.ReadCloser, error) {
+	return nil, errNotHeld
+}
+
+var errNotHeld = errors.New("not held")
