@@ -56,6 +56,12 @@ type CSIMounterCmd struct {
 	MetricsDigests      bool          `name:"metrics-digests" help:"Label the mount and warm metrics with digests and references, and serve the warm status at /warm: whoever reaches --metrics-addr then learns which versions this node holds."`
 	FDHolder            string        `name:"fd-holder" placeholder:"SOCKET" help:"The fd holder's socket (bdnvol csi fd-holder; its default is ${fd_holder_socket}): mounts then survive a crash of the mounter, and a stop leaves them to the next mounter."`
 	Handoff             string        `name:"handoff-socket" placeholder:"SOCKET" help:"Where a new mounter takes this one's mounts over (default STATE-DIR/mounter-handoff.sock)."`
+
+	PeerListen    string   `name:"peer-listen" placeholder:"HOST:PORT" help:"Serve this node's verified chunks to the cluster's other mounters here, and ask them before the registry (the peer tier; off by default)."`
+	PeerAdvertise string   `name:"peer-advertise" placeholder:"HOST:PORT" help:"This node's peer address as the others reach it (default --peer-listen)."`
+	Peers         []string `name:"peers" placeholder:"HOST:PORT,..." help:"The cluster's mounters' peer addresses (static membership)."`
+	PeerTLSDir    string   `name:"peer-tls-dir" type:"path" placeholder:"DIR" help:"ca.crt, tls.crt and tls.key: mutual TLS between mounters (certificates of one cluster CA)."`
+	PeerInsecure  bool     `name:"peer-insecure" help:"Allow plain HTTP between mounters without --peer-tls-dir (tests; a node network you vouch for)."`
 }
 
 // Run serves until SIGTERM, then unmounts everything (or leaves it to the
@@ -69,6 +75,7 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 		WarmList: c.WarmList, WarmStatus: c.WarmStatus, WarmBandwidth: int64(c.WarmBandwidth),
 		WarmResolveInterval: c.WarmResolveInterval, WarmJobs: c.WarmJobs, Profile: c.Profile,
 		MetricsAddr: c.MetricsAddr, MetricsDigests: c.MetricsDigests, FDHolder: c.FDHolder, Handoff: c.Handoff, Version: version, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter"),
+		Peers: csi.PeerConfig{Listen: c.PeerListen, Advertise: c.PeerAdvertise, Peers: c.Peers, TLSDir: c.PeerTLSDir, Insecure: c.PeerInsecure},
 	})
 }
 

@@ -50,6 +50,9 @@ type MounterOptions struct {
 	// FDHolder is the socket of the fd holder (ServeFDHolder) that keeps
 	// a copy of each mount's descriptor ("" for none).
 	FDHolder string
+	// Peers, when set, puts the cluster's peers in front of every mount's
+	// registry (pkg/peer; origin.Options.Peers).
+	Peers func(ref oci.Ref, src content.Fetcher) content.Fetcher
 }
 
 // Mounter holds one FUSE mount per version (registry, repository and
@@ -244,7 +247,7 @@ func (m *Mounter) open(ctx context.Context, ref oci.Ref, cred *credential, index
 	}
 	logf := func(format string, args ...any) { m.log.Info(fmt.Sprintf(format, args...), "ref", ref.String()) }
 	return mounts.Open(ctx, ref, mounts.OpenOptions{OCI: opt, Mirrors: m.opt.Mirrors, Cache: m.opt.Cache, Jobs: m.opt.Jobs, FetchTimeout: m.opt.FetchTimeout, Wrap: m.opt.Wrap,
-		Profile: m.profileOptions(), IndexTrust: trust, Logf: logf})
+		Profile: m.profileOptions(), IndexTrust: trust, Logf: logf, Peers: m.opt.Peers})
 }
 
 // add records a mount served by conn, gives its descriptor to the fd

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"oras.land/oras-go/v2/content"
+
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/metrics"
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
@@ -51,7 +53,9 @@ type MounterConfig struct {
 	Handoff string
 	// FDHolder is the fd holder's socket ("" for none; see ServeFDHolder).
 	FDHolder string
-	Logger   *slog.Logger
+	// Peers configures the peer tier (off when Peers.Listen is "").
+	Peers  PeerConfig
+	Logger *slog.Logger
 }
 
 // handoffSocket is where successors ask for the mounts.
@@ -106,10 +110,16 @@ func ServeMounter(ctx context.Context, c MounterConfig) error {
 		})
 		met.Warm(warmer.Status, c.MetricsDigests)
 	}
+	var peers func(oci.Ref, content.Fetcher) content.Fetcher
+	if c.Peers.Listen != "" {
+		if peers, err = startPeers(ctx, c.Peers, cache, met, log.With("component", "peer")); err != nil {
+			return err
+		}
+	}
 	m, err := NewMounter(MounterOptions{
 		MountsDir: c.MountsDir, Cache: cache, OCI: c.OCI, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,
 		Mirrors: c.Mirrors, Logger: log, Wrap: met.Wrap, Warmer: warmer, Profile: c.Profile,
-		Handoff: c.handoffSocket(), FDHolder: c.FDHolder,
+		Handoff: c.handoffSocket(), FDHolder: c.FDHolder, Peers: peers,
 	})
 	if err != nil {
 		return err

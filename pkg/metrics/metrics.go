@@ -331,3 +331,28 @@ func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
+
+// PeerSample is what the peer tier of a node did (pkg/peer), in bytes.
+type PeerSample struct {
+	FromPeers, FromSource int64 // chunk bytes read from peers, and from registries (behind mirrors)
+	ServedToPeers         int64 // chunk bytes served to peers
+	PeerFailures, Refused int64 // peer answers that failed here; requests this node refused
+}
+
+// Peers exports the peer tier's counters, read from sample at each scrape.
+func (m *Metrics) Peers(sample func() PeerSample) {
+	for _, c := range []struct {
+		name, help string
+		labels     prometheus.Labels
+		v          func(PeerSample) int64
+	}{
+		{"bdnvol_peer_read_bytes_total", "Chunk bytes mounts read, by source: peer or registry (behind its mirrors).", prometheus.Labels{"source": "peer"}, func(s PeerSample) int64 { return s.FromPeers }},
+		{"bdnvol_peer_read_bytes_total", "Chunk bytes mounts read, by source: peer or registry (behind its mirrors).", prometheus.Labels{"source": "registry"}, func(s PeerSample) int64 { return s.FromSource }},
+		{"bdnvol_peer_served_bytes_total", "Chunk bytes served to peers.", nil, func(s PeerSample) int64 { return s.ServedToPeers }},
+		{"bdnvol_peer_failures_total", "Peer answers that failed (error, too slow, wrong bytes): the peer is skipped a while.", nil, func(s PeerSample) int64 { return s.PeerFailures }},
+		{"bdnvol_peer_refused_total", "Peer requests this node refused (not held, no mount of the origin, busy, malformed).", nil, func(s PeerSample) int64 { return s.Refused }},
+	} {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help, ConstLabels: c.labels},
+			func() float64 { return float64(c.v(sample())) }))
+	}
+}

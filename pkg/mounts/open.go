@@ -44,12 +44,15 @@ type OpenOptions struct {
 	// Logf, when set, is told what the open did that an operator may ask
 	// about (a ModelPack model read whole for want of a trusted index).
 	Logf func(format string, args ...any)
+	// Peers, when set, puts the cluster's peers in front of the registry
+	// (origin.Options.Peers).
+	Peers func(ref oci.Ref, src content.Fetcher) content.Fetcher
 }
 
 // Open resolves ref (a tag becomes a digest now) and opens the version it
 // names for lazy reading. It returns the volume and its pinned reference.
 func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, string, error) {
-	o, err := origin.Resolve(ctx, ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy, Wrap: opt.Wrap, Preload: opt.Cache})
+	o, err := origin.Resolve(ctx, ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy, Wrap: opt.Wrap, Preload: opt.Cache, Peers: opt.Peers})
 	if err != nil {
 		return nil, "", err
 	}

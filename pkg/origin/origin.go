@@ -30,6 +30,10 @@ type Options struct {
 	// by the reference's repository), so that opening the version through
 	// the cache's view of that repository reads it from there.
 	Preload *chunkcache.Cache
+	// Peers, when set, puts the cluster's peers in front of a registry
+	// reference's source (the registry behind its mirrors): it gets that
+	// source and returns the fetcher to read through (pkg/peer).
+	Peers func(ref oci.Ref, src content.Fetcher) content.Fetcher
 }
 
 // Origin is where one resolved version is read from.
@@ -76,6 +80,9 @@ func Resolve(ctx context.Context, ref oci.Ref, opt Options) (*Origin, error) {
 	src, mirrors, err := opt.Mirrors.Fetcher(ref, reg)
 	if err != nil {
 		return nil, err
+	}
+	if opt.Peers != nil && ref.Layout == "" {
+		src = opt.Peers(ref, src)
 	}
 	return &Origin{Ref: ref, Target: t, Root: desc, Fetcher: src, Mirrors: mirrors}, nil
 }
