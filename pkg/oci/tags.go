@@ -61,18 +61,58 @@ func ParseTimedTag(prefix, tag string) (time.Time, string, bool) {
 	return t, hex, true
 }
 
-// ListTags returns every tag of the repository, following pagination.
+// ListTags returns every tag of the repository, following pagination
+// within the bounds MaxTags, MaxTagBytes and MaxTagPages.
 func ListTags(ctx context.Context, t Target) ([]string, error) {
 	var out []string
-	err := t.Tags(ctx, "", func(tags []string) error {
-		out = append(out, tags...)
+	err := EachTag(ctx, t, func(tag string) error {
+		out = append(out, tag)
 		return nil
 	})
-	var er *errcode.ErrorResponse
-	if errors.As(err, &er) && er.StatusCode == http.StatusNotFound {
-		return nil, nil // a repository without tags yet
+	if err != nil {
+		return nil, err
 	}
-	return out, err
+	return out, nil
+}
+
+// EachTag calls fn with each tag of the repository, in the order the
+// registry lists them, following pagination within the bounds MaxTags,
+// MaxTagBytes and MaxTagPages. fn returning StopListing ends the listing
+// (nil is returned, no further page is asked for); another error ends it
+// with that error. A repository that does not exist yet has no tags.
+func EachTag(ctx context.Context, t Target, fn func(tag string) error) error {
+	g := newListGuard("tag listing", MaxTagPages)
+	n, bytes, pages := 0, 0, 0
+	err := t.Tags(g.with(ctx), "", func(tags []string) error {
+		pages++
+		if len(tags) > 0 {
+			if err := g.page(pageHash(tags)); err != nil {
+				return err
+			}
+		}
+		for _, tag := range tags {
+			n++
+			bytes += len(tag)
+			if n > MaxTags {
+				return fmt.Errorf("tag listing: %w: more than %d tags", ErrListTooLong, MaxTags)
+			}
+			if bytes > MaxTagBytes {
+				return fmt.Errorf("tag listing: %w: tags of more than %d bytes together", ErrListTooLong, MaxTagBytes)
+			}
+			if err := fn(tag); err != nil {
+				return err
+			}
+		}
+		return ctx.Err()
+	})
+	if errors.Is(err, StopListing) {
+		return nil
+	}
+	var er *errcode.ErrorResponse
+	if errors.As(err, &er) && er.StatusCode == http.StatusNotFound && pages == 0 {
+		return nil // a repository without tags yet (not a page that vanished)
+	}
+	return err
 }
 
 // TagVersion gives the version root (with manifest bytes b) a protective

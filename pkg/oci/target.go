@@ -81,7 +81,7 @@ func Open(ctx context.Context, r Ref, opt Options) (Target, error) {
 	if err != nil {
 		return nil, err
 	}
-	repo.Client = client
+	repo.Client = guardedClient{client}
 	scheme := "https"
 	if repo.PlainHTTP {
 		scheme = "http"
