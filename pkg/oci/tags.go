@@ -119,19 +119,19 @@ func EachTag(ctx context.Context, t Target, fn func(tag string) error) error {
 // tag unless it has one, then points each of tags at it. The protective tag
 // comes first so the version is never left unreachable.
 func TagVersion(ctx context.Context, t Target, root ocispec.Descriptor, b []byte, tags []string, now time.Time) (string, error) {
-	existing, err := ListTags(ctx, t)
-	if err != nil {
-		return "", fmt.Errorf("list tags: %w", err)
-	}
 	prot := ""
 	hex := root.Digest.Encoded()[:12]
-	for _, tag := range existing {
+	err := EachTag(ctx, t, func(tag string) error {
 		if _, h, ok := ParseProtectiveTag(tag); ok && h == hex {
 			if d, err := t.Resolve(ctx, tag); err == nil && d.Digest == root.Digest {
 				prot = tag
-				break
+				return StopListing
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("list tags: %w", err)
 	}
 	if prot == "" {
 		prot = ProtectiveTag(root.Digest, now)
@@ -150,15 +150,15 @@ func TagVersion(ctx context.Context, t Target, root ocispec.Descriptor, b []byte
 // NewestSealedTag returns the protective tag of the most recently sealed
 // version, or "" when there is none.
 func NewestSealedTag(ctx context.Context, t Target) string {
-	tags, err := ListTags(ctx, t)
-	if err != nil {
-		return ""
-	}
 	newest := ""
-	for _, tag := range tags {
+	err := EachTag(ctx, t, func(tag string) error {
 		if _, _, ok := ParseProtectiveTag(tag); ok && tag > newest {
 			newest = tag
 		}
+		return nil
+	})
+	if err != nil {
+		return ""
 	}
 	return newest
 }
