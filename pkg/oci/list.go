@@ -6,9 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
-
-	"oras.land/oras-go/v2/registry/remote"
 )
 
 // Bounds of the tag and referrer listings. A registry pages a listing
@@ -49,9 +48,9 @@ var StopListing = errors.New("stop listing")
 // listGuardKey is the context key of the listGuard of one listing.
 type listGuardKey struct{}
 
-// listGuard counts the requests of one listing and refuses a page asked
-// for twice (the registry's next-page link repeating one it gave) and the
-// page past the bound. It keeps the hash of each URL, not the URL.
+// listGuard counts the pages of one listing and refuses a page asked for
+// twice (the registry's next-page link repeating one it gave) and the page
+// past the bound. It keeps the hash of each URL, not the URL.
 type listGuard struct {
 	what     string
 	maxPages int
@@ -74,20 +73,26 @@ func (g *listGuard) with(ctx context.Context) context.Context {
 	return context.WithValue(ctx, listGuardKey{}, g)
 }
 
-// request admits one request of the listing, to u.
-func (g *listGuard) request(u string) error {
+// admit lets a request of the listing, to u, go out: it is refused past
+// the page bound and when u was already answered.
+func (g *listGuard) admit(u string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.pages >= g.maxPages {
+		return fmt.Errorf("%s: %w: more than %d pages", g.what, ErrListTooLong, g.maxPages)
+	}
+	if g.urls[sha256.Sum256([]byte(u))] {
+		return fmt.Errorf("%s: %w: page %d links to a page already read", g.what, ErrRepeatedPage, g.pages)
+	}
+	return nil
+}
+
+// answered records a page answered from u.
+func (g *listGuard) answered(u string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.pages++
-	if g.pages > g.maxPages {
-		return fmt.Errorf("%s: %w: more than %d pages", g.what, ErrListTooLong, g.maxPages)
-	}
-	h := sha256.Sum256([]byte(u))
-	if g.urls[h] {
-		return fmt.Errorf("%s: %w: page %d links to a page already read", g.what, ErrRepeatedPage, g.pages-1)
-	}
-	g.urls[h] = true
-	return nil
+	g.urls[sha256.Sum256([]byte(u))] = true
 }
 
 // page admits a page of entries whose hash is h (nothing for an empty page).
@@ -101,19 +106,37 @@ func (g *listGuard) page(h [32]byte) error {
 	return nil
 }
 
-// guardedClient is the client of a registry repository: the requests of
-// a listing (their context carries a listGuard) are counted and checked
-// by it before they are sent.
-type guardedClient struct{ remote.Client }
+// listGuardTransport is the outer transport of registry clients: a page
+// request of a listing (a GET of a tag list or of referrers whose context
+// carries a listGuard) goes out only if the guard admits it, and counts
+// once answered. An authentication challenge (401), which the client
+// answers by sending the request again, is not a page.
+type listGuardTransport struct{ next http.RoundTripper }
 
-// Do sends req unless the listing it belongs to refuses it.
-func (c guardedClient) Do(req *http.Request) (*http.Response, error) {
-	if g, ok := req.Context().Value(listGuardKey{}).(*listGuard); ok {
-		if err := g.request(req.URL.String()); err != nil {
-			return nil, err
-		}
+// RoundTrip sends req unless the listing it belongs to refuses it.
+func (t listGuardTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	g, ok := req.Context().Value(listGuardKey{}).(*listGuard)
+	if !ok || req.Method != http.MethodGet || !isListingPath(req.URL.Path) {
+		return t.next.RoundTrip(req)
 	}
-	return c.Client.Do(req)
+	u := req.URL.String()
+	if err := g.admit(u); err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
+	resp, err := t.next.RoundTrip(req)
+	if err == nil && resp.StatusCode != http.StatusUnauthorized {
+		g.answered(u)
+	}
+	return resp, err
+}
+
+// isListingPath tells the paths of the distribution API's tag list and
+// referrers routes.
+func isListingPath(p string) bool {
+	return strings.HasPrefix(p, "/v2/") && (strings.HasSuffix(p, "/tags/list") || strings.Contains(p, "/referrers/"))
 }
 
 // pageHash is the hash of a page's entries, each length-prefixed.

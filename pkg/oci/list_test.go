@@ -15,6 +15,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/credentials"
 )
 
 // serverPageCap ends the hostile listings below after this many pages, so
@@ -28,10 +30,16 @@ const serverPageCap = 5_000
 type pagingRegistry struct {
 	tags      func(i int) ([]string, string)
 	referrers func(i int) ([]ocispec.Descriptor, string)
+	basicAuth bool // answer 401 with a Basic challenge to requests without credentials
 	requests  atomic.Int64
 }
 
 func (p *pagingRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := r.BasicAuth(); p.basicAuth && !ok {
+		w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
 	n := p.requests.Add(1)
 	i, _ := strconv.Atoi(r.URL.Query().Get("page"))
 	var next string
@@ -115,6 +123,33 @@ func TestListTagsBounded(t *testing.T) {
 			}
 		})
 	}
+	t.Run("behind a challenge", func(t *testing.T) {
+		// Each page is asked for twice, first without credentials: a 401
+		// is no page, and the second request no repeat.
+		p := &pagingRegistry{basicAuth: true, tags: func(i int) ([]string, string) {
+			if i == 4 {
+				return fresh(i, 3), ""
+			}
+			return fresh(i, 3), fmt.Sprintf("page=%d", i+1)
+		}}
+		srv := httptest.NewServer(p)
+		defer srv.Close()
+		host := strings.TrimPrefix(srv.URL, "http://")
+		store := credentials.NewMemoryStore()
+		store.Put(ctx, host, auth.Credential{Username: "u", Password: "p"})
+		ref, err := ParseRef(host + "/vol/r:v1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tg, err := Open(ctx, ref, Options{Credentials: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tags, err := ListTags(ctx, tg)
+		if err != nil || len(tags) != 15 {
+			t.Fatalf("ListTags behind a challenge: %d tags, %v; want 15", len(tags), err)
+		}
+	})
 	t.Run("stop early", func(t *testing.T) {
 		p := &pagingRegistry{tags: func(i int) ([]string, string) { return fresh(i, 3), fmt.Sprintf("page=%d", i+1) }}
 		tg := openPaging(t, p)

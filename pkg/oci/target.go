@@ -81,7 +81,7 @@ func Open(ctx context.Context, r Ref, opt Options) (Target, error) {
 	if err != nil {
 		return nil, err
 	}
-	repo.Client = guardedClient{client}
+	repo.Client = client
 	scheme := "https"
 	if repo.PlainHTTP {
 		scheme = "http"
@@ -108,7 +108,7 @@ func NewClient(opt Options) (*auth.Client, error) {
 		store = s
 	}
 	c := &auth.Client{
-		Client:     &http.Client{Transport: NewRetryTransport(ratelimit.Transport(base, opt.Limiter), opt.Retry)},
+		Client:     &http.Client{Transport: listGuardTransport{NewRetryTransport(ratelimit.Transport(base, opt.Limiter), opt.Retry)}},
 		Cache:      auth.NewCache(),
 		Credential: credentials.Credential(store),
 	}
