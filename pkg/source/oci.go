@@ -641,6 +641,9 @@ func (s *ociSource) Open(ctx context.Context, p string) (layout.ReadAtCloser, er
 		return memFile{bytes.NewReader(f.data)}, nil // verified with its layer
 	}
 	if !f.layer.l.Packing.RangeReadable() {
+		if f.size == 0 {
+			return memFile{bytes.NewReader(nil)}, nil // nothing was spooled
+		}
 		if !f.spooled || sp == nil || sp.f == nil {
 			return nil, fmt.Errorf("%s: %s: the walk kept no bytes of it", s, p)
 		}

@@ -291,7 +291,8 @@ func TestOCISourceCompressedLayerReadOnce(t *testing.T) {
 		names = append(names, n)
 	}
 	files["skip.txt"] = []byte("excluded")
-	names = append(names, "skip.txt")
+	files["empty"] = []byte{}
+	names = append(names, "skip.txt", "empty")
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
 	zw.Write(tarOf(t, names, files))
@@ -344,4 +345,29 @@ func TestOCISourceCompressedLayerReadOnce(t *testing.T) {
 	if g, n := br.gets[layer.Digest.String()], br.bytes[layer.Digest.String()]; g != 1 || n != layer.Size {
 		t.Fatalf("the layer of %d bytes was fetched %d times, %d bytes in all; want once", layer.Size, g, n)
 	}
+}
+
+// TestOCISourceCompressedLayerOnlyEmptyFilesSelected: of a large gzip
+// layer, only an empty file is selected: nothing is spooled, and the
+// file is still read (empty).
+func TestOCISourceCompressedLayerOnlyEmptyFilesSelected(t *testing.T) {
+	files := map[string][]byte{"noise.bin": randomBytes(t, 5<<20), "empty": {}}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(tarOf(t, []string{"noise.bin", "empty"}, files))
+	zw.Close()
+	_, ref := ociLayoutManifest(t, "", ocispec.MediaTypeImageConfig, [3]string{ocispec.MediaTypeImageLayerGzip, gz.String(), ""})
+	src, err := Open(context.Background(), ref, Options{Exclude: []string{"noise.bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Close(src)
+	res, err := push(t, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Verify(context.Background(), src, res.Index); err != nil {
+		t.Fatal(err)
+	}
+	checkIndex(t, res.Index, map[string][]byte{"empty": {}})
 }
