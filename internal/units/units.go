@@ -2,7 +2,9 @@
 package units
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -22,6 +24,9 @@ func ParseSize(s string) (int64, error) {
 		}
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
+	if errors.Is(err, strconv.ErrRange) && n > 0 || err == nil && n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q is too large (at most %d bytes, 8 EiB)", s, int64(math.MaxInt64))
+	}
 	if err != nil || n < 0 {
 		return 0, fmt.Errorf("bad size %q", s)
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
@@ -21,34 +22,85 @@ import (
 
 // Referrers returns the manifests in t whose subject is subject, filtered
 // by artifactType ("" for all; an image's artifact type is its config's
-// media type). Each descriptor carries the referrer's artifactType and
-// annotations. A registry is asked through the referrers API, and through
-// the tag schema (the index tagged sha256-<hex>) when it lacks the API; an
-// OCI layout is scanned (the manifests listed in index.json).
-func Referrers(ctx context.Context, t Target, subject ocispec.Descriptor, artifactType string) ([]ocispec.Descriptor, error) {
+// media type), sorted by digest. Each descriptor carries the referrer's
+// artifactType and annotations. A registry is asked through the referrers
+// API, and through the tag schema (the index tagged sha256-<hex>) when it
+// lacks the API; an OCI layout is scanned (the manifests listed in
+// index.json). The listing is bounded as EachReferrer's is.
+func Referrers(ctx context.Context, t content.ReadOnlyGraphStorage, subject ocispec.Descriptor, artifactType string) ([]ocispec.Descriptor, error) {
 	var out []ocispec.Descriptor
-	if rl, ok := t.(registry.ReferrerLister); ok {
-		err := rl.Referrers(ctx, subject, artifactType, func(ds []ocispec.Descriptor) error {
-			out = append(out, ds...)
+	err := EachReferrer(ctx, t, subject, artifactType, func(d ocispec.Descriptor) error {
+		out = append(out, d)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sortDescs(out), nil
+}
+
+// EachReferrer calls fn with each manifest in t whose subject is subject,
+// filtered by artifactType as Referrers is, in the order the registry
+// lists them (a layout's: index.json's), each once. It follows pagination
+// within the bounds MaxReferrers, MaxReferrerBytes and MaxReferrerPages.
+// fn returning StopListing ends the listing (nil is returned, no further
+// page is asked for); another error ends it with that error. A subject
+// without referrers, or a registry without them, lists none.
+func EachReferrer(ctx context.Context, t content.ReadOnlyGraphStorage, subject ocispec.Descriptor, artifactType string, fn func(ocispec.Descriptor) error) error {
+	what := fmt.Sprintf("referrers of %s", subject.Digest)
+	n, bytes := 0, 0
+	seen := map[digest.Digest]bool{}
+	give := func(d ocispec.Descriptor) error {
+		if seen[d.Digest] {
 			return nil
+		}
+		n++
+		bytes += descBytes(d)
+		if n > MaxReferrers {
+			return fmt.Errorf("%s: %w: more than %d", what, ErrListTooLong, MaxReferrers)
+		}
+		if bytes > MaxReferrerBytes {
+			return fmt.Errorf("%s: %w: descriptors of more than %d bytes together", what, ErrListTooLong, MaxReferrerBytes)
+		}
+		seen[d.Digest] = true
+		return fn(d)
+	}
+	if rl, ok := t.(registry.ReferrerLister); ok {
+		g := newListGuard(what, MaxReferrerPages)
+		err := rl.Referrers(g.with(ctx), subject, artifactType, func(ds []ocispec.Descriptor) error {
+			if len(ds) > 0 {
+				ks := make([]string, len(ds))
+				for i, d := range ds {
+					ks[i] = string(d.Digest)
+				}
+				if err := g.page(pageHash(ks)); err != nil {
+					return err
+				}
+			}
+			for _, d := range ds {
+				if err := give(d); err != nil {
+					return err
+				}
+			}
+			return ctx.Err()
 		})
-		if errors.Is(err, errdef.ErrNotFound) {
-			return nil, nil
+		switch {
+		case err == nil, errors.Is(err, StopListing), errors.Is(err, errdef.ErrNotFound):
+			return nil
+		case errors.Is(err, ErrListTooLong), errors.Is(err, ErrRepeatedPage):
+			return err
 		}
-		if err != nil {
-			return nil, fmt.Errorf("referrers of %s: %w", subject.Digest, err)
-		}
-		return sortDescs(out), nil
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	pf, ok := t.(content.ReadOnlyGraphStorage)
-	if !ok {
-		return nil, fmt.Errorf("referrers of %s: %w", subject.Digest, errdef.ErrUnsupported)
-	}
+	pf := t
 	preds, err := pf.Predecessors(ctx, subject)
 	if err != nil {
-		return nil, fmt.Errorf("referrers of %s: %w", subject.Digest, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	for _, d := range preds {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if !IsManifest(d.MediaType) || d.Size <= 0 || d.Size > MaxManifestBytes {
 			continue
 		}
@@ -57,7 +109,7 @@ func Referrers(ctx context.Context, t Target, subject ocispec.Descriptor, artifa
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("referrers of %s: %s: %w", subject.Digest, d.Digest, err)
+			return fmt.Errorf("%s: %s: %w", what, d.Digest, err)
 		}
 		var m struct {
 			ArtifactType string              `json:"artifactType"`
@@ -75,12 +127,36 @@ func Referrers(ctx context.Context, t Target, subject ocispec.Descriptor, artifa
 		if artifactType != "" && at != artifactType {
 			continue
 		}
-		out = append(out, ocispec.Descriptor{
+		err = give(ocispec.Descriptor{
 			MediaType: d.MediaType, Digest: d.Digest, Size: d.Size,
 			ArtifactType: at, Annotations: m.Annotations,
 		})
+		if errors.Is(err, StopListing) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
 	}
-	return sortDescs(out), nil
+	return nil
+}
+
+// descBytes is about the memory a listed descriptor holds: its strings.
+func descBytes(d ocispec.Descriptor) int {
+	n := len(d.MediaType) + len(d.Digest) + len(d.ArtifactType) + 64
+	for k, v := range d.Annotations {
+		n += len(k) + len(v)
+	}
+	for _, u := range d.URLs {
+		n += len(u)
+	}
+	if p := d.Platform; p != nil {
+		n += len(p.Architecture) + len(p.OS) + len(p.OSVersion) + len(p.Variant)
+		for _, f := range p.OSFeatures {
+			n += len(f)
+		}
+	}
+	return n + len(d.Data)
 }
 
 func sortDescs(ds []ocispec.Descriptor) []ocispec.Descriptor {

@@ -61,37 +61,77 @@ func ParseTimedTag(prefix, tag string) (time.Time, string, bool) {
 	return t, hex, true
 }
 
-// ListTags returns every tag of the repository, following pagination.
+// ListTags returns every tag of the repository, following pagination
+// within the bounds MaxTags, MaxTagBytes and MaxTagPages.
 func ListTags(ctx context.Context, t Target) ([]string, error) {
 	var out []string
-	err := t.Tags(ctx, "", func(tags []string) error {
-		out = append(out, tags...)
+	err := EachTag(ctx, t, func(tag string) error {
+		out = append(out, tag)
 		return nil
 	})
-	var er *errcode.ErrorResponse
-	if errors.As(err, &er) && er.StatusCode == http.StatusNotFound {
-		return nil, nil // a repository without tags yet
+	if err != nil {
+		return nil, err
 	}
-	return out, err
+	return out, nil
+}
+
+// EachTag calls fn with each tag of the repository, in the order the
+// registry lists them, following pagination within the bounds MaxTags,
+// MaxTagBytes and MaxTagPages. fn returning StopListing ends the listing
+// (nil is returned, no further page is asked for); another error ends it
+// with that error. A repository that does not exist yet has no tags.
+func EachTag(ctx context.Context, t Target, fn func(tag string) error) error {
+	g := newListGuard("tag listing", MaxTagPages)
+	n, bytes, pages := 0, 0, 0
+	err := t.Tags(g.with(ctx), "", func(tags []string) error {
+		pages++
+		if len(tags) > 0 {
+			if err := g.page(pageHash(tags)); err != nil {
+				return err
+			}
+		}
+		for _, tag := range tags {
+			n++
+			bytes += len(tag)
+			if n > MaxTags {
+				return fmt.Errorf("tag listing: %w: more than %d tags", ErrListTooLong, MaxTags)
+			}
+			if bytes > MaxTagBytes {
+				return fmt.Errorf("tag listing: %w: tags of more than %d bytes together", ErrListTooLong, MaxTagBytes)
+			}
+			if err := fn(tag); err != nil {
+				return err
+			}
+		}
+		return ctx.Err()
+	})
+	if errors.Is(err, StopListing) {
+		return nil
+	}
+	var er *errcode.ErrorResponse
+	if errors.As(err, &er) && er.StatusCode == http.StatusNotFound && pages == 0 {
+		return nil // a repository without tags yet (not a page that vanished)
+	}
+	return err
 }
 
 // TagVersion gives the version root (with manifest bytes b) a protective
 // tag unless it has one, then points each of tags at it. The protective tag
 // comes first so the version is never left unreachable.
 func TagVersion(ctx context.Context, t Target, root ocispec.Descriptor, b []byte, tags []string, now time.Time) (string, error) {
-	existing, err := ListTags(ctx, t)
-	if err != nil {
-		return "", fmt.Errorf("list tags: %w", err)
-	}
 	prot := ""
 	hex := root.Digest.Encoded()[:12]
-	for _, tag := range existing {
+	err := EachTag(ctx, t, func(tag string) error {
 		if _, h, ok := ParseProtectiveTag(tag); ok && h == hex {
 			if d, err := t.Resolve(ctx, tag); err == nil && d.Digest == root.Digest {
 				prot = tag
-				break
+				return StopListing
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("list tags: %w", err)
 	}
 	if prot == "" {
 		prot = ProtectiveTag(root.Digest, now)
@@ -110,15 +150,15 @@ func TagVersion(ctx context.Context, t Target, root ocispec.Descriptor, b []byte
 // NewestSealedTag returns the protective tag of the most recently sealed
 // version, or "" when there is none.
 func NewestSealedTag(ctx context.Context, t Target) string {
-	tags, err := ListTags(ctx, t)
-	if err != nil {
-		return ""
-	}
 	newest := ""
-	for _, tag := range tags {
+	err := EachTag(ctx, t, func(tag string) error {
 		if _, _, ok := ParseProtectiveTag(tag); ok && tag > newest {
 			newest = tag
 		}
+		return nil
+	})
+	if err != nil {
+		return ""
 	}
 	return newest
 }

@@ -108,7 +108,7 @@ func NewClient(opt Options) (*auth.Client, error) {
 		store = s
 	}
 	c := &auth.Client{
-		Client:     &http.Client{Transport: NewRetryTransport(ratelimit.Transport(base, opt.Limiter), opt.Retry)},
+		Client:     &http.Client{Transport: listGuardTransport{NewRetryTransport(ratelimit.Transport(base, opt.Limiter), opt.Retry)}},
 		Cache:      auth.NewCache(),
 		Credential: credentials.Credential(store),
 	}

@@ -3,16 +3,25 @@ package profile
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	ggcr "github.com/google/go-containerregistry/pkg/registry"
 	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content/memory"
 
@@ -308,4 +317,61 @@ func pushSubject(t *testing.T, tgt oci.Target) ocispec.Descriptor {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// TestFetchAsksForTheFirstPagesOnly: a registry that lists fresh profile
+// referrers for ever (five a page, the real profile on the first) costs
+// Fetch the four pages that hold maxReferrers of them, and the real
+// profile is found among them.
+func TestFetchAsksForTheFirstPagesOnly(t *testing.T) {
+	ctx := context.Background()
+	reg := ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0)), ggcr.WithReferrersSupport(true))
+	var pages atomic.Int64
+	var real atomic.Value // the real profile's manifest descriptor
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/referrers/") || real.Load() == nil {
+			reg.ServeHTTP(w, r)
+			return
+		}
+		n := pages.Add(1)
+		i, _ := strconv.Atoi(r.URL.Query().Get("page"))
+		var ds []ocispec.Descriptor
+		for k := range 5 {
+			ds = append(ds, ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, ArtifactType: MediaType,
+				Digest: dg(fmt.Sprintf("%d/%d", i, k)), Size: 300})
+		}
+		if i == 0 {
+			ds[2] = real.Load().(ocispec.Descriptor)
+		}
+		if n < 500 {
+			w.Header().Set("Link", fmt.Sprintf(`<%s?page=%d>; rel="next"`, r.URL.Path, i+1))
+		}
+		w.Header().Set("Content-Type", ocispec.MediaTypeImageIndex)
+		json.NewEncoder(w).Encode(ocispec.Index{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex, Manifests: ds})
+	}))
+	defer srv.Close()
+	ref, err := oci.ParseRef(strings.TrimPrefix(srv.URL, "http://") + "/vol/r:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt, err := oci.Open(ctx, ref, oci.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := pushSubject(t, tgt)
+	p := New(subject.Digest, []digest.Digest{dg("c1")})
+	md, err := Push(ctx, tgt, subject, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md.ArtifactType = MediaType
+	real.Store(md)
+	pages.Store(0)
+	got, err := Fetch(ctx, tgt, subject)
+	if err != nil || !bytes.Equal(got.Encode(), p.Encode()) {
+		t.Fatalf("Fetch: %v", err)
+	}
+	if n := pages.Load(); n > (maxReferrers+4)/5 {
+		t.Fatalf("Fetch asked for %d referrer pages, want at most %d", n, (maxReferrers+4)/5)
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -71,19 +73,26 @@ func pushIfMissing(ctx context.Context, t oci.Target, d ocispec.Descriptor, b []
 }
 
 // Fetch returns the profile attached to the version whose root is subject
-// in t; ErrNotFound when none is. Of several, the first by manifest digest
-// that parses and names subject wins. Every byte is checked against its
-// digest and the document against Parse's bounds.
+// in t; ErrNotFound when none is. It looks at the first maxReferrers
+// profile referrers the registry lists (asking for no further page); of
+// those, the first by manifest digest that parses and names subject wins.
+// Every byte is checked against its digest and the document against
+// Parse's bounds.
 func Fetch(ctx context.Context, t oci.Target, subject ocispec.Descriptor) (*Profile, error) {
-	refs, err := oci.Referrers(ctx, t, subject, MediaType)
+	var refs []ocispec.Descriptor
+	err := oci.EachReferrer(ctx, t, subject, MediaType, func(d ocispec.Descriptor) error {
+		refs = append(refs, d)
+		if len(refs) == maxReferrers {
+			return oci.StopListing
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
+	slices.SortFunc(refs, func(a, b ocispec.Descriptor) int { return strings.Compare(string(a.Digest), string(b.Digest)) })
 	var errs []error
-	for i, r := range refs {
-		if i == maxReferrers {
-			break
-		}
+	for _, r := range refs {
 		p, err := fetchOne(ctx, t, r)
 		if err == nil && p.Version != subject.Digest {
 			err = fmt.Errorf("%w: %s", ErrOtherVersion, p.Version)

@@ -3,6 +3,7 @@ package retention
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"path"
 	"slices"
 	"strings"
@@ -300,11 +301,15 @@ func FormatDuration(d time.Duration) string {
 // ParseDuration parses a time.Duration, also accepting a number of days
 // ("7d") and combinations such as "1d12h".
 func ParseDuration(s string) (time.Duration, error) {
+	in := s
 	var days time.Duration
 	if i := strings.IndexByte(s, 'd'); i > 0 {
-		var n int
+		var n int64
 		if _, err := fmt.Sscanf(s[:i], "%d", &n); err != nil || fmt.Sprint(n) != s[:i] || n < 0 {
 			return 0, fmt.Errorf("bad duration %q", s)
+		}
+		if n > math.MaxInt64/int64(24*time.Hour) {
+			return 0, fmt.Errorf("duration %q is too long (at most %dd)", s, math.MaxInt64/int64(24*time.Hour))
 		}
 		days, s = time.Duration(n)*24*time.Hour, s[i+1:]
 		if s == "" {
@@ -314,6 +319,9 @@ func ParseDuration(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(s)
 	if err != nil {
 		return 0, fmt.Errorf("bad duration %q", s)
+	}
+	if d > 0 && days > math.MaxInt64-d {
+		return 0, fmt.Errorf("duration %q is too long", in)
 	}
 	return days + d, nil
 }

@@ -226,6 +226,16 @@ func TestDurations(t *testing.T) {
 			t.Errorf("ParseDuration(%q) accepted", bad)
 		}
 	}
+	// Past int64 nanoseconds (about 106751 days) is refused, never wrapped
+	// to a negative --keep-within.
+	for _, long := range []string{"106752d", "200000d", "106751d24h", "9223372036854775807d"} {
+		if d, err := ParseDuration(long); err == nil || !strings.Contains(err.Error(), "too long") {
+			t.Errorf("ParseDuration(%q) = %v, %v; want a too-long error", long, d, err)
+		}
+	}
+	if d, err := ParseDuration("106751d"); err != nil || d != 106751*24*time.Hour {
+		t.Errorf("ParseDuration(106751d) = %v, %v", d, err)
+	}
 	if FormatDuration(7*24*time.Hour) != "7d" || FormatDuration(90*time.Minute) != "1h30m0s" {
 		t.Error("FormatDuration")
 	}

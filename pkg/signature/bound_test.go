@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	ggcr "github.com/google/go-containerregistry/pkg/registry"
@@ -188,5 +189,54 @@ func TestVerifyBounds(t *testing.T) {
 	es, err := Find(ctx, tg, v)
 	if err != nil || len(es) != maxSigManifests*maxSigEntries {
 		t.Fatalf("find: %d entries (%v), want %d", len(es), err, maxSigManifests*maxSigEntries)
+	}
+}
+
+// TestVerifyRefusesEndlessReferrerPages: a registry whose referrers API
+// offers pages of other artifacts for ever (the signature filter empties
+// every page) stops the verification within oci.MaxReferrerPages pages
+// with oci.ErrListTooLong.
+func TestVerifyRefusesEndlessReferrerPages(t *testing.T) {
+	ctx := context.Background()
+	reg := ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0)), ggcr.WithReferrersSupport(true))
+	var pages atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/referrers/") {
+			reg.ServeHTTP(w, r)
+			return
+		}
+		n := pages.Add(1)
+		ds := []ocispec.Descriptor{{MediaType: ocispec.MediaTypeImageManifest, ArtifactType: "application/example",
+			Digest: digest.FromString(fmt.Sprint(n)), Size: 100}}
+		if n < 5_000 {
+			w.Header().Set("Link", fmt.Sprintf(`<%s?page=%d>; rel="next"`, r.URL.Path, n))
+		}
+		w.Header().Set("Content-Type", ocispec.MediaTypeImageIndex)
+		json.NewEncoder(w).Encode(ocispec.Index{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex, Manifests: ds})
+	}))
+	defer srv.Close()
+	ref, err := oci.ParseRef(strings.TrimPrefix(srv.URL, "http://") + "/vol/endless:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := oci.Open(ctx, ref, oci.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vb := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}`)
+	v := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, vb)
+	if err := pushIfMissing(ctx, tg, ocispec.DescriptorEmptyJSON, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := pushIfMissing(ctx, tg, v, vb); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := newKey(t, t.TempDir(), "a")
+	_, err = Verify(ctx, tg, v, []Verifier{a.Verifier()})
+	if !errors.Is(err, oci.ErrListTooLong) {
+		t.Fatalf("verify: %v; want %v", err, oci.ErrListTooLong)
+	}
+	if n := pages.Load(); n > oci.MaxReferrerPages {
+		t.Fatalf("%d referrer pages read, want at most %d", n, oci.MaxReferrerPages)
 	}
 }

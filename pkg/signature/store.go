@@ -17,7 +17,6 @@ import (
 	"oras.land/oras-go/v2"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
-	"oras.land/oras-go/v2/registry"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -292,33 +291,19 @@ func tagManifest(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.D
 	return ocispec.Descriptor{}, false, fmt.Errorf("signatures of %s (%s): %w", desc.Digest, tag, err)
 }
 
-// errEnough stops a referrers listing.
-var errEnough = errors.New("enough referrers")
-
 // sigReferrers lists the signature referrers of desc, at most limit of them
 // when limit is not negative (the listing stops there: a registry's pages
-// are not all read); more tells whether the registry lists more.
+// are not all read); more tells whether the registry lists more. The
+// listing is bounded as oci.EachReferrer's is.
 func sigReferrers(ctx context.Context, t oras.ReadOnlyGraphTarget, desc ocispec.Descriptor, limit int) (out []ocispec.Descriptor, more bool, err error) {
-	if rl, ok := t.(registry.ReferrerLister); ok {
-		err = rl.Referrers(ctx, desc, ArtifactTypeSignature, func(ds []ocispec.Descriptor) error {
-			for _, d := range ds {
-				if limit >= 0 && len(out) == limit {
-					more = true
-					return errEnough
-				}
-				out = append(out, d)
-			}
-			return nil
-		})
-		if errors.Is(err, errEnough) {
-			err = nil
+	err = oci.EachReferrer(ctx, t, desc, ArtifactTypeSignature, func(d ocispec.Descriptor) error {
+		if limit >= 0 && len(out) == limit {
+			more = true
+			return oci.StopListing
 		}
-	} else {
-		out, err = registry.Referrers(ctx, t, desc, ArtifactTypeSignature)
-		if limit >= 0 && len(out) > limit {
-			out, more = out[:limit], true
-		}
-	}
+		out = append(out, d)
+		return nil
+	})
 	if err != nil && !errors.Is(err, errdef.ErrNotFound) && !errors.Is(err, errdef.ErrUnsupported) {
 		return nil, false, fmt.Errorf("signature referrers of %s: %w", desc.Digest, err)
 	}

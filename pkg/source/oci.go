@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -102,8 +103,10 @@ func ociOptions(opt Options) oci.Options {
 // an uncompressed tar are read by range at the offsets its headers give
 // (read by range at the walk, and the bytes between files kept so that
 // the hash runs on from one file to the next); a compressed tar is
-// streamed whole at the walk, verified, and each of its files' SHA-256
-// recorded, then streamed again for each file the push reads.
+// streamed and decompressed once, whole, at the walk, verified, each of
+// its files' SHA-256 recorded and the bytes of the files the push will
+// read kept (in memory for a small layer, else in the spool file), so the
+// push reads them without decompressing the layer again.
 type ociSource struct {
 	ref    oci.Ref
 	opt    Options
@@ -116,6 +119,7 @@ type ociSource struct {
 	desc   ocispec.Descriptor // the manifest, once walked
 	layers []*ociLayer
 	files  map[string]*ociFile
+	spool  *spool // the walk's, or nil
 }
 
 var _ Source = (*ociSource)(nil)
@@ -135,6 +139,68 @@ type ociFile struct {
 	// data is its bytes, for a file of a small tar layer the walk read
 	// whole and verified; nil otherwise.
 	data []byte
+	// spooled tells that the walk wrote its bytes (of a compressed layer)
+	// to the spool file, at spoolOff.
+	spooled  bool
+	spoolOff int64
+}
+
+// spool is an unlinked temporary file (in TMPDIR) holding the bytes of
+// the files of compressed tar layers that the push reads and the walk
+// cannot keep in memory: the walk writes them as it decompresses each
+// layer, once, and the push reads them back by offset. It is created at
+// the first such file; its space is freed when it is closed (Close) or
+// the process ends.
+type spool struct {
+	f   *os.File
+	at  int64 // bytes written
+	err error // the first write's error
+}
+
+// Write appends b to the spool, creating its file first if need be.
+func (sp *spool) Write(b []byte) (int, error) {
+	if sp.err != nil {
+		return 0, sp.err
+	}
+	if sp.f == nil {
+		f, err := os.CreateTemp("", "bdnvol-sync-*")
+		if err != nil {
+			sp.err = err
+			return 0, err
+		}
+		os.Remove(f.Name()) // unlinked: nothing is left behind
+		sp.f = f
+	}
+	n, err := sp.f.Write(b)
+	sp.at += int64(n)
+	if err != nil {
+		sp.err = err
+	}
+	return n, err
+}
+
+// spoolError says that the bytes of the file p could not be spooled.
+func spoolError(p string, err error) error {
+	return fmt.Errorf("%s: keep its bytes for the push in a temporary file (TMPDIR %s): %w", termsafe.Short(p), os.TempDir(), err)
+}
+
+func (sp *spool) close() {
+	if sp != nil && sp.f != nil {
+		sp.f.Close()
+	}
+}
+
+// Close frees what a walk of s kept for its push (the spool file of an
+// OCI source's compressed layers); s is not to be read after it.
+func Close(s Source) error {
+	if o, ok := s.(*ociSource); ok {
+		o.mu.Lock()
+		sp := o.spool
+		o.spool = nil
+		o.mu.Unlock()
+		sp.close()
+	}
+	return nil
 }
 
 // gap is bytes of an uncompressed tar outside every file (headers,
@@ -232,6 +298,13 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 	where := map[string]int{}
 	dirs := map[string]bool{}
 	gapBudget, memBudget := int64(maxGapBytes), int64(maxSmallBytes)
+	sp := &spool{}
+	kept := false // sp is handed to the source
+	defer func() {
+		if !kept {
+			sp.close()
+		}
+	}()
 	count := 0
 	for i, l := range a.Layers {
 		ol := &ociLayer{l: l, h: sha256.New(), fh: sha256.New()}
@@ -244,7 +317,7 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 		case l.Packing.RangeReadable():
 			err = s.listTar(ctx, t, ol, &gapBudget)
 		default:
-			err = s.listCompressed(ctx, t, ol, &memBudget)
+			err = s.listCompressed(ctx, t, ol, &memBudget, sp)
 		}
 		if err != nil && l.Desc.Size <= maxDiagnosed && !errors.Is(err, ErrDigestMismatch) && !errors.Is(err, verify.ErrDigestMismatch) && ctx.Err() == nil {
 			// A tar that does not parse may be a layer damaged on its
@@ -290,8 +363,11 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	s.mu.Lock()
-	s.t, s.desc, s.layers, s.files = t, desc, layers, files
+	old := s.spool
+	s.t, s.desc, s.layers, s.files, s.spool = t, desc, layers, files, sp
 	s.mu.Unlock()
+	old.close()
+	kept = true
 	return out, nil
 }
 
@@ -410,9 +486,10 @@ func (s *ociSource) listSmallTar(ctx context.Context, t oci.Target, ol *ociLayer
 }
 
 // listCompressed streams a compressed tar layer whole, verified against
-// its digest, and records the offset and SHA-256 of each of its files
-// (and, for a small layer and while budget lasts, their bytes).
-func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLayer, budget *int64) error {
+// its digest, and records the offset and SHA-256 of each of its files and
+// keeps the bytes of those the filter selects: for a small layer and
+// while budget lasts in memory, else in sp.
+func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLayer, budget *int64, sp *spool) error {
 	rc, err := t.Fetch(ctx, ol.l.Desc)
 	if err != nil {
 		return err
@@ -440,12 +517,21 @@ func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLay
 		hh := sha256.New()
 		var w io.Writer = hh
 		var kept bytes.Buffer
-		if keep && h.Size <= *budget-held {
+		selected := s.filter.Match(p)
+		switch {
+		case keep && h.Size <= *budget-held:
 			w = io.MultiWriter(hh, &kept)
-		} else {
+		case selected:
+			keep = false
+			f.spooled, f.spoolOff = true, sp.at
+			w = io.MultiWriter(hh, sp)
+		default:
 			keep = false
 		}
 		if n, err := io.Copy(w, tr); err != nil || n != h.Size {
+			if sp.err != nil {
+				return spoolError(p, sp.err)
+			}
 			return fmt.Errorf("%s: read %d of %d bytes: %v", termsafe.Short(p), n, h.Size, err)
 		}
 		f.sum = digest.NewDigest(digest.SHA256, hh)
@@ -468,7 +554,15 @@ func (s *ociSource) listCompressed(ctx context.Context, t oci.Target, ol *ociLay
 		return fmt.Errorf("%w: layer not read to its end", modelpack.ErrInvalid)
 	}
 	if !keep {
+		// The layer's files are not all kept in memory: those that were
+		// go to the spool too.
 		for _, f := range ol.files {
+			if f.data != nil && s.filter.Match(f.path) {
+				f.spooled, f.spoolOff = true, sp.at
+				if _, err := sp.Write(f.data); err != nil {
+					return spoolError(f.path, err)
+				}
+			}
 			f.data = nil
 		}
 		held = 0
@@ -514,7 +608,7 @@ func (s *ociSource) fetchRange(ctx context.Context, t oci.Target, desc ocispec.D
 // to its digest fails.
 func (s *ociSource) Open(ctx context.Context, p string) (layout.ReadAtCloser, error) {
 	s.mu.Lock()
-	f, t := s.files[p], s.t
+	f, t, sp := s.files[p], s.t, s.spool
 	s.mu.Unlock()
 	if f == nil {
 		return nil, fmt.Errorf("%s: %s: %w (not listed by the walk)", s, p, ErrNotFound)
@@ -524,8 +618,14 @@ func (s *ociSource) Open(ctx context.Context, p string) (layout.ReadAtCloser, er
 		return memFile{bytes.NewReader(f.data)}, nil // verified with its layer
 	}
 	if !f.layer.l.Packing.RangeReadable() {
-		sr := &streamReader{ctx: ctx, src: s, t: t, f: f}
-		return newVerifier(sr, f.size, expectSHA256(f.sum.Encoded()), s.String(), p), nil
+		if f.size == 0 {
+			return memFile{bytes.NewReader(nil)}, nil // nothing was spooled
+		}
+		if !f.spooled || sp == nil || sp.f == nil {
+			return nil, fmt.Errorf("%s: %s: the walk kept no bytes of it", s, p)
+		}
+		r := spoolFile{io.NewSectionReader(sp.f, f.spoolOff, f.size)}
+		return newVerifier(r, f.size, expectSHA256(f.sum.Encoded()), s.String(), p), nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	br := &blockReader{
@@ -538,6 +638,11 @@ func (s *ociSource) Open(ctx context.Context, p string) (layout.ReadAtCloser, er
 	}
 	return &layerFileReader{blockReader: br, f: f, name: s.String()}, nil
 }
+
+// spoolFile is a file of a compressed layer the walk kept in the spool.
+type spoolFile struct{ *io.SectionReader }
+
+func (spoolFile) Close() error { return nil }
 
 // memFile is a file the walk holds in memory.
 type memFile struct{ *bytes.Reader }
@@ -772,128 +877,4 @@ func (c *countReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	return n, err
-}
-
-// streamReader reads a file of a compressed tar layer by streaming the
-// layer from its start: forward reads continue the stream, a read before
-// its position starts it again (the file's first MiB is kept, for the
-// header reads that come before reading from the start).
-type streamReader struct {
-	ctx context.Context // of the push that opened it
-	src *ociSource
-	t   oci.Target
-	f   *ociFile
-
-	mu      sync.Mutex
-	rc      io.ReadCloser
-	closeFn func()
-	r       io.Reader
-	pos     int64 // of r, in the file
-	head    []byte
-}
-
-const keptHead = 1 << 20
-
-func (s *streamReader) ReadAt(p []byte, off int64) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if off < 0 {
-		return 0, errors.New("negative offset")
-	}
-	if off >= s.f.size {
-		return 0, io.EOF
-	}
-	want := min(int64(len(p)), s.f.size-off)
-	if off+want <= int64(len(s.head)) {
-		n := copy(p, s.head[off:off+want])
-		if int64(n) < int64(len(p)) {
-			return n, io.EOF
-		}
-		return n, nil
-	}
-	if s.r == nil || off < s.pos {
-		if err := s.restart(); err != nil {
-			return 0, err
-		}
-	}
-	if off > s.pos {
-		if err := s.copyTo(io.Discard, off-s.pos); err != nil {
-			return 0, err
-		}
-	}
-	var w byteWriter = byteWriter{p: p[:want]}
-	if err := s.copyTo(&w, want); err != nil {
-		return w.n, err
-	}
-	if want < int64(len(p)) {
-		return int(want), io.EOF
-	}
-	return int(want), nil
-}
-
-type byteWriter struct {
-	p []byte
-	n int
-}
-
-func (w *byteWriter) Write(b []byte) (int, error) {
-	n := copy(w.p[w.n:], b)
-	w.n += n
-	return n, nil
-}
-
-// copyTo moves n bytes of the stream to w, keeping the head.
-func (s *streamReader) copyTo(w io.Writer, n int64) error {
-	buf := make([]byte, min(n, 1<<20))
-	for n > 0 {
-		k, err := io.ReadFull(s.r, buf[:min(n, int64(len(buf)))])
-		if k > 0 {
-			if s.pos < keptHead && int64(len(s.head)) == s.pos {
-				s.head = append(s.head, buf[:min(int64(k), keptHead-s.pos)]...)
-			}
-			w.Write(buf[:k])
-			s.pos += int64(k)
-			n -= int64(k)
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %s: %w", s.src, s.f.path, err)
-		}
-	}
-	return nil
-}
-
-func (s *streamReader) restart() error {
-	s.stop()
-	rc, err := s.t.Fetch(s.ctx, s.f.layer.l.Desc)
-	if err != nil {
-		return err
-	}
-	r, closeFn, err := modelpack.Decompress(s.f.layer.l, rc)
-	if err != nil {
-		rc.Close()
-		return err
-	}
-	if _, err := io.CopyN(io.Discard, r, s.f.off); err != nil {
-		closeFn()
-		rc.Close()
-		return fmt.Errorf("%s: %s: skip to %d: %w", s.src, s.f.path, s.f.off, err)
-	}
-	s.rc, s.closeFn, s.r, s.pos = rc, closeFn, io.LimitReader(r, s.f.size), 0
-	return nil
-}
-
-func (s *streamReader) stop() {
-	if s.rc != nil {
-		s.closeFn()
-		s.rc.Close()
-		s.rc, s.r = nil, nil
-	}
-}
-
-// Close ends the stream.
-func (s *streamReader) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stop()
-	return nil
 }

@@ -8,11 +8,18 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
+	ggcr "github.com/google/go-containerregistry/pkg/registry"
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -228,4 +235,139 @@ func TestOCISourceRefusesABdnvolVersion(t *testing.T) {
 	if _, err := src.Walk(context.Background()); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "bdnvol copy") {
 		t.Fatalf("Walk of a bdnvol version: %v", err)
 	}
+}
+
+// blobReads counts the GETs of each blob of a registry and the bytes it
+// sent for them.
+type blobReads struct {
+	h     http.Handler
+	mu    sync.Mutex
+	gets  map[string]int
+	bytes map[string]int64
+}
+
+func (b *blobReads) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/blobs/") {
+		b.h.ServeHTTP(w, r)
+		return
+	}
+	d := r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
+	cw := &countingWriter{ResponseWriter: w}
+	b.h.ServeHTTP(cw, r)
+	b.mu.Lock()
+	b.gets[d]++
+	b.bytes[d] += cw.n
+	b.mu.Unlock()
+}
+
+type countingWriter struct {
+	http.ResponseWriter
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// TestOCISourceCompressedLayerReadOnce: a sync of a gzip tar layer of many
+// small files around a large compressible one (too large to keep in
+// memory) fetches and decompresses the layer once, at the walk, not once
+// more for every file; the files are in the index byte for byte, and an
+// excluded file is left out.
+func TestOCISourceCompressedLayerReadOnce(t *testing.T) {
+	ctx := context.Background()
+	// Half the small files come first: kept in memory until zeros.bin
+	// overflows the walk's budget, then spooled with the others.
+	files := map[string][]byte{"zeros.bin": make([]byte, 80<<20)}
+	var names []string
+	for i := range 20 {
+		if i == 10 {
+			names = append(names, "zeros.bin")
+		}
+		n := fmt.Sprintf("small/%02d.json", i)
+		files[n] = []byte(fmt.Sprintf(`{"file":%d}`, i))
+		names = append(names, n)
+	}
+	files["skip.txt"] = []byte("excluded")
+	files["empty"] = []byte{}
+	names = append(names, "skip.txt", "empty")
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(tarOf(t, names, files))
+	zw.Close()
+	delete(files, "skip.txt")
+
+	br := &blobReads{h: ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0))), gets: map[string]int{}, bytes: map[string]int64{}}
+	srv := httptest.NewServer(br)
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	ref, err := oci.ParseRef(host + "/models/m:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := oci.Open(ctx, ref, oci.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(mt string, b []byte) ocispec.Descriptor {
+		d := ocispec.Descriptor{MediaType: mt, Digest: digest.FromBytes(b), Size: int64(len(b))}
+		if err := tg.Push(ctx, d, bytes.NewReader(b)); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	layer := put(ocispec.MediaTypeImageLayerGzip, gz.Bytes())
+	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest, Config: put(ocispec.MediaTypeImageConfig, []byte(`{}`)), Layers: []ocispec.Descriptor{layer}}
+	m.SchemaVersion = 2
+	mb, _ := json.Marshal(m)
+	if err := tg.Tag(ctx, put(ocispec.MediaTypeImageManifest, mb), "v1"); err != nil {
+		t.Fatal(err)
+	}
+	br.gets, br.bytes = map[string]int{}, map[string]int64{}
+
+	src, err := Open(ctx, "oci://"+host+"/models/m:v1", Options{Exclude: []string{"skip.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Close(src)
+	res, err := push(t, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Verify(ctx, src, res.Index); err != nil {
+		t.Fatal(err)
+	}
+	checkIndex(t, res.Index, files)
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	if g, n := br.gets[layer.Digest.String()], br.bytes[layer.Digest.String()]; g != 1 || n != layer.Size {
+		t.Fatalf("the layer of %d bytes was fetched %d times, %d bytes in all; want once", layer.Size, g, n)
+	}
+}
+
+// TestOCISourceCompressedLayerOnlyEmptyFilesSelected: of a large gzip
+// layer, only an empty file is selected: nothing is spooled, and the
+// file is still read (empty).
+func TestOCISourceCompressedLayerOnlyEmptyFilesSelected(t *testing.T) {
+	files := map[string][]byte{"noise.bin": randomBytes(t, 5<<20), "empty": {}}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(tarOf(t, []string{"noise.bin", "empty"}, files))
+	zw.Close()
+	_, ref := ociLayoutManifest(t, "", ocispec.MediaTypeImageConfig, [3]string{ocispec.MediaTypeImageLayerGzip, gz.String(), ""})
+	src, err := Open(context.Background(), ref, Options{Exclude: []string{"noise.bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Close(src)
+	res, err := push(t, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Verify(context.Background(), src, res.Index); err != nil {
+		t.Fatal(err)
+	}
+	checkIndex(t, res.Index, map[string][]byte{"empty": {}})
 }

@@ -64,6 +64,7 @@ func Sync(ctx context.Context, src string, dst oci.Ref, opt SyncOptions) (*Synce
 	if err != nil {
 		return nil, err
 	}
+	defer source.Close(s)
 	opt.OCI.CreateLayout = true
 	t, err := oci.Open(ctx, dst, opt.OCI)
 	if err != nil {
