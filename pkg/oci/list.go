@@ -17,11 +17,11 @@ import (
 // served stops it with an error wrapping ErrRepeatedPage.
 const (
 	// MaxTags bounds the tags ListTags and EachTag read of one repository.
-	MaxTags = 100_000
+	MaxTags = 1_000_000
 	// MaxTagBytes bounds the bytes of those tags together.
-	MaxTagBytes = 16 << 20
+	MaxTagBytes = 64 << 20
 	// MaxTagPages bounds the pages of one tag listing.
-	MaxTagPages = 2_000
+	MaxTagPages = 20_000
 	// MaxReferrers bounds the referrers Referrers and EachReferrer read of
 	// one manifest.
 	MaxReferrers = 10_000
