@@ -32,6 +32,9 @@ const (
 	MaxReferrerPages = 1_000
 )
 
+// The tag bounds in force: the defaults above (tests lower them).
+var maxTags, maxTagBytes, maxTagPages = MaxTags, MaxTagBytes, MaxTagPages
+
 // ErrListTooLong is wrapped when a tag or referrer listing passes one of
 // its bounds.
 var ErrListTooLong = errors.New("listing too long")

@@ -97,14 +97,18 @@ func fresh(page, n int) []string {
 // them only.
 func TestListTagsBounded(t *testing.T) {
 	ctx := context.Background()
+	// Bounds within the test server's cap of pages (the defaults are ten
+	// times these): the same code, a smaller number.
+	defer func(n, b, p int) { maxTags, maxTagBytes, maxTagPages = n, b, p }(maxTags, maxTagBytes, maxTagPages)
+	maxTags, maxTagBytes, maxTagPages = 100_000, 16<<20, 2_000
 	for _, tc := range []struct {
 		name    string
 		page    func(i int) ([]string, string)
 		want    error
 		maxReqs int64
 	}{
-		{"fresh pages", func(i int) ([]string, string) { return fresh(i, 100), fmt.Sprintf("page=%d", i+1) }, ErrListTooLong, MaxTags/100 + 1},
-		{"empty pages", func(i int) ([]string, string) { return nil, fmt.Sprintf("page=%d", i+1) }, ErrListTooLong, MaxTagPages},
+		{"fresh pages", func(i int) ([]string, string) { return fresh(i, 100), fmt.Sprintf("page=%d", i+1) }, ErrListTooLong, int64(maxTags/100 + 1)},
+		{"empty pages", func(i int) ([]string, string) { return nil, fmt.Sprintf("page=%d", i+1) }, ErrListTooLong, int64(maxTagPages)},
 		{"same link", func(i int) ([]string, string) { return fresh(i, 10), "page=1" }, ErrRepeatedPage, 2},
 		{"same page", func(i int) ([]string, string) { return fresh(0, 10), fmt.Sprintf("page=%d", i+1) }, ErrRepeatedPage, 2},
 	} {

@@ -81,7 +81,7 @@ func ListTags(ctx context.Context, t Target) ([]string, error) {
 // (nil is returned, no further page is asked for); another error ends it
 // with that error. A repository that does not exist yet has no tags.
 func EachTag(ctx context.Context, t Target, fn func(tag string) error) error {
-	g := newListGuard("tag listing", MaxTagPages)
+	g := newListGuard("tag listing", maxTagPages)
 	n, bytes, pages := 0, 0, 0
 	err := t.Tags(g.with(ctx), "", func(tags []string) error {
 		pages++
@@ -93,11 +93,11 @@ func EachTag(ctx context.Context, t Target, fn func(tag string) error) error {
 		for _, tag := range tags {
 			n++
 			bytes += len(tag)
-			if n > MaxTags {
-				return fmt.Errorf("tag listing: %w: more than %d tags", ErrListTooLong, MaxTags)
+			if n > maxTags {
+				return fmt.Errorf("tag listing: %w: more than %d tags", ErrListTooLong, maxTags)
 			}
-			if bytes > MaxTagBytes {
-				return fmt.Errorf("tag listing: %w: tags of more than %d bytes together", ErrListTooLong, MaxTagBytes)
+			if bytes > maxTagBytes {
+				return fmt.Errorf("tag listing: %w: tags of more than %d bytes together", ErrListTooLong, maxTagBytes)
 			}
 			if err := fn(tag); err != nil {
 				return err
