@@ -321,7 +321,7 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 				desc.Digest, desc.Size, st.Size(), ErrWrongSize)
 		}
 		c.corrupt.Add(1)
-		c.drop(desc.Digest)
+		c.dropDamaged(desc.Digest, st)
 		return nil, nil
 	}
 	if err != nil {
@@ -340,7 +340,7 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 		if n, err := io.Copy(h, io.NewSectionReader(f, 0, desc.Size)); err != nil || verify.Digest("chunk", desc, digest.NewDigest(digest.SHA256, h), n) != nil {
 			f.Close()
 			c.corrupt.Add(1)
-			c.drop(desc.Digest)
+			c.dropDamaged(desc.Digest, st)
 			return nil, nil
 		}
 		now := time.Now()
@@ -395,6 +395,16 @@ func (c *Cache) forget(d digest.Digest) {
 	}
 	delete(c.verified, d)
 	delete(c.delivered, c.path(d))
+}
+
+// dropDamaged drops the entry of d found damaged, with stat st, unless
+// another loader has replaced it since with a good one: a slow check must
+// not remove the entry a faster loader just fetched again.
+func (c *Cache) dropDamaged(d digest.Digest, st os.FileInfo) {
+	if cur, err := os.Stat(c.path(d)); err == nil && !os.SameFile(cur, st) {
+		return
+	}
+	c.drop(d)
 }
 
 // drop removes the entry of d from disk and from the accounting.
