@@ -23,11 +23,12 @@ type CSICmd struct {
 type CSIFDHolderCmd struct {
 	Socket      string        `default:"${fd_holder_socket}" help:"The unix socket the mounter connects to (--fd-holder)."`
 	DetachAfter time.Duration `name:"detach-after" default:"10s" help:"When stopped with no mounter connected, how long to wait for one before detaching the mounts held."`
+	MountsDir   string        `name:"mounts-dir" default:"/var/lib/kubelet/plugins/csi.bdnvol.dev/mounts" help:"The mounter's --mounts-dir: a mount elsewhere, or whose descriptor is not /dev/fuse, is refused."`
 }
 
 // Run holds descriptors until SIGTERM.
 func (c *CSIFDHolderCmd) Run(ctx context.Context, g *Globals) error {
-	return csi.ServeFDHolder(ctx, csi.FDHolderOptions{Socket: c.Socket, DetachAfter: c.DetachAfter,
+	return csi.ServeFDHolder(ctx, csi.FDHolderOptions{Socket: c.Socket, DetachAfter: c.DetachAfter, MountsDir: c.MountsDir,
 		Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "fd-holder")})
 }
 
