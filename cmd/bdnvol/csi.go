@@ -53,7 +53,7 @@ type CSIMounterCmd struct {
 	WarmStatus          string        `name:"warm-status" placeholder:"FILE" help:"Where the warm status is written (default STATE-DIR/warm-status.json)."`
 	WarmJobs            int           `name:"warm-jobs" default:"4" help:"Concurrent chunk fetches for warming."`
 	Profile             string        `default:"auto" enum:"auto,off" help:"Startup profiles: auto fetches first, for each mount and warm, what the node's stored profile of the version, else its referrer, lists; off."`
-	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) at this address."`
+	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) at this address (HOST:PORT, or [HOST]:PORT for any IP; :PORT listens on every address)."`
 	MetricsDigests      bool          `name:"metrics-digests" help:"Label the mount and warm metrics with digests and references, and serve the warm status at /warm: whoever reaches --metrics-addr then learns which versions this node holds."`
 	FDHolder            string        `name:"fd-holder" placeholder:"SOCKET" help:"The fd holder's socket (bdnvol csi fd-holder; its default is ${fd_holder_socket}): mounts then survive a crash of the mounter, and a stop leaves them to the next mounter."`
 	Handoff             string        `name:"handoff-socket" placeholder:"SOCKET" help:"Where a new mounter takes this one's mounts over (default STATE-DIR/mounter-handoff.sock)."`
