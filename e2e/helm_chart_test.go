@@ -396,6 +396,13 @@ func TestKubernetesFdHolderCheck(t *testing.T) {
 				}
 			}
 		}, want: "want one hostPath socket"},
+		"another mounts directory": {edit: func(s *setup) {
+			for i, a := range s.holder.Args {
+				if strings.HasPrefix(a, "--mounts-dir=") {
+					s.holder.Args[i] = "--mounts-dir=/var/lib/kubelet/plugins/other/mounts"
+				}
+			}
+		}, want: "want one directory"},
 		"another host directory": {edit: func(s *setup) {
 			spec := s.views[s.holder].spec
 			for i := range spec.Volumes {
