@@ -666,8 +666,13 @@ data:
   warm-list: |
     %s
 `, wref))
+		// The metrics listen on the mounter pod's IP (on the host network
+		// here: the node's address), not on every address.
+		podIP := strings.TrimSpace(c.kubectl("get", "pod", "-n", "kube-system", "-l", "app.kubernetes.io/component=mounter",
+			"-o", "jsonpath={.items[0].status.podIP}"))
+		metricsURL := "http://" + net.JoinHostPort(podIP, "9808") + "/metrics"
 		c.waitForIn(2*time.Minute, "the mounter to report the warm list entry warm", func() (bool, string) {
-			resp, err := http.Get("http://127.0.0.1:9808/metrics")
+			resp, err := http.Get(metricsURL)
 			if err != nil {
 				return false, err.Error()
 			}

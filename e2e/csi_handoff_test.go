@@ -111,7 +111,7 @@ func (n *csiNode) startHolder(flags ...string) *fdHolder {
 	n.t.Helper()
 	h := &fdHolder{log: &syncBuffer{}, socket: filepath.Join(n.root, "fdholder.sock")}
 	os.Remove(h.socket)
-	h.cmd = exec.Command(bin(n.t), append([]string{"csi", "fd-holder", "--socket", h.socket}, flags...)...)
+	h.cmd = exec.Command(bin(n.t), append([]string{"csi", "fd-holder", "--socket", h.socket, "--mounts-dir", n.mountsDir}, flags...)...)
 	h.cmd.Env = cliEnv(n.t)
 	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
 	if err := h.cmd.Start(); err != nil {

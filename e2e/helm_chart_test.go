@@ -196,7 +196,7 @@ resources:
 		}
 	}
 	for f, want := range map[string]string{"cache-size": "200GiB", "warm-bandwidth": "1GiB", "warm-resolve-interval": "1m",
-		"hosts-dir": "/etc/bdnvol/certs.d", "metrics-addr": ":9808"} {
+		"hosts-dir": "/etc/bdnvol/certs.d", "metrics-addr": "[$(POD_IP)]:9808"} {
 		if got := flag(mounter, f); got != want {
 			t.Errorf("mounter --%s=%q, want %q", f, got, want)
 		}
@@ -257,12 +257,30 @@ func TestHelmChartServiceMonitor(t *testing.T) {
 		t.Errorf("ServiceMonitor: labels %v endpoints %+v", sm.Labels, sm.Spec.Endpoints)
 	}
 	c := ds.Spec.Template.Spec.Containers[0]
-	if flag(&c, "metrics-addr") != ":9900" || len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9900 ||
+	if flag(&c, "metrics-addr") != "[$(POD_IP)]:9900" || expandArg(&c, flag(&c, "metrics-addr"), "10.1.2.3") != "[10.1.2.3]:9900" || len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9900 ||
 		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9900 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
 		t.Errorf("metrics port: args %v ports %+v service %+v", c.Args, c.Ports, svc.Spec.Ports)
 	}
 	if !slices.Contains(c.Args, "--metrics-digests") {
 		t.Errorf("metrics.digests: true does not pass --metrics-digests: %v", c.Args)
+	}
+}
+
+// TestHelmChartMetricsLoopback: metrics.host 127.0.0.1 keeps the metrics
+// inside the mounter's pod, and renders no ServiceMonitor (Prometheus could
+// not reach them) even where the CRD exists.
+func TestHelmChartMetricsLoopback(t *testing.T) {
+	objs := renderChart(t, "metrics: {host: 127.0.0.1}\n", "monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor")
+	got := byKey(t, objs)
+	if _, ok := got["ServiceMonitor/kube-system/bdnvol-csi"]; ok {
+		t.Error("a ServiceMonitor is rendered for metrics on the pod's loopback")
+	}
+	c := mounterContainer(t, objs)
+	if a := flag(c, "metrics-addr"); a != "[127.0.0.1]:9808" {
+		t.Errorf("--metrics-addr=%s, want [127.0.0.1]:9808", a)
+	}
+	if len(c.Env) != 0 {
+		t.Errorf("env %+v, want none", c.Env)
 	}
 }
 
@@ -378,6 +396,13 @@ func TestKubernetesFdHolderCheck(t *testing.T) {
 				}
 			}
 		}, want: "want one hostPath socket"},
+		"another mounts directory": {edit: func(s *setup) {
+			for i, a := range s.holder.Args {
+				if strings.HasPrefix(a, "--mounts-dir=") {
+					s.holder.Args[i] = "--mounts-dir=/var/lib/kubelet/plugins/other/mounts"
+				}
+			}
+		}, want: "want one directory"},
 		"another host directory": {edit: func(s *setup) {
 			spec := s.views[s.holder].spec
 			for i := range spec.Volumes {

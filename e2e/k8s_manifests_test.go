@@ -487,6 +487,13 @@ func fdHolderProblems(mounter, holder *corev1.Container, owner map[*corev1.Conta
 		out = append(out, fmt.Sprintf("the mounter's --fd-holder=%s is %q on the host, the holder's --socket=%s is %q: want one hostPath socket",
 			sock, mh, hs, hh))
 	}
+	// The holder refuses a mount outside its --mounts-dir: it must be the
+	// mounter's, on the host.
+	md, hd := flag(mounter, "mounts-dir"), flag(holder, "mounts-dir")
+	if mdh, hdh := views[mounter].hostPath(mounter, md), views[holder].hostPath(holder, hd); mdh == "" || mdh != hdh {
+		out = append(out, fmt.Sprintf("the mounter's --mounts-dir=%s is %q on the host, the holder's --mounts-dir=%s is %q: "+
+			"want one directory (the holder refuses mounts elsewhere)", md, mdh, hd, hdh))
+	}
 	return out
 }
 

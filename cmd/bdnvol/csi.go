@@ -23,11 +23,12 @@ type CSICmd struct {
 type CSIFDHolderCmd struct {
 	Socket      string        `default:"${fd_holder_socket}" help:"The unix socket the mounter connects to (--fd-holder)."`
 	DetachAfter time.Duration `name:"detach-after" default:"10s" help:"When stopped with no mounter connected, how long to wait for one before detaching the mounts held."`
+	MountsDir   string        `name:"mounts-dir" default:"/var/lib/kubelet/plugins/csi.bdnvol.dev/mounts" help:"The mounter's --mounts-dir: a mount elsewhere, or whose descriptor is not /dev/fuse, is refused."`
 }
 
 // Run holds descriptors until SIGTERM.
 func (c *CSIFDHolderCmd) Run(ctx context.Context, g *Globals) error {
-	return csi.ServeFDHolder(ctx, csi.FDHolderOptions{Socket: c.Socket, DetachAfter: c.DetachAfter,
+	return csi.ServeFDHolder(ctx, csi.FDHolderOptions{Socket: c.Socket, DetachAfter: c.DetachAfter, MountsDir: c.MountsDir,
 		Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "fd-holder")})
 }
 
@@ -52,7 +53,7 @@ type CSIMounterCmd struct {
 	WarmStatus          string        `name:"warm-status" placeholder:"FILE" help:"Where the warm status is written (default STATE-DIR/warm-status.json)."`
 	WarmJobs            int           `name:"warm-jobs" default:"4" help:"Concurrent chunk fetches for warming."`
 	Profile             string        `default:"auto" enum:"auto,off" help:"Startup profiles: auto fetches first, for each mount and warm, what the node's stored profile of the version, else its referrer, lists; off."`
-	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) at this address."`
+	MetricsAddr         string        `name:"metrics-addr" placeholder:"HOST:PORT" help:"Serve Prometheus metrics (/metrics) at this address (HOST:PORT, or [HOST]:PORT for any IP; :PORT listens on every address)."`
 	MetricsDigests      bool          `name:"metrics-digests" help:"Label the mount and warm metrics with digests and references, and serve the warm status at /warm: whoever reaches --metrics-addr then learns which versions this node holds."`
 	FDHolder            string        `name:"fd-holder" placeholder:"SOCKET" help:"The fd holder's socket (bdnvol csi fd-holder; its default is ${fd_holder_socket}): mounts then survive a crash of the mounter, and a stop leaves them to the next mounter."`
 	Handoff             string        `name:"handoff-socket" placeholder:"SOCKET" help:"Where a new mounter takes this one's mounts over (default STATE-DIR/mounter-handoff.sock)."`

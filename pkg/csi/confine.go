@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -134,4 +137,50 @@ func (n *Node) clearDead(tp string) error {
 		n.log.Info("removed a dead mount: its mounter is gone", "target", tp)
 	}
 	return status.Errorf(codes.Internal, "%s: more than %d dead mounts stacked", tp, maxStacked)
+}
+
+// checkHeldMount refuses a mount that came over the fd protocol (from a
+// predecessor, or put in or listed by the fd holder) whose mountpoint is
+// not a directory directly in mountsDir, or whose key is not its
+// reference's: serving it, or detaching it when it cannot be served, would
+// act on a path outside the mounter's own mounts.
+func checkHeldMount(h heldMount, mountsDir string) error {
+	switch {
+	case mountsDir == "" || !filepath.IsAbs(mountsDir):
+		return fmt.Errorf("%w: mount %s: no mounts directory to confine it to", errFDProto, h.String())
+	case filepath.Dir(h.Mountpoint) != filepath.Clean(mountsDir):
+		return fmt.Errorf("%w: mount %s: not in the mounts directory %s", errFDProto, h.String(), mountsDir)
+	case keyOfPinned(h.Ref) != h.Key:
+		return fmt.Errorf("%w: mount %s: its key is not its reference's (%s)", errFDProto, h.String(), h.Ref)
+	}
+	return nil
+}
+
+// The device numbers of /dev/fuse on Linux (the misc major, FUSE's minor).
+const (
+	fuseMajor = 10
+	fuseMinor = 229
+)
+
+// checkFUSE refuses a descriptor that is not an open /dev/fuse (a pipe, a
+// file, another device): only a FUSE connection's master descriptor may be
+// held, served or handed over. The descriptor's mode is left as it is.
+func checkFUSE(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("%w: descriptor: %v", errFDProto, err)
+	}
+	var st unix.Stat_t
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Fstat(int(fd), &st) }); err != nil {
+		return fmt.Errorf("%w: descriptor: %v", errFDProto, err)
+	}
+	if serr != nil {
+		return fmt.Errorf("%w: descriptor: fstat: %v", errFDProto, serr)
+	}
+	rdev := uint64(st.Rdev)
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(rdev) != fuseMajor || unix.Minor(rdev) != fuseMinor {
+		return fmt.Errorf("%w: the descriptor is not /dev/fuse (mode %#o, device %d:%d)", errFDProto, st.Mode&unix.S_IFMT, unix.Major(rdev), unix.Minor(rdev))
+	}
+	return nil
 }

@@ -3,9 +3,11 @@ package csi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -19,6 +21,11 @@ const DefaultFDHolderSocket = "/var/lib/bdnvol/csi/fdholder.sock"
 // FDHolderOptions configure ServeFDHolder.
 type FDHolderOptions struct {
 	Socket string // the unix socket mounters connect to
+	// MountsDir is the mounter's mounts directory: a mount put whose
+	// mountpoint is not directly in it is refused, as is one whose
+	// descriptor is not /dev/fuse, so that the holder never detaches
+	// another path.
+	MountsDir string
 	// DetachAfter is how long a holder stopped with no mounter connected
 	// waits for one before it detaches the mounts it holds; 0 is 10s.
 	DetachAfter time.Duration
@@ -29,7 +36,8 @@ type FDHolderOptions struct {
 // mounter, so that the FUSE connections outlive a mounter that crashes
 // and a new mounter can serve them.
 type fdHolder struct {
-	log *slog.Logger
+	log       *slog.Logger
+	mountsDir string
 
 	mu       sync.Mutex
 	held     map[string]*heldFD // by mount key
@@ -55,11 +63,14 @@ func ServeFDHolder(ctx context.Context, opt FDHolderOptions) error {
 	if opt.DetachAfter <= 0 {
 		opt.DetachAfter = 10 * time.Second
 	}
+	if opt.MountsDir == "" || !filepath.IsAbs(opt.MountsDir) {
+		return fmt.Errorf("fd holder: mounts directory %q: not an absolute path", opt.MountsDir)
+	}
 	l, err := listenFD(opt.Socket)
 	if err != nil {
 		return err
 	}
-	h := &fdHolder{log: log, held: map[string]*heldFD{}, arrived: make(chan struct{})}
+	h := &fdHolder{log: log, mountsDir: filepath.Clean(opt.MountsDir), held: map[string]*heldFD{}, arrived: make(chan struct{})}
 	var conns sync.WaitGroup
 	go func() {
 		for {
@@ -163,6 +174,12 @@ func (h *fdHolder) serve(c *net.UnixConn) {
 			}
 			werr = writeFD(c, fdMessage{Op: opOK}, nil)
 		case opPut:
+			if err := errors.Join(checkHeldMount(*m.Mount, h.mountsDir), checkFUSE(f)); err != nil {
+				f.Close()
+				h.log.Warn("mount refused", "mount", m.Mount.String(), "error", err.Error())
+				werr = writeFD(c, fdMessage{Op: opError, Error: err.Error()}, nil)
+				break
+			}
 			h.mu.Lock()
 			if old, ok := h.held[m.Mount.Key]; ok {
 				old.f.Close()

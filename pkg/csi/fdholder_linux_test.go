@@ -89,9 +89,10 @@ func fuseMount(t *testing.T) (string, *os.File) {
 	return dir, master
 }
 
-// startHolder runs ServeFDHolder on a new socket and returns a stop that
-// cancels it and waits for it to return, and how long that took.
-func startHolder(t *testing.T, detachAfter time.Duration) (sock string, stop func() time.Duration) {
+// startHolder runs ServeFDHolder on a new socket, holding mounts in
+// mountsDir, and returns a stop that cancels it and waits for it to return,
+// and how long that took.
+func startHolder(t *testing.T, mountsDir string, detachAfter time.Duration) (sock string, stop func() time.Duration) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "fdh-") // short: a socket path is bounded
 	if err != nil {
@@ -101,7 +102,9 @@ func startHolder(t *testing.T, detachAfter time.Duration) (sock string, stop fun
 	sock = filepath.Join(dir, "h.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- ServeFDHolder(ctx, FDHolderOptions{Socket: sock, DetachAfter: detachAfter}) }()
+	go func() {
+		done <- ServeFDHolder(ctx, FDHolderOptions{Socket: sock, MountsDir: mountsDir, DetachAfter: detachAfter})
+	}()
 	stopped := false
 	stop = func() time.Duration {
 		stopped = true
@@ -159,7 +162,7 @@ func holderMounter(t *testing.T, sock, mp string, master *os.File) *net.UnixConn
 func TestFDHolderStopWithMounterThatStays(t *testing.T) {
 	mp, master := fuseMount(t)
 	detachAfter := 500 * time.Millisecond
-	sock, stop := startHolder(t, detachAfter)
+	sock, stop := startHolder(t, filepath.Dir(mp), detachAfter)
 	holderMounter(t, sock, mp, master)
 	took := stop()
 	t.Logf("MEASURE holder stop with a mounter that stays: %v (detach-after %v)", took.Round(time.Millisecond), detachAfter)
@@ -177,7 +180,7 @@ func TestFDHolderStopWithMounterThatStays(t *testing.T) {
 func TestFDHolderStopWithMounterThatGoes(t *testing.T) {
 	mp, master := fuseMount(t)
 	detachAfter := 5 * time.Second
-	sock, stop := startHolder(t, detachAfter)
+	sock, stop := startHolder(t, filepath.Dir(mp), detachAfter)
 	c := holderMounter(t, sock, mp, master)
 	master.Close() // the mounter's own copy goes with it: the holder's is the last
 	go func() {
@@ -202,7 +205,7 @@ func TestFDHolderStopWithNoMounter(t *testing.T) {
 		t.Run(fmt.Sprintf("mounter comes %v", comes), func(t *testing.T) {
 			mp, master := fuseMount(t)
 			detachAfter := 2 * time.Second
-			sock, stop := startHolder(t, detachAfter)
+			sock, stop := startHolder(t, filepath.Dir(mp), detachAfter)
 			c := holderMounter(t, sock, mp, master)
 			c.Close() // the mounter crashed: the holder keeps the mount
 			time.Sleep(100 * time.Millisecond)
@@ -226,5 +229,88 @@ func TestFDHolderStopWithNoMounter(t *testing.T) {
 				t.Errorf("no mounter came: mounted %v after %v, want detached after %v", ok, took, detachAfter)
 			}
 		})
+	}
+}
+
+// TestFDHolderRefusesForeignMounts: a mount put whose mountpoint is not in
+// the holder's mounts directory (a real FUSE mount elsewhere), whose key
+// is not its reference's, or whose descriptor is not /dev/fuse (a pipe,
+// a regular file) is refused; stopped with no mounter, the holder then
+// detaches nothing: the FUSE mount outside stays mounted.
+func TestFDHolderRefusesForeignMounts(t *testing.T) {
+	outside, master := fuseMount(t)
+	mountsDir := t.TempDir()
+	sock, stop := startHolder(t, mountsDir, 200*time.Millisecond)
+	var c *net.UnixConn
+	var err error
+	for i := 0; ; i++ {
+		if c, err = dialFD(sock); err == nil {
+			break
+		}
+		if i > 100 {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer c.Close()
+	if err := call(c, fdMessage{Op: opHello}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	file, err := os.Create(filepath.Join(t.TempDir(), "regular"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	inside := filepath.Join(mountsDir, "aaa")
+	otherKey := testMount()
+	otherKey.Mountpoint, otherKey.Key = inside, "r.example/other@sha256:"+strings.Repeat("a", 64)
+	for _, p := range []struct {
+		name, mp string
+		m        *heldMount
+		f        *os.File
+		want     string
+	}{
+		{"in a subdirectory of it", filepath.Join(mountsDir, "sub", "aaa"), nil, master, "not in the mounts directory"},
+		{"the mounts directory itself", mountsDir, nil, master, "not in the mounts directory"},
+		{"another key", "", otherKey, master, "key is not its reference's"},
+		{"a pipe", inside, nil, w, "not /dev/fuse"},
+		{"a regular file", inside, nil, file, "not /dev/fuse"},
+		{"outside the mounts directory", outside, nil, master, "not in the mounts directory"}, // last: it would replace the others
+	} {
+		m := p.m
+		if m == nil {
+			m = testMount()
+			m.Mountpoint = p.mp
+		}
+		err := call(c, fdMessage{Op: opPut, Mount: m}, p.f)
+		if err == nil || !strings.Contains(err.Error(), p.want) {
+			t.Errorf("put of a mount %s: %v, want refused (%q)", p.name, err, p.want)
+		}
+	}
+	// Nothing was kept.
+	if err := writeFD(c, fdMessage{Op: opList}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, f, err := readFD(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Op == opEnd {
+			break
+		}
+		f.Close()
+		t.Errorf("the holder keeps a refused mount: %s", m.Mount.String())
+	}
+	c.Close()
+	stop()
+	if _, ok := mountedAt(t, outside); !ok {
+		t.Fatal("the holder detached a FUSE mount outside its mounts directory")
 	}
 }

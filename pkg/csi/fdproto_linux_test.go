@@ -180,7 +180,9 @@ func TestFDHolderKeepsListsAndDrops(t *testing.T) {
 	sock := filepath.Join(dir, "h.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- ServeFDHolder(ctx, FDHolderOptions{Socket: sock, DetachAfter: 100 * time.Millisecond}) }()
+	go func() {
+		done <- ServeFDHolder(ctx, FDHolderOptions{Socket: sock, MountsDir: "/var/lib/x/mounts", DetachAfter: 100 * time.Millisecond})
+	}()
 	var c *net.UnixConn
 	for i := 0; ; i++ {
 		if c, err = dialFD(sock); err == nil {
@@ -205,19 +207,22 @@ func TestFDHolderKeepsListsAndDrops(t *testing.T) {
 	if err := call(c, fdMessage{Op: opHello}, nil); err != nil {
 		t.Fatal(err)
 	}
-	pipe := func() (*os.File, *os.File) {
-		r, w, err := os.Pipe()
+	// Descriptors of /dev/fuse (the holder refuses others); the one that
+	// replaces another is told apart by its O_APPEND.
+	fuse := func(flags int) *os.File {
+		needRootFUSE(t)
+		fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC|flags, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { r.Close(); w.Close() })
-		return r, w
+		f := os.NewFile(uintptr(fd), "/dev/fuse")
+		t.Cleanup(func() { f.Close() })
+		return f
 	}
 	m1, m2 := testMount(), testMount()
-	m2.Key, m2.Mountpoint = "other", "/var/lib/x/mounts/bbb"
-	_, w1 := pipe()
-	_, w2 := pipe()
-	r3, w3 := pipe()
+	m2.Ref = "r.example/b@sha256:" + strings.Repeat("b", 64)
+	m2.Key, m2.Mountpoint = keyOfPinned(m2.Ref), "/var/lib/x/mounts/bbb"
+	w1, w2, w3 := fuse(0), fuse(0), fuse(unix.O_APPEND)
 	for _, p := range []struct {
 		m *heldMount
 		f *os.File
@@ -248,12 +253,16 @@ func TestFDHolderKeepsListsAndDrops(t *testing.T) {
 		t.Fatalf("listed %d mounts, want 2", len(got))
 	}
 	// The second put of m2 replaced the first: its descriptor is w3's.
-	got["other"].Write([]byte("y"))
-	b := make([]byte, 1)
-	if _, err := r3.Read(b); err != nil || b[0] != 'y' {
-		t.Errorf("the replaced mount's descriptor is not the last one put: %q %v", b, err)
+	for key, wantAppend := range map[string]bool{m1.Key: false, m2.Key: true} {
+		fl, err := unix.FcntlInt(got[key].Fd(), unix.F_GETFL, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (fl&unix.O_APPEND != 0) != wantAppend {
+			t.Errorf("mount %s: the descriptor listed is not the last one put (flags %#x)", key, fl)
+		}
 	}
-	if err := call(c, fdMessage{Op: opDrop, Key: "other"}, nil); err != nil {
+	if err := call(c, fdMessage{Op: opDrop, Key: m2.Key}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := list(); len(got) != 1 || got[m1.Key] == nil {

@@ -82,6 +82,13 @@ func (m *Mounter) receive(c *net.UnixConn, op string) []received {
 			m.log.Warn("handoff: unexpected message", "op", msg.Op, "error", msg.Error)
 			return out
 		}
+		if err := errors.Join(checkHeldMount(*msg.Mount, m.opt.MountsDir), checkFUSE(f)); err != nil {
+			// Not one of this mounter's mounts (a forged or corrupt
+			// entry): neither served nor detached.
+			f.Close()
+			m.log.Warn("handoff: a mount refused, left as it is", "op", op, "mount", msg.Mount.String(), "error", err.Error())
+			continue
+		}
 		out = append(out, received{*msg.Mount, f})
 	}
 	if op == opTake {

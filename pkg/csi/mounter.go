@@ -116,6 +116,9 @@ func NewMounter(opt MounterOptions) (*Mounter, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
+	if abs, err := filepath.Abs(opt.MountsDir); err == nil && opt.MountsDir != "" {
+		opt.MountsDir = abs // mountpoints handed over are confined to it
+	}
 	if err := os.MkdirAll(opt.MountsDir, 0o755); err != nil {
 		return nil, fmt.Errorf("mounts dir: %w", err)
 	}

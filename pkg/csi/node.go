@@ -136,13 +136,32 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	return n, nil
 }
 
-// Serve serves the Identity and Node services on l until ctx ends.
+// Serve serves the Identity and Node services on l until ctx ends. Then
+// the calls in progress are cancelled (a publish waiting on a registry
+// fails with Unavailable, for kubelet to retry) and Serve returns once
+// they have.
 func (n *Node) Serve(ctx context.Context, l net.Listener) error {
-	s := grpc.NewServer()
+	s := grpc.NewServer(grpc.UnaryInterceptor(cancelOnStop(ctx)))
 	csi.RegisterIdentityServer(s, &identity{version: n.opt.Version})
 	csi.RegisterNodeServer(s, n)
 	go func() { <-ctx.Done(); s.GracefulStop() }()
 	return s.Serve(l)
+}
+
+// cancelOnStop is an interceptor that cancels each call's context when
+// stop ends, so that a stop waits for no registry; a call that fails then
+// fails with Unavailable.
+func cancelOnStop(stop context.Context) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(stop, cancel)()
+		resp, err := handler(ctx, req)
+		if err != nil && stop.Err() != nil {
+			err = status.Errorf(codes.Unavailable, "the node plugin is stopping: %s", status.Convert(err).Message())
+		}
+		return resp, err
+	}
 }
 
 // refcount is how many targets use mount key d, or are being published

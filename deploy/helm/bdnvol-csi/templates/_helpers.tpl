@@ -8,9 +8,10 @@ app.kubernetes.io/name: bdnvol-csi
 {{ .Values.kubeletDir }}/plugins/csi.bdnvol.dev
 {{- end }}
 
-{{/* Whether the ServiceMonitor (and its Service) are rendered. */}}
+{{/* Whether the ServiceMonitor (and its Service) are rendered: not when
+the metrics listen on another address than the pod's (metrics.host). */}}
 {{- define "bdnvol-csi.serviceMonitor" -}}
-{{- if and (ne (int .Values.metrics.port) 0) .Values.metrics.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}
+{{- if and (ne (int .Values.metrics.port) 0) (not .Values.metrics.host) .Values.metrics.serviceMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}
 true
 {{- end -}}
 {{- end }}
