@@ -23,6 +23,8 @@ type CopyCmd struct {
 	Tag       []string `help:"Extra tag to point at the copied version (repeatable; one source)."`
 	JSON      bool     `name:"json" help:"Print one JSON object instead of text."`
 	Jobs      int      `default:"8" help:"Concurrent blob checks and transfers."`
+	MaxBlob   Size     `name:"max-blob-size" default:"64GiB" help:"Refuse a source whose manifests claim a blob larger than this, before sending anything."`
+	MaxMfst   int      `name:"max-manifests" default:"25000" help:"Refuse a copy of more manifests than this (referrers included)."`
 	RateFlags `embed:""`
 }
 
@@ -81,7 +83,8 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		dt = sinceTarget{Target: dt, have: have}
 	}
 	counters := &layout.Counters{}
-	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize, Logf: g.logf}
+	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize, Logf: g.logf,
+		MaxBlobBytes: int64(c.MaxBlob), MaxManifests: c.MaxMfst}
 	stop := startProgress(g.stderr, "copy", counters)
 	defer stop()
 	total := copyReport{}

@@ -60,7 +60,37 @@ type Options struct {
 	// Now is the sealing time of a protective tag made for a volume whose
 	// source has none; zero means time.Now.
 	Now time.Time
+	// MaxBlobBytes bounds the size a manifest may claim for one blob (a
+	// layer, a config); a larger one fails the copy before anything is
+	// sent. <= 0 means DefaultMaxBlobBytes.
+	MaxBlobBytes int64
+	// MaxManifests bounds the manifests and indexes of one copy, referrers
+	// included; <= 0 means DefaultMaxManifests.
+	MaxManifests int
 }
+
+// Bounds of one copy, which its source's manifests could otherwise size.
+const (
+	// DefaultMaxBlobBytes is the default Options.MaxBlobBytes: far above a
+	// bdnvol chunk (256 MiB) and a container image layer, far below what a
+	// forged descriptor can claim (2^63).
+	DefaultMaxBlobBytes = 64 << 30
+	// DefaultMaxManifests is the default Options.MaxManifests: above the
+	// 20,000 part manifests a version may have.
+	DefaultMaxManifests = 25_000
+	// MaxBlobs bounds the distinct blobs of one copy: the chunks a version
+	// may have (layout.MaxChunks).
+	MaxBlobs = layout.MaxChunks
+	// MaxReferrerDepth bounds how deeply referrers of referrers are
+	// followed (a version, its image view, the view's signature: 2).
+	MaxReferrerDepth = 4
+)
+
+// maxHeldManifestBytes bounds the manifest bytes a copy keeps in memory
+// between reading its graph and pushing it; the manifests past it are read
+// from the source again (and verified again) when pushed. A variable for
+// tests.
+var maxHeldManifestBytes int64 = 64 << 20
 
 // Report says what a copy moved.
 type Report struct {
@@ -109,7 +139,7 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		return nil, err
 	}
 	c := newCopier(src, dst, opt)
-	if err := c.addRoot(ctx, root, nil); err != nil {
+	if err := c.addRoot(ctx, root, nil, 0); err != nil {
 		return nil, err
 	}
 	tags := opt.Tags
@@ -145,7 +175,7 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 				continue
 			}
 			protected = true
-		} else if err := c.addRoot(ctx, d, nil); err != nil {
+		} else if err := c.addRoot(ctx, d, nil, 0); err != nil {
 			return nil, err
 		}
 		c.tag(d, t)
@@ -219,7 +249,7 @@ func CopyAll(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := c.addRoot(ctx, d, nil); err != nil {
+		if err := c.addRoot(ctx, d, nil, 0); err != nil {
 			return nil, err
 		}
 		c.tag(d, t)
@@ -231,7 +261,8 @@ func CopyAll(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 	return &c.report, nil
 }
 
-// manifest is a manifest or index to push, with its bytes.
+// manifest is a manifest or index to push, with its bytes (nil past
+// maxHeldManifestBytes: read again when pushed).
 type manifest struct {
 	desc ocispec.Descriptor
 	b    []byte
@@ -255,6 +286,7 @@ type copier struct {
 	manifests []manifest
 	byDigest  map[digest.Digest]int // index into manifests
 	tags      []tagging
+	held      int64 // bytes of the manifests' b
 
 	report Report
 	parts  atomic.Bool // the destination refused a whole blob body (413)
@@ -269,6 +301,12 @@ func newCopier(src, dst Side, opt Options) *copier {
 	}
 	if opt.MaxBuffered <= 0 {
 		opt.MaxBuffered = 256 << 20
+	}
+	if opt.MaxBlobBytes <= 0 {
+		opt.MaxBlobBytes = DefaultMaxBlobBytes
+	}
+	if opt.MaxManifests <= 0 {
+		opt.MaxManifests = DefaultMaxManifests
 	}
 	c := &copier{src: src, dst: dst, opt: opt, seen: map[digest.Digest]bool{}, byDigest: map[digest.Digest]int{}}
 	if src.Ref.Layout == "" && dst.Ref.Layout == "" && src.Ref.Registry == dst.Ref.Registry && src.Ref.Repository != dst.Ref.Repository {
@@ -289,8 +327,9 @@ func (c *copier) artifactType(d digest.Digest) string {
 }
 
 // addRoot adds the graph of root (whose bytes are b, or nil to fetch them)
-// and, with opt.Referrers, the graphs of its referrers.
-func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte) error {
+// and, with opt.Referrers, the graphs of its referrers, which are referrers
+// of a copied root refDepth deep (0: root is no referrer).
+func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte, refDepth int) error {
 	if err := c.addManifest(ctx, root, b, 0); err != nil {
 		return err
 	}
@@ -305,7 +344,10 @@ func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte)
 		if c.seen[r.Digest] {
 			continue
 		}
-		if err := c.addRoot(ctx, ocispec.Descriptor{MediaType: r.MediaType, Digest: r.Digest, Size: r.Size, ArtifactType: r.ArtifactType}, nil); err != nil {
+		if refDepth >= MaxReferrerDepth {
+			return fmt.Errorf("%s: referrer %s of %s: referrers of referrers nest more than %d deep", c.src.Ref.Repo(), r.Digest, root.Digest, MaxReferrerDepth)
+		}
+		if err := c.addRoot(ctx, ocispec.Descriptor{MediaType: r.MediaType, Digest: r.Digest, Size: r.Size, ArtifactType: r.ArtifactType}, nil, refDepth+1); err != nil {
 			return err
 		}
 	}
@@ -345,6 +387,12 @@ func (c *copier) addManifest(ctx context.Context, d ocispec.Descriptor, b []byte
 	if d.Size > oci.MaxManifestBytes {
 		return fmt.Errorf("manifest %s: %d bytes: %w", d.Digest, d.Size, errdef.ErrSizeExceedsLimit)
 	}
+	if len(c.manifests) >= c.opt.MaxManifests {
+		return fmt.Errorf("%s: manifest %s: the copy has more than %d manifests (referrers included): %w", c.src.Ref.Repo(), d.Digest, c.opt.MaxManifests, errdef.ErrSizeExceedsLimit)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if b == nil {
 		rc, err := c.src.Target.Fetch(ctx, d)
 		if err != nil {
@@ -383,12 +431,40 @@ func (c *copier) addManifest(ctx context.Context, d ocispec.Descriptor, b []byte
 		if c.seen[ch.Digest] {
 			continue
 		}
+		if ch.Size > c.opt.MaxBlobBytes {
+			return fmt.Errorf("manifest %s: blob %s claims %d bytes, more than the %d a copy takes (--max-blob-size): %w", d.Digest, ch.Digest, ch.Size, c.opt.MaxBlobBytes, errdef.ErrSizeExceedsLimit)
+		}
+		if len(c.blobs) >= MaxBlobs {
+			return fmt.Errorf("manifest %s: the copy has more than %d blobs: %w", d.Digest, MaxBlobs, errdef.ErrSizeExceedsLimit)
+		}
 		c.seen[ch.Digest] = true
 		c.blobs = append(c.blobs, ocispec.Descriptor{MediaType: ch.MediaType, Digest: ch.Digest, Size: ch.Size})
+	}
+	if c.held += int64(len(b)); c.held > maxHeldManifestBytes {
+		c.held -= int64(len(b))
+		b = nil // read again when pushed
 	}
 	c.byDigest[d.Digest] = len(c.manifests)
 	c.manifests = append(c.manifests, manifest{desc: ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size, ArtifactType: n.ArtifactType}, b: b, at: n.ArtifactType})
 	return nil
+}
+
+// manifestBytes returns m's bytes: those held, or read from the source
+// again and verified.
+func (c *copier) manifestBytes(ctx context.Context, m manifest) ([]byte, error) {
+	if m.b != nil {
+		return m.b, nil
+	}
+	rc, err := c.src.Target.Fetch(ctx, m.desc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: fetch manifest %s: %w", c.src.Ref.Repo(), m.desc.Digest, err)
+	}
+	defer rc.Close()
+	b, err := verify.ReadAll(rc, "manifest", m.desc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.src.Ref.Repo(), err)
+	}
+	return b, nil
 }
 
 // run sends the blobs, then the manifests children first, then the tags.
@@ -412,8 +488,12 @@ func (c *copier) run(ctx context.Context) error {
 		if ok && c.dst.Ref.Layout == "" {
 			continue
 		}
+		b, err := c.manifestBytes(ctx, m)
+		if err != nil {
+			return err
+		}
 		// A layout's Push also lists a stored manifest in index.json.
-		if err := c.dst.Target.Push(ctx, m.desc, bytes.NewReader(m.b)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+		if err := c.dst.Target.Push(ctx, m.desc, bytes.NewReader(b)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
 			return fmt.Errorf("%s: push manifest %s: %w", c.dst.Ref.Repo(), m.desc.Digest, err)
 		}
 		if ok {
