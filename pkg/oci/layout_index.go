@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -162,9 +163,13 @@ func (s *layoutStore) write(ctx context.Context, fn func(*layoutIndex) (bool, er
 	if err := s.replace(ocispec.ImageIndexFile, b); err != nil {
 		return err
 	}
+	indexWrites.Add(1)
 	_, err = s.load()
 	return err
 }
+
+// indexWrites counts the rewrites of index.json, of every layout (for tests).
+var indexWrites atomic.Int64
 
 // replace writes b to the layout file name through a temporary file and a
 // rename, so that readers see the old file or the new one, never a part.
@@ -380,6 +385,122 @@ func (s *layoutStore) Tag(ctx context.Context, desc ocispec.Descriptor, ref stri
 		x.index()
 		return true, nil
 	})
+}
+
+// Update lists the stored manifests list (untagged, unless listed already)
+// and points each tag of tags at its manifest, which must be stored, in one
+// rewrite of index.json: the same index as one Push per manifest and one Tag
+// per tag, in that order, would leave. ctx is checked between requests.
+func (s *layoutStore) Update(ctx context.Context, list []ocispec.Descriptor, tags []TagRequest) error {
+	stored := map[digest.Digest]bool{}
+	check := func(d ocispec.Descriptor, what string) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := checkManifestDesc(d); err != nil {
+			return fmt.Errorf("%s: %s: %w", s.root, what, err)
+		}
+		if stored[d.Digest] {
+			return nil
+		}
+		ok, err := s.Exists(ctx, d)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%s: %s: %s: %w", s.root, what, d.Digest, errdef.ErrNotFound)
+		}
+		stored[d.Digest] = true
+		return nil
+	}
+	for _, d := range list {
+		if err := check(d, "list"); err != nil {
+			return err
+		}
+	}
+	last := make(map[string]int, len(tags)) // the request that wins, by tag
+	for i, r := range tags {
+		if r.Tag == "" {
+			return errdef.ErrMissingReference
+		}
+		if err := check(r.Desc, "tag "+r.Tag); err != nil {
+			return err
+		}
+		last[r.Tag] = i
+	}
+	if len(list) == 0 && len(tags) == 0 {
+		return nil
+	}
+	return s.write(ctx, func(x *layoutIndex) (bool, error) {
+		ms := x.doc.Manifests
+		listed := make(map[digest.Digest]bool, len(ms))
+		for _, d := range ms {
+			listed[d.Digest] = true
+		}
+		for _, d := range list {
+			if !listed[d.Digest] {
+				d.Annotations = withoutRefName(d.Annotations)
+				ms = append(ms, d)
+				listed[d.Digest] = true
+			}
+		}
+		// The tags moved leave their old descriptors, in one pass.
+		ms = slices.DeleteFunc(ms, func(d ocispec.Descriptor) bool {
+			_, moved := last[d.Annotations[ocispec.AnnotationRefName]]
+			return moved
+		})
+		untagged := map[digest.Digest]int{} // position of a manifest listed untagged
+		for i, d := range ms {
+			if d.Annotations[ocispec.AnnotationRefName] == "" {
+				if _, ok := untagged[d.Digest]; !ok {
+					untagged[d.Digest] = i
+				}
+			}
+		}
+		for i, r := range tags {
+			if err := ctx.Err(); err != nil {
+				return false, err
+			}
+			if last[r.Tag] != i {
+				continue
+			}
+			d := r.Desc
+			if r.Tag != d.Digest.String() {
+				ann := make(map[string]string, len(d.Annotations)+1)
+				for k, v := range withoutRefName(d.Annotations) {
+					ann[k] = v
+				}
+				ann[ocispec.AnnotationRefName] = r.Tag
+				d.Annotations = ann
+			}
+			// A manifest listed untagged is listed once, tagged.
+			j, ok := untagged[d.Digest]
+			switch {
+			case ok && r.Tag == d.Digest.String():
+			case ok:
+				ms[j] = d
+				delete(untagged, d.Digest)
+			default:
+				ms = append(ms, d)
+			}
+		}
+		x.doc.Manifests = ms
+		x.index()
+		return true, nil
+	})
+}
+
+// Store stores a blob, verifying its size and digest, without listing a
+// manifest in index.json (Update lists it).
+func (s *layoutStore) Store(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
+	if desc.Size < 0 || IsManifest(desc.MediaType) && desc.Size > MaxManifestBytes {
+		return fmt.Errorf("%s: push %s: size %d: %w", s.root, desc.Digest, desc.Size, errdef.ErrSizeExceedsLimit)
+	}
+	ok, err := s.Exists(ctx, desc)
+	if err != nil || ok {
+		return err
+	}
+	return s.ingest(desc, r)
 }
 
 // Untag removes the tag ref; the manifest stays listed, untagged.

@@ -282,11 +282,13 @@ type copier struct {
 	mountFrom string // the source repository, when both are on one registry
 
 	seen      map[digest.Digest]bool
+	rooted    map[digest.Digest]bool // roots whose referrers were added
 	blobs     []ocispec.Descriptor
 	manifests []manifest
 	byDigest  map[digest.Digest]int // index into manifests
 	tags      []tagging
-	held      int64 // bytes of the manifests' b
+	held      int64           // bytes of the manifests' b
+	dstTagSet map[string]bool // the destination's tags, once listed
 
 	report Report
 	parts  atomic.Bool // the destination refused a whole blob body (413)
@@ -308,11 +310,20 @@ func newCopier(src, dst Side, opt Options) *copier {
 	if opt.MaxManifests <= 0 {
 		opt.MaxManifests = DefaultMaxManifests
 	}
-	c := &copier{src: src, dst: dst, opt: opt, seen: map[digest.Digest]bool{}, byDigest: map[digest.Digest]int{}}
+	c := &copier{src: src, dst: dst, opt: opt, seen: map[digest.Digest]bool{}, rooted: map[digest.Digest]bool{}, byDigest: map[digest.Digest]int{}}
 	if src.Ref.Layout == "" && dst.Ref.Layout == "" && src.Ref.Registry == dst.Ref.Registry && src.Ref.Repository != dst.Ref.Repository {
 		c.mountFrom = src.Ref.Repository
 	}
 	return c
+}
+
+// tagNames returns the tags the copy points, in order.
+func (c *copier) tagNames() []string {
+	out := make([]string, 0, len(c.tags))
+	for _, t := range c.tags {
+		out = append(out, t.tag)
+	}
+	return out
 }
 
 func (c *copier) tag(d ocispec.Descriptor, t string) {
@@ -333,9 +344,10 @@ func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte,
 	if err := c.addManifest(ctx, root, b, 0); err != nil {
 		return err
 	}
-	if !c.opt.Referrers {
-		return nil
+	if !c.opt.Referrers || c.rooted[root.Digest] {
+		return nil // a root many tags name is asked for its referrers once
 	}
+	c.rooted[root.Digest] = true
 	refs, err := oci.Referrers(ctx, c.src.Target, root, "")
 	if err != nil {
 		return err
@@ -480,20 +492,35 @@ func (c *copier) run(ctx context.Context) error {
 	if err := c.sendBlobs(ctx); err != nil {
 		return err
 	}
+	// A layout lists its manifests and tags in one file: they are stored
+	// first and listed and tagged in one update of it.
+	batch, _ := c.dst.Target.(oci.Batcher)
+	var list []ocispec.Descriptor
 	for _, m := range c.manifests {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		ok, err := c.dst.Target.Exists(ctx, m.desc)
 		if err != nil {
 			return fmt.Errorf("%s: manifest %s: %w", c.dst.Ref.Repo(), m.desc.Digest, err)
 		}
-		if ok && c.dst.Ref.Layout == "" {
+		if batch != nil {
+			list = append(list, m.desc)
+		}
+		if ok && (batch != nil || c.dst.Ref.Layout == "") {
 			continue
 		}
 		b, err := c.manifestBytes(ctx, m)
 		if err != nil {
 			return err
 		}
-		// A layout's Push also lists a stored manifest in index.json.
-		if err := c.dst.Target.Push(ctx, m.desc, bytes.NewReader(b)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+		if batch != nil {
+			err = batch.Store(ctx, m.desc, bytes.NewReader(b))
+		} else {
+			// A layout's Push also lists a stored manifest in index.json.
+			err = c.dst.Target.Push(ctx, m.desc, bytes.NewReader(b))
+		}
+		if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
 			return fmt.Errorf("%s: push manifest %s: %w", c.dst.Ref.Repo(), m.desc.Digest, err)
 		}
 		if ok {
@@ -502,15 +529,22 @@ func (c *copier) run(ctx context.Context) error {
 		c.report.ManifestsSent++
 		c.report.ManifestBytesSent += m.desc.Size
 	}
+	reqs := make([]oci.TagRequest, 0, len(c.tags))
 	for _, t := range c.tags {
 		var b []byte
 		if i, ok := c.byDigest[t.desc.Digest]; ok {
 			b = c.manifests[i].b
 		}
-		d := ocispec.Descriptor{MediaType: t.desc.MediaType, Digest: t.desc.Digest, Size: t.desc.Size}
-		if err := oci.TagBytes(ctx, c.dst.Target, d, b, t.tag); err != nil {
-			return fmt.Errorf("%s: %w", c.dst.Ref.Repo(), err)
-		}
+		reqs = append(reqs, oci.TagRequest{Desc: ocispec.Descriptor{MediaType: t.desc.MediaType, Digest: t.desc.Digest, Size: t.desc.Size}, Manifest: b, Tag: t.tag})
+	}
+	var err error
+	if batch != nil {
+		err = batch.Update(ctx, list, reqs)
+	} else {
+		err = oci.TagAll(ctx, c.dst.Target, reqs)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.dst.Ref.Repo(), err)
 	}
 	return nil
 }
