@@ -87,7 +87,7 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		MaxBlobBytes: int64(c.MaxBlob), MaxManifests: c.MaxMfst}
 	stop := startProgress(g.stderr, "copy", counters)
 	defer stop()
-	total := copyReport{}
+	total := copyReport{Report: replicate.Report{Moved: []replicate.TagMove{}}}
 	for _, s := range srcs {
 		rep, err := c.copySource(ctx, g, s, replicate.Side{Ref: dstRef, Target: dt}, ropt)
 		if err != nil {
@@ -111,6 +111,14 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	}
 	total.Seconds = time.Since(start).Seconds()
+	// The tags it moved away from what the destination had, and those it
+	// left as they were there, whatever the output format.
+	for _, m := range total.Moved {
+		g.logf("moved tag %s from %s to %s", m.Tag, m.From, m.To)
+	}
+	for _, k := range total.Kept {
+		g.logf("left tag %s as the destination has it: %s", k.Tag, k.Reason)
+	}
 	if c.JSON {
 		return g.printJSON(total)
 	}

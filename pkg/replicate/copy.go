@@ -107,11 +107,19 @@ type Report struct {
 	Manifests         int           `json:"manifests"`
 	ManifestsSent     int           `json:"manifests_sent"`
 	ManifestBytesSent int64         `json:"manifest_bytes_sent"`
+	// Moved lists the human tags the copy moved from another version the
+	// destination had them on.
+	Moved []TagMove `json:"moved"`
+	// Kept lists the source's tags the copy left as the destination has
+	// them (its history records, signatures it would have replaced).
+	Kept []KeptTag `json:"kept,omitempty"`
 }
 
 // Add adds the counts of o to r (the digest and tags are appended).
 func (r *Report) Add(o *Report) {
 	r.Tags = append(r.Tags, o.Tags...)
+	r.Moved = append(r.Moved, o.Moved...)
+	r.Kept = append(r.Kept, o.Kept...)
 	r.Blobs += o.Blobs
 	r.BlobsSent += o.BlobsSent
 	r.BlobsSkipped += o.BlobsSkipped
@@ -159,7 +167,6 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 	}
 	hex := root.Digest.Encoded()
 	protected := false
-	var carried []string
 	for _, t := range srcTags {
 		_, h, ok := oci.ParseProtectiveTag(t)
 		sig := strings.HasPrefix(t, root.Digest.Algorithm().String()+"-"+hex+".")
@@ -179,7 +186,6 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 			return nil, err
 		}
 		c.tag(d, t)
-		carried = append(carried, t)
 	}
 	if !protected && c.artifactType(root.Digest) == layout.ArtifactTypeVolume {
 		// A protective tag the destination already gives it will do.
@@ -194,16 +200,18 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		}
 		t := oci.ProtectiveTag(root.Digest, now)
 		c.tag(root, t)
-		carried = append(carried, t)
 	}
 	for _, t := range tags {
 		c.tag(root, t)
+	}
+	if err := c.settleTags(ctx, nil); err != nil {
+		return nil, err
 	}
 	if err := c.run(ctx); err != nil {
 		return nil, err
 	}
 	c.report.Digest = root.Digest
-	c.report.Tags = append(carried, tags...)
+	c.report.Tags = c.tagNames()
 	return &c.report, nil
 }
 
@@ -254,10 +262,17 @@ func CopyAll(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		}
 		c.tag(d, t)
 	}
+	srcSet := make(map[string]bool, len(tags))
+	for _, t := range tags {
+		srcSet[t] = true
+	}
+	if err := c.settleTags(ctx, srcSet); err != nil {
+		return nil, err
+	}
 	if err := c.run(ctx); err != nil {
 		return nil, err
 	}
-	c.report.Tags = tags
+	c.report.Tags = c.tagNames()
 	return &c.report, nil
 }
 
@@ -289,6 +304,7 @@ type copier struct {
 	tags      []tagging
 	held      int64           // bytes of the manifests' b
 	dstTagSet map[string]bool // the destination's tags, once listed
+	madeEmpty bool            // the empty JSON blob is the copy's, not the source's
 
 	report Report
 	parts  atomic.Bool // the destination refused a whole blob body (413)
@@ -599,6 +615,14 @@ func (c *copier) blob(ctx context.Context, d ocispec.Descriptor) (outcome, error
 	}
 	if ok {
 		return skipped, nil
+	}
+	if c.madeEmpty && d.Digest == ocispec.DescriptorEmptyJSON.Digest {
+		// A history record the copy made needs it, and no source manifest
+		// names it: it is sent from its known bytes.
+		if err := c.dst.Target.Push(ctx, d, bytes.NewReader(ocispec.DescriptorEmptyJSON.Data)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+			return 0, fmt.Errorf("%s: send blob %s: %w", c.dst.Ref.Repo(), d.Digest, err)
+		}
+		return sent, nil
 	}
 	if m, ok := c.dst.Target.(registry.Mounter); ok && c.mountFrom != "" {
 		var r *streamReader
