@@ -121,3 +121,36 @@ func TestTagAllRewritesTheIndexOnce(t *testing.T) {
 		t.Error("a refused batch tagged x")
 	}
 }
+
+// ReferrersBySubject finds, in one pass, what Referrers finds per subject.
+func TestReferrersBySubjectAgreesWithReferrers(t *testing.T) {
+	ctx := context.Background()
+	dir, md, _ := newLayout(t)
+	s, err := openLayout(ctx, dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := plain(md)
+	for i, at := range []string{"application/x-a", ""} {
+		m, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+			ArtifactType: at, Config: ocispec.Descriptor{MediaType: "application/x-config", Digest: ocispec.DescriptorEmptyJSON.Digest, Size: 2},
+			Layers: []ocispec.Descriptor{}, Subject: &subj, Annotations: map[string]string{"i": fmt.Sprint(i)}})
+		d := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, m)
+		if err := s.Push(ctx, d, bytes.NewReader(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := Referrers(ctx, s, md, "")
+	if err != nil || len(want) != 2 {
+		t.Fatalf("Referrers: %v, %v", want, err)
+	}
+	all, err := s.ReferrersBySubject(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(all[md.Digest])
+	b, _ := json.Marshal(want)
+	if len(all) != 1 || !bytes.Equal(a, b) {
+		t.Errorf("ReferrersBySubject %d subjects, of %s:\n%s\nReferrers:\n%s", len(all), md.Digest, a, b)
+	}
+}

@@ -648,6 +648,52 @@ func (s *layoutStore) Predecessors(ctx context.Context, node ocispec.Descriptor)
 	return out, nil
 }
 
+// ReferrersBySubject returns the referrers of every manifest listed in
+// index.json, by subject (each list sorted by digest, with the artifactType
+// and annotations Referrers gives): each manifest is read once, where
+// Referrers reads them all for every subject asked about.
+func (s *layoutStore) ReferrersBySubject(ctx context.Context) (map[digest.Digest][]ocispec.Descriptor, error) {
+	x, err := s.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[digest.Digest][]ocispec.Descriptor{}
+	for _, d := range x.digests {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		b, err := s.fetchManifest(d)
+		if errors.Is(err, errdef.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !bytes.Contains(b, []byte(`"subject"`)) && bytes.IndexByte(b, '\\') < 0 {
+			continue // the part manifests of a large version are not decoded
+		}
+		var m struct {
+			ArtifactType string              `json:"artifactType"`
+			Config       *ocispec.Descriptor `json:"config"`
+			Subject      *ocispec.Descriptor `json:"subject"`
+			Annotations  map[string]string   `json:"annotations"`
+		}
+		if json.Unmarshal(b, &m) != nil || m.Subject == nil {
+			continue
+		}
+		at := m.ArtifactType
+		if at == "" && m.Config != nil {
+			at = m.Config.MediaType
+		}
+		out[m.Subject.Digest] = append(out[m.Subject.Digest], ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size,
+			ArtifactType: at, Annotations: m.Annotations})
+	}
+	for k, ds := range out {
+		out[k] = sortDescs(ds)
+	}
+	return out, nil
+}
+
 // LayoutReachable returns the digests of the blobs that the manifests
 // listed in index.json of the OCI layout at dir reach through descriptors
 // (config, layers, manifests, subject), those manifests included. Each

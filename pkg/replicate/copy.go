@@ -306,6 +306,8 @@ type copier struct {
 	dstTagSet map[string]bool // the destination's tags, once listed
 	madeEmpty bool            // the empty JSON blob is the copy's, not the source's
 
+	srcReferrers map[digest.Digest][]ocispec.Descriptor // a layout source's, by subject
+
 	report Report
 	parts  atomic.Bool // the destination refused a whole blob body (413)
 }
@@ -364,7 +366,7 @@ func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte,
 		return nil // a root many tags name is asked for its referrers once
 	}
 	c.rooted[root.Digest] = true
-	refs, err := oci.Referrers(ctx, c.src.Target, root, "")
+	refs, err := c.referrers(ctx, root)
 	if err != nil {
 		return err
 	}
@@ -380,6 +382,30 @@ func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte,
 		}
 	}
 	return nil
+}
+
+// subjectIndexer is a source (an OCI layout) that finds the referrers of
+// all its manifests in one pass.
+type subjectIndexer interface {
+	ReferrersBySubject(ctx context.Context) (map[digest.Digest][]ocispec.Descriptor, error)
+}
+
+// referrers returns the referrers of root at the source: from one pass
+// over a layout (asking it per root would read every manifest it lists
+// for each), else from the registry.
+func (c *copier) referrers(ctx context.Context, root ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	si, ok := c.src.Target.(subjectIndexer)
+	if !ok {
+		return oci.Referrers(ctx, c.src.Target, root, "")
+	}
+	if c.srcReferrers == nil {
+		m, err := si.ReferrersBySubject(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: referrers: %w", c.src.Ref.Repo(), err)
+		}
+		c.srcReferrers = m
+	}
+	return c.srcReferrers[root.Digest], nil
 }
 
 // node is what a manifest or an index names.

@@ -22,25 +22,33 @@ import (
 // renameWatch counts the files renamed into a directory (inotify
 // IN_MOVED_TO): a layout replaces index.json by a rename of a new temporary
 // file each time it rewrites it.
-type renameWatch struct{ fd int }
+type renameWatch struct {
+	fd   int
+	mask uint32 // the events counted
+}
 
 func watchRenames(t *testing.T, dir string) *renameWatch {
+	// The creations of the temporary files, each named afresh, part the
+	// renames, which the kernel would otherwise merge into one event.
+	return watchEvents(t, dir, unix.IN_CREATE|unix.IN_MOVED_TO, unix.IN_MOVED_TO)
+}
+
+// watchEvents watches dir for the events of mask and counts those of count.
+func watchEvents(t *testing.T, dir string, mask, count uint32) *renameWatch {
 	t.Helper()
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
-	// The creations of the temporary files, each named afresh, part the
-	// renames, which the kernel would otherwise merge into one event.
-	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO); err != nil {
+	if _, err := unix.InotifyAddWatch(fd, dir, mask); err != nil {
 		t.Fatal(err)
 	}
-	return &renameWatch{fd: fd}
+	return &renameWatch{fd: fd, mask: count}
 }
 
-// count returns how many times name was renamed into the directory since
-// the last call.
+// count returns how many events of w's mask happened to name ("": any) in
+// the directory since the last call.
 func (w *renameWatch) count(t *testing.T, name string) int {
 	t.Helper()
 	n := 0
@@ -56,10 +64,10 @@ func (w *renameWatch) count(t *testing.T, name string) int {
 		for off := 0; off+unix.SizeofInotifyEvent <= k; {
 			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
-				t.Fatal("inotify queue overflow")
+				t.Fatalf("inotify queue overflow: more than %d events", n)
 			}
 			nb := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
-			if ev.Mask&unix.IN_MOVED_TO != 0 && string(bytes.TrimRight(nb, "\x00")) == name {
+			if ev.Mask&w.mask != 0 && (name == "" || string(bytes.TrimRight(nb, "\x00")) == name) {
 				n++
 			}
 			off += unix.SizeofInotifyEvent + int(ev.Len)
@@ -159,5 +167,27 @@ func TestCopyAllTagsStopsWhenCancelled(t *testing.T) {
 	tags, err := oci.ListTags(context.Background(), dst.Target)
 	if err != nil || len(tags) != 0 {
 		t.Errorf("the cancelled copy left %d tags (%v)", len(tags), err)
+	}
+}
+
+// Importing a layout of many versions (an extracted archive) with their
+// referrers reads each manifest of it a few times, not once for every
+// version: the referrers of all are found in one pass.
+func TestCopyAllReadsLayoutManifestsOnce(t *testing.T) {
+	ctx := context.Background()
+	const n = 150
+	srcDir := filepath.Join(t.TempDir(), "src")
+	src := side(t, "oci:"+srcDir)
+	for i := range n {
+		pushLayers(t, src, fmt.Sprintf("v%03d", i), fmt.Sprintf("weights %d", i))
+	}
+	w := watchEvents(t, filepath.Join(srcDir, "blobs", "sha256"), unix.IN_OPEN, unix.IN_OPEN)
+	if _, err := CopyAll(ctx, src, side(t, "oci:"+filepath.Join(t.TempDir(), "dst")), Options{Referrers: true}); err != nil {
+		t.Fatal(err)
+	}
+	opens := w.count(t, "")
+	t.Logf("%d versions: %d opens of the source's blobs", n, opens)
+	if opens > 10*n {
+		t.Errorf("the copy of %d versions opened the source's blobs %d times", n, opens)
 	}
 }
