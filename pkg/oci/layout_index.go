@@ -389,8 +389,9 @@ func (s *layoutStore) Tag(ctx context.Context, desc ocispec.Descriptor, ref stri
 
 // Update lists the stored manifests list (untagged, unless listed already)
 // and points each tag of tags at its manifest, which must be stored, in one
-// rewrite of index.json: the same index as one Push per manifest and one Tag
-// per tag, in that order, would leave. ctx is checked between requests.
+// rewrite of index.json: the tags and manifests one Push per manifest and
+// one Tag per tag, in that order, would leave (perhaps listed in another
+// order). ctx is checked between requests.
 func (s *layoutStore) Update(ctx context.Context, list []ocispec.Descriptor, tags []TagRequest) error {
 	stored := map[digest.Digest]bool{}
 	check := func(d ocispec.Descriptor, what string) error {
