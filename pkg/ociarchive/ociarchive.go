@@ -6,9 +6,9 @@
 // fixed headers, and index.json last, so that an archive cut short has no
 // index; no layout is staged on disk. Reading
 // extracts into a directory and accepts only the names a layout has,
-// regular files only, each blob hashed as it is written and refused unless
-// it matches its name: nothing of a corrupt or hostile archive reaches a
-// destination.
+// regular files only (no sparse member), never more bytes than the archive
+// holds, each blob hashed as it is written and refused unless it matches
+// its name: nothing of a corrupt or hostile archive reaches a destination.
 package ociarchive
 
 import (

@@ -38,7 +38,7 @@ type KeptTag struct {
 // tag names a version other than the one the copy carries under it.
 var ErrForeignBookkeeping = errors.New("bookkeeping tag for a version the copy does not carry")
 
-// dstTags lists the destination's tags once.
+// destTags lists the destination's tags once.
 func (c *copier) destTags(ctx context.Context) (map[string]bool, error) {
 	if c.dstTagSet != nil {
 		return c.dstTagSet, nil
