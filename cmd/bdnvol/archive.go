@@ -38,12 +38,19 @@ func openArchive(ctx context.Context, ref oci.Ref) (staged oci.Ref, cleanup func
 		return oci.Ref{}, nil, err
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return oci.Ref{}, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return oci.Ref{}, nil, fmt.Errorf("%s: %w: not a regular file", ref.Layout, ociarchive.ErrBadArchive)
+	}
 	dir, err := os.MkdirTemp("", "bdnvol-archive-")
 	if err != nil {
 		return oci.Ref{}, nil, err
 	}
 	cleanup = func() { os.RemoveAll(dir) }
-	if err := ociarchive.Extract(ctx, f, dir); err != nil {
+	if err := ociarchive.Extract(ctx, f, fi.Size(), dir); err != nil {
 		cleanup()
 		return oci.Ref{}, nil, fmt.Errorf("%s: %w", ref.Layout, err)
 	}

@@ -23,6 +23,8 @@ type CopyCmd struct {
 	Tag       []string `help:"Extra tag to point at the copied version (repeatable; one source)."`
 	JSON      bool     `name:"json" help:"Print one JSON object instead of text."`
 	Jobs      int      `default:"8" help:"Concurrent blob checks and transfers."`
+	MaxBlob   Size     `name:"max-blob-size" default:"64GiB" help:"Refuse a source whose manifests claim a blob larger than this, before sending anything."`
+	MaxMfst   int      `name:"max-manifests" default:"25000" help:"Refuse a copy of more manifests than this (referrers included)."`
 	RateFlags `embed:""`
 }
 
@@ -81,10 +83,11 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		dt = sinceTarget{Target: dt, have: have}
 	}
 	counters := &layout.Counters{}
-	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize, Logf: g.logf}
+	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize, Logf: g.logf,
+		MaxBlobBytes: int64(c.MaxBlob), MaxManifests: c.MaxMfst}
 	stop := startProgress(g.stderr, "copy", counters)
 	defer stop()
-	total := copyReport{}
+	total := copyReport{Report: replicate.Report{Moved: []replicate.TagMove{}}}
 	for _, s := range srcs {
 		rep, err := c.copySource(ctx, g, s, replicate.Side{Ref: dstRef, Target: dt}, ropt)
 		if err != nil {
@@ -108,6 +111,14 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		}
 	}
 	total.Seconds = time.Since(start).Seconds()
+	// The tags it moved away from what the destination had, and those it
+	// left as they were there, whatever the output format.
+	for _, m := range total.Moved {
+		g.logf("moved tag %s from %s to %s", m.Tag, m.From, m.To)
+	}
+	for _, k := range total.Kept {
+		g.logf("left tag %s as the destination has it: %s", k.Tag, k.Reason)
+	}
 	if c.JSON {
 		return g.printJSON(total)
 	}

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -162,9 +163,13 @@ func (s *layoutStore) write(ctx context.Context, fn func(*layoutIndex) (bool, er
 	if err := s.replace(ocispec.ImageIndexFile, b); err != nil {
 		return err
 	}
+	indexWrites.Add(1)
 	_, err = s.load()
 	return err
 }
+
+// indexWrites counts the rewrites of index.json, of every layout (for tests).
+var indexWrites atomic.Int64
 
 // replace writes b to the layout file name through a temporary file and a
 // rename, so that readers see the old file or the new one, never a part.
@@ -382,6 +387,123 @@ func (s *layoutStore) Tag(ctx context.Context, desc ocispec.Descriptor, ref stri
 	})
 }
 
+// Update lists the stored manifests list (untagged, unless listed already)
+// and points each tag of tags at its manifest, which must be stored, in one
+// rewrite of index.json: the tags and manifests one Push per manifest and
+// one Tag per tag, in that order, would leave (perhaps listed in another
+// order). ctx is checked between requests.
+func (s *layoutStore) Update(ctx context.Context, list []ocispec.Descriptor, tags []TagRequest) error {
+	stored := map[digest.Digest]bool{}
+	check := func(d ocispec.Descriptor, what string) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := checkManifestDesc(d); err != nil {
+			return fmt.Errorf("%s: %s: %w", s.root, what, err)
+		}
+		if stored[d.Digest] {
+			return nil
+		}
+		ok, err := s.Exists(ctx, d)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%s: %s: %s: %w", s.root, what, d.Digest, errdef.ErrNotFound)
+		}
+		stored[d.Digest] = true
+		return nil
+	}
+	for _, d := range list {
+		if err := check(d, "list"); err != nil {
+			return err
+		}
+	}
+	last := make(map[string]int, len(tags)) // the request that wins, by tag
+	for i, r := range tags {
+		if r.Tag == "" {
+			return errdef.ErrMissingReference
+		}
+		if err := check(r.Desc, "tag "+r.Tag); err != nil {
+			return err
+		}
+		last[r.Tag] = i
+	}
+	if len(list) == 0 && len(tags) == 0 {
+		return nil
+	}
+	return s.write(ctx, func(x *layoutIndex) (bool, error) {
+		ms := x.doc.Manifests
+		listed := make(map[digest.Digest]bool, len(ms))
+		for _, d := range ms {
+			listed[d.Digest] = true
+		}
+		for _, d := range list {
+			if !listed[d.Digest] {
+				d.Annotations = withoutRefName(d.Annotations)
+				ms = append(ms, d)
+				listed[d.Digest] = true
+			}
+		}
+		// The tags moved leave their old descriptors, in one pass.
+		ms = slices.DeleteFunc(ms, func(d ocispec.Descriptor) bool {
+			_, moved := last[d.Annotations[ocispec.AnnotationRefName]]
+			return moved
+		})
+		untagged := map[digest.Digest]int{} // position of a manifest listed untagged
+		for i, d := range ms {
+			if d.Annotations[ocispec.AnnotationRefName] == "" {
+				if _, ok := untagged[d.Digest]; !ok {
+					untagged[d.Digest] = i
+				}
+			}
+		}
+		for i, r := range tags {
+			if err := ctx.Err(); err != nil {
+				return false, err
+			}
+			if last[r.Tag] != i {
+				continue
+			}
+			d := r.Desc
+			if r.Tag != d.Digest.String() {
+				ann := make(map[string]string, len(d.Annotations)+1)
+				for k, v := range withoutRefName(d.Annotations) {
+					ann[k] = v
+				}
+				ann[ocispec.AnnotationRefName] = r.Tag
+				d.Annotations = ann
+			}
+			// A manifest listed untagged is listed once, tagged.
+			j, ok := untagged[d.Digest]
+			switch {
+			case ok && r.Tag == d.Digest.String():
+			case ok:
+				ms[j] = d
+				delete(untagged, d.Digest)
+			default:
+				ms = append(ms, d)
+			}
+		}
+		x.doc.Manifests = ms
+		x.index()
+		return true, nil
+	})
+}
+
+// Store stores a blob, verifying its size and digest, without listing a
+// manifest in index.json (Update lists it).
+func (s *layoutStore) Store(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
+	if desc.Size < 0 || IsManifest(desc.MediaType) && desc.Size > MaxManifestBytes {
+		return fmt.Errorf("%s: push %s: size %d: %w", s.root, desc.Digest, desc.Size, errdef.ErrSizeExceedsLimit)
+	}
+	ok, err := s.Exists(ctx, desc)
+	if err != nil || ok {
+		return err
+	}
+	return s.ingest(desc, r)
+}
+
 // Untag removes the tag ref; the manifest stays listed, untagged.
 func (s *layoutStore) Untag(ctx context.Context, ref string) error {
 	if ref == "" {
@@ -524,6 +646,52 @@ func (s *layoutStore) Predecessors(ctx context.Context, node ocispec.Descriptor)
 		}
 	}
 	slices.SortFunc(out, func(a, b ocispec.Descriptor) int { return cmp.Compare(a.Digest, b.Digest) })
+	return out, nil
+}
+
+// ReferrersBySubject returns the referrers of every manifest listed in
+// index.json, by subject (each list sorted by digest, with the artifactType
+// and annotations Referrers gives): each manifest is read once, where
+// Referrers reads them all for every subject asked about.
+func (s *layoutStore) ReferrersBySubject(ctx context.Context) (map[digest.Digest][]ocispec.Descriptor, error) {
+	x, err := s.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[digest.Digest][]ocispec.Descriptor{}
+	for _, d := range x.digests {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		b, err := s.fetchManifest(d)
+		if errors.Is(err, errdef.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !bytes.Contains(b, []byte(`"subject"`)) && bytes.IndexByte(b, '\\') < 0 {
+			continue // the part manifests of a large version are not decoded
+		}
+		var m struct {
+			ArtifactType string              `json:"artifactType"`
+			Config       *ocispec.Descriptor `json:"config"`
+			Subject      *ocispec.Descriptor `json:"subject"`
+			Annotations  map[string]string   `json:"annotations"`
+		}
+		if json.Unmarshal(b, &m) != nil || m.Subject == nil {
+			continue
+		}
+		at := m.ArtifactType
+		if at == "" && m.Config != nil {
+			at = m.Config.MediaType
+		}
+		out[m.Subject.Digest] = append(out[m.Subject.Digest], ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size,
+			ArtifactType: at, Annotations: m.Annotations})
+	}
+	for k, ds := range out {
+		out[k] = sortDescs(ds)
+	}
 	return out, nil
 }
 

@@ -254,3 +254,41 @@ func TagBytes(ctx context.Context, t Target, desc ocispec.Descriptor, b []byte, 
 	}
 	return nil
 }
+
+// TagRequest is one tag of a batch: Tag is pointed at the manifest Desc,
+// whose bytes are Manifest (nil when not at hand).
+type TagRequest struct {
+	Desc     ocispec.Descriptor
+	Manifest []byte
+	Tag      string
+}
+
+// Batcher is a Target that keeps its tags in one file (an OCI layout's
+// index.json), which every Tag and every manifest Push rewrites: a caller
+// with many stores the manifests with Store and lists them and moves the
+// tags with one Update.
+type Batcher interface {
+	// Store stores a blob (a manifest too) without listing it.
+	Store(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error
+	// Update lists the stored manifests list and points each tag of tags
+	// at its manifest, in one rewrite; the later of two requests for one
+	// tag wins. ctx is checked between requests: cancelled, nothing changes.
+	Update(ctx context.Context, list []ocispec.Descriptor, tags []TagRequest) error
+}
+
+// TagAll points each tag of tags at its manifest: in one update where t is
+// a Batcher, else one request each, ctx checked between them.
+func TagAll(ctx context.Context, t Target, tags []TagRequest) error {
+	if b, ok := t.(Batcher); ok {
+		return b.Update(ctx, nil, tags)
+	}
+	for _, r := range tags {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := TagBytes(ctx, t, r.Desc, r.Manifest, r.Tag); err != nil {
+			return err
+		}
+	}
+	return nil
+}

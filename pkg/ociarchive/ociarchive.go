@@ -6,9 +6,9 @@
 // fixed headers, and index.json last, so that an archive cut short has no
 // index; no layout is staged on disk. Reading
 // extracts into a directory and accepts only the names a layout has,
-// regular files only, each blob hashed as it is written and refused unless
-// it matches its name: nothing of a corrupt or hostile archive reaches a
-// destination.
+// regular files only (no sparse member), never more bytes than the archive
+// holds, each blob hashed as it is written and refused unless it matches
+// its name: nothing of a corrupt or hostile archive reaches a destination.
 package ociarchive
 
 import (
@@ -44,13 +44,30 @@ func addDir(tw *tar.Writer, name string) error {
 	return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: time.Unix(0, 0), Format: tar.FormatPAX})
 }
 
-// Extract reads an archive from r into the empty directory dir. It accepts
-// directories, oci-layout, index.json and blobs/ALG/HEX as regular files;
-// each blob must hash to its name. Any other member (a link, a device, a
-// name outside those, a second copy of one) fails it with ErrBadArchive.
-func Extract(ctx context.Context, r io.Reader, dir string) error {
-	tr := tar.NewReader(r)
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// Extract reads an archive of size bytes from r into the empty directory
+// dir. It accepts directories, oci-layout, index.json and blobs/ALG/HEX as
+// regular files; each blob must hash to its name. Any other member (a link,
+// a device, a sparse file, a name outside those, a second copy of one) fails
+// it with ErrBadArchive, and so does a member larger than the bytes left in
+// the archive or members adding up to more than size: what is written is
+// never more than the archive holds.
+func Extract(ctx context.Context, r io.Reader, size int64, dir string) error {
+	cr := &countingReader{r: r}
+	tr := tar.NewReader(cr)
 	seen := map[string]bool{}
+	var total int64
 	for n := 0; ; n++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -75,6 +92,19 @@ func Extract(ctx context.Context, r io.Reader, dir string) error {
 		}
 		if h.Typeflag != tar.TypeReg {
 			return fmt.Errorf("%w: %q is not a regular file (type %q)", ErrBadArchive, h.Name, h.Typeflag)
+		}
+		// A sparse member expands to its claimed size from a few bytes:
+		// none is accepted, and no member may claim more than is left.
+		for k := range h.PAXRecords {
+			if strings.HasPrefix(k, "GNU.sparse.") {
+				return fmt.Errorf("%w: %q is a sparse file (%s)", ErrBadArchive, h.Name, k)
+			}
+		}
+		if left := size - cr.n; h.Size > left {
+			return fmt.Errorf("%w: %q claims %d bytes, the archive has %d left", ErrBadArchive, h.Name, h.Size, max(left, 0))
+		}
+		if total += h.Size; total > size {
+			return fmt.Errorf("%w: members add up to more than the archive's %d bytes", ErrBadArchive, size)
 		}
 		if seen[name] {
 			return fmt.Errorf("%w: %q appears twice", ErrBadArchive, h.Name)

@@ -20,6 +20,7 @@ import (
 	"oras.land/oras-go/v2/errdef"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // MaxHeldBlob is the largest blob a Writer reads into memory before it
@@ -122,6 +123,17 @@ func (w *Writer) Exists(_ context.Context, desc ocispec.Descriptor) (bool, error
 // lists a manifest in index.json (untagged, as a layout lists it). A blob
 // of at most MaxHeldBlob bytes is read whole before the tar is taken.
 func (w *Writer) Push(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
+	return w.push(ctx, desc, r, true)
+}
+
+// Store appends the blob desc as Push does, without listing a manifest in
+// index.json (Update lists it).
+func (w *Writer) Store(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error {
+	return w.push(ctx, desc, r, false)
+}
+
+// push appends the blob desc, and lists a manifest if list is set.
+func (w *Writer) push(ctx context.Context, desc ocispec.Descriptor, r io.Reader, list bool) error {
 	if err := desc.Digest.Validate(); err != nil || desc.Size < 0 {
 		return fmt.Errorf("%s: push %s: %w", w.path, desc.Digest, errdef.ErrInvalidDigest)
 	}
@@ -141,11 +153,13 @@ func (w *Writer) Push(ctx context.Context, desc ocispec.Descriptor, r io.Reader)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if m, ok := w.blobs[desc.Digest]; ok && m.desc.Size == desc.Size {
-		return w.list(desc)
+	if m, ok := w.blobs[desc.Digest]; !ok || m.desc.Size != desc.Size {
+		if err := w.appendBlob(desc, r, held); err != nil {
+			return err
+		}
 	}
-	if err := w.appendBlob(desc, r, held); err != nil {
-		return err
+	if !list {
+		return nil
 	}
 	return w.list(desc)
 }
@@ -265,6 +279,80 @@ func (w *Writer) Tag(_ context.Context, desc ocispec.Descriptor, ref string) err
 		ms[i] = d
 	} else {
 		ms = append(ms, d)
+	}
+	w.index.Manifests = ms
+	return nil
+}
+
+// Update lists the pushed manifests list (once each) and points each tag
+// of tags at its pushed manifest, in one pass over index.json's list: the
+// tags and manifests one Push per manifest and one Tag per tag, in that
+// order, would leave (perhaps listed in another order), without their cost
+// per tag. ctx is checked between tags;
+// an error changes nothing.
+func (w *Writer) Update(ctx context.Context, list []ocispec.Descriptor, tags []oci.TagRequest) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.usable(); err != nil {
+		return err
+	}
+	last := make(map[string]int, len(tags))
+	for i, r := range tags {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if r.Tag == "" {
+			return errdef.ErrMissingReference
+		}
+		if _, ok := w.blobs[r.Desc.Digest]; !ok || !isManifest(r.Desc.MediaType) {
+			return fmt.Errorf("%s: tag %s: %s: %w", w.path, r.Tag, r.Desc.Digest, errdef.ErrNotFound)
+		}
+		last[r.Tag] = i
+	}
+	ms := slices.Clone(w.index.Manifests)
+	listed := make(map[digest.Digest]bool, len(ms))
+	for _, d := range ms {
+		listed[d.Digest] = true
+	}
+	for _, d := range list {
+		if _, ok := w.blobs[d.Digest]; !ok || !isManifest(d.MediaType) {
+			return fmt.Errorf("%s: list %s: %w", w.path, d.Digest, errdef.ErrNotFound)
+		}
+		if !listed[d.Digest] {
+			d.Annotations = withoutRefName(d.Annotations)
+			ms = append(ms, d)
+			listed[d.Digest] = true
+		}
+	}
+	ms = slices.DeleteFunc(ms, func(d ocispec.Descriptor) bool {
+		_, moved := last[d.Annotations[ocispec.AnnotationRefName]]
+		return moved
+	})
+	untagged := map[digest.Digest]int{}
+	for i, d := range ms {
+		if _, ok := untagged[d.Digest]; !ok && d.Annotations[ocispec.AnnotationRefName] == "" {
+			untagged[d.Digest] = i
+		}
+	}
+	for i, r := range tags {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if last[r.Tag] != i {
+			continue
+		}
+		d := r.Desc
+		d.Annotations = map[string]string{}
+		for k, v := range withoutRefName(r.Desc.Annotations) {
+			d.Annotations[k] = v
+		}
+		d.Annotations[ocispec.AnnotationRefName] = r.Tag
+		if j, ok := untagged[d.Digest]; ok {
+			ms[j] = d
+			delete(untagged, d.Digest)
+		} else {
+			ms = append(ms, d)
+		}
 	}
 	w.index.Manifests = ms
 	return nil

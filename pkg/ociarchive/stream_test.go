@@ -129,7 +129,7 @@ func TestWriterArchiveIsALayout(t *testing.T) {
 	dir := t.TempDir()
 	f, _ := os.Open(path)
 	defer f.Close()
-	if err := Extract(ctx, f, dir); err != nil {
+	if err := Extract(ctx, f, fileSize(t, f), dir); err != nil {
 		t.Fatalf("extract: %v", err)
 	}
 	var idx ocispec.Index
@@ -174,7 +174,7 @@ func TestWriterCutsOffARefusedBlob(t *testing.T) {
 	}
 	f, _ := os.Open(path)
 	defer f.Close()
-	if err := Extract(ctx, f, t.TempDir()); err != nil {
+	if err := Extract(ctx, f, fileSize(t, f), t.TempDir()); err != nil {
 		t.Fatalf("extract after refusals: %v", err)
 	}
 

@@ -60,7 +60,37 @@ type Options struct {
 	// Now is the sealing time of a protective tag made for a volume whose
 	// source has none; zero means time.Now.
 	Now time.Time
+	// MaxBlobBytes bounds the size a manifest may claim for one blob (a
+	// layer, a config); a larger one fails the copy before anything is
+	// sent. <= 0 means DefaultMaxBlobBytes.
+	MaxBlobBytes int64
+	// MaxManifests bounds the manifests and indexes of one copy, referrers
+	// included; <= 0 means DefaultMaxManifests.
+	MaxManifests int
 }
+
+// Bounds of one copy, which its source's manifests could otherwise size.
+const (
+	// DefaultMaxBlobBytes is the default Options.MaxBlobBytes: far above a
+	// bdnvol chunk (256 MiB) and a container image layer, far below what a
+	// forged descriptor can claim (2^63).
+	DefaultMaxBlobBytes = 64 << 30
+	// DefaultMaxManifests is the default Options.MaxManifests: above the
+	// 20,000 part manifests a version may have.
+	DefaultMaxManifests = 25_000
+	// MaxBlobs bounds the distinct blobs of one copy: the chunks a version
+	// may have (layout.MaxChunks).
+	MaxBlobs = layout.MaxChunks
+	// MaxReferrerDepth bounds how deeply referrers of referrers are
+	// followed (a version, its image view, the view's signature: 2).
+	MaxReferrerDepth = 4
+)
+
+// maxHeldManifestBytes bounds the manifest bytes a copy keeps in memory
+// between reading its graph and pushing it; the manifests past it are read
+// from the source again (and verified again) when pushed. A variable for
+// tests.
+var maxHeldManifestBytes int64 = 64 << 20
 
 // Report says what a copy moved.
 type Report struct {
@@ -77,11 +107,19 @@ type Report struct {
 	Manifests         int           `json:"manifests"`
 	ManifestsSent     int           `json:"manifests_sent"`
 	ManifestBytesSent int64         `json:"manifest_bytes_sent"`
+	// Moved lists the human tags the copy moved from another version the
+	// destination had them on.
+	Moved []TagMove `json:"moved"`
+	// Kept lists the source's tags the copy left as the destination has
+	// them (its history records, signatures it would have replaced).
+	Kept []KeptTag `json:"kept,omitempty"`
 }
 
 // Add adds the counts of o to r (the digest and tags are appended).
 func (r *Report) Add(o *Report) {
 	r.Tags = append(r.Tags, o.Tags...)
+	r.Moved = append(r.Moved, o.Moved...)
+	r.Kept = append(r.Kept, o.Kept...)
 	r.Blobs += o.Blobs
 	r.BlobsSent += o.BlobsSent
 	r.BlobsSkipped += o.BlobsSkipped
@@ -109,7 +147,7 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		return nil, err
 	}
 	c := newCopier(src, dst, opt)
-	if err := c.addRoot(ctx, root, nil); err != nil {
+	if err := c.addRoot(ctx, root, nil, 0); err != nil {
 		return nil, err
 	}
 	tags := opt.Tags
@@ -129,7 +167,6 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 	}
 	hex := root.Digest.Encoded()
 	protected := false
-	var carried []string
 	for _, t := range srcTags {
 		_, h, ok := oci.ParseProtectiveTag(t)
 		sig := strings.HasPrefix(t, root.Digest.Algorithm().String()+"-"+hex+".")
@@ -145,11 +182,10 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 				continue
 			}
 			protected = true
-		} else if err := c.addRoot(ctx, d, nil); err != nil {
+		} else if err := c.addRoot(ctx, d, nil, 0); err != nil {
 			return nil, err
 		}
 		c.tag(d, t)
-		carried = append(carried, t)
 	}
 	if !protected && c.artifactType(root.Digest) == layout.ArtifactTypeVolume {
 		// A protective tag the destination already gives it will do.
@@ -164,16 +200,18 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		}
 		t := oci.ProtectiveTag(root.Digest, now)
 		c.tag(root, t)
-		carried = append(carried, t)
 	}
 	for _, t := range tags {
 		c.tag(root, t)
+	}
+	if err := c.settleTags(ctx, nil); err != nil {
+		return nil, err
 	}
 	if err := c.run(ctx); err != nil {
 		return nil, err
 	}
 	c.report.Digest = root.Digest
-	c.report.Tags = append(carried, tags...)
+	c.report.Tags = c.tagNames()
 	return &c.report, nil
 }
 
@@ -219,19 +257,27 @@ func CopyAll(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := c.addRoot(ctx, d, nil); err != nil {
+		if err := c.addRoot(ctx, d, nil, 0); err != nil {
 			return nil, err
 		}
 		c.tag(d, t)
 	}
+	srcSet := make(map[string]bool, len(tags))
+	for _, t := range tags {
+		srcSet[t] = true
+	}
+	if err := c.settleTags(ctx, srcSet); err != nil {
+		return nil, err
+	}
 	if err := c.run(ctx); err != nil {
 		return nil, err
 	}
-	c.report.Tags = tags
+	c.report.Tags = c.tagNames()
 	return &c.report, nil
 }
 
-// manifest is a manifest or index to push, with its bytes.
+// manifest is a manifest or index to push, with its bytes (nil past
+// maxHeldManifestBytes: read again when pushed).
 type manifest struct {
 	desc ocispec.Descriptor
 	b    []byte
@@ -251,10 +297,16 @@ type copier struct {
 	mountFrom string // the source repository, when both are on one registry
 
 	seen      map[digest.Digest]bool
+	rooted    map[digest.Digest]bool // roots whose referrers were added
 	blobs     []ocispec.Descriptor
 	manifests []manifest
 	byDigest  map[digest.Digest]int // index into manifests
 	tags      []tagging
+	held      int64           // bytes of the manifests' b
+	dstTagSet map[string]bool // the destination's tags, once listed
+	madeEmpty bool            // the empty JSON blob is the copy's, not the source's
+
+	srcReferrers map[digest.Digest][]ocispec.Descriptor // a layout source's, by subject
 
 	report Report
 	parts  atomic.Bool // the destination refused a whole blob body (413)
@@ -270,11 +322,26 @@ func newCopier(src, dst Side, opt Options) *copier {
 	if opt.MaxBuffered <= 0 {
 		opt.MaxBuffered = 256 << 20
 	}
-	c := &copier{src: src, dst: dst, opt: opt, seen: map[digest.Digest]bool{}, byDigest: map[digest.Digest]int{}}
+	if opt.MaxBlobBytes <= 0 {
+		opt.MaxBlobBytes = DefaultMaxBlobBytes
+	}
+	if opt.MaxManifests <= 0 {
+		opt.MaxManifests = DefaultMaxManifests
+	}
+	c := &copier{src: src, dst: dst, opt: opt, seen: map[digest.Digest]bool{}, rooted: map[digest.Digest]bool{}, byDigest: map[digest.Digest]int{}}
 	if src.Ref.Layout == "" && dst.Ref.Layout == "" && src.Ref.Registry == dst.Ref.Registry && src.Ref.Repository != dst.Ref.Repository {
 		c.mountFrom = src.Ref.Repository
 	}
 	return c
+}
+
+// tagNames returns the tags the copy points, in order.
+func (c *copier) tagNames() []string {
+	out := make([]string, 0, len(c.tags))
+	for _, t := range c.tags {
+		out = append(out, t.tag)
+	}
+	return out
 }
 
 func (c *copier) tag(d ocispec.Descriptor, t string) {
@@ -289,15 +356,17 @@ func (c *copier) artifactType(d digest.Digest) string {
 }
 
 // addRoot adds the graph of root (whose bytes are b, or nil to fetch them)
-// and, with opt.Referrers, the graphs of its referrers.
-func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte) error {
+// and, with opt.Referrers, the graphs of its referrers, which are referrers
+// of a copied root refDepth deep (0: root is no referrer).
+func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte, refDepth int) error {
 	if err := c.addManifest(ctx, root, b, 0); err != nil {
 		return err
 	}
-	if !c.opt.Referrers {
-		return nil
+	if !c.opt.Referrers || c.rooted[root.Digest] {
+		return nil // a root many tags name is asked for its referrers once
 	}
-	refs, err := oci.Referrers(ctx, c.src.Target, root, "")
+	c.rooted[root.Digest] = true
+	refs, err := c.referrers(ctx, root)
 	if err != nil {
 		return err
 	}
@@ -305,11 +374,38 @@ func (c *copier) addRoot(ctx context.Context, root ocispec.Descriptor, b []byte)
 		if c.seen[r.Digest] {
 			continue
 		}
-		if err := c.addRoot(ctx, ocispec.Descriptor{MediaType: r.MediaType, Digest: r.Digest, Size: r.Size, ArtifactType: r.ArtifactType}, nil); err != nil {
+		if refDepth >= MaxReferrerDepth {
+			return fmt.Errorf("%s: referrer %s of %s: referrers of referrers nest more than %d deep", c.src.Ref.Repo(), r.Digest, root.Digest, MaxReferrerDepth)
+		}
+		if err := c.addRoot(ctx, ocispec.Descriptor{MediaType: r.MediaType, Digest: r.Digest, Size: r.Size, ArtifactType: r.ArtifactType}, nil, refDepth+1); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// subjectIndexer is a source (an OCI layout) that finds the referrers of
+// all its manifests in one pass.
+type subjectIndexer interface {
+	ReferrersBySubject(ctx context.Context) (map[digest.Digest][]ocispec.Descriptor, error)
+}
+
+// referrers returns the referrers of root at the source: from one pass
+// over a layout (asking it per root would read every manifest it lists
+// for each), else from the registry.
+func (c *copier) referrers(ctx context.Context, root ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	si, ok := c.src.Target.(subjectIndexer)
+	if !ok {
+		return oci.Referrers(ctx, c.src.Target, root, "")
+	}
+	if c.srcReferrers == nil {
+		m, err := si.ReferrersBySubject(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: referrers: %w", c.src.Ref.Repo(), err)
+		}
+		c.srcReferrers = m
+	}
+	return c.srcReferrers[root.Digest], nil
 }
 
 // node is what a manifest or an index names.
@@ -344,6 +440,12 @@ func (c *copier) addManifest(ctx context.Context, d ocispec.Descriptor, b []byte
 	}
 	if d.Size > oci.MaxManifestBytes {
 		return fmt.Errorf("manifest %s: %d bytes: %w", d.Digest, d.Size, errdef.ErrSizeExceedsLimit)
+	}
+	if len(c.manifests) >= c.opt.MaxManifests {
+		return fmt.Errorf("%s: manifest %s: the copy has more than %d manifests (referrers included): %w", c.src.Ref.Repo(), d.Digest, c.opt.MaxManifests, errdef.ErrSizeExceedsLimit)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if b == nil {
 		rc, err := c.src.Target.Fetch(ctx, d)
@@ -383,12 +485,40 @@ func (c *copier) addManifest(ctx context.Context, d ocispec.Descriptor, b []byte
 		if c.seen[ch.Digest] {
 			continue
 		}
+		if ch.Size > c.opt.MaxBlobBytes {
+			return fmt.Errorf("manifest %s: blob %s claims %d bytes, more than the %d a copy takes (--max-blob-size): %w", d.Digest, ch.Digest, ch.Size, c.opt.MaxBlobBytes, errdef.ErrSizeExceedsLimit)
+		}
+		if len(c.blobs) >= MaxBlobs {
+			return fmt.Errorf("manifest %s: the copy has more than %d blobs: %w", d.Digest, MaxBlobs, errdef.ErrSizeExceedsLimit)
+		}
 		c.seen[ch.Digest] = true
 		c.blobs = append(c.blobs, ocispec.Descriptor{MediaType: ch.MediaType, Digest: ch.Digest, Size: ch.Size})
+	}
+	if c.held += int64(len(b)); c.held > maxHeldManifestBytes {
+		c.held -= int64(len(b))
+		b = nil // read again when pushed
 	}
 	c.byDigest[d.Digest] = len(c.manifests)
 	c.manifests = append(c.manifests, manifest{desc: ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size, ArtifactType: n.ArtifactType}, b: b, at: n.ArtifactType})
 	return nil
+}
+
+// manifestBytes returns m's bytes: those held, or read from the source
+// again and verified.
+func (c *copier) manifestBytes(ctx context.Context, m manifest) ([]byte, error) {
+	if m.b != nil {
+		return m.b, nil
+	}
+	rc, err := c.src.Target.Fetch(ctx, m.desc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: fetch manifest %s: %w", c.src.Ref.Repo(), m.desc.Digest, err)
+	}
+	defer rc.Close()
+	b, err := verify.ReadAll(rc, "manifest", m.desc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.src.Ref.Repo(), err)
+	}
+	return b, nil
 }
 
 // run sends the blobs, then the manifests children first, then the tags.
@@ -404,16 +534,35 @@ func (c *copier) run(ctx context.Context) error {
 	if err := c.sendBlobs(ctx); err != nil {
 		return err
 	}
+	// A layout lists its manifests and tags in one file: they are stored
+	// first and listed and tagged in one update of it.
+	batch, _ := c.dst.Target.(oci.Batcher)
+	var list []ocispec.Descriptor
 	for _, m := range c.manifests {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		ok, err := c.dst.Target.Exists(ctx, m.desc)
 		if err != nil {
 			return fmt.Errorf("%s: manifest %s: %w", c.dst.Ref.Repo(), m.desc.Digest, err)
 		}
-		if ok && c.dst.Ref.Layout == "" {
+		if batch != nil {
+			list = append(list, m.desc)
+		}
+		if ok && (batch != nil || c.dst.Ref.Layout == "") {
 			continue
 		}
-		// A layout's Push also lists a stored manifest in index.json.
-		if err := c.dst.Target.Push(ctx, m.desc, bytes.NewReader(m.b)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+		b, err := c.manifestBytes(ctx, m)
+		if err != nil {
+			return err
+		}
+		if batch != nil {
+			err = batch.Store(ctx, m.desc, bytes.NewReader(b))
+		} else {
+			// A layout's Push also lists a stored manifest in index.json.
+			err = c.dst.Target.Push(ctx, m.desc, bytes.NewReader(b))
+		}
+		if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
 			return fmt.Errorf("%s: push manifest %s: %w", c.dst.Ref.Repo(), m.desc.Digest, err)
 		}
 		if ok {
@@ -422,15 +571,22 @@ func (c *copier) run(ctx context.Context) error {
 		c.report.ManifestsSent++
 		c.report.ManifestBytesSent += m.desc.Size
 	}
+	reqs := make([]oci.TagRequest, 0, len(c.tags))
 	for _, t := range c.tags {
 		var b []byte
 		if i, ok := c.byDigest[t.desc.Digest]; ok {
 			b = c.manifests[i].b
 		}
-		d := ocispec.Descriptor{MediaType: t.desc.MediaType, Digest: t.desc.Digest, Size: t.desc.Size}
-		if err := oci.TagBytes(ctx, c.dst.Target, d, b, t.tag); err != nil {
-			return fmt.Errorf("%s: %w", c.dst.Ref.Repo(), err)
-		}
+		reqs = append(reqs, oci.TagRequest{Desc: ocispec.Descriptor{MediaType: t.desc.MediaType, Digest: t.desc.Digest, Size: t.desc.Size}, Manifest: b, Tag: t.tag})
+	}
+	var err error
+	if batch != nil {
+		err = batch.Update(ctx, list, reqs)
+	} else {
+		err = oci.TagAll(ctx, c.dst.Target, reqs)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.dst.Ref.Repo(), err)
 	}
 	return nil
 }
@@ -485,6 +641,14 @@ func (c *copier) blob(ctx context.Context, d ocispec.Descriptor) (outcome, error
 	}
 	if ok {
 		return skipped, nil
+	}
+	if c.madeEmpty && d.Digest == ocispec.DescriptorEmptyJSON.Digest {
+		// A history record the copy made needs it, and no source manifest
+		// names it: it is sent from its known bytes.
+		if err := c.dst.Target.Push(ctx, d, bytes.NewReader(ocispec.DescriptorEmptyJSON.Data)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+			return 0, fmt.Errorf("%s: send blob %s: %w", c.dst.Ref.Repo(), d.Digest, err)
+		}
+		return sent, nil
 	}
 	if m, ok := c.dst.Target.(registry.Mounter); ok && c.mountFrom != "" {
 		var r *streamReader

@@ -5,5 +5,8 @@
 // verified against its digest on the way, mounts blobs across repositories
 // of one registry, and pushes manifests children first and tags last, so an
 // interrupted copy leaves nothing tagged that is incomplete and a re-run
-// sends only what is missing.
+// sends only what is missing. What a source can size is bounded (blob
+// sizes, manifests, referrer depth), and a copy never replaces the
+// destination's tag history, signatures or protective and tombstone tags
+// (see settleTags).
 package replicate

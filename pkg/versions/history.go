@@ -44,6 +44,7 @@ const (
 const (
 	OpPush = "push" // the tag was given to push
 	OpTag  = "tag"  // bdnvol tag (including rollbacks)
+	OpCopy = "copy" // bdnvol copy moved it (an import, a mirror)
 )
 
 // ErrInvalidHistory is wrapped when a history record is malformed.
@@ -125,11 +126,7 @@ func Record(ctx context.Context, t oci.Target, tag string, moves ...Move) error 
 	if err != nil { // start afresh rather than refuse every later move
 		h = &History{Tag: tag}
 	}
-	h.Moves = append(h.Moves, moves...)
-	if n := len(h.Moves) - MaxMoves; n > 0 {
-		h.Moves, h.Dropped = h.Moves[n:], h.Dropped+n
-	}
-	list, err := json.Marshal(h.Moves)
+	mb, err := h.Append(moves...)
 	if err != nil {
 		return err
 	}
@@ -138,30 +135,45 @@ func Record(ctx context.Context, t oci.Target, tag string, moves ...Move) error 
 	if err := pushIfMissing(ctx, t, empty, ocispec.DescriptorEmptyJSON.Data); err != nil {
 		return fmt.Errorf("history of %s: %w", tag, err)
 	}
+	if _, err := oras.TagBytes(ctx, t, ocispec.MediaTypeImageManifest, mb, HistoryTag(tag)); err != nil {
+		return fmt.Errorf("history of %s: %w", tag, err)
+	}
+	return nil
+}
+
+// Append appends moves (at least one) to h, dropping the oldest past
+// MaxMoves, and returns the record manifest of h to tag HistoryTag(h.Tag).
+// Its config and layer are the empty JSON blob (ocispec.DescriptorEmptyJSON).
+func (h *History) Append(moves ...Move) ([]byte, error) {
+	if len(moves) == 0 {
+		return nil, errors.New("history: no move to record")
+	}
+	h.Moves = append(h.Moves, moves...)
+	if n := len(h.Moves) - MaxMoves; n > 0 {
+		h.Moves, h.Dropped = h.Moves[n:], h.Dropped+n
+	}
+	list, err := json.Marshal(h.Moves)
+	if err != nil {
+		return nil, err
+	}
+	empty := ocispec.DescriptorEmptyJSON
+	empty.Data = nil
 	ann := map[string]string{
-		AnnotationTag:             tag,
+		AnnotationTag:             h.Tag,
 		AnnotationMoves:           string(list),
 		ocispec.AnnotationCreated: moves[len(moves)-1].Time.UTC().Format(time.RFC3339Nano),
 	}
 	if h.Dropped > 0 {
 		ann[AnnotationDropped] = strconv.Itoa(h.Dropped)
 	}
-	m := ocispec.Manifest{
+	return json.Marshal(ocispec.Manifest{
 		Versioned:    specs.Versioned{SchemaVersion: 2},
 		MediaType:    ocispec.MediaTypeImageManifest,
 		ArtifactType: ArtifactTypeHistory,
 		Config:       empty,
 		Layers:       []ocispec.Descriptor{empty},
 		Annotations:  ann,
-	}
-	mb, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	if _, err := oras.TagBytes(ctx, t, ocispec.MediaTypeImageManifest, mb, HistoryTag(tag)); err != nil {
-		return fmt.Errorf("history of %s: %w", tag, err)
-	}
-	return nil
+	})
 }
 
 func pushIfMissing(ctx context.Context, t oci.Target, desc ocispec.Descriptor, b []byte) error {
