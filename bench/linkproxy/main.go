@@ -1,7 +1,8 @@
 // Command linkproxy is an HTTP reverse proxy that makes a loopback registry
 // look like one across a real link: it waits a fixed time before passing on
 // each request and caps each response body (and each request body) at a
-// fixed rate per request. For benchmarks only.
+// fixed rate per request, and, with -total, all response bodies together at
+// one rate (a shared link). For benchmarks only.
 //
 //	linkproxy -listen 127.0.0.1:0 -target http://127.0.0.1:5000 -delay 20ms -rate 50MB
 //
@@ -26,6 +27,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/bdnvol/bdnvol/internal/ratelimit"
 )
 
 // piece is the most bytes paced passes on at once, and the size of the
@@ -55,6 +58,7 @@ func main() {
 	delay := flag.Duration("delay", 20*time.Millisecond, "wait before passing on each request")
 	rate := flag.String("rate", "50MB", "bytes per second per request body, each way (suffix KB, MB, GB: powers of 1000)")
 	logPath := flag.String("log", "", "file to append one line per request to: arrival and end (Unix seconds), method, path, Range, bytes sent")
+	totalRate := flag.String("total", "", "bytes per second of all response bodies together, a shared link (suffix KB, MB, GB); none by default")
 	flag.Parse()
 	u, err := url.Parse(*target)
 	if err != nil || u.Host == "" {
@@ -63,6 +67,14 @@ func main() {
 	bps, err := parseRate(*rate)
 	if err != nil {
 		log.Fatalf("linkproxy: -rate: %v", err)
+	}
+	var shared *ratelimit.Limiter
+	if *totalRate != "" {
+		tb, err := parseRate(*totalRate)
+		if err != nil {
+			log.Fatalf("linkproxy: -total: %v", err)
+		}
+		shared = ratelimit.New(int64(tb))
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -90,7 +102,7 @@ func main() {
 		}
 	}()
 	rp.ModifyResponse = func(resp *http.Response) error {
-		p := &paced{ctx: resp.Request.Context(), r: resp.Body, bps: bps, start: time.Now(), count: &sent}
+		p := &paced{ctx: resp.Request.Context(), r: resp.Body, bps: bps, start: time.Now(), count: &sent, shared: shared}
 		if reqLog != nil {
 			p.done = func(n int64) { reqLog.add(resp.Request, n) }
 		}
@@ -131,6 +143,8 @@ type paced struct {
 	count *atomic.Int64 // bytes read, when not nil
 	timer *time.Timer
 	done  func(n int64) // called once with the bytes read, at Close, when not nil
+	// shared, when not nil, paces every response body together (-total).
+	shared *ratelimit.Limiter
 }
 
 func (p *paced) Read(b []byte) (int, error) {
@@ -138,6 +152,11 @@ func (p *paced) Read(b []byte) (int, error) {
 		b = b[:piece]
 	}
 	n, err := p.r.Read(b)
+	if p.shared != nil && n > 0 {
+		if werr := p.shared.Wait(p.ctx, int64(n)); werr != nil {
+			return n, werr
+		}
+	}
 	p.n += int64(n)
 	if p.count != nil {
 		p.count.Add(int64(n))

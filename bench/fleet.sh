@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# bench/fleet.sh — N nodes start one version at once, with and without the
+# peer tier.
+#
+# Starts a CNCF distribution registry behind bench/linkproxy (a shared link:
+# BENCH_RATE, default 50MB/s = 400 Mbit/s for all requests together, and
+# BENCH_DELAY, default 20ms before each request), pushes a synthetic
+# checkpoint (BENCH_SIZE, default 1GiB, in BENCH_SHARDS shards) straight to
+# the registry, and for each N in BENCH_NODES (default "1 4 8") starts N
+# `bdnvol csi mounter` processes on this machine, each with its own cache
+# directory, socket and peer address on loopback (nodes reach one another
+# without the link), asks each for a mount of the version over its socket at
+# once, and reads every file of every mount. It prints, per N: the bytes
+# that crossed the link (blob bodies) over the version's bytes, the time
+# until all N nodes had read the whole version over the time of N = 1, and
+# the mounters' CPU (user+sys) in all; first with the peer tier, then (the
+# peer) without it. Then a node that joins once the others finished.
+# Needs root (FUSE mounts of the mounter) and /dev/fuse.
+#
+# Environment: BENCH_SIZE, BENCH_SHARDS, BENCH_NODES, BENCH_RATE,
+# BENCH_DELAY, BENCH_TMPDIR, BENCH_KEEP=1, BENCH_TOOLS (as bench/mount.sh).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=$ROOT/bench/.bin
+SIZE=${BENCH_SIZE:-1GiB}
+SHARDS=${BENCH_SHARDS:-4}
+NODES=${BENCH_NODES:-1 4 8}
+RATE=${BENCH_RATE:-50MB}
+DELAY=${BENCH_DELAY:-20ms}
+REGISTRY_VERSION=v3.1.2
+
+log() { printf 'bench/fleet: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+now() { date +%s%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b - a) / 1e9}'; }
+
+[[ $(id -u) == 0 ]] || die "needs root (the mounter's FUSE mounts)"
+[[ -e /dev/fuse ]] || die "no /dev/fuse"
+command -v curl >/dev/null || die "needs curl"
+mkdir -p "$BIN"
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+install_tool registry "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION" " $REGISTRY_VERSION" --version
+REGISTRY=$BIN/registry
+log "building synth, linkproxy and bdnvol"
+(cd "$ROOT/e2e" && go build -o "$BIN/synth" ./cmd/synth) || die "building e2e/cmd/synth failed"
+(cd "$ROOT" && go build -o "$BIN/linkproxy" ./bench/linkproxy && go build -o "$BIN/bdnvol" ./cmd/bdnvol) || die "build failed"
+BDNVOL=$BIN/bdnvol
+
+TMP=$(mktemp -d "${BENCH_TMPDIR:-${TMPDIR:-/tmp}}/bdnvol-bench-fleet.XXXXXX")
+REG_PID=
+LINK_PID=
+PIDS=()
+stop_nodes() {
+	local p
+	for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+	PIDS=()
+	{ grep " $TMP/" /proc/self/mountinfo 2>/dev/null || true; } | awk '{print $5}' | while read -r mp; do
+		fusermount3 -u -z "$mp" 2>/dev/null || umount -l "$mp" 2>/dev/null || true
+	done
+}
+cleanup() {
+	stop_nodes
+	[[ -n $LINK_PID ]] && { kill "$LINK_PID" 2>/dev/null || true; wait "$LINK_PID" 2>/dev/null || true; }
+	[[ -n $REG_PID ]] && { kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; }
+	if [[ ${BENCH_KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+export XDG_CACHE_HOME=$TMP/xdg DOCKER_CONFIG=$TMP/docker
+mkdir -p "$XDG_CACHE_HOME" "$DOCKER_CONFIG"
+
+start_registry
+DIRECT=$HOST
+"$BIN/linkproxy" -target "http://$DIRECT" -delay "$DELAY" -rate 10GB -total "$RATE" -log "$TMP/link.log" >"$TMP/link.addr" 2>"$TMP/link.err" &
+LINK_PID=$!
+for _ in $(seq 1 100); do [[ -s $TMP/link.addr ]] && break; sleep 0.1; done
+LINK=$(head -1 "$TMP/link.addr")
+[[ -n $LINK ]] || die "linkproxy did not start"
+
+MODEL=$TMP/model
+log "generating $SIZE checkpoint in $SHARDS shards"
+"$BIN/synth" -q -out "$MODEL" -size "$SIZE" -shards "$SHARDS" -seed 1
+MODEL_BYTES=$(du -sb "$MODEL" | cut -f1)
+PINNED=$("$BDNVOL" push "$DIRECT/fleet:v1" "$MODEL" 2>/dev/null | tail -1)
+DIGEST=${PINNED##*@}
+REF=$LINK/fleet@$DIGEST
+log "version $DIGEST, $MODEL_BYTES bytes"
+
+# link_bytes: blob body bytes the link has carried so far.
+link_bytes() { awk '/\/blobs\// {for (i = 1; i <= NF; i++) if ($i ~ /^bytes=/) {sub("bytes=", "", $i); s += $i}} END {print s + 0}' "$TMP/link.log"; }
+
+# cpu_of PID...: user+sys seconds of the processes (from /proc, before they exit).
+cpu_of() {
+	local t=0 p tk
+	tk=$(getconf CLK_TCK)
+	for p in "$@"; do
+		[[ -r /proc/$p/stat ]] || continue
+		t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+	done
+	awk -v t="$t" -v k="$tk" 'BEGIN {printf "%.1f", t / k}'
+}
+
+# start_nodes N PEERS(0|1) TAG: start N mounters; sets SOCKS and PIDS.
+start_nodes() {
+	local n=$1 peers=$2 tag=$3 i addrs=() port
+	SOCKS=()
+	for i in $(seq 1 "$n"); do
+		while :; do port=$((20000 + RANDOM % 40000)); port_free "$port" && break; done
+		addrs+=("127.0.0.$((i + 1)):$port")
+	done
+	local all
+	all=$(IFS=,; echo "${addrs[*]}")
+	for i in $(seq 1 "$n"); do
+		local d=$TMP/$tag/node$i
+		mkdir -p "$d/state" "$d/mounts"
+		local flags=()
+		if [[ $peers == 1 ]]; then
+			flags=(--peer-listen "${addrs[$((i - 1))]}" --peers "$all" --peer-insecure)
+		fi
+		"$BDNVOL" --cache-dir "$d/cache" csi mounter --mounter-socket "$d/mounter.sock" --state-dir "$d/state" \
+			--mounts-dir "$d/mounts" --hosts-dir none --profile off --cache-size 4GiB "${flags[@]}" 2>"$d/mounter.log" &
+		PIDS+=($!)
+		SOCKS+=("$d/mounter.sock")
+	done
+	for s in "${SOCKS[@]}"; do
+		for _ in $(seq 1 100); do [[ -S $s ]] && break; sleep 0.1; done
+		[[ -S $s ]] || die "a mounter did not start: $(cat "$(dirname "$s")/mounter.log")"
+	done
+}
+
+# read_node SOCK: mount the version on one node and read every file.
+read_node() {
+	local out path
+	out=$(curl -sf --unix-socket "$1" -X POST -d "{\"ref\":\"$REF\"}" http://mounter/v1/mount) || { log "mount failed on $1"; return 1; }
+	path=$(printf '%s' "$out" | sed -n 's/.*"path":"\([^"]*\)".*/\1/p')
+	find "$path" -type f -exec cat {} + >/dev/null
+}
+
+# run N PEERS: one fleet start; sets RESULT to "seconds linkbytes cpu" (and
+# LATE_BYTES after the largest fleet with the peer tier).
+run() {
+	local n=$1 peers=$2 tag=run-$1-$2 before t0 t1 s
+	start_nodes "$n" "$peers" "$tag"
+	before=$(link_bytes)
+	t0=$(now)
+	local jobs=()
+	for s in "${SOCKS[@]}"; do read_node "$s" & jobs+=($!); done
+	for j in "${jobs[@]}"; do wait "$j" || die "a node failed to read the version"; done
+	t1=$(now)
+	local cpu bytes
+	cpu=$(cpu_of "${PIDS[@]}")
+	sleep 0.5
+	bytes=$(($(link_bytes) - before))
+	RESULT="$(secs "$t0" "$t1") $bytes $cpu"
+	if [[ $peers == 1 && $n == "${NODES##* }" ]]; then
+		# A node that joins once the others finished.
+		local d=$TMP/$tag/late port
+		mkdir -p "$d/state" "$d/mounts"
+		while :; do port=$((20000 + RANDOM % 40000)); port_free "$port" && break; done
+		local addrs
+		addrs=$(grep -ho -- '"listen":"[^"]*"' "$TMP/$tag"/node*/mounter.log | sed 's/"listen":"\(.*\)"/\1/' | paste -sd,)
+		"$BDNVOL" --cache-dir "$d/cache" csi mounter --mounter-socket "$d/mounter.sock" --state-dir "$d/state" \
+			--mounts-dir "$d/mounts" --hosts-dir none --profile off --cache-size 4GiB \
+			--peer-listen "127.0.0.99:$port" --peers "$addrs,127.0.0.99:$port" --peer-insecure 2>"$d/mounter.log" &
+		PIDS+=($!)
+		for _ in $(seq 1 100); do [[ -S $d/mounter.sock ]] && break; sleep 0.1; done
+		before=$(link_bytes)
+		read_node "$d/mounter.sock" || die "the late node failed"
+		sleep 0.5
+		LATE_BYTES=$(($(link_bytes) - before))
+	fi
+	stop_nodes
+}
+
+printf '| nodes | peer tier | link bytes / version | time / one node | mounters CPU (user+sys) |\n|---|---|---|---|---|\n'
+BASE=
+for peers in 1 0; do
+	for n in $NODES; do
+		log "N=$n, peer tier $([[ $peers == 1 ]] && echo on || echo off)"
+		run "$n" "$peers"
+		read -r t b c <<<"$RESULT"
+		[[ -z $BASE ]] && BASE=$t
+		printf '| %s | %s | %s | %s (%s s) | %s s |\n' "$n" "$([[ $peers == 1 ]] && echo on || echo off)" \
+			"$(awk -v b="$b" -v m="$MODEL_BYTES" 'BEGIN {printf "%.3f", b / m}')" \
+			"$(awk -v t="$t" -v o="$BASE" 'BEGIN {printf "%.2f", t / o}')" "$t" "$c"
+	done
+done
+printf '\nA node joining after the others finished (peer tier on): %s link bytes.\n' "${LATE_BYTES:-?}"
+printf 'Link: %s per request, %s/s shared; version %s bytes in %s shards.\n' "$DELAY" "$RATE" "$MODEL_BYTES" "$SHARDS"
