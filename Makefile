@@ -15,17 +15,14 @@ vet:
 	cd e2e && $(GO) vet ./...
 
 # The packages with concurrency run once more under the race detector: the
-# pull engine (pkg/pull, and the pull tests of pkg/layout), the chunk cache,
+# pull engine (pkg/pull), the stat cache it records into, the chunk cache,
 # the lazy reader, warming and the CSI plugin. It adds about 3 minutes on 2
-# cores shared at load 18 (pkg/lazy 75-107 s, the layout pull tests 50 s);
-# all of pkg/layout under -race would take 6.
-RACE_PKGS ?= ./pkg/pull/... ./pkg/chunkcache/... ./pkg/lazy/... ./pkg/warm/... ./pkg/csi/...
-RACE_LAYOUT ?= Pull|Upgrade|Copy|Clone|Settle|StatCache
+# cores shared at load 18 (pkg/lazy 75-107 s).
+RACE_PKGS ?= ./pkg/pull/... ./pkg/statcache/... ./pkg/chunkcache/... ./pkg/lazy/... ./pkg/warm/... ./pkg/csi/...
 
 unit:
 	$(GO) test -count=1 ./...
 	$(GO) test -race -count=1 $(RACE_PKGS)
-	$(GO) test -race -count=1 -run '$(RACE_LAYOUT)' ./pkg/layout
 
 # Short fuzz runs of the parsers that read untrusted input, and of pull into a
 # directory with planted links (an honest push, and a layout built from the
@@ -36,8 +33,8 @@ unit:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
-	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/layout
-	$(GO) test -run='^$$' -fuzz=FuzzGGUFHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/tensorheader
+	$(GO) test -run='^$$' -fuzz=FuzzGGUFHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/tensorheader
 	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=300x -fuzzminimizetime=50x ./pkg/pull
 	$(GO) test -run='^$$' -fuzz=FuzzParseRef -fuzztime=30000x -fuzzminimizetime=50x ./pkg/oci
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=1200x -fuzzminimizetime=50x ./pkg/layout

@@ -321,7 +321,7 @@ func (m *manifestOrIndex) addLayer(l ocispec.Descriptor) {
 	}
 	m.NumLayers++
 	if l.MediaType == MediaTypeChunk && l.URLs == nil && l.Annotations == nil && l.Data == nil && l.Platform == nil && l.ArtifactType == "" {
-		if sum, ok := sha256Of(l.Digest); ok {
+		if sum, ok := SHA256Sum(l.Digest); ok {
 			m.layers = append(m.layers, layerRec{sum: sum, size: l.Size, other: -1})
 			return
 		}
@@ -353,7 +353,7 @@ func (l layer) desc() ocispec.Descriptor {
 	if r.other >= 0 {
 		return l.m.others[r.other]
 	}
-	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: sha256Digest(&r.sum), Size: r.size}
+	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: SHA256Digest(&r.sum), Size: r.size}
 }
 
 // chunk returns the digest bytes and the size of a layer with the chunk
@@ -365,7 +365,7 @@ func (l layer) chunk() (sum [sha256Len]byte, size int64, ok bool) {
 		return r.sum, r.size, true
 	}
 	d := l.m.others[r.other]
-	sum, ok = sha256Of(d.Digest)
+	sum, ok = SHA256Sum(d.Digest)
 	return sum, d.Size, ok && d.MediaType == MediaTypeChunk
 }
 

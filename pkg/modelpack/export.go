@@ -17,6 +17,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // AnnotationVolumeDigest names, on a ModelPack view's manifest, the digest
@@ -160,10 +161,10 @@ func headerBytes(p string, size int64) int64 {
 	switch {
 	case p == "config.json":
 		return min(size, 1<<20)
-	case layout.IsSafetensors(p):
-		return min(size, 8+layout.SafetensorsHeaderLimit)
-	case layout.IsGGUF(p):
-		return min(size, layout.GGUFHeaderLimit)
+	case tensorheader.IsSafetensors(p):
+		return min(size, 8+tensorheader.SafetensorsHeaderLimit)
+	case tensorheader.IsGGUF(p):
+		return min(size, tensorheader.GGUFHeaderLimit)
 	}
 	return 0
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/profile"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // profileFixture is a version in an OCI layout and a volume reading it
@@ -41,7 +42,7 @@ func newProfileFixture(t *testing.T, rec *profile.Recorder) *profileFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tgt, layout.DirSource(filepath.Join(dir, "tree")), layout.PushOptions{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+	res, err := push.Push(ctx, tgt, push.DirSource(filepath.Join(dir, "tree")), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}

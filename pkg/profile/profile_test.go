@@ -19,6 +19,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 func dg(s string) digest.Digest { return digest.FromString(s) }
@@ -33,7 +34,7 @@ func version(t *testing.T, seed uint64) *layout.Version {
 		"b.bin": testutil.RandBytes(seed+1, 200<<10),
 	})
 	store := memory.New()
-	res, err := layout.Push(context.Background(), store, layout.DirSource(dir), layout.PushOptions{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+	res, err := push.Push(context.Background(), store, push.DirSource(dir), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}

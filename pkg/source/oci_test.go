@@ -17,9 +17,9 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // randomBytes returns n bytes that do not compress.
@@ -111,7 +111,7 @@ func TestOCISourceTarReadOutOfOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestOCISourceCorruptTarFileFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err == nil {
 		err = Verify(context.Background(), src, res.Index)
 	}
@@ -187,7 +187,7 @@ func TestOCISourceImageWithCompressedLayers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestOCISourceRefs(t *testing.T) {
 	if got, err := Pin(context.Background(), "hf://org/model", Options{}); err != nil || got != "hf://org/model" {
 		t.Errorf("Pin of a Hub source: %q, %v", got, err)
 	}
-	var _ layout.Remote = (*ociSource)(nil)
+	var _ push.Remote = (*ociSource)(nil)
 }
 
 // TestOCISourceRefusesABdnvolVersion: a bdnvol version named as an oci://

@@ -7,6 +7,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/source"
 )
 
@@ -91,7 +92,7 @@ func previousRecord(ctx context.Context, t oci.Target, v *layout.Version) *sourc
 // that the previous version holds at that path with the same size the
 // digest the previous version gives it, so that the push takes its chunks
 // from there instead of reading it. It returns how many it matched.
-func reuseUnchanged(entries []layout.Entry, ids source.Identities, rec *sourceRecord, x *layout.Index) int {
+func reuseUnchanged(entries []push.Entry, ids source.Identities, rec *sourceRecord, x *layout.Index) int {
 	if rec == nil || x == nil || ids.Scope == "" || rec.Scope != ids.Scope {
 		return 0
 	}

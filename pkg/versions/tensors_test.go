@@ -22,6 +22,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 type testTensor struct {
@@ -173,8 +174,8 @@ func TestCompareTensorsHostileHeaderLength(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	_, err := CompareTensors(context.Background(), Side{tg, root}, Side{tg, root}, TensorOptions{})
 	runtime.ReadMemStats(&after)
-	if !errors.Is(err, layout.ErrHeaderTooLarge) || !strings.Contains(err.Error(), "m.safetensors") {
-		t.Errorf("got %v, want %v naming m.safetensors", err, layout.ErrHeaderTooLarge)
+	if !errors.Is(err, tensorheader.ErrHeaderTooLarge) || !strings.Contains(err.Error(), "m.safetensors") {
+		t.Errorf("got %v, want %v naming m.safetensors", err, tensorheader.ErrHeaderTooLarge)
 	}
 	if a := after.TotalAlloc - before.TotalAlloc; a > 8<<20 {
 		t.Errorf("allocated %d MiB for a header it refuses", a>>20)

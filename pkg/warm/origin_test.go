@@ -9,6 +9,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // TestWarmRecordsItsOrigin: a fill records the warmed version's repository
@@ -27,7 +28,7 @@ func TestWarmRecordsItsOrigin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := layout.Push(ctx, tgt, layout.DirSource(filepath.Join(dir, "tree")), layout.PushOptions{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+		res, err := push.Push(ctx, tgt, push.DirSource(filepath.Join(dir, "tree")), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/profile"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 func TestWarmFetchesTheProfileFirst(t *testing.T) {
@@ -26,7 +27,7 @@ func TestWarmFetchesTheProfileFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tgt, layout.DirSource(filepath.Join(dir, "tree")), layout.PushOptions{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+	res, err := push.Push(ctx, tgt, push.DirSource(filepath.Join(dir, "tree")), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
