@@ -17,6 +17,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
@@ -118,7 +119,7 @@ func Open(ctx context.Context, src content.Fetcher, root ocispec.Descriptor, opt
 	if opt.Cache == nil {
 		return nil, ErrNoCache
 	}
-	ver, err := layout.Open(ctx, opt.Cache.Fetcher(src), root)
+	ver, err := origin.Open(ctx, opt.Cache.Fetcher(src), root)
 	if err != nil {
 		return nil, err
 	}

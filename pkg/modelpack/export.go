@@ -55,7 +55,7 @@ func Export(ctx context.Context, t oci.Target, ref oci.Ref, root ocispec.Descrip
 		return nil, fmt.Errorf("%s: %w", dst, imageview.ErrDestinationDigest)
 	}
 	start := time.Now()
-	ver, err := layout.Open(ctx, t, root)
+	ver, err := layout.OpenWith(ctx, t, root, layout.OpenOptions{Foreign: []layout.ForeignFormat{Format}})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}

@@ -9,10 +9,10 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
-func init() {
-	layout.RegisterForeign(ArtifactType, Open)
-	layout.RegisterForeign(MediaTypeConfig, Open)
-}
+// Format is ModelPack as layout.OpenWith reads it (OpenOptions.Foreign):
+// manifests of ArtifactType, or of config MediaTypeConfig without one,
+// opened with Open.
+var Format = layout.ForeignFormat{Types: []string{ArtifactType, MediaTypeConfig}, Open: Open}
 
 // Open reads the model whose manifest is desc into a read-only
 // layout.Version (see Build): its index lists the model's files, and its

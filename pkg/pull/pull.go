@@ -138,7 +138,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 			wrap = cache.Fetcher
 		}
 	}
-	v, err := layout.Open(ctx, wrap(src), desc)
+	v, err := origin.Open(ctx, wrap(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}

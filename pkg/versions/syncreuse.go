@@ -7,6 +7,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/source"
 )
@@ -57,7 +58,7 @@ func previousVersion(ctx context.Context, t oci.Target, tag string) *layout.Vers
 	if err != nil {
 		return nil
 	}
-	v, err := layout.Open(ctx, t, d)
+	v, err := origin.Open(ctx, t, d)
 	if err != nil {
 		return nil
 	}

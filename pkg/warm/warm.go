@@ -73,7 +73,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 	}
 	desc, src := o.Root, o.Fetcher
 	cache = cache.For(o.Name()) // chunkcache's origin rule: what ref's repository delivered
-	ver, err := layout.Open(ctx, cache.Fetcher(src), desc)
+	ver, err := origin.Open(ctx, cache.Fetcher(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
