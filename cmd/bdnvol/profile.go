@@ -56,7 +56,7 @@ func (c *ProfileRecordCmd) Run(ctx context.Context, g *Globals) error {
 	r, err := mounts.Record(ctx, ref, mounts.RecordOptions{
 		Open:   mounts.OpenOptions{OCI: g.options(), Cache: cache, Jobs: c.Jobs},
 		Serve:  mounts.ServeOptions{UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Logf: g.logf},
-		Window: profile.RecordOptions{Quiet: c.Quiet, MaxTime: c.MaxTime, MaxChunks: c.MaxChunks},
+		Window: profile.Window{Quiet: c.Quiet, MaxTime: c.MaxTime, MaxChunks: c.MaxChunks},
 		Run:    c.runCommand(g),
 	})
 	if err != nil {

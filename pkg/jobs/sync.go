@@ -22,7 +22,7 @@ type SyncReport struct {
 	// FilesUnchanged counts the files the store identified as for the
 	// previous version: their chunk lists were reused, their bytes not read.
 	FilesUnchanged int `json:"files_unchanged"`
-	versions.Report
+	versions.PublishReport
 }
 
 // SourceOptions are the options of spec's source; userAgent names the
@@ -126,5 +126,5 @@ func syncVersion(ctx context.Context, j *Job, counters *progress.Counters, setPh
 	if res.Unchanged > 0 {
 		logf("%d files unchanged at the source since the previous version: not read", res.Unchanged)
 	}
-	return &SyncReport{Source: spec.Source, Commit: res.Revision, FilesUnchanged: res.Unchanged, Report: res.Report(ref)}, nil
+	return &SyncReport{Source: spec.Source, Commit: res.Revision, FilesUnchanged: res.Unchanged, PublishReport: res.Report(ref)}, nil
 }

@@ -31,7 +31,7 @@ type ProfileOptions struct {
 	// only at referrers and records nothing.
 	Store profile.Store
 	// Record bounds the window of a profile recorded in auto mode.
-	Record profile.RecordOptions
+	Record profile.Window
 	// Logf (if set) is told what was replayed or recorded.
 	Logf func(format string, args ...any)
 }

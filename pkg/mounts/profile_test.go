@@ -137,7 +137,7 @@ func TestFindProfileNodeFirstThenReferrer(t *testing.T) {
 }
 
 func TestAutoModeRecordsWhenReadsPause(t *testing.T) {
-	rec := profile.NewRecorder(profile.RecordOptions{Quiet: 100 * time.Millisecond})
+	rec := profile.NewRecorder(profile.Window{Quiet: 100 * time.Millisecond})
 	fx := newProfileFixture(t, rec)
 	store := profile.Store{Dir: t.TempDir()}
 	startProfile(fx.vol, fx.tgt, rec, ProfileOptions{Mode: ProfileAuto, Store: store})

@@ -17,7 +17,7 @@ type RecordOptions struct {
 	// Serve serves it; no mount state is written.
 	Serve ServeOptions
 	// Window bounds the start window.
-	Window profile.RecordOptions
+	Window profile.Window
 	// Run is the workload, given the mountpoint; its context is cancelled
 	// when the window closes before it returns.
 	Run func(ctx context.Context, mountpoint string) error

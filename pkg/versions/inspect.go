@@ -224,15 +224,15 @@ type Diff struct {
 	UploadBytes int64 `json:"upload_bytes"`
 }
 
-// Side is one version to compare: where it is and its root.
-type Side struct {
+// Located is one version to compare: where it is and its root.
+type Located struct {
 	Src  content.Fetcher
 	Desc ocispec.Descriptor
 }
 
 // Compare opens and verifies versions a and b and compares them at file and
 // chunk level.
-func Compare(ctx context.Context, a, b Side) (*Diff, error) {
+func Compare(ctx context.Context, a, b Located) (*Diff, error) {
 	va, vb, err := openSides(ctx, a, b)
 	if err != nil {
 		return nil, err
@@ -301,7 +301,7 @@ func Compare(ctx context.Context, a, b Side) (*Diff, error) {
 
 // openSides opens and verifies the versions a and b for a comparison: their
 // indexes, without the chunk edges.
-func openSides(ctx context.Context, a, b Side) (*layout.Version, *layout.Version, error) {
+func openSides(ctx context.Context, a, b Located) (*layout.Version, *layout.Version, error) {
 	va, err := origin.OpenWith(ctx, a.Src, a.Desc, layout.OpenOptions{SkipEdges: true})
 	if err != nil {
 		return nil, nil, err

@@ -126,7 +126,7 @@ func (t tensor) own() bool {
 // It reads the file indexes and the chunks that hold the headers only: a
 // tensor's bytes are unchanged exactly when the chunk extents that hold them
 // are, and chunks are cut at tensor boundaries.
-func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorDiff, error) {
+func CompareTensors(ctx context.Context, a, b Located, opt TensorOptions) (*TensorDiff, error) {
 	va, vb, err := openSides(ctx, a, b)
 	if err != nil {
 		return nil, err

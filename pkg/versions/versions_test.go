@@ -331,7 +331,7 @@ func TestInspectAndCompare(t *testing.T) {
 		t.Fatalf("inspect files: %+v", det.Files)
 	}
 
-	diff, err := Compare(ctx, Side{tg, vs[0].Root}, Side{tg, vs[1].Root})
+	diff, err := Compare(ctx, Located{tg, vs[0].Root}, Located{tg, vs[1].Root})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func TestInspectAndCompare(t *testing.T) {
 	if diff.UploadBytes != vs[1].BytesUploaded {
 		t.Fatalf("diff predicts %d uploaded bytes, push uploaded %d", diff.UploadBytes, vs[1].BytesUploaded)
 	}
-	same, err := Compare(ctx, Side{tg, vs[2].Root}, Side{tg, vs[2].Root})
+	same, err := Compare(ctx, Located{tg, vs[2].Root}, Located{tg, vs[2].Root})
 	if err != nil || same.UploadBytes != 0 || same.Unchanged != vs[2].Files || len(same.Changed) != 0 {
 		t.Fatalf("self diff: %+v %v", same, err)
 	}

@@ -61,7 +61,7 @@ func TestWarmRecordsItsOrigin(t *testing.T) {
 	if err := two.Fill(ctx, cache, FillOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []*Plan{one, two} {
+	for _, p := range []*Opened{one, two} {
 		if _, missing := cachedOf(cache, p); missing != 0 {
 			t.Errorf("%s: %d chunks missing after both were warmed", p.Ref, missing)
 		}

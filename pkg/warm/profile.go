@@ -15,7 +15,7 @@ import (
 // profileFirst puts the chunks of t the version's startup profile lists
 // first in t.Need, in the profile's order; the rest keep theirs. With no
 // profile (or one of another version) t is left as it is.
-func (t *Plan) profileFirst(ctx context.Context, tgt oci.Target, opt mounts.ProfileOptions) {
+func (t *Opened) profileFirst(ctx context.Context, tgt oci.Target, opt mounts.ProfileOptions) {
 	p, _, err := mounts.FindProfile(ctx, tgt, t.Version.Root, opt)
 	if err != nil {
 		if !errors.Is(err, profile.ErrNotFound) && opt.Logf != nil {
