@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/internal/bounded"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -73,15 +74,13 @@ func (c *Cache) LoadMemo() (*PieceMemo, error) {
 	if c == nil {
 		return nil, nil
 	}
-	f, err := os.Open(c.MemoPath())
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, nil
-		}
-		return nil, err
+	b, err := bounded.ReadFile(c.MemoPath(), maxMemoBytes)
+	if os.IsNotExist(err) {
+		return nil, nil
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxMemoBytes+1))
+	if errors.Is(err, bounded.ErrTooLarge) || errors.Is(err, bounded.ErrNotRegular) {
+		return nil, fmt.Errorf("%s: %w: %v", c.MemoPath(), errMemo, err)
+	}
 	if err != nil {
 		return nil, err
 	}
