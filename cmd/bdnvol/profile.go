@@ -188,8 +188,8 @@ func (c *ProfileShowCmd) find(ctx context.Context, g *Globals) (*profile.Profile
 	if err != nil {
 		return nil, "", err
 	}
-	opt := mounts.ProfileOptions{Mode: mounts.ProfileAuto, Store: profile.StoreIn(filepath.Join(g.cacheDir(), "chunks"))}
-	p, from, err := mounts.FindProfile(ctx, t, root.Desc, opt)
+	opt := profile.Options{Mode: profile.ModeAuto, Store: profile.StoreIn(filepath.Join(g.cacheDir(), "chunks"))}
+	p, from, err := profile.Find(ctx, t, root.Desc, opt)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", r.Pinned(root.Desc.Digest), err)
 	}

@@ -39,7 +39,7 @@ type Recorded struct {
 func Record(ctx context.Context, ref oci.Ref, opt RecordOptions) (*Recorded, error) {
 	rec := profile.NewRecorder(opt.Window)
 	o := opt.Open
-	o.Profile, o.Recorder = ProfileOptions{}, rec
+	o.Profile, o.Recorder = profile.Options{}, rec
 	vol, pinned, err := Open(ctx, ref, o)
 	if err != nil {
 		return nil, err

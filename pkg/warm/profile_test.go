@@ -11,7 +11,6 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/profile"
 	"github.com/bdnvol/bdnvol/pkg/push"
@@ -51,9 +50,9 @@ func TestWarmFetchesTheProfileFirst(t *testing.T) {
 	if err := os.WriteFile(file, profile.New(res.Root.Digest, first).Encode(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for name, opt := range map[string]mounts.ProfileOptions{
+	for name, opt := range map[string]profile.Options{
 		"file": {Mode: file},
-		"auto": {Mode: mounts.ProfileAuto, Store: storeWith(t, profile.New(res.Root.Digest, first))},
+		"auto": {Mode: profile.ModeAuto, Store: storeWith(t, profile.New(res.Root.Digest, first))},
 	} {
 		plan, err := Open(ctx, cache, refStr, "", Options{Profile: opt})
 		if err != nil {
@@ -78,7 +77,7 @@ func TestWarmFetchesTheProfileFirst(t *testing.T) {
 	if err := os.WriteFile(other, profile.New(digest.FromString("x"), first).Encode(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	plan, err := Open(ctx, cache, refStr, "", Options{Profile: mounts.ProfileOptions{Mode: other}})
+	plan, err := Open(ctx, cache, refStr, "", Options{Profile: profile.Options{Mode: other}})
 	if err != nil || plan.Need[0].Digest != plain.Need[0].Digest {
 		t.Fatalf("a profile of another version reordered the plan (%v)", err)
 	}

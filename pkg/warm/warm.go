@@ -17,9 +17,9 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/origin"
+	"github.com/bdnvol/bdnvol/pkg/profile"
 )
 
 // ErrDoesNotFit means the versions asked for, with what running mounts
@@ -37,7 +37,7 @@ type Options struct {
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 	// Profile finds each version's startup profile, whose chunks are
 	// warmed first, in its order; the zero value uses none.
-	Profile mounts.ProfileOptions
+	Profile profile.Options
 }
 
 // Opened is one version opened for warming: its index read (through the

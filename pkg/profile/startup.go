@@ -1,4 +1,4 @@
-package mounts
+package profile
 
 import (
 	"context"
@@ -9,53 +9,52 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/bdnvol/bdnvol/internal/termsafe"
-	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
-	"github.com/bdnvol/bdnvol/pkg/profile"
 )
 
-// Profile modes (see ProfileOptions.Mode).
+// Profile modes (see Options.Mode).
 const (
-	ProfileAuto = "auto"
-	ProfileOff  = "off"
+	ModeAuto = "auto"
+	ModeOff  = "off"
 )
 
-// ProfileOptions say where a mount looks for the startup profile of its
-// version, and whether it records one.
-type ProfileOptions struct {
-	// Mode is ProfileOff or "" (no profile), ProfileAuto (the node's
+// Options say where a mount or a warm looks for the startup profile of its
+// version, and whether a mount records one.
+type Options struct {
+	// Mode is ModeOff or "" (no profile), ModeAuto (the node's
 	// store, then a referrer of the version; with none, the mount
 	// records one into the store), or the path of a profile file.
 	Mode string
 	// Store is the node's profile store; with no Dir, auto mode looks
 	// only at referrers and records nothing.
-	Store profile.Store
+	Store Store
 	// Record bounds the window of a profile recorded in auto mode.
-	Record profile.Window
+	Record Window
 	// Logf (if set) is told what was replayed or recorded.
 	Logf func(format string, args ...any)
 }
 
-// CheckProfileMode refuses a profile mode that is neither off, auto nor
-// a readable profile file.
-func CheckProfileMode(mode string) error {
-	if mode == "" || mode == ProfileAuto || mode == ProfileOff {
+// CheckMode refuses a profile mode that is neither off, auto nor a
+// readable profile file.
+func CheckMode(mode string) error {
+	if mode == "" || mode == ModeAuto || mode == ModeOff {
 		return nil
 	}
-	_, err := profile.ReadFile(mode)
+	_, err := ReadFile(mode)
 	return err
 }
 
-// FindProfile returns the profile mode selects for the version whose root
-// is root in t, and where it came from; ErrNotFound-wrapping when there
-// is none (or mode is off).
-func FindProfile(ctx context.Context, t oci.Target, root ocispec.Descriptor, opt ProfileOptions) (*profile.Profile, string, error) {
+// Find returns the profile opt.Mode selects for the version whose root is
+// root in t (nil: no referrer looked at), and where it came from;
+// ErrNotFound-wrapping when there is none (or the mode is off).
+func Find(ctx context.Context, t oci.Target, root ocispec.Descriptor, opt Options) (*Profile, string, error) {
 	switch opt.Mode {
-	case ProfileOff, "":
-		return nil, "", profile.ErrNotFound
-	case ProfileAuto:
+	case ModeOff, "":
+		return nil, "", ErrNotFound
+	case ModeAuto:
 	default:
-		p, err := profile.ReadFile(opt.Mode)
+		p, err := ReadFile(opt.Mode)
 		return p, opt.Mode, err
 	}
 	if opt.Store.Dir != "" {
@@ -63,28 +62,40 @@ func FindProfile(ctx context.Context, t oci.Target, root ocispec.Descriptor, opt
 		if err == nil {
 			return p, opt.Store.Path(root.Digest), nil
 		}
-		if !errors.Is(err, profile.ErrNotFound) {
+		if !errors.Is(err, ErrNotFound) {
 			opt.logf("profile of %s: %s", root.Digest, termsafe.Text(err.Error()))
 		}
 	}
 	if t == nil {
-		return nil, "", profile.ErrNotFound
+		return nil, "", ErrNotFound
 	}
-	p, err := profile.Fetch(ctx, t, root)
+	p, err := Fetch(ctx, t, root)
 	return p, "referrer", err
 }
 
-// startProfile replays the profile of vol's version in the background,
-// ahead of any reader, or, in auto mode with no profile, records one into
-// the store through rec (nil: record nothing).
-func startProfile(vol *lazy.Volume, t oci.Target, rec *profile.Recorder, opt ProfileOptions) {
-	if opt.Mode == ProfileOff || opt.Mode == "" {
+// Volume is a mounted version as a profile is replayed into it: a
+// lazy.Volume.
+type Volume interface {
+	Root() ocispec.Descriptor
+	Version() *layout.Version
+	// LoadChunks fetches chunks ks of the version into the cache, the
+	// volume's jobs at a time.
+	LoadChunks(ctx context.Context, ks []int) error
+	// Go runs fn in the background until the volume is unmounted.
+	Go(fn func(ctx context.Context))
+}
+
+// Start replays the profile of vol's version in the background, ahead of
+// any reader, or, in auto mode with no profile, records one into the
+// store through rec (nil: record nothing).
+func Start(vol Volume, t oci.Target, rec *Recorder, opt Options) {
+	if opt.Mode == ModeOff || opt.Mode == "" {
 		return
 	}
 	vol.Go(func(ctx context.Context) {
 		start := time.Now()
 		root := vol.Root()
-		p, from, err := FindProfile(ctx, t, root, opt)
+		p, from, err := Find(ctx, t, root, opt)
 		if err == nil {
 			if rec != nil {
 				rec.Stop()
@@ -97,7 +108,7 @@ func startProfile(vol *lazy.Volume, t oci.Target, rec *profile.Recorder, opt Pro
 			}
 			return
 		}
-		if !errors.Is(err, profile.ErrNotFound) && ctx.Err() == nil {
+		if !errors.Is(err, ErrNotFound) && ctx.Err() == nil {
 			opt.logf("profile of %s not used: %s", root.Digest, termsafe.Text(err.Error()))
 		}
 		if rec == nil {
@@ -118,9 +129,9 @@ func startProfile(vol *lazy.Volume, t oci.Target, rec *profile.Recorder, opt Pro
 
 // Replay fetches the chunks of vol's version that p lists, in p's order,
 // with the volume's jobs in flight, and returns how many it asked for. A
-// profile of another version is refused (profile.ErrOtherVersion) and
-// fetches nothing.
-func Replay(ctx context.Context, vol *lazy.Volume, p *profile.Profile) (int, error) {
+// profile of another version is refused (ErrOtherVersion) and fetches
+// nothing.
+func Replay(ctx context.Context, vol Volume, p *Profile) (int, error) {
 	ks, err := p.Order(vol.Version())
 	if err != nil {
 		return 0, err
@@ -131,7 +142,7 @@ func Replay(ctx context.Context, vol *lazy.Volume, p *profile.Profile) (int, err
 	return len(ks), nil
 }
 
-func (o ProfileOptions) logf(format string, args ...any) {
+func (o Options) logf(format string, args ...any) {
 	if o.Logf != nil {
 		o.Logf(format, args...)
 	}
