@@ -1,8 +1,12 @@
 package bdnvol_test
 
 import (
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -152,6 +156,43 @@ func TestPackageTiers(t *testing.T) {
 		for _, imp := range fields[1:] {
 			if imp, ok := strings.CutPrefix(imp, module); ok && tierOf(tiers, imp) >= 0 && tierOf(tiers, imp) < tier {
 				t.Errorf("%s imports %s, a tier above it in docs/packages.md", pkg, imp)
+			}
+		}
+	}
+}
+
+// mayImportSentence is the one thing a package's doc comment may say about
+// its imports: the package map says the rest, and is checked.
+const mayImportSentence = "What it may import is its row of docs/packages.md."
+
+// TestPackageDocsDeferImports keeps package doc comments from drifting from
+// docs/packages.md: a doc comment that speaks of what its package may
+// import, or of who imports it, says only mayImportSentence (a list of
+// packages there went stale twice).
+func TestPackageDocsDeferImports(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{.Dir}}`, "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	fset := token.NewFileSet()
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, dir, _ := strings.Cut(line, " ")
+		pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments|parser.PackageClauseOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pkgs {
+			for name, f := range p.Files {
+				if f.Doc == nil {
+					continue
+				}
+				doc := strings.Join(strings.Fields(f.Doc.Text()), " ")
+				rest := strings.ReplaceAll(doc, mayImportSentence, "")
+				for _, phrase := range []string{"may import", "imports it", "imported by"} {
+					if strings.Contains(rest, phrase) {
+						t.Errorf("%s (%s): the package doc says what %q; say only %q", pkg, filepath.Base(name), phrase, mayImportSentence)
+					}
+				}
 			}
 		}
 	}

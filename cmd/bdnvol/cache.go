@@ -14,7 +14,6 @@ import (
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/profile"
 	"github.com/bdnvol/bdnvol/pkg/warm"
@@ -53,7 +52,7 @@ func (c *CacheWarmCmd) Run(ctx context.Context, g *Globals) error {
 	if c.Prefetch == "headers" || c.Prefetch == "none" {
 		return usageError{fmt.Errorf("--prefetch %s: cache warm takes all or globs", c.Prefetch)}
 	}
-	if err := mounts.CheckProfileMode(c.Profile); err != nil {
+	if err := profile.CheckMode(c.Profile); err != nil {
 		return usageError{fmt.Errorf("--profile: %w", err)}
 	}
 	cache, err := c.open(g)
@@ -64,7 +63,7 @@ func (c *CacheWarmCmd) Run(ctx context.Context, g *Globals) error {
 	start := time.Now()
 	targets, err := warm.Warm(ctx, cache, c.Refs, warm.WarmOptions{
 		Options: warm.Options{OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
-			Profile: mounts.ProfileOptions{Mode: c.Profile, Store: profile.StoreIn(cache.Dir()), Logf: g.logf}},
+			Profile: profile.Options{Mode: c.Profile, Store: profile.StoreIn(cache.Dir()), Logf: g.logf}},
 		Patterns: c.Prefetch,
 		Fill:     warm.FillOptions{Jobs: c.Jobs, Limiter: ratelimit.New(int64(c.Bandwidth)), Progress: func(n int64) { done.Add(n) }},
 	})

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/units"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/ociarchive"
 	"github.com/bdnvol/bdnvol/pkg/replicate"
@@ -82,7 +82,7 @@ func (c *CopyCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		dt = sinceTarget{Target: dt, have: have}
 	}
-	counters := &layout.Counters{}
+	counters := &progress.Counters{}
 	ropt := replicate.Options{Jobs: c.Jobs, Referrers: c.Referrers, Counters: counters, PartSize: opt.PartSize, Logf: g.logf,
 		MaxBlobBytes: int64(c.MaxBlob), MaxManifests: c.MaxMfst}
 	stop := startProgress(g.stderr, "copy", counters)

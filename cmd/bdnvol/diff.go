@@ -21,13 +21,13 @@ type DiffCmd struct {
 
 // Run compares the versions.
 func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
-	var sides [2]versions.Side
+	var sides [2]versions.Located
 	for i, s := range []string{c.A, c.B} {
 		_, t, root, err := openVersion(ctx, g, s)
 		if err != nil {
 			return err
 		}
-		sides[i] = versions.Side{Src: t, Desc: root.Desc}
+		sides[i] = versions.Located{Src: t, Desc: root.Desc}
 	}
 	if c.Tensors {
 		return c.tensors(ctx, g, sides)
@@ -56,7 +56,7 @@ func (c *DiffCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 // tensors prints the tensor-level comparison.
-func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Side) error {
+func (c *DiffCmd) tensors(ctx context.Context, g *Globals, sides [2]versions.Located) error {
 	d, err := versions.CompareTensors(ctx, sides[0], sides[1], versions.TensorOptions{Resolve: c.Resolve})
 	if err != nil {
 		return err

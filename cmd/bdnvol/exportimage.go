@@ -10,6 +10,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 )
 
 // ExportImageCmd builds the image view of a version.
@@ -38,7 +39,7 @@ func (c *ExportImageCmd) Run(ctx context.Context, g *Globals) error {
 		return usageError{err}
 	}
 	out, err := imageview.Export(ctx, t, ref, root.Desc, root.Bytes, dst, g.options(), imageview.Options{
-		Root: c.Root, LayerBytes: int64(c.LayerSize), OS: osName, Architecture: arch,
+		Root: c.Root, LayerBytes: int64(c.LayerSize), OS: osName, Architecture: arch, Foreign: origin.Formats,
 	})
 	if err != nil {
 		return err

@@ -22,7 +22,6 @@ import (
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/csi"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -301,6 +300,6 @@ func (s *Size) UnmarshalText(b []byte) error {
 
 // startProgress draws a progress line of c on w while work runs, if w is
 // a terminal; the returned function stops it and clears the line.
-func startProgress(w io.Writer, verb string, c *layout.Counters) func() {
+func startProgress(w io.Writer, verb string, c *progress.Counters) func() {
 	return progress.Start(w, verb, func() (int64, int64, int64) { return c.Total.Load(), c.Processed.Load(), c.Sent.Load() })
 }

@@ -57,7 +57,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	if err := mounts.CheckProfileMode(c.Profile); err != nil {
+	if err := profile.CheckMode(c.Profile); err != nil {
 		return usageError{fmt.Errorf("--profile: %w", err)}
 	}
 	if err := c.MirrorFlags.check(); err != nil {
@@ -83,7 +83,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	return mounts.Run(ctx, targets, mounts.RunOptions{
 		Open: mounts.OpenOptions{
 			OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: met.Wrap(),
-			Profile: mounts.ProfileOptions{Mode: c.Profile, Store: profile.StoreIn(cache.Dir()), Logf: g.logf},
+			Profile: profile.Options{Mode: c.Profile, Store: profile.StoreIn(cache.Dir()), Logf: g.logf},
 		},
 		Serve: mounts.ServeOptions{
 			AllowOther: c.AllowOther, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Debug: c.Debug, NoPassthrough: !c.Passthrough, Store: &store, Logf: g.logf,

@@ -56,7 +56,7 @@ func (c *ProfileRecordCmd) Run(ctx context.Context, g *Globals) error {
 	r, err := mounts.Record(ctx, ref, mounts.RecordOptions{
 		Open:   mounts.OpenOptions{OCI: g.options(), Cache: cache, Jobs: c.Jobs},
 		Serve:  mounts.ServeOptions{UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Logf: g.logf},
-		Window: profile.RecordOptions{Quiet: c.Quiet, MaxTime: c.MaxTime, MaxChunks: c.MaxChunks},
+		Window: profile.Window{Quiet: c.Quiet, MaxTime: c.MaxTime, MaxChunks: c.MaxChunks},
 		Run:    c.runCommand(g),
 	})
 	if err != nil {
@@ -188,8 +188,8 @@ func (c *ProfileShowCmd) find(ctx context.Context, g *Globals) (*profile.Profile
 	if err != nil {
 		return nil, "", err
 	}
-	opt := mounts.ProfileOptions{Mode: mounts.ProfileAuto, Store: profile.StoreIn(filepath.Join(g.cacheDir(), "chunks"))}
-	p, from, err := mounts.FindProfile(ctx, t, root.Desc, opt)
+	opt := profile.Options{Mode: profile.ModeAuto, Store: profile.StoreIn(filepath.Join(g.cacheDir(), "chunks"))}
+	p, from, err := profile.Find(ctx, t, root.Desc, opt)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", r.Pinned(root.Desc.Digest), err)
 	}

@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/bdnvol/bdnvol/internal/pathglob"
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/units"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/pull"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
@@ -68,7 +68,7 @@ func (c *PullCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	c.RateFlags.apply(g)
-	counters := &layout.Counters{}
+	counters := &progress.Counters{}
 	out, err := pull.Pull(ctx, ref, c.Dir, pull.Options{
 		OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Policy: policy,
 		CacheDir: g.cacheDir(), Cache: pull.CacheModeOf(c.Cache, c.NoCache), CacheSize: int64(c.CacheSize),

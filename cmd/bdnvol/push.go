@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -43,16 +46,16 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
-	counters := &layout.Counters{}
+	counters := &progress.Counters{}
 	stop := startProgress(g.stderr, "push", counters)
-	res, err := versions.Publish(ctx, t, layout.DirSource(c.Dir), versions.PublishOptions{
+	res, err := versions.Publish(ctx, t, push.DirSource(c.Dir), versions.PublishOptions{
 		Tag:   ref.Tag,
 		Extra: c.Tag,
-		Push: layout.PushOptions{
+		Push: push.Options{
 			Params:      params,
 			MaxLayers:   c.MaxLayers,
 			Jobs:        c.Jobs,
-			Cache:       layout.OpenStatCache(g.cacheDir(), c.Dir, params),
+			Cache:       statcache.Open(g.cacheDir(), c.Dir, params),
 			Counters:    counters,
 			Destination: ref.Repo(),
 		},

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/pkg/jobs"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // SyncCmd seals a remote source as a new version, as a job.
@@ -66,7 +66,7 @@ func (c *SyncCmd) Run(ctx context.Context, g *Globals) error {
 func runJob(ctx context.Context, g *Globals, store *jobs.Store, id string, foreground, asJSON bool) error {
 	opt := jobs.SyncOptions{UserAgent: "bdnvol/" + version, Log: g.stderr, Foreground: foreground}
 	if foreground {
-		opt.Progress = func(c *layout.Counters) func() { return startProgress(g.stderr, "sync", c) }
+		opt.Progress = func(c *progress.Counters) func() { return startProgress(g.stderr, "sync", c) }
 	}
 	out, err := store.RunSync(ctx, id, opt)
 	if err != nil || !foreground {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -24,7 +24,7 @@ func (c *TagCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	if _, err := layout.Open(ctx, t, root.Desc); err != nil {
+	if _, err := origin.Open(ctx, t, root.Desc); err != nil {
 		return fmt.Errorf("%s: %w", ref, err)
 	}
 	moves, err := versions.Tag(ctx, t, root, c.Tags, versions.TagOptions{})

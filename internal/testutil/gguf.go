@@ -3,6 +3,7 @@ package testutil
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 )
 
 // GGUFTensor is one tensor GGUF writes: its name, ggml type (0 F32, 1
@@ -51,4 +52,16 @@ func GGUF(meta []string, align uint32, tensors []GGUFTensor) []byte {
 		b.Write(make([]byte, pad(uint64(len(t.Data)))-uint64(len(t.Data))))
 	}
 	return b.Bytes()
+}
+
+// GGUFCheckpoint is a generated GGUF model: n F16 matrices of big bytes
+// each, a small F32 norm after each, the data of tensor i from seed+i.
+func GGUFCheckpoint(n, big int, seed func(i int) uint64) []byte {
+	var ts []GGUFTensor
+	for i := range n {
+		ts = append(ts,
+			GGUFTensor{Name: fmt.Sprintf("blk.%d.attn_q.weight", i), Type: 1, Dims: []uint64{uint64(big / 2 / 64), 64}, Data: RandBytes(seed(i), big)},
+			GGUFTensor{Name: fmt.Sprintf("blk.%d.attn_norm.weight", i), Type: 0, Dims: []uint64{250}, Data: RandBytes(seed(i)+1<<32, 1000)})
+	}
+	return GGUF([]string{"general.architecture", "llama", "general.name", "test"}, 32, ts)
 }

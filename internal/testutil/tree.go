@@ -42,3 +42,15 @@ func WriteVolumeTree(t testing.TB, root string, files map[string][]byte) {
 	}
 	WriteTree(t, root, regular)
 }
+
+// SwapTree swaps the directory root/sub for a symlink to outside (a
+// directory outside root), as an attacker racing a reader of root would.
+func SwapTree(t testing.TB, root, outside string) {
+	t.Helper()
+	if err := os.Rename(filepath.Join(root, "sub"), filepath.Join(root, "sub.old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "sub")); err != nil {
+		t.Fatal(err)
+	}
+}

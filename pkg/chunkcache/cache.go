@@ -280,7 +280,16 @@ func (c *Cache) Load(ctx context.Context, src content.Fetcher, desc ocispec.Desc
 		c.flight[key] = cl
 		c.mu.Unlock()
 
-		ch, mem, err := c.fetch(ctx, src, desc)
+		// A load that ended between the look at the disk above and the
+		// flight just registered has stored the blob: use it.
+		ch, err = c.open(desc)
+		var mem []byte
+		if ch == nil && err == nil {
+			ch, mem, err = c.fetch(ctx, src, desc)
+		} else if ch != nil {
+			c.hits.Add(1)
+			c.hitBytes.Add(desc.Size)
+		}
 		cl.err, cl.mem = err, mem
 		c.mu.Lock()
 		delete(c.flight, key)

@@ -41,7 +41,7 @@ type MounterOptions struct {
 	// Warmer, when set, is served at GET /v1/warm.
 	Warmer *warm.Warmer
 	// Profile is the startup profile mode of every mount
-	// (mounts.ProfileOptions.Mode); "" uses none.
+	// (profile.Options.Mode); "" uses none.
 	Profile string
 	// Handoff is the socket where a successor asks this mounter for its
 	// mounts, and where NewMounter asks a predecessor for its own ("" for

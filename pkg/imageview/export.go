@@ -48,7 +48,7 @@ func Export(ctx context.Context, t oci.Target, ref oci.Ref, root ocispec.Descrip
 		return nil, fmt.Errorf("%s: %w", dst, ErrDestinationDigest)
 	}
 	start := time.Now()
-	ver, err := layout.Open(ctx, t, root)
+	ver, err := layout.OpenWith(ctx, t, root, layout.OpenOptions{Foreign: opt.Foreign})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}

@@ -8,9 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 func TestExportAttachesToTheVolumeAndTagsAnotherRepository(t *testing.T) {
@@ -23,7 +24,7 @@ func TestExportAttachesToTheVolumeAndTagsAnotherRepository(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{Params: smallParams})
+	res, err := push.Push(ctx, tg, push.DirSource(src), push.Options{Params: smallParams})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func TestExportRefusesWhiteoutNames(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{Params: smallParams})
+			res, err := push.Push(ctx, tg, push.DirSource(src), push.Options{Params: smallParams})
 			if err != nil {
 				t.Fatal(err)
 			}

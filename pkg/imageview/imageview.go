@@ -81,6 +81,9 @@ type Options struct {
 	OS, Architecture string
 	// TempDir holds one layer at a time while it is built ("": os.TempDir).
 	TempDir string
+	// Foreign are the formats besides bdnvol's that Export reads the
+	// version in (origin.Formats); none: a bdnvol volume only.
+	Foreign []layout.ForeignFormat
 }
 
 func (o Options) withDefaults() (Options, error) {

@@ -19,6 +19,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 var smallParams = layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}
@@ -50,7 +51,7 @@ func pushVersion(t *testing.T, files map[string][]byte) (oci.Target, *layout.Ver
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tg, layout.DirSource(dir), layout.PushOptions{Params: smallParams})
+	res, err := push.Push(ctx, tg, push.DirSource(dir), push.Options{Params: smallParams})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,9 +6,9 @@ import (
 	"io"
 	"time"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/internal/units"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/source"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -22,7 +22,7 @@ type SyncReport struct {
 	// FilesUnchanged counts the files the store identified as for the
 	// previous version: their chunk lists were reused, their bytes not read.
 	FilesUnchanged int `json:"files_unchanged"`
-	versions.Report
+	versions.PublishReport
 }
 
 // SourceOptions are the options of spec's source; userAgent names the
@@ -59,7 +59,7 @@ type SyncOptions struct {
 	Foreground bool
 	// Progress (if set) is started with the counters of the work and
 	// stopped when it ends.
-	Progress func(*layout.Counters) func()
+	Progress func(*progress.Counters) func()
 }
 
 // RunSync runs sync job id in this process (see RunLogged): the job's
@@ -69,7 +69,7 @@ func (s *Store) RunSync(ctx context.Context, id string, opt SyncOptions) (*SyncR
 	start := time.Now()
 	var out *SyncReport
 	_, err := s.RunLogged(ctx, id, opt.Log, opt.Foreground, func(ctx context.Context, j *Job, r *Reporter, logf Logf) (Result, error) {
-		counters := &layout.Counters{}
+		counters := &progress.Counters{}
 		r.Sample(func(p *Progress) {
 			p.Total, p.Processed, p.Sent = counters.Total.Load(), counters.Processed.Load(), counters.Sent.Load()
 		})
@@ -95,7 +95,7 @@ func (s *Store) RunSync(ctx context.Context, id string, opt SyncOptions) (*SyncR
 }
 
 // syncVersion runs the sync of job j, logging what it does.
-func syncVersion(ctx context.Context, j *Job, counters *layout.Counters, setPhase func(string, int), logf Logf, userAgent string) (*SyncReport, error) {
+func syncVersion(ctx context.Context, j *Job, counters *progress.Counters, setPhase func(string, int), logf Logf, userAgent string) (*SyncReport, error) {
 	spec := j.Spec
 	ref, err := oci.ParseRef(spec.Destination)
 	if err != nil {
@@ -126,5 +126,5 @@ func syncVersion(ctx context.Context, j *Job, counters *layout.Counters, setPhas
 	if res.Unchanged > 0 {
 		logf("%d files unchanged at the source since the previous version: not read", res.Unchanged)
 	}
-	return &SyncReport{Source: spec.Source, Commit: res.Revision, FilesUnchanged: res.Unchanged, Report: res.Report(ref)}, nil
+	return &SyncReport{Source: spec.Source, Commit: res.Revision, FilesUnchanged: res.Unchanged, PublishReport: res.Report(ref)}, nil
 }

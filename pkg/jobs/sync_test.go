@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/source"
 	"github.com/bdnvol/bdnvol/pkg/versions"
@@ -47,15 +47,15 @@ func TestRunSyncSealsLogsAndRecordsTheVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log bytes.Buffer
-	progress := 0
+	calls := 0
 	out, err := s.RunSync(ctx, j.ID, SyncOptions{UserAgent: "t/1", Log: &log,
-		Progress: func(c *layout.Counters) func() { progress++; return func() {} }})
+		Progress: func(c *progress.Counters) func() { calls++; return func() {} }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if progress != 1 || out.Job != j.ID || out.Source != spec.Source || out.Files != 1 || out.Bytes != int64(len(body)) ||
+	if calls != 1 || out.Job != j.ID || out.Source != spec.Source || out.Files != 1 || out.Bytes != int64(len(body)) ||
 		len(out.Tags) != 3 || !strings.Contains(out.Reference, "@sha256:") || out.Seconds <= 0 {
-		t.Fatalf("report %+v (progress started %d times)", out, progress)
+		t.Fatalf("report %+v (calls started %d times)", out, calls)
 	}
 	if ua := <-agents; ua != "t/1" {
 		t.Errorf("source requests as %q", ua)

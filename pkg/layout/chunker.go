@@ -77,8 +77,8 @@ func (p Params) Validate() error {
 	return nil
 }
 
-// packParams returns the sizes small files are packed with.
-func (p Params) packParams() Params {
+// PackParams returns the sizes small files are packed with.
+func (p Params) PackParams() Params {
 	if p.Pack == 0 {
 		return Params{Min: p.Min, Avg: p.Avg, Max: p.Max}
 	}
@@ -96,16 +96,17 @@ var gear = func() (t [256]uint64) {
 	return t
 }()
 
-// cutter finds FastCDC cut points (normalised, level 1) in a byte stream.
+// Cutter finds FastCDC cut points (normalised, level 1) in a byte stream.
 // It keeps only the rolling hash and the length of the current chunk.
-type cutter struct {
+type Cutter struct {
 	p            Params
 	maskS, maskL uint64
 	hash         uint64
 	n            int64 // bytes in the current chunk so far
 }
 
-func newCutter(p Params) *cutter {
+// NewCutter returns a Cutter for the chunking parameters p.
+func NewCutter(p Params) *Cutter {
 	b := bits.Len64(uint64(p.Avg)) - 1 // log2(avg)
 	top := func(k int) uint64 {
 		if k < 1 {
@@ -116,15 +117,15 @@ func newCutter(p Params) *cutter {
 		}
 		return ^uint64(0) << (64 - k)
 	}
-	return &cutter{p: p, maskS: top(b + 1), maskL: top(b - 1)}
+	return &Cutter{p: p, maskS: top(b + 1), maskL: top(b - 1)}
 }
 
-// reset starts a new chunk.
-func (c *cutter) reset() { c.hash, c.n = 0, 0 }
+// Reset starts a new chunk.
+func (c *Cutter) Reset() { c.hash, c.n = 0, 0 }
 
-// next returns how many bytes of buf belong to the current chunk and whether
-// the chunk ends after them. When end is true the cutter is reset.
-func (c *cutter) next(buf []byte) (int, bool) {
+// Next returns how many bytes of buf belong to the current chunk and whether
+// the chunk ends after them. When end is true the Cutter is reset.
+func (c *Cutter) Next(buf []byte) (int, bool) {
 	i := 0
 	// Skip to the minimum size; the hash window (64 bytes) fills before it matters.
 	if c.n < c.p.Min-64 {
@@ -146,11 +147,11 @@ func (c *cutter) next(buf []byte) (int, bool) {
 		}
 		if n < c.p.Avg {
 			if h&c.maskS == 0 {
-				c.reset()
+				c.Reset()
 				return i + 1, true
 			}
 		} else if h&c.maskL == 0 || n >= c.p.Max {
-			c.reset()
+			c.Reset()
 			return i + 1, true
 		}
 	}

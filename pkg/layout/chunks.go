@@ -68,8 +68,8 @@ func (t *chunkTable) edgeLen() int {
 // the bytes of its head and tail digests or, when skipEdges, the first
 // fingerprintLen bytes of the SHA-256 of the key and both.
 func (t *chunkTable) appendEdgeRecord(dst []byte, c Chunk) ([]byte, bool) {
-	h, ok1 := sha256Of(c.Head)
-	tl, ok2 := sha256Of(c.Tail)
+	h, ok1 := SHA256Sum(c.Head)
+	tl, ok2 := SHA256Sum(c.Tail)
 	if !ok1 || !ok2 {
 		return dst, false
 	}
@@ -90,9 +90,9 @@ func (t *chunkTable) edgesOf(r *chunkRec) []byte {
 	return t.edges[int(r.edge)/chunkBlock][i : i+n]
 }
 
-// sha256Of returns the bytes of a SHA-256 digest in its canonical form
+// SHA256Sum returns the bytes of a SHA-256 digest in its canonical form
 // ("sha256:" and 64 lowercase hex digits, what Validate accepts).
-func sha256Of(d digest.Digest) (b [sha256Len]byte, ok bool) {
+func SHA256Sum(d digest.Digest) (b [sha256Len]byte, ok bool) {
 	const prefix = "sha256:"
 	s := string(d)
 	if len(s) != len(prefix)+2*sha256Len || s[:len(prefix)] != prefix {
@@ -119,20 +119,21 @@ func lowerHex(c byte) (byte, bool) {
 	return 0, false
 }
 
-// isSHA256 reports whether d is a valid SHA-256 digest (what
+// IsSHA256 reports whether d is a valid SHA-256 digest (what
 // d.Validate() and an algorithm of SHA-256 say, without a regexp).
-func isSHA256(d digest.Digest) bool {
-	_, ok := sha256Of(d)
+func IsSHA256(d digest.Digest) bool {
+	_, ok := SHA256Sum(d)
 	return ok
 }
 
-func sha256Digest(b *[sha256Len]byte) digest.Digest {
+// SHA256Digest returns the digest of the SHA-256 sum b.
+func SHA256Digest(b *[sha256Len]byte) digest.Digest {
 	return digest.Digest("sha256:" + hex.EncodeToString(b[:]))
 }
 
 // add appends a checked chunk whose digest is not in the table yet.
 func (t *chunkTable) add(c Chunk) error {
-	sum, ok := sha256Of(c.Digest)
+	sum, ok := SHA256Sum(c.Digest)
 	if !ok || c.Size <= 0 || c.Size > MaxChunkBytes {
 		return invalid("chunk %s: bad digest or size %d", c.Digest, c.Size)
 	}
@@ -164,7 +165,7 @@ func (t *chunkTable) lookup(sum *[sha256Len]byte) (int, bool) { return t.find.lo
 // equal reports whether chunk k is c, a checked chunk.
 func (t *chunkTable) equal(k int, c Chunk) bool {
 	r := t.rec(k)
-	if sum, _ := sha256Of(c.Digest); sum != r.sum || int64(r.size) != c.Size || c.HasEdges() != (r.edge >= 0) {
+	if sum, _ := SHA256Sum(c.Digest); sum != r.sum || int64(r.size) != c.Size || c.HasEdges() != (r.edge >= 0) {
 		return false
 	}
 	if r.edge >= 0 {
@@ -178,10 +179,10 @@ func (t *chunkTable) equal(k int, c Chunk) bool {
 // chunk returns chunk k; without its edges when they are not kept.
 func (t *chunkTable) chunk(k int) Chunk {
 	r := t.rec(k)
-	c := Chunk{Digest: sha256Digest(&r.sum), Size: int64(r.size)}
+	c := Chunk{Digest: SHA256Digest(&r.sum), Size: int64(r.size)}
 	if r.edge >= 0 && !t.skipEdges {
 		e := t.edgesOf(r)
-		c.Head, c.Tail = sha256Digest((*[sha256Len]byte)(e[:sha256Len])), sha256Digest((*[sha256Len]byte)(e[sha256Len:]))
+		c.Head, c.Tail = SHA256Digest((*[sha256Len]byte)(e[:sha256Len])), SHA256Digest((*[sha256Len]byte)(e[sha256Len:]))
 	}
 	return c
 }
@@ -264,7 +265,7 @@ func (x *Index) ChunkSize(k int) int64 {
 // ChunkDigest returns the digest of chunk k.
 func (x *Index) ChunkDigest(k int) digest.Digest {
 	if x.ch != nil && x.Chunks == nil {
-		return sha256Digest(&x.ch.rec(k).sum)
+		return SHA256Digest(&x.ch.rec(k).sum)
 	}
 	return x.Chunks[k].Digest
 }
@@ -294,7 +295,7 @@ func (x *Index) AllChunks() []Chunk {
 // sum, and the size size, without building its digest.
 func (x *Index) chunkIs(k int, sum *[sha256Len]byte, size int64) bool {
 	if x.ch == nil || x.Chunks != nil {
-		have, _ := sha256Of(x.Chunks[k].Digest) // checked by Validate
+		have, _ := SHA256Sum(x.Chunks[k].Digest) // checked by Validate
 		return have == *sum && x.Chunks[k].Size == size
 	}
 	r := x.ch.rec(k)

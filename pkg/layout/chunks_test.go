@@ -41,7 +41,7 @@ func TestChunkTable(t *testing.T) {
 			if got := tb.chunk(k); got != want {
 				t.Fatalf("skip %v: chunk %d = %+v, want %+v", skip, k, got, want)
 			}
-			sum, _ := sha256Of(c.Digest)
+			sum, _ := SHA256Sum(c.Digest)
 			if got, ok := tb.lookup(&sum); !ok || got != k {
 				t.Fatalf("skip %v: lookup of chunk %d: %d, %v", skip, k, got, ok)
 			}
@@ -65,14 +65,14 @@ func TestChunkTable(t *testing.T) {
 				}
 			}
 		}
-		absent, _ := sha256Of(digest.FromString("absent"))
+		absent, _ := SHA256Sum(digest.FromString("absent"))
 		if _, ok := tb.lookup(&absent); ok {
 			t.Fatalf("skip %v: found a chunk never added", skip)
 		}
 	}
 	for _, d := range []digest.Digest{"sha256:" + digest.Digest(strings.Repeat("A", 64)), "sha512:00", digest.FromString("x")[:70]} {
-		if _, ok := sha256Of(d); ok {
-			t.Errorf("sha256Of(%q) accepted", d)
+		if _, ok := SHA256Sum(d); ok {
+			t.Errorf("SHA256Sum(%q) accepted", d)
 		}
 	}
 }

@@ -78,7 +78,7 @@ func TestCompareDirRefusesSwappedDir(t *testing.T) {
 	testutil.WriteTree(t, outside, map[string][]byte{"f": []byte("secret-bytes"), "secret-name": nil})
 	compareHook = func(p string) {
 		if p == "sub" {
-			swapTree(t, dst, outside)
+			testutil.SwapTree(t, dst, outside)
 		}
 	}
 	defer func() { compareHook = nil }()

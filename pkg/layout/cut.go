@@ -9,6 +9,8 @@ import (
 	"io"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // CutFile cuts the file r, of size bytes at the path name, into chunks as
@@ -17,7 +19,7 @@ import (
 // with each chunk's offset and digest. It stops early if ctx is cancelled,
 // or at the first read error (returning nil: what was cut is reported).
 func CutFile(ctx context.Context, r io.ReaderAt, name string, size int64, p Params, fn func(off int64, d digest.Digest)) error {
-	cuts, ok := formatCuts(r, name, size, p)
+	cuts, ok := FormatCuts(r, name, size, p)
 	cutStream(ctx, io.NewSectionReader(r, 0, size), cuts, !ok, p, false, func(off int64, c Chunk) { fn(off, c.Digest) })
 	return nil
 }
@@ -32,29 +34,29 @@ func CutFile(ctx context.Context, r io.ReaderAt, name string, size int64, p Para
 func CutStream(ctx context.Context, r io.Reader, name string, size int64, p Params, fn func(off int64, c Chunk)) error {
 	var cuts []int64
 	cdc := true
-	if IsSafetensors(name) && size >= 8 {
+	if tensorheader.IsSafetensors(name) && size >= 8 {
 		var head [8]byte
 		if _, err := io.ReadFull(r, head[:]); err != nil {
 			return err
 		}
 		prefix := head[:]
-		if n := int64(binary.LittleEndian.Uint64(head[:])); n > 0 && n <= SafetensorsHeaderLimit && 8+n <= size {
+		if n := int64(binary.LittleEndian.Uint64(head[:])); n > 0 && n <= tensorheader.SafetensorsHeaderLimit && 8+n <= size {
 			hdr := make([]byte, 8+n)
 			copy(hdr, head[:])
 			if _, err := io.ReadFull(r, hdr[8:]); err != nil {
 				return err
 			}
 			prefix = hdr
-			if hdrEnd, ts, err := ParseSafetensorsHeader(hdr[8:], size); err == nil {
+			if hdrEnd, ts, err := tensorheader.ParseSafetensorsHeader(hdr[8:], size); err == nil {
 				cuts, cdc = tensorBoundaries(hdrEnd, ts, size, p), false
 			}
 		}
 		r = io.MultiReader(bytes.NewReader(prefix), r)
 	}
-	if IsGGUF(name) {
+	if tensorheader.IsGGUF(name) {
 		// The bytes the parser read (and read ahead) are kept and cut first.
 		var seen bytes.Buffer
-		if h, err := ReadGGUFHeaderFrom(io.TeeReader(io.LimitReader(r, size), &seen), size, GGUFHeaderLimit); err == nil {
+		if h, err := tensorheader.ReadGGUFHeaderFrom(io.TeeReader(io.LimitReader(r, size), &seen), size, tensorheader.GGUFHeaderLimit); err == nil {
 			cuts, cdc = tensorBoundaries(h.DataStart, h.Ranges(size), size, p), false
 		}
 		r = io.MultiReader(&seen, r)
@@ -70,7 +72,7 @@ func CutStream(ctx context.Context, r io.Reader, name string, size int64, p Para
 // cdc), calling fn per chunk (with edge digests when edges), and returns
 // the bytes read and the error that stopped it (nil at the end of r).
 func cutStream(ctx context.Context, r io.Reader, cuts []int64, cdc bool, p Params, edges bool, fn func(off int64, c Chunk)) (int64, error) {
-	cut := newCutter(p)
+	cut := NewCutter(p)
 	h := sha256.New()
 	var e edgeHash
 	var pos, start int64
@@ -83,7 +85,7 @@ func cutStream(ctx context.Context, r io.Reader, cuts []int64, cdc bool, p Param
 			fn(start, c)
 		}
 		h.Reset()
-		cut.reset()
+		cut.Reset()
 		e.reset()
 		start = pos
 	}
@@ -104,7 +106,7 @@ func cutStream(ctx context.Context, r io.Reader, cuts []int64, cdc bool, p Param
 			}
 			k, end := lim, false
 			if cdc {
-				k, end = cut.next(data[:lim])
+				k, end = cut.Next(data[:lim])
 			}
 			h.Write(data[:k])
 			if edges {

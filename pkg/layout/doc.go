@@ -1,6 +1,9 @@
-// Package layout is the bdnvol volume format: it walks a directory, cuts
-// files into content-defined chunks, builds the file index, seals a version
-// as OCI manifests, and reads a sealed version back.
+// Package layout is the bdnvol volume format: what a version is, how it is
+// encoded and how it is read. It holds the chunking rule (content-defined
+// cuts, tensor-aligned cuts), the file index and the rule that cuts it into
+// pieces, sealing an index as OCI manifests, and opening a sealed version.
+// Writing one from a tree is pkg/push's; what a node remembers of trees
+// it pushed and pulled is pkg/statcache's.
 //
 // # Volume
 //

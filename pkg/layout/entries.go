@@ -216,8 +216,8 @@ func (x *Index) compact(skipEdges bool) error {
 
 func (e *entries) String() string { return fmt.Sprintf("%d entries", e.len()) }
 
-// size returns the size of entry i: the sum of its extents.
-func (x *Index) size(i int) int64 {
+// Size returns the size of entry i: the sum of its extents.
+func (x *Index) Size(i int) int64 {
 	if x.ent != nil && x.Files == nil {
 		var n int64
 		for _, e := range x.ent.extents(i) {

@@ -2,7 +2,6 @@ package layout
 
 import (
 	"context"
-	"sync"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
@@ -14,37 +13,39 @@ import (
 // blobs. src is the fetcher Open was given.
 type ForeignOpener func(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*Version, error)
 
-var (
-	foreignMu sync.RWMutex
-	foreign   = map[string]ForeignOpener{}
-)
-
-// RegisterForeign makes Open read image manifests of artifactType (or,
-// without one, of that config media type) with open, instead of refusing them as not a volume. A package that reads
-// another format registers itself in its init.
-func RegisterForeign(artifactType string, open ForeignOpener) {
-	foreignMu.Lock()
-	defer foreignMu.Unlock()
-	foreign[artifactType] = open
+// ForeignFormat is a format other than bdnvol's that OpenWith reads as a
+// read-only version when its caller names it (OpenOptions.Foreign): the
+// caller's imports say which formats it opens.
+type ForeignFormat struct {
+	// Types are the artifact types of its manifests and, for a manifest
+	// without one, the config media types.
+	Types []string
+	Open  ForeignOpener
 }
 
-// foreignOpener returns the opener registered for a manifest's
-// artifactType or, when it has none, its config's media type.
-func foreignOpener(artifactType, configType string) (ForeignOpener, bool) {
-	foreignMu.RLock()
-	defer foreignMu.RUnlock()
+// Reads reports whether an image manifest of artifactType (and config
+// media type configType) is of format f.
+func (f ForeignFormat) Reads(artifactType, configType string) bool {
 	if artifactType == "" {
 		artifactType = configType
 	}
-	open, ok := foreign[artifactType]
-	return open, ok
+	for _, t := range f.Types {
+		if t == artifactType {
+			return true
+		}
+	}
+	return false
 }
 
-// IsForeign reports whether a manifest of artifactType (and config media
-// type configType) is a foreign artifact Open reads.
-func IsForeign(artifactType, configType string) bool {
-	_, ok := foreignOpener(artifactType, configType)
-	return ok
+// foreignOpener returns the opener of the first of formats that reads a
+// manifest of artifactType and config media type configType.
+func foreignOpener(formats []ForeignFormat, artifactType, configType string) (ForeignOpener, bool) {
+	for _, f := range formats {
+		if f.Reads(artifactType, configType) {
+			return f.Open, true
+		}
+	}
+	return nil, false
 }
 
 // ChunkSource returns the fetcher of the version's chunks given src, the

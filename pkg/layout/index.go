@@ -63,6 +63,10 @@ const (
 	TypeSymlink = "symlink"
 )
 
+// ErrUnsupportedFile is wrapped when a tree holds a file type the format
+// cannot store (device, socket, FIFO) or a symlink leaving the root.
+var ErrUnsupportedFile = errors.New("layout: unsupported file")
+
 // ErrInvalidIndex is wrapped by every error about a malformed or unsafe index.
 var ErrInvalidIndex = errors.New("layout: invalid file index")
 
@@ -234,6 +238,12 @@ func DecodeIndex(b []byte) (*Index, error) {
 }
 
 // invalid wraps ErrInvalidIndex; string arguments print shortened under %q.
+// Invalid returns an error wrapping ErrInvalidIndex, its arguments made
+// safe to print.
+func Invalid(format string, args ...any) error {
+	return invalid(format, args...)
+}
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidIndex, fmt.Sprintf(format, termsafe.ShortArgs(args...)...))
 }
@@ -261,7 +271,7 @@ func (x *Index) Validate() error {
 		return invalid("%d chunks exceed the limit of %d", x.NumChunks(), MaxChunks)
 	}
 	chunks := x.AllChunks()
-	if err := checkChunks(chunks); err != nil {
+	if err := CheckChunks(chunks); err != nil {
 		return err
 	}
 	dirs := make(map[string]struct{})
@@ -280,8 +290,8 @@ func (x *Index) Validate() error {
 	return nil
 }
 
-// checkChunks checks a chunk table: digests, sizes, edges, no duplicates.
-func checkChunks(chunks []Chunk) error {
+// CheckChunks checks a chunk table: digests, sizes, edges, no duplicates.
+func CheckChunks(chunks []Chunk) error {
 	seen := make(map[digest.Digest]struct{}, len(chunks))
 	for i, c := range chunks {
 		if err := checkChunk(i, c); err != nil {
@@ -296,7 +306,7 @@ func checkChunks(chunks []Chunk) error {
 }
 
 func checkChunk(i int, c Chunk) error {
-	if !isSHA256(c.Digest) {
+	if !IsSHA256(c.Digest) {
 		return invalid("chunk %d: bad digest %q", i, c.Digest)
 	}
 	if c.Size <= 0 || c.Size > MaxChunkBytes {
@@ -307,7 +317,7 @@ func checkChunk(i int, c Chunk) error {
 			return invalid("chunk %s: edge digests on a chunk of %d bytes", c.Digest, c.Size)
 		}
 		for _, d := range []digest.Digest{c.Head, c.Tail} {
-			if !isSHA256(d) {
+			if !IsSHA256(d) {
 				return invalid("chunk %s: bad edge digest %q", c.Digest, d)
 			}
 		}
@@ -319,7 +329,7 @@ func checkChunk(i int, c Chunk) error {
 // ("" for the first), whose extents name chunks, and whose directories so
 // far are those isDir reports.
 func checkEntry(i int, f *File, prev string, chunks []Chunk, isDir func(string) bool) error {
-	if err := checkPath(f.Path); err != nil {
+	if err := CheckPath(f.Path); err != nil {
 		return invalid("entry %d: %v", i, err)
 	}
 	if i > 0 && f.Path <= prev {
@@ -352,7 +362,7 @@ func checkEntry(i int, f *File, prev string, chunks []Chunk, isDir func(string) 
 		if f.Target != "" {
 			return invalid("%q: file with a symlink target", f.Path)
 		}
-		if !isSHA256(f.Digest) {
+		if !IsSHA256(f.Digest) {
 			return invalid("%q: bad digest %q", f.Path, f.Digest)
 		}
 		if f.Size < 0 {
@@ -389,7 +399,9 @@ func parentOf(p string) string {
 	return ""
 }
 
-func checkPath(p string) error {
+// CheckPath checks an index path: relative, clean, slash-separated, not
+// reserved, of bounded length.
+func CheckPath(p string) error {
 	if len(p) > maxPathBytes {
 		return fmt.Errorf("path of %d bytes is too long", len(p))
 	}

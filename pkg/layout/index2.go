@@ -81,53 +81,87 @@ func pathHash(p string) uint64 {
 	return binary.BigEndian.Uint64(h[:8])
 }
 
-// entryCost estimates the encoded bytes of an entry, for the byte limit
-// of a piece; it is a function of the entry only.
-func entryCost(f *File) int64 {
-	return int64(64 + len(f.Path) + len(f.Target) + len(f.Digest) + 24*len(f.Extents))
-}
-
 // chunkCost estimates the encoded bytes of a chunk in a piece's table.
 const chunkCost = 240
 
-// cutPieces returns the ends (exclusive entry indices) of the pieces of x.
-func cutPieces(x *Index, pp PieceParams) []int {
-	ends, _ := cutPiecesRule(x, pp)
-	return ends
+// PieceEntry is what the piecing rule reads of an entry.
+type PieceEntry struct {
+	Path, Target string
+	DigestLen    int // bytes of its digest as encoded; 0 for a directory or symlink
+	Extents      int // number of extents
 }
 
-// cutPiecesRule is cutPieces, also reporting whether the last piece ended
-// by the cutting rule (not because the entries ran out), so that what
-// follows x would start a piece of its own.
-func cutPiecesRule(x *Index, pp PieceParams) ([]int, bool) {
+// cost estimates the encoded bytes of an entry, for the byte limit of a
+// piece; it is a function of the entry only.
+func (e *PieceEntry) cost() int64 {
+	return int64(64 + len(e.Path) + len(e.Target) + e.DigestLen + 24*e.Extents)
+}
+
+// PieceRun is a sorted run of entries as the piecing rule reads them: an
+// index sealed whole, or a push's walk sealed piece by piece. K names a
+// chunk within the run: two extents of one chunk give equal keys.
+type PieceRun[K comparable] interface {
+	Len() int
+	// PieceEntry returns entry i, calling chunk with the key of the chunk
+	// of each of its extents.
+	PieceEntry(i int, chunk func(K)) PieceEntry
+}
+
+// CutPieces returns the ends (exclusive entry numbers) of the pieces the
+// entries of r are cut into, and whether the last piece ended by the
+// cutting rule (not because the entries ran out). A piece ends after an
+// entry whose path hashes under a threshold (once it holds pp.Min
+// entries), or at pp.Max entries, or at about pp.MaxBytes encoded bytes:
+// the same entries give the same pieces, whoever cuts them.
+func CutPieces[K comparable](r PieceRun[K], pp PieceParams) ([]int, bool) {
 	var threshold uint64 = ^uint64(0)
 	if pp.Avg > pp.Min {
 		threshold = ^uint64(0) / uint64(pp.Avg-pp.Min)
 	}
 	var ends []int
 	n, cost := 0, int64(0)
-	seen := map[int]bool{}
-	for i := range x.Len() {
-		f := x.File(i)
-		n++
-		cost += entryCost(&f)
-		for _, e := range f.Extents {
-			if !seen[e.Chunk] {
-				seen[e.Chunk] = true
-				cost += chunkCost
-			}
+	seen := map[K]bool{}
+	chunk := func(k K) {
+		if !seen[k] {
+			seen[k] = true
+			cost += chunkCost
 		}
-		if n >= pp.Max || cost >= pp.MaxBytes || (n >= pp.Min && pathHash(f.Path) < threshold) {
+	}
+	for i := range r.Len() {
+		e := r.PieceEntry(i, chunk)
+		n++
+		cost += e.cost()
+		if n >= pp.Max || cost >= pp.MaxBytes || (n >= pp.Min && pathHash(e.Path) < threshold) {
 			ends = append(ends, i+1)
 			n, cost = 0, 0
 			clear(seen)
 		}
 	}
 	if n > 0 {
-		ends = append(ends, x.Len())
+		ends = append(ends, r.Len())
 		return ends, false
 	}
 	return ends, true
+}
+
+// indexRun is an index as the piecing rule reads it, chunks named by
+// their numbers.
+type indexRun struct{ x *Index }
+
+func (r indexRun) Len() int { return r.x.Len() }
+
+func (r indexRun) PieceEntry(i int, chunk func(int)) PieceEntry {
+	f := r.x.File(i)
+	for _, e := range f.Extents {
+		chunk(e.Chunk)
+	}
+	return PieceEntry{Path: f.Path, Target: f.Target, DigestLen: len(f.Digest), Extents: len(f.Extents)}
+}
+
+// cutPieces returns the ends (exclusive entry indices) of the pieces of x.
+func cutPieces(x *Index, pp PieceParams) []int {
+	ends, _ := CutPieces[int](indexRun{x}, pp)
+	return ends
 }
 
 // encodePiece encodes entries [start, end) of x as a piece blob, with its
@@ -312,7 +346,7 @@ func decodeTop(b []byte) (*topIndex, error) {
 		if p.Entries <= 0 || p.Entries > MaxEntries || p.Bytes < 0 {
 			return nil, invalid("piece %s: %d entries, %d bytes", p.Digest, p.Entries, p.Bytes)
 		}
-		if err := checkPath(p.First); err != nil {
+		if err := CheckPath(p.First); err != nil {
 			return nil, invalid("piece %s: first path: %v", p.Digest, err)
 		}
 		if i > 0 && p.First <= t.Pieces[i-1].First {
@@ -364,7 +398,7 @@ func (r *v2Reader) add(b []byte) error {
 	if len(p.Chunks) > MaxChunks {
 		return invalid("piece %s: %d chunks", ref.Digest, len(p.Chunks))
 	}
-	if err := checkChunks(p.Chunks); err != nil {
+	if err := CheckChunks(p.Chunks); err != nil {
 		return fmt.Errorf("piece %s: %w", ref.Digest, err)
 	}
 	// Chunks are listed in order of first use in the piece, each used;
@@ -390,7 +424,7 @@ func (r *v2Reader) add(b []byte) error {
 			}
 			if e.Chunk == len(global) {
 				c := p.Chunks[e.Chunk]
-				sum, _ := sha256Of(c.Digest) // checked by checkChunks
+				sum, _ := SHA256Sum(c.Digest) // checked by checkChunks
 				g, ok := ch.lookup(&sum)
 				if !ok {
 					if ch.len() >= MaxChunks {
@@ -455,3 +489,8 @@ func DecodeIndexV2(top []byte, pieces [][]byte) (*Index, error) {
 	}
 	return r.done()
 }
+
+// Pieces returns the piece references of an index opened from a version 2
+// version, in entry order (nil for any other): piece k holds the entries
+// after those of the pieces before it.
+func (x *Index) Pieces() []PieceRef { return x.pieces }

@@ -51,7 +51,7 @@ func storeV2(t *testing.T, top []byte, pieces [][]byte, chunks []Chunk) (*memory
 		add(MediaTypePiece, p)
 	}
 	for _, c := range chunks {
-		layers = append(layers, chunkDescriptor(c))
+		layers = append(layers, c.Descriptor())
 	}
 	empty := ocispec.DescriptorEmptyJSON
 	empty.Data = nil

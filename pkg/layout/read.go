@@ -37,7 +37,7 @@ type Version struct {
 	// manifests, their configs and the file index.
 	Meta []ocispec.Descriptor
 	// Foreign is the artifactType of a foreign artifact opened as a version
-	// (see RegisterForeign), "" for a bdnvol volume.
+	// (see OpenOptions.Foreign), "" for a bdnvol volume.
 	Foreign string
 	// Chunks, set for a foreign artifact, returns the fetcher of its chunks
 	// given the repository's fetcher; read it through ChunkSource.
@@ -55,10 +55,14 @@ type OpenOptions struct {
 	// of the version fetches whole chunks. For readers that never fetch an
 	// edge (inspect, diff); it saves 64 of the 104 bytes a chunk takes.
 	SkipEdges bool
+	// Foreign are the other formats read as versions (a ModelPack model:
+	// modelpack.Format); a manifest of any other is refused with
+	// ErrNotVolume.
+	Foreign []ForeignFormat
 }
 
-// Open fetches and validates the manifests and file index of the version
-// whose root is desc. Every byte fetched is verified against its digest.
+// Open fetches and validates the manifests and file index of the bdnvol
+// version whose root is desc (OpenWith also reads other formats). Every byte fetched is verified against its digest.
 // Manifests are read one at a time and checked against the file index as
 // they come, so memory stays bounded by the index, whatever they list.
 func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*Version, error) {
@@ -71,7 +75,7 @@ func OpenWith(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor,
 	if err != nil {
 		return nil, err
 	}
-	if open, ok := foreignOpener(root.ArtifactType, root.Config.MediaType); ok && root.MediaType == ocispec.MediaTypeImageManifest {
+	if open, ok := foreignOpener(opt.Foreign, root.ArtifactType, root.Config.MediaType); ok && root.MediaType == ocispec.MediaTypeImageManifest {
 		return open(ctx, src, desc)
 	}
 	if root.ArtifactType != ArtifactTypeVolume && (root.MediaType == ocispec.MediaTypeImageManifest || root.MediaType == ocispec.MediaTypeImageIndex) {
@@ -321,7 +325,7 @@ func (m *manifestOrIndex) addLayer(l ocispec.Descriptor) {
 	}
 	m.NumLayers++
 	if l.MediaType == MediaTypeChunk && l.URLs == nil && l.Annotations == nil && l.Data == nil && l.Platform == nil && l.ArtifactType == "" {
-		if sum, ok := sha256Of(l.Digest); ok {
+		if sum, ok := SHA256Sum(l.Digest); ok {
 			m.layers = append(m.layers, layerRec{sum: sum, size: l.Size, other: -1})
 			return
 		}
@@ -353,7 +357,7 @@ func (l layer) desc() ocispec.Descriptor {
 	if r.other >= 0 {
 		return l.m.others[r.other]
 	}
-	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: sha256Digest(&r.sum), Size: r.size}
+	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: SHA256Digest(&r.sum), Size: r.size}
 }
 
 // chunk returns the digest bytes and the size of a layer with the chunk
@@ -365,7 +369,7 @@ func (l layer) chunk() (sum [sha256Len]byte, size int64, ok bool) {
 		return r.sum, r.size, true
 	}
 	d := l.m.others[r.other]
-	sum, ok = sha256Of(d.Digest)
+	sum, ok = SHA256Sum(d.Digest)
 	return sum, d.Size, ok && d.MediaType == MediaTypeChunk
 }
 

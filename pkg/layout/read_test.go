@@ -11,11 +11,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
+
+	"github.com/bdnvol/bdnvol/internal/testutil"
 )
 
 // localFetcher is a testutil.CountingFetcher that says it reads local files.
@@ -35,7 +36,7 @@ func partedVersion(t *testing.T) (*memory.Store, *Sealed) {
 		c := Chunk{Digest: digest.FromBytes(data), Size: int64(len(data))}
 		x.Chunks = append(x.Chunks, c)
 		x.Files = append(x.Files, File{Path: fmt.Sprintf("f%02d", i), Type: TypeFile, Mode: 0o644, Size: c.Size, Digest: c.Digest, Extents: []Extent{{i, 0, c.Size}}})
-		if err := store.Push(ctx, chunkDescriptor(c), bytes.NewReader(data)); err != nil {
+		if err := store.Push(ctx, c.Descriptor(), bytes.NewReader(data)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -65,7 +65,8 @@ func blobOf(mediaType string, data []byte) Blob {
 	return Blob{Desc: content.NewDescriptorFromBytes(mediaType, data), Data: data}
 }
 
-func chunkDescriptor(c Chunk) ocispec.Descriptor {
+// Descriptor returns the descriptor of the chunk c, a layer of a version.
+func (c Chunk) Descriptor() ocispec.Descriptor {
 	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: c.Digest, Size: c.Size}
 }
 
@@ -74,19 +75,19 @@ func chunkDescriptor(c Chunk) ocispec.Descriptor {
 // root digest. Extra annotations (such as a sync's source revision) go on
 // the root next to bdnvol's own, which they may not override.
 func Seal(x *Index, maxLayers int, extra map[string]string) (*Sealed, error) {
-	return seal(x, maxLayers, extra, nil)
+	return SealSpill(x, maxLayers, extra, nil)
 }
 
-// pieceSpill is an unlinked file that holds a version's encoded index
+// Spill is an unlinked file that holds a version's encoded index
 // pieces instead of memory; end is the bytes written to it.
-type pieceSpill struct {
+type Spill struct {
 	f   *os.File
 	end int64
 }
 
 // blob returns the blob of an encoded piece, its bytes written to the
 // spill file (held in memory when s is nil).
-func (s *pieceSpill) blob(data []byte) (Blob, error) {
+func (s *Spill) blob(data []byte) (Blob, error) {
 	bl := blobOf(MediaTypePiece, data)
 	if s == nil {
 		return bl, nil
@@ -99,15 +100,19 @@ func (s *pieceSpill) blob(data []byte) (Blob, error) {
 	return bl, nil
 }
 
-func (s *pieceSpill) close() {
+// NewSpill returns a spill writing to f, an unlinked file it owns.
+func NewSpill(f *os.File) *Spill { return &Spill{f: f} }
+
+// Close closes the spill's file; a nil spill is valid.
+func (s *Spill) Close() {
 	if s != nil {
 		s.f.Close()
 	}
 }
 
-// seal is Seal; with spill, the index pieces are written there as they
-// are encoded instead of kept in memory.
-func seal(x *Index, maxLayers int, extra map[string]string, spill *pieceSpill) (*Sealed, error) {
+// SealSpill is Seal; with spill, the index pieces are written there as
+// they are encoded instead of kept in memory.
+func SealSpill(x *Index, maxLayers int, extra map[string]string, spill *Spill) (*Sealed, error) {
 	if maxLayers <= 0 {
 		maxLayers = DefaultMaxLayers
 	}

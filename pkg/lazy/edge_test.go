@@ -18,6 +18,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // rangeFake is a fakeFetcher that also serves byte ranges, counting them;
@@ -190,7 +191,7 @@ type pushed struct {
 func newFixtureStore(t *testing.T, dir string, p layout.Params) pushed {
 	t.Helper()
 	store := memory.New()
-	res, err := layout.Push(context.Background(), store, layout.DirSource(dir), layout.PushOptions{Params: p})
+	res, err := push.Push(context.Background(), store, push.DirSource(dir), push.Options{Params: p})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // leadIn is how far a reader must read sequentially into a safetensors or GGUF
@@ -367,7 +368,7 @@ func regionAt(rs []region, o int64) (region, bool) {
 
 // hasHeader reports whether a file's name says it starts with a header
 // listing its tensors (safetensors, GGUF).
-func hasHeader(p string) bool { return layout.IsSafetensors(p) || layout.IsGGUF(p) }
+func hasHeader(p string) bool { return tensorheader.IsSafetensors(p) || tensorheader.IsGGUF(p) }
 
 // regions returns the header and tensors of a safetensors or GGUF file,
 // parsing the header on first use (fetching its chunks); nil when the
@@ -381,9 +382,9 @@ func (f *File) regions(ctx context.Context) []region {
 	f.mu.Unlock()
 	r := &rawReader{ctx: ctx, f: f}
 	var hdr int64
-	var ts []layout.Tensor
+	var ts []tensorheader.Tensor
 	var err error
-	if layout.IsGGUF(f.e.Path) {
+	if tensorheader.IsGGUF(f.e.Path) {
 		hdr, ts, err = f.readGGUF(ctx, &extentReader{raw: r})
 	} else {
 		hdr, ts, err = f.readHeader(ctx, &headReader{raw: r})
@@ -415,19 +416,19 @@ func (f *File) regions(ctx context.Context) []region {
 // and waits until the header's length fits the volume's header budget
 // before reading the rest, so headers never claim more memory than
 // headerBudget together.
-func (f *File) readHeader(ctx context.Context, r io.ReaderAt) (int64, []layout.Tensor, error) {
-	n, err := layout.SafetensorsHeaderLen(r, f.e.Size)
+func (f *File) readHeader(ctx context.Context, r io.ReaderAt) (int64, []tensorheader.Tensor, error) {
+	n, err := tensorheader.SafetensorsHeaderLen(r, f.e.Size)
 	if err != nil {
 		return 0, nil, err
 	}
 	if n > maxHeaderBytes {
-		return 0, nil, fmt.Errorf("%s: %w: %d bytes, the limit is %d", f.e.Path, layout.ErrHeaderTooLarge, n, maxHeaderBytes)
+		return 0, nil, fmt.Errorf("%s: %w: %d bytes, the limit is %d", f.e.Path, tensorheader.ErrHeaderTooLarge, n, maxHeaderBytes)
 	}
 	if err := f.v.headers.Acquire(ctx, n); err != nil {
 		return 0, nil, err
 	}
 	defer f.v.headers.Release(n)
-	return layout.ReadSafetensorsHeaderMax(r, f.e.Size, maxHeaderBytes)
+	return tensorheader.ReadSafetensorsHeaderMax(r, f.e.Size, maxHeaderBytes)
 }
 
 // ggufParseBytes is what one GGUF header parse counts against the header
@@ -436,16 +437,16 @@ func (f *File) readHeader(ctx context.Context, r io.ReaderAt) (int64, []layout.T
 const ggufParseBytes = headerBudget / 2
 
 // readGGUF reads and parses the GGUF header of f through r (header, tensor
-// records and the padding to the data, at most layout.GGUFHeaderLimit
+// records and the padding to the data, at most tensorheader.GGUFHeaderLimit
 // bytes), waiting for its share of the volume's header budget. The header
 // is the first region; each tensor runs to the next one's start, its
 // alignment padding with it, as the file's chunks are cut.
-func (f *File) readGGUF(ctx context.Context, r io.Reader) (int64, []layout.Tensor, error) {
+func (f *File) readGGUF(ctx context.Context, r io.Reader) (int64, []tensorheader.Tensor, error) {
 	if err := f.v.headers.Acquire(ctx, ggufParseBytes); err != nil {
 		return 0, nil, err
 	}
 	defer f.v.headers.Release(ggufParseBytes)
-	h, err := layout.ReadGGUFHeaderFrom(r, f.e.Size, layout.GGUFHeaderLimit)
+	h, err := tensorheader.ReadGGUFHeaderFrom(r, f.e.Size, tensorheader.GGUFHeaderLimit)
 	if err != nil {
 		return 0, nil, fmt.Errorf("%s: %w", f.e.Path, err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // treeFixture pushes a tree whose names stress the directory ranges of
@@ -56,7 +57,7 @@ func treeFixture(t *testing.T) (*fixture, map[string]string) {
 		t.Fatal(err)
 	}
 	store := memory.New()
-	res, err := layout.Push(context.Background(), store, layout.DirSource(dir), layout.PushOptions{Params: testParams})
+	res, err := push.Push(context.Background(), store, push.DirSource(dir), push.Options{Params: testParams})
 	if err != nil {
 		t.Fatal(err)
 	}

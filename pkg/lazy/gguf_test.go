@@ -13,13 +13,14 @@ import (
 	"oras.land/oras-go/v2/content/memory"
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
-	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // ggufFixture pushes a volume holding one GGUF file whose header (a long
 // vocabulary string) spans several chunks, with F32 tensors of 100 KiB
 // and small norms between them.
-func ggufFixture(t *testing.T) (*fixture, []byte, *layout.GGUFHeader) {
+func ggufFixture(t *testing.T) (*fixture, []byte, *tensorheader.GGUFHeader) {
 	t.Helper()
 	var ts []testutil.GGUFTensor
 	for i := range 6 {
@@ -29,7 +30,7 @@ func ggufFixture(t *testing.T) (*fixture, []byte, *layout.GGUFHeader) {
 	}
 	vocab := strings.Repeat("token ", 30_000) // 180 KiB: a header of several 64 KiB chunks
 	b := testutil.GGUF([]string{"general.architecture", "llama", "tokenizer.ggml.tokens", vocab}, 32, ts)
-	h, err := layout.ReadGGUFHeader(bytes.NewReader(b), int64(len(b)), 0)
+	h, err := tensorheader.ReadGGUFHeader(bytes.NewReader(b), int64(len(b)), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func ggufFixture(t *testing.T) (*fixture, []byte, *layout.GGUFHeader) {
 		t.Fatal(err)
 	}
 	store := memory.New()
-	res, err := layout.Push(context.Background(), store, layout.DirSource(dir), layout.PushOptions{Params: testParams})
+	res, err := push.Push(context.Background(), store, push.DirSource(dir), push.Options{Params: testParams})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func TestGGUFHeaderRefusedReadsBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := memory.New()
-	res, err := layout.Push(ctx, store, layout.DirSource(dir), layout.PushOptions{Params: testParams})
+	res, err := push.Push(ctx, store, push.DirSource(dir), push.Options{Params: testParams})
 	if err != nil {
 		t.Fatal(err)
 	}

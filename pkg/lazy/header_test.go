@@ -16,6 +16,7 @@ import (
 	"oras.land/oras-go/v2/content/memory"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // hostileHeaders stores a version whose safetensors files each declare a
@@ -123,7 +124,7 @@ func TestReadHeaderLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, _, err = f.readHeader(ctx, f)
-		if got := errors.Is(err, layout.ErrHeaderTooLarge); got != tc.tooLarge {
+		if got := errors.Is(err, tensorheader.ErrHeaderTooLarge); got != tc.tooLarge {
 			t.Fatalf("header of %d bytes: err %v, want too large %v", tc.declared, err, tc.tooLarge)
 		}
 		if !tc.tooLarge {

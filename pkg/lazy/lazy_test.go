@@ -21,6 +21,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // fakeFetcher serves a memory store, counting fetches per digest, and can
@@ -143,7 +144,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	store := memory.New()
-	res, err := layout.Push(context.Background(), store, layout.DirSource(dir), layout.PushOptions{Params: testParams})
+	res, err := push.Push(context.Background(), store, push.DirSource(dir), push.Options{Params: testParams})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/origin"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // Options configure a Volume. Zero values select defaults.
@@ -43,9 +45,9 @@ type Options struct {
 const maxHandles = 64
 
 // maxHeaderBytes bounds the safetensors header a Volume reads to learn where
-// the tensors are (see layout.SafetensorsHeaderLimit). A longer header is
+// the tensors are (see tensorheader.SafetensorsHeaderLimit). A longer header is
 // not parsed; the file is still read byte by byte.
-const maxHeaderBytes = layout.SafetensorsHeaderLimit
+const maxHeaderBytes = tensorheader.SafetensorsHeaderLimit
 
 // headerBudget bounds the header bytes a Volume reads and parses at once,
 // whatever the number of files and background jobs.
@@ -117,7 +119,7 @@ func Open(ctx context.Context, src content.Fetcher, root ocispec.Descriptor, opt
 	if opt.Cache == nil {
 		return nil, ErrNoCache
 	}
-	ver, err := layout.Open(ctx, opt.Cache.Fetcher(src), root)
+	ver, err := origin.Open(ctx, opt.Cache.Fetcher(src), root)
 	if err != nil {
 		return nil, err
 	}
@@ -331,7 +333,7 @@ func (v *Volume) fetchAhead(k, parts int) {
 // PrefetchHeaders fetches and parses the header of every safetensors and
 // GGUF file in parallel, as every loader reads them first: a GGUF file's
 // header, tensor records and alignment padding (up to
-// layout.GGUFHeaderLimit), so that the first read of a tensor finds the
+// tensorheader.GGUFHeaderLimit), so that the first read of a tensor finds the
 // header's chunks cached and its tensor map parsed.
 func (v *Volume) PrefetchHeaders(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)

@@ -18,6 +18,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // AnnotationVolumeDigest names, on a ModelPack view's manifest, the digest
@@ -55,7 +56,7 @@ func Export(ctx context.Context, t oci.Target, ref oci.Ref, root ocispec.Descrip
 		return nil, fmt.Errorf("%s: %w", dst, imageview.ErrDestinationDigest)
 	}
 	start := time.Now()
-	ver, err := layout.Open(ctx, t, root)
+	ver, err := layout.OpenWith(ctx, t, root, layout.OpenOptions{Foreign: []layout.ForeignFormat{Format}})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
@@ -161,10 +162,10 @@ func headerBytes(p string, size int64) int64 {
 	switch {
 	case p == "config.json":
 		return min(size, 1<<20)
-	case layout.IsSafetensors(p):
-		return min(size, 8+layout.SafetensorsHeaderLimit)
-	case layout.IsGGUF(p):
-		return min(size, layout.GGUFHeaderLimit)
+	case tensorheader.IsSafetensors(p):
+		return min(size, 8+tensorheader.SafetensorsHeaderLimit)
+	case tensorheader.IsGGUF(p):
+		return min(size, tensorheader.GGUFHeaderLimit)
 	}
 	return 0
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // configSchema is the spec's JSON schema of the config (testdata/README.md).
@@ -67,7 +68,7 @@ func version(t *testing.T) (oci.Target, oci.Ref, ocispec.Descriptor, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{Params: layout.Params{Min: 64 << 10, Avg: 128 << 10, Max: 256 << 10}})
+	res, err := push.Push(ctx, tg, push.DirSource(src), push.Options{Params: layout.Params{Min: 64 << 10, Avg: 128 << 10, Max: 256 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +200,7 @@ func TestExportGGUFConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{})
+	res, err := push.Push(ctx, tg, push.DirSource(src), push.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +225,7 @@ func TestExportRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{})
+	res, err := push.Push(ctx, tg, push.DirSource(src), push.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // Config is the ModelPack config object (docs/config.md of the spec), the
@@ -87,17 +87,17 @@ func (x *facts) add(p string, size int64, prefix []byte) {
 			}
 			x.family = c.ModelType
 		}
-	case layout.IsSafetensors(p):
+	case tensorheader.IsSafetensors(p):
 		x.formats["safetensors"] = true
-		hdr, err := layout.ReadSafetensorsHeaderBytes(r, size, layout.SafetensorsHeaderLimit)
+		hdr, err := tensorheader.ReadSafetensorsHeaderBytes(r, size, tensorheader.SafetensorsHeaderLimit)
 		if err != nil {
 			x.paramsKnown = false
 			return
 		}
 		x.addSafetensors(hdr)
-	case layout.IsGGUF(p):
+	case tensorheader.IsGGUF(p):
 		x.formats["gguf"] = true
-		h, err := layout.ReadGGUFHeader(r, size, layout.GGUFHeaderLimit)
+		h, err := tensorheader.ReadGGUFHeader(r, size, tensorheader.GGUFHeaderLimit)
 		if err != nil {
 			x.paramsKnown = false
 			return

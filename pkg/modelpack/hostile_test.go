@@ -48,7 +48,7 @@ func TestHostile(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			st, desc := pushModel(t, c.layers...)
-			_, err := layout.Open(context.Background(), st, desc)
+			_, err := layout.OpenWith(context.Background(), st, desc, layout.OpenOptions{Foreign: []layout.ForeignFormat{Format}})
 			if err == nil {
 				t.Fatal("opened")
 			}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/bdnvol/bdnvol/internal/bounded"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -121,21 +122,9 @@ func (c *IndexCache) Load(a *Artifact) (*Map, bool) {
 
 // readBounded reads the file p if it is a regular file of at most max bytes.
 func readBounded(p string, max int64) ([]byte, error) {
-	f, err := os.Open(p)
+	b, err := bounded.ReadFile(p, max)
 	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() || fi.Size() > max {
-		return nil, fmt.Errorf("%s: not a record", p)
-	}
-	b := make([]byte, fi.Size())
-	if _, err := f.ReadAt(b, 0); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: not a record: %w", p, err)
 	}
 	return b, nil
 }

@@ -39,7 +39,7 @@ func readFile(t *testing.T, v *layout.Version, src content.Fetcher, p string) []
 }
 
 // TestOpenEveryPacking opens a model with raw, tar (PAX names), tar+gzip
-// and tar+zstd layers of every kind through layout.Open and reads every
+// and tar+zstd layers of every kind through layout.OpenWith and reads every
 // file back, byte for byte, through the version's chunk source.
 func TestOpenEveryPacking(t *testing.T) {
 	long := strings.Repeat("d", 120) + "/tokenizer.json" // needs a PAX path
@@ -61,7 +61,7 @@ func TestOpenEveryPacking(t *testing.T) {
 		tarLayer(t, KindCode, PackingTarZstd, tarMember{name: "code/run.py", data: files["code/run.py"]}),
 		tarLayer(t, KindDataset, PackingTar, tarMember{name: "data/pax-ütf8-name.txt", data: files["data/pax-ütf8-name.txt"], pax: map[string]string{"comment": "x"}}),
 	)
-	v, err := layout.Open(context.Background(), st, desc)
+	v, err := layout.OpenWith(context.Background(), st, desc, layout.OpenOptions{Foreign: []layout.ForeignFormat{Format}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestTensorIsOneRange(t *testing.T) {
 		tarLayer(t, KindDoc, PackingTarGzip, tarMember{name: "z.md", data: []byte("zz")}),
 	)
 	st := &rangeStore{Storage: mem}
-	v, err := layout.Open(context.Background(), st, desc)
+	v, err := layout.OpenWith(context.Background(), st, desc, layout.OpenOptions{Foreign: []layout.ForeignFormat{Format}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestTensorIsOneRange(t *testing.T) {
 func TestEdges(t *testing.T) {
 	w := safetensors(6, 3<<20+12345, 2<<20)
 	st, desc := pushModel(t, rawLayer(KindWeight, "w.safetensors", w))
-	v, err := layout.Open(context.Background(), st, desc)
+	v, err := layout.OpenWith(context.Background(), st, desc, layout.OpenOptions{Foreign: []layout.ForeignFormat{Format}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,11 +9,10 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
-func init() {
-	for _, t := range []string{ArtifactType, MediaTypeConfig, LegacyArtifactType, LegacyMediaTypeConfig} {
-		layout.RegisterForeign(t, Open)
-	}
-}
+// Format is ModelPack as layout.OpenWith reads it (OpenOptions.Foreign):
+// manifests of ArtifactType, or of config MediaTypeConfig without one (and
+// the same names before the format moved to the CNCF), opened with Open.
+var Format = layout.ForeignFormat{Types: []string{ArtifactType, MediaTypeConfig, LegacyArtifactType, LegacyMediaTypeConfig}, Open: Open}
 
 // Open reads the model whose manifest is desc into a read-only
 // layout.Version (see Build): its index lists the model's files, and its

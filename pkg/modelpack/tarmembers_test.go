@@ -150,8 +150,8 @@ func TestTarLinksRefused(t *testing.T) {
 }
 
 // TestLegacyCNAI: a model in the pre-CNCF names (application/vnd.cnai.model.*
-// media types, org.cnai.model.filepath and file metadata) opens through
-// layout.Open like a CNCF one: every file, with the mode its metadata
+// media types, org.cnai.model.filepath and file metadata) opens as
+// ModelPack's Format like a CNCF one: every file, with the mode its metadata
 // gives (group write kept).
 func TestLegacyCNAI(t *testing.T) {
 	ctx := t.Context()
@@ -180,7 +180,7 @@ func TestLegacyCNAI(t *testing.T) {
 	m.SchemaVersion = 2
 	b, _ := json.Marshal(m)
 	desc := push(ocispec.MediaTypeImageManifest, b, nil)
-	v, err := layout.Open(ctx, st, desc)
+	v, err := layout.OpenWith(ctx, st, desc, layout.OpenOptions{Foreign: []layout.ForeignFormat{Format}})
 	if err != nil {
 		t.Fatalf("a pre-CNCF model: %v", err)
 	}

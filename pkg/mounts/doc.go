@@ -1,8 +1,11 @@
 // Package mounts is the lifecycle of bdnvol FUSE mounts shared by the CLI
-// (`bdnvol mount`, `umount`, `mounts`) and the Kubernetes node plugin:
-// serving a lazy.Volume at a directory, daemonising through a ready pipe,
-// the state files a mount records about itself, reading the mount table
-// (/proc/self/mountinfo) and unmounting one entry.
+// (`bdnvol mount`, `umount`, `mounts`, `profile`), the Kubernetes node
+// plugin's mounter (pkg/csi) and warming (pkg/warm): what to mount (a
+// reference, or a deploy file's mounts), opening it through pkg/origin,
+// serving a lazy.Volume at a directory until it is gone, daemonising
+// through a ready pipe, the state files a mount records about itself,
+// reading the mount table (/proc/self/mountinfo), unmounting one entry,
+// and the startup profiles a mount finds, replays and records.
 //
-// It may import pkg/lazy, pkg/oci and pkg/layout; nothing in pkg/ imports it.
+// What it may import is its row of docs/packages.md.
 package mounts

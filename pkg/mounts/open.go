@@ -32,7 +32,7 @@ type OpenOptions struct {
 	// Profile says where the version's startup profile is looked for
 	// (replayed ahead of readers) and whether one is recorded; the zero
 	// value uses none.
-	Profile ProfileOptions
+	Profile profile.Options
 	// Recorder, when set, is told every chunk a read touches (bdnvol
 	// profile record).
 	Recorder *profile.Recorder
@@ -64,7 +64,7 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	}
 	rec := opt.Recorder
 	var auto *profile.Recorder
-	if rec == nil && opt.Profile.Mode == ProfileAuto && opt.Profile.Store.Dir != "" {
+	if rec == nil && opt.Profile.Mode == profile.ModeAuto && opt.Profile.Store.Dir != "" {
 		auto = profile.NewRecorder(opt.Profile.Record)
 		rec = auto
 	}
@@ -80,7 +80,7 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", ref, err)
 	}
-	startProfile(vol, o.Target, auto, opt.Profile)
+	profile.Start(vol, o.Target, auto, opt.Profile)
 	return vol, o.Pinned(), nil
 }
 

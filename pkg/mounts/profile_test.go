@@ -16,6 +16,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/profile"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // profileFixture is a version in an OCI layout and a volume reading it
@@ -41,7 +42,7 @@ func newProfileFixture(t *testing.T, rec *profile.Recorder) *profileFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tgt, layout.DirSource(filepath.Join(dir, "tree")), layout.PushOptions{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+	res, err := push.Push(ctx, tgt, push.DirSource(filepath.Join(dir, "tree")), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,14 +75,14 @@ func TestReplayOfAnotherVersionFetchesNothing(t *testing.T) {
 	fx := newProfileFixture(t, nil)
 	before := fx.count.Total()
 	p := profile.New(digest.FromString("another version"), fx.chunkDigests(0, 1, 2))
-	if n, err := Replay(context.Background(), fx.vol, p); !errors.Is(err, profile.ErrOtherVersion) || n != 0 {
+	if n, err := profile.Replay(context.Background(), fx.vol, p); !errors.Is(err, profile.ErrOtherVersion) || n != 0 {
 		t.Fatalf("Replay = %d, %v; want 0 and ErrOtherVersion", n, err)
 	}
 	if got := fx.count.Total() - before; got != 0 {
 		t.Fatalf("a profile of another version fetched %d blobs", got)
 	}
 	p = profile.New(fx.vol.Root().Digest, append(fx.chunkDigests(3, 1), digest.FromString("not a chunk")))
-	if n, err := Replay(context.Background(), fx.vol, p); err != nil || n != 2 {
+	if n, err := profile.Replay(context.Background(), fx.vol, p); err != nil || n != 2 {
 		t.Fatalf("Replay = %d, %v; want the 2 chunks of the version", n, err)
 	}
 	for _, d := range fx.chunkDigests(3, 1) {
@@ -99,27 +100,27 @@ func TestFindProfileNodeFirstThenReferrer(t *testing.T) {
 	ctx := context.Background()
 	root := fx.vol.Root()
 	store := profile.Store{Dir: t.TempDir()}
-	opt := ProfileOptions{Mode: ProfileAuto, Store: store}
-	if _, _, err := FindProfile(ctx, fx.tgt, root, opt); !errors.Is(err, profile.ErrNotFound) {
+	opt := profile.Options{Mode: profile.ModeAuto, Store: store}
+	if _, _, err := profile.Find(ctx, fx.tgt, root, opt); !errors.Is(err, profile.ErrNotFound) {
 		t.Fatalf("with none: %v, want ErrNotFound", err)
 	}
 	shared := profile.New(root.Digest, fx.chunkDigests(2))
 	if _, err := profile.Push(ctx, fx.tgt, root, shared); err != nil {
 		t.Fatal(err)
 	}
-	p, from, err := FindProfile(ctx, fx.tgt, root, opt)
+	p, from, err := profile.Find(ctx, fx.tgt, root, opt)
 	if err != nil || from != "referrer" || p.Chunks[0] != shared.Chunks[0] {
-		t.Fatalf("FindProfile = %v from %q, %v; want the referrer", p, from, err)
+		t.Fatalf("profile.Find = %v from %q, %v; want the referrer", p, from, err)
 	}
 	local := profile.New(root.Digest, fx.chunkDigests(1, 0))
 	if err := store.Save(local); err != nil {
 		t.Fatal(err)
 	}
-	if p, from, err = FindProfile(ctx, fx.tgt, root, opt); err != nil || from != store.Path(root.Digest) || len(p.Chunks) != 2 {
-		t.Fatalf("FindProfile = %v from %q, %v; want the node's", p, from, err)
+	if p, from, err = profile.Find(ctx, fx.tgt, root, opt); err != nil || from != store.Path(root.Digest) || len(p.Chunks) != 2 {
+		t.Fatalf("profile.Find = %v from %q, %v; want the node's", p, from, err)
 	}
-	for _, mode := range []string{ProfileOff, ""} {
-		if _, _, err := FindProfile(ctx, fx.tgt, root, ProfileOptions{Mode: mode, Store: store}); !errors.Is(err, profile.ErrNotFound) {
+	for _, mode := range []string{profile.ModeOff, ""} {
+		if _, _, err := profile.Find(ctx, fx.tgt, root, profile.Options{Mode: mode, Store: store}); !errors.Is(err, profile.ErrNotFound) {
 			t.Fatalf("mode %q: %v, want ErrNotFound", mode, err)
 		}
 	}
@@ -127,19 +128,19 @@ func TestFindProfileNodeFirstThenReferrer(t *testing.T) {
 	if err := os.WriteFile(file, shared.Encode(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if p, from, err = FindProfile(ctx, nil, root, ProfileOptions{Mode: file}); err != nil || from != file || len(p.Chunks) != 1 {
+	if p, from, err = profile.Find(ctx, nil, root, profile.Options{Mode: file}); err != nil || from != file || len(p.Chunks) != 1 {
 		t.Fatalf("mode FILE: %v from %q, %v", p, from, err)
 	}
-	if err := CheckProfileMode(filepath.Join(t.TempDir(), "missing")); err == nil {
+	if err := profile.CheckMode(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Fatal("a missing profile file was accepted")
 	}
 }
 
 func TestAutoModeRecordsWhenReadsPause(t *testing.T) {
-	rec := profile.NewRecorder(profile.RecordOptions{Quiet: 100 * time.Millisecond})
+	rec := profile.NewRecorder(profile.Window{Quiet: 100 * time.Millisecond})
 	fx := newProfileFixture(t, rec)
 	store := profile.Store{Dir: t.TempDir()}
-	startProfile(fx.vol, fx.tgt, rec, ProfileOptions{Mode: ProfileAuto, Store: store})
+	profile.Start(fx.vol, fx.tgt, rec, profile.Options{Mode: profile.ModeAuto, Store: store})
 	f, err := fx.vol.Open("b.bin")
 	if err != nil {
 		t.Fatal(err)

@@ -17,7 +17,7 @@ type RecordOptions struct {
 	// Serve serves it; no mount state is written.
 	Serve ServeOptions
 	// Window bounds the start window.
-	Window profile.RecordOptions
+	Window profile.Window
 	// Run is the workload, given the mountpoint; its context is cancelled
 	// when the window closes before it returns.
 	Run func(ctx context.Context, mountpoint string) error
@@ -39,7 +39,7 @@ type Recorded struct {
 func Record(ctx context.Context, ref oci.Ref, opt RecordOptions) (*Recorded, error) {
 	rec := profile.NewRecorder(opt.Window)
 	o := opt.Open
-	o.Profile, o.Recorder = ProfileOptions{}, rec
+	o.Profile, o.Recorder = profile.Options{}, rec
 	vol, pinned, err := Open(ctx, ref, o)
 	if err != nil {
 		return nil, err

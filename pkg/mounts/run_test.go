@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -95,7 +95,7 @@ func layoutVersion(t *testing.T) (oci.Ref, map[string]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := versions.Publish(ctx, tg, layout.DirSource(src), versions.PublishOptions{Tag: "v1"}); err != nil {
+	if _, err := versions.Publish(ctx, tg, push.DirSource(src), versions.PublishOptions{Tag: "v1"}); err != nil {
 		t.Fatal(err)
 	}
 	return ref, files

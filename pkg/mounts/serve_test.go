@@ -15,8 +15,8 @@ import (
 	"oras.land/oras-go/v2/content/memory"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // requireFUSE skips when FUSE cannot work here, except under CI=true,
@@ -58,7 +58,7 @@ func testVolumeOf(t *testing.T, files map[string]string) *lazy.Volume {
 	}
 	store := memory.New()
 	ctx := context.Background()
-	res, err := layout.Push(ctx, store, layout.DirSource(dir), layout.PushOptions{})
+	res, err := push.Push(ctx, store, push.DirSource(dir), push.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

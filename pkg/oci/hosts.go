@@ -100,6 +100,9 @@ func ParseHostsConfig(b []byte) (*HostsConfig, error) {
 			}
 			cur, inOther = nil, true
 			if len(keys) == 2 && keys[0] == "host" {
+				if keys[1] == "" {
+					return nil, fmt.Errorf("%w: line %d: a host table without a URL", ErrHostsConfig, lineNo)
+				}
 				c.Hosts = append(c.Hosts, HostEntry{URL: keys[1]})
 				cur, inOther = &c.Hosts[len(c.Hosts)-1], false
 			}

@@ -60,7 +60,7 @@ server = "https://registry.example.com"   # upstream
 		t.Errorf("mirrors for another registry %q: the server goes last", urls)
 	}
 
-	for _, bad := range []string{`server = `, `[host."x"`, `server = "unterminated`, `capabilities`, `[host."h"]` + "\n" + `skip_verify = "yes"`} {
+	for _, bad := range []string{`server = `, `[host."x"`, `server = "unterminated`, `capabilities`, `[host."h"]` + "\n" + `skip_verify = "yes"`, `[host.""]`} {
 		if _, err := ParseHostsConfig([]byte(bad)); err == nil {
 			t.Errorf("%q: accepted", bad)
 		}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -16,6 +15,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/bdnvol/bdnvol/internal/bounded"
 )
 
 // ErrInvalidLayout is wrapped when a file of an OCI layout (index.json,
@@ -186,15 +187,12 @@ func (s *layoutStore) readSmall(name string, max int64) ([]byte, os.FileInfo, er
 		return nil, nil, err
 	}
 	defer f.Close()
-	if fi.Size() > max {
-		return nil, nil, fmt.Errorf("%s: %w: %d bytes, more than %d", f.Name(), ErrInvalidLayout, fi.Size(), max)
+	b, err := bounded.ReadRegular(f, max)
+	if errors.Is(err, bounded.ErrTooLarge) {
+		return nil, nil, fmt.Errorf("%s: %w: %v", f.Name(), ErrInvalidLayout, err)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
 		return nil, nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, nil, fmt.Errorf("%s: %w: more than %d bytes", f.Name(), ErrInvalidLayout, max)
 	}
 	return b, fi, nil
 }

@@ -7,7 +7,9 @@
 //
 // pull, mount, the node plugin's mounter and warm all open versions through
 // Resolve; what each does with the fetcher (a read-only or filling chunk
-// cache, a lazy volume) stays theirs.
+// cache, a lazy volume) stays theirs. Open then reads the version in any
+// format this package imports (Formats: bdnvol's and ModelPack), so that a
+// library caller of pull or lazy opens a ModelPack model as the CLI does.
 //
 //	ref ─oci.Open→ target ─signature policy (FetchManifest, Check)→ root
 //	    target ─Wrap (metrics)→ ─mirrors→ Fetcher

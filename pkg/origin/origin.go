@@ -9,6 +9,8 @@ import (
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
@@ -93,4 +95,31 @@ type bytesFetcher []byte
 
 func (b bytesFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+// Formats are the formats other than bdnvol's that Open reads as versions:
+// ModelPack models.
+var Formats = []layout.ForeignFormat{modelpack.Format}
+
+// Open opens the version whose root is desc from src: a bdnvol volume, or
+// an artifact of one of Formats.
+func Open(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (*layout.Version, error) {
+	return OpenWith(ctx, src, desc, layout.OpenOptions{})
+}
+
+// OpenWith is Open with options (their Foreign replaced by Formats).
+func OpenWith(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, opt layout.OpenOptions) (*layout.Version, error) {
+	opt.Foreign = Formats
+	return layout.OpenWith(ctx, src, desc, opt)
+}
+
+// IsForeign reports whether an image manifest of artifactType (and config
+// media type configType) is of one of Formats.
+func IsForeign(artifactType, configType string) bool {
+	for _, f := range Formats {
+		if f.Reads(artifactType, configType) {
+			return true
+		}
+	}
+	return false
 }

@@ -15,11 +15,12 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
 // pushed returns a layout holding one version tagged v1, and its root.
-func pushed(t *testing.T) (oci.Ref, oci.Target, layout.PushResult) {
+func pushed(t *testing.T) (oci.Ref, oci.Target, push.Result) {
 	t.Helper()
 	src := t.TempDir()
 	testutil.WriteTree(t, src, map[string][]byte{"a.bin": testutil.RandBytes(1, 300<<10)})
@@ -28,7 +29,7 @@ func pushed(t *testing.T) (oci.Ref, oci.Target, layout.PushResult) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(context.Background(), tg, layout.DirSource(src), layout.PushOptions{})
+	res, err := push.Push(context.Background(), tg, push.DirSource(src), push.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

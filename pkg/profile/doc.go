@@ -28,4 +28,13 @@
 // Profiles are kept next to the node's chunk cache (Store), and attached to
 // their version as OCI referrers (Push, Fetch) with artifact type
 // MediaType.
+//
+// # Use
+//
+// The one home of the feature: a mount (pkg/mounts), the node plugin
+// (pkg/csi) and warming (pkg/warm) say what they want in Options (a mode:
+// off, auto or a file; the node's store; the recording window) and call
+// Find (a file, else the node's store, else a referrer), Start (in a
+// mount's background: replay the profile found, or record one into the
+// store in auto mode) or Replay.
 package profile

@@ -28,6 +28,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 func dg(s string) digest.Digest { return digest.FromString(s) }
@@ -42,7 +43,7 @@ func version(t *testing.T, seed uint64) *layout.Version {
 		"b.bin": testutil.RandBytes(seed+1, 200<<10),
 	})
 	store := memory.New()
-	res, err := layout.Push(context.Background(), store, layout.DirSource(dir), layout.PushOptions{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+	res, err := push.Push(context.Background(), store, push.DirSource(dir), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestParseRefusesHostileDocuments(t *testing.T) {
 }
 
 func TestRecorderKeepsFirstReadOrder(t *testing.T) {
-	r := NewRecorder(RecordOptions{})
+	r := NewRecorder(Window{})
 	var wg sync.WaitGroup
 	for _, k := range []int{5, 2, 5, 9, 2, 0} {
 		r.Read(k)
@@ -145,7 +146,7 @@ func TestRecorderKeepsFirstReadOrder(t *testing.T) {
 
 func TestRecorderBounds(t *testing.T) {
 	t.Run("chunks", func(t *testing.T) {
-		r := NewRecorder(RecordOptions{MaxChunks: 3})
+		r := NewRecorder(Window{MaxChunks: 3})
 		for k := range 10 {
 			r.Read(k)
 		}
@@ -158,7 +159,7 @@ func TestRecorderBounds(t *testing.T) {
 	})
 	t.Run("quiet", func(t *testing.T) {
 		now := time.Unix(1000, 0)
-		r := NewRecorder(RecordOptions{Quiet: 5 * time.Second})
+		r := NewRecorder(Window{Quiet: 5 * time.Second})
 		r.now = func() time.Time { return now }
 		r.Read(1)
 		now = now.Add(4 * time.Second)
@@ -171,7 +172,7 @@ func TestRecorderBounds(t *testing.T) {
 	})
 	t.Run("time", func(t *testing.T) {
 		now := time.Unix(1000, 0)
-		r := NewRecorder(RecordOptions{Quiet: time.Hour, MaxTime: 10 * time.Second})
+		r := NewRecorder(Window{Quiet: time.Hour, MaxTime: 10 * time.Second})
 		r.now = func() time.Time { return now }
 		r.start = now
 		for k := range 20 {
@@ -183,7 +184,7 @@ func TestRecorderBounds(t *testing.T) {
 		}
 	})
 	t.Run("wait ends on a pause", func(t *testing.T) {
-		r := NewRecorder(RecordOptions{Quiet: 50 * time.Millisecond})
+		r := NewRecorder(Window{Quiet: 50 * time.Millisecond})
 		r.Read(1)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -210,7 +211,7 @@ func TestOrderFollowsTheProfile(t *testing.T) {
 		t.Fatalf("order %v, want %v (an unknown chunk skipped)", got, want)
 	}
 	// The recorder's profile of the same reads gives the same order.
-	r := NewRecorder(RecordOptions{})
+	r := NewRecorder(Window{})
 	for _, k := range want {
 		r.Read(k)
 	}

@@ -10,8 +10,9 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
-// RecordOptions bound a start window. Zero values select defaults.
-type RecordOptions struct {
+// Window bounds a start window: how long the reads that start a workload
+// are recorded. Zero values select defaults.
+type Window struct {
 	// Quiet ends the window when no chunk has been read for the first
 	// time for this long, counted from the first read; <= 0 means 10s.
 	Quiet time.Duration
@@ -27,7 +28,7 @@ type RecordOptions struct {
 // window. Its Read method is the lazy volume's read hook; it is safe for
 // concurrent use.
 type Recorder struct {
-	opt   RecordOptions
+	opt   Window
 	start time.Time
 	now   func() time.Time
 
@@ -40,7 +41,7 @@ type Recorder struct {
 }
 
 // NewRecorder returns a recorder whose window starts now.
-func NewRecorder(opt RecordOptions) *Recorder {
+func NewRecorder(opt Window) *Recorder {
 	if opt.Quiet <= 0 {
 		opt.Quiet = 10 * time.Second
 	}

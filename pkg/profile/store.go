@@ -3,7 +3,6 @@ package profile
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/atomicfile"
+	"github.com/bdnvol/bdnvol/internal/bounded"
 )
 
 // Store is the profiles kept on a node, one file per version, in Dir
@@ -54,14 +54,17 @@ func (s Store) Load(v digest.Digest) (*Profile, error) {
 }
 
 // ReadFile reads and parses the profile document in file name, reading no
-// more than MaxBytes+1 bytes of it.
+// more than MaxBytes+1 bytes of it (a FIFO or standard input too).
 func ReadFile(name string) (*Profile, error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxBytes+1))
+	b, err := bounded.Read(f, MaxBytes)
+	if errors.Is(err, bounded.ErrTooLarge) {
+		return nil, fmt.Errorf("%s: %w: %v", name, ErrInvalid, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"io"
 	"os"
 	"path"
@@ -17,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bdnvol/bdnvol/internal/beneath"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // pullDirName is the private directory, inside the directory a pull writes
@@ -140,15 +141,15 @@ func (d *destDir) openDir(rel string) (int, error) {
 
 // statKey returns the stat key of the regular file at rel, looked at
 // without following symlinks; false if it is not one.
-func (d *destDir) statKey(rel string) (layout.StatKey, bool) {
+func (d *destDir) statKey(rel string) (statcache.Key, bool) {
 	pfd, err := d.openDir(parentOf(rel))
 	if err != nil {
-		return layout.StatKey{}, false
+		return statcache.Key{}, false
 	}
 	defer unix.Close(pfd)
 	st, ok, err := lstatAt(pfd, path.Base(rel))
 	if err != nil || !ok || !isRegular(&st) {
-		return layout.StatKey{}, false
+		return statcache.Key{}, false
 	}
 	return unixStatKey(&st), true
 }

@@ -2,7 +2,7 @@
 // reference under a signature policy and fetches through mirrors and the
 // node's chunk cache; Materialise, the engine, writes the tree. The engine
 // reads the volume format only through pkg/layout's API (the index, its
-// extents, the stat cache's pull records).
+// extents) and remembers trees through pkg/statcache (its pull records).
 //
 // A pull writes every regular file under a temporary name in a private
 // directory of the destination (.bdnvol-pull, locked against a second

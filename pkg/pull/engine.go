@@ -16,8 +16,10 @@ import (
 	"golang.org/x/sync/semaphore"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // Materialise writes the version v, its chunks fetched from src, under dir
@@ -68,8 +70,8 @@ type puller struct {
 
 	selected []bool // by entry number, what the pull writes (Options.Select)
 	files    *pullSet
-	byChunk  [][]slot              // per chunk, the extents still to write
-	previous *layout.PulledRecords // what an earlier pull left here
+	byChunk  [][]slot                 // per chunk, the extents still to write
+	previous *statcache.PulledRecords // what an earlier pull left here
 	// same marks the entries of index pieces the last whole pull here
 	// wrote as they are (nil: none).
 	same     []bool
@@ -96,7 +98,7 @@ func newPuller(ctx context.Context, src content.Fetcher, v *layout.Version, d *d
 		opt.Jobs = 8
 	}
 	if opt.Counters == nil {
-		opt.Counters = &layout.Counters{}
+		opt.Counters = &progress.Counters{}
 	}
 	x := v.Index
 	p := &puller{
@@ -569,7 +571,7 @@ func (o *openFiles) close() error {
 // renamed into place unless this returns nil, so unverified bytes are never
 // visible under a final name. File bytes written count as processed once:
 // credited is how far into the chunk earlier attempts counted.
-func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files *pullSet, buf []byte, c *layout.Counters, credited *int64) error {
+func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files *pullSet, buf []byte, c *progress.Counters, credited *int64) error {
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
 		return err

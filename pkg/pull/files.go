@@ -18,6 +18,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // tmpName is the name of the temporary file of the entry p in a pull's
@@ -116,7 +117,7 @@ func derivedDigest(f *layout.File, x *layout.Index) digest.Digest {
 // the parent directory's descriptor; fresh says that directory was made by
 // this pull, so nothing is at the final name to look at. f is entry i of
 // x; the file to write is added to files (a zero pullFile: nothing to write).
-func (d *destDir) prepareFile(ctx context.Context, f *layout.File, x *layout.Index, cache *layout.StatCache, buf []byte, dc *dirFD, fresh bool, files *pullSet, i int) (pullFile, []bool, error) {
+func (d *destDir) prepareFile(ctx context.Context, f *layout.File, x *layout.Index, cache *statcache.Cache, buf []byte, dc *dirFD, fresh bool, files *pullSet, i int) (pullFile, []bool, error) {
 	parent := parentOf(f.Path)
 	pfd, dev, err := dc.get(parent)
 	if err != nil {
@@ -144,7 +145,7 @@ func (d *destDir) prepareFile(ctx context.Context, f *layout.File, x *layout.Ind
 					return pullFile{}, nil, err
 				}
 			}
-			cache.StorePulled(x, f.Path, layout.StatKeyOf(info), true, verified)
+			cache.StorePulled(x, f.Path, statcache.KeyOf(info), true, verified)
 			return pullFile{}, nil, nil
 		}
 	}
@@ -202,7 +203,7 @@ func (d *destDir) prepareFile(ctx context.Context, f *layout.File, x *layout.Ind
 // regular file that holds f's bytes; else nil. It never follows a symlink.
 // It reports whether the bytes were checked against f's digest (by it or by
 // the pull the cache vouches for), not only known to be f's chunks.
-func (d *destDir) matchingFile(pfd int, f *layout.File, x *layout.Index, cache *layout.StatCache) (*os.File, bool, error) {
+func (d *destDir) matchingFile(pfd int, f *layout.File, x *layout.Index, cache *statcache.Cache) (*os.File, bool, error) {
 	base := path.Base(f.Path)
 	st, ok, err := lstatAt(pfd, base)
 	if err != nil {
@@ -221,7 +222,7 @@ func (d *destDir) matchingFile(pfd int, f *layout.File, x *layout.Index, cache *
 		fh.Close()
 		return nil, false, nil
 	}
-	key := layout.StatKeyOf(info)
+	key := statcache.KeyOf(info)
 	if c, ok := cache.Lookup(f.Path, key); ok {
 		if c.Digest == f.Digest {
 			return fh, true, nil
@@ -439,7 +440,7 @@ func (d *destDir) finishFile(f *layout.File, x *layout.Index, pf pullFile, opt O
 		// Every byte came from a verified chunk (or a verified leftover);
 		// the file's digest is checked only if asked for or implied.
 		verified := opt.VerifyFiles || pf.verified() || derivedDigest(f, x) != ""
-		opt.StatCache.StorePulled(x, f.Path, layout.StatKeyOf(info), true, verified)
+		opt.StatCache.StorePulled(x, f.Path, statcache.KeyOf(info), true, verified)
 	}
 	return nil
 }

@@ -9,11 +9,13 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/bdnvol/bdnvol/internal/testutil"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
+
+	"github.com/bdnvol/bdnvol/internal/testutil"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // fuzzTree builds under root a small tree described by prog (three bytes
@@ -122,7 +124,7 @@ func runPullPlanted(t *testing.T, prog, plants []byte) {
 	}
 	paths := fuzzTree(t, src, prog)
 	store := memory.New()
-	res, err := layout.Push(ctx, store, layout.DirSource(src), layout.PushOptions{Params: layout.Params{Min: 64, Avg: 256, Max: 1024}})
+	res, err := push.Push(ctx, store, push.DirSource(src), push.Options{Params: layout.Params{Min: 64, Avg: 256, Max: 1024}})
 	if err != nil {
 		t.Fatal(err)
 	}

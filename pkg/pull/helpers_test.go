@@ -5,14 +5,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/content/memory"
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
-	"github.com/opencontainers/go-digest"
-	"oras.land/oras-go/v2/content"
-	"oras.land/oras-go/v2/content/memory"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // Helpers copied from pkg/layout's tests, over the exported API (those
@@ -51,7 +52,7 @@ func validIndex() *layout.Index {
 }
 
 // remoteDir is a local directory that claims to be expensive to re-read.
-type remoteDir struct{ layout.Source }
+type remoteDir struct{ push.Source }
 
 // pushed pushes files (as testutil.WriteVolumeTree takes them) and opens the
 // version.
@@ -61,7 +62,7 @@ func pushed(t *testing.T, p layout.Params, files map[string][]byte) (content.Sto
 	src := t.TempDir()
 	testutil.WriteVolumeTree(t, src, files)
 	store := memory.New()
-	res, err := layout.Push(ctx, store, layout.DirSource(src), layout.PushOptions{Params: p})
+	res, err := push.Push(ctx, store, push.DirSource(src), push.Options{Params: p})
 	if err != nil {
 		t.Fatal(err)
 	}

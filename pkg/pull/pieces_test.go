@@ -11,6 +11,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // TestUpgradeLooksOnlyAtChangedPieces: an upgrade over a whole pull of
@@ -40,7 +41,7 @@ func TestUpgradeLooksOnlyAtChangedPieces(t *testing.T) {
 	later := func() time.Time { return time.Now().Add(time.Second) } // no record racy
 	pullSel := func(src *layout.Version, sel func(string) bool) *Result {
 		t.Helper()
-		c := layout.OpenStatCache(statDir, dst, layout.Params{})
+		c := statcache.Open(statDir, dst, layout.Params{})
 		c.SetTestHooks(later, 0)
 		store := s1
 		if src == v2 {

@@ -9,11 +9,13 @@ import (
 
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/origin"
 	"github.com/bdnvol/bdnvol/pkg/signature"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // Options configure Pull and Materialise (which uses only Jobs,
@@ -34,7 +36,7 @@ type Options struct {
 	// VerifyFiles checks every written file's SHA-256 before it is renamed
 	// into place.
 	VerifyFiles bool
-	Counters    *layout.Counters // progress; nil for none
+	Counters    *progress.Counters // progress; nil for none
 	// Select, when set, makes a partial pull: only the regular files and
 	// symlinks whose path it accepts are written, with the directories
 	// that hold them (see layout.Index.Selection), and only their chunks
@@ -47,7 +49,7 @@ type Options struct {
 	// pull into the directory (an upgrade) keeps or copies them. Pull opens
 	// the one of the directory under CacheDir when it is nil; Materialise
 	// then keeps no record.
-	StatCache *layout.StatCache
+	StatCache *statcache.Cache
 	// Progress (if set) is started once the version is open; the function
 	// it returns is called when the pull ends.
 	Progress func() func()
@@ -136,7 +138,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 			wrap = cache.Fetcher
 		}
 	}
-	v, err := layout.Open(ctx, wrap(src), desc)
+	v, err := origin.Open(ctx, wrap(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
@@ -146,7 +148,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		stop = opt.Progress()
 	}
 	if opt.StatCache == nil {
-		opt.StatCache = layout.OpenStatCache(opt.CacheDir, dir, layout.Params{})
+		opt.StatCache = statcache.Open(opt.CacheDir, dir, layout.Params{})
 	}
 	out, err := Materialise(ctx, src, v, dir, opt)
 	stop()

@@ -9,10 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	"oras.land/oras-go/v2/content/memory"
 	"oras.land/oras-go/v2/errdef"
+
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // sealFiles stores chunks and a version 1 index of files over them, and
@@ -44,8 +47,8 @@ func sealFiles(t *testing.T, store *memory.Store, files []layout.File, chunks ..
 
 // settledCache opens the stat cache of dst in dir with a clock an hour
 // ahead, so that what a pull records is not racy, as after a while.
-func settledCache(dir, dst string) *layout.StatCache {
-	c := layout.OpenStatCache(dir, dst, v1Params)
+func settledCache(dir, dst string) *statcache.Cache {
+	c := statcache.Open(dir, dst, v1Params)
 	c.SetTestHooks(func() time.Time { return time.Now().Add(time.Hour) }, 0)
 	return c
 }
@@ -67,7 +70,7 @@ func TestPullClaimedDigestNotTrusted(t *testing.T) {
 	if _, err := Materialise(ctx, store, a, dst, Options{StatCache: settledCache(cdir, dst)}); err != nil {
 		t.Fatalf("pull of the lying version: %v", err)
 	}
-	res, err := layout.Push(ctx, memory.New(), layout.DirSource(dst), layout.PushOptions{Params: v1Params, Cache: layout.OpenStatCache(cdir, dst, v1Params)})
+	res, err := push.Push(ctx, memory.New(), push.DirSource(dst), push.Options{Params: v1Params, Cache: statcache.Open(cdir, dst, v1Params)})
 	switch {
 	case err != nil:
 		t.Errorf("push after the pull: %v", err)

@@ -14,12 +14,14 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/bdnvol/bdnvol/internal/testutil"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/errdef"
+
+	"github.com/bdnvol/bdnvol/internal/progress"
+	"github.com/bdnvol/bdnvol/internal/testutil"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // fileState is what a test checks did not change: type, mode, contents.
@@ -336,7 +338,7 @@ func TestPullProgressCountsOnce(t *testing.T) {
 		{Fetcher: store, target: v.Chunk(1).Digest, bad: 2, cut: true},
 		{Fetcher: store, target: v.Chunk(2).Digest, bad: 1},
 	} {
-		c := &layout.Counters{}
+		c := &progress.Counters{}
 		if _, err := Materialise(ctx, fl, v, t.TempDir(), Options{Jobs: 2, Counters: c}); err != nil {
 			t.Fatal(err)
 		}

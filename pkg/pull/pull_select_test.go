@@ -14,6 +14,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/pathglob"
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // selectTree is a model-shaped tree: two large weight files cut into
@@ -138,7 +139,7 @@ func TestPullSelectLeavesOthersAlone(t *testing.T) {
 	files := selectTree()
 	store, v1 := pushed(t, selectParams, files)
 	dst, cacheDir := t.TempDir(), t.TempDir()
-	sc := layout.OpenStatCache(cacheDir, dst, layout.Params{})
+	sc := statcache.Open(cacheDir, dst, layout.Params{})
 	if _, err := Materialise(ctx, store, v1, dst, Options{StatCache: sc}); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestPullSelectLeavesOthersAlone(t *testing.T) {
 	next["tok/tokenizer.json"] = testutil.RandBytes(33, 3100)
 	store2, v2 := pushed(t, selectParams, next)
 	sel := func(p string) bool { return strings.HasPrefix(p, "tok/") }
-	sc = layout.OpenStatCache(cacheDir, dst, layout.Params{})
+	sc = statcache.Open(cacheDir, dst, layout.Params{})
 	res, err := Materialise(ctx, store2, v2, dst, Options{StatCache: sc, Select: sel})
 	if err != nil {
 		t.Fatal(err)

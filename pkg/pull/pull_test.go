@@ -8,8 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -30,7 +31,7 @@ func published(t *testing.T) (oci.Ref, map[string]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := versions.Publish(context.Background(), tg, layout.DirSource(src), versions.PublishOptions{Tag: "v1"}); err != nil {
+	if _, err := versions.Publish(context.Background(), tg, push.DirSource(src), versions.PublishOptions{Tag: "v1"}); err != nil {
 		t.Fatal(err)
 	}
 	return ref, files
@@ -56,7 +57,7 @@ func TestPullWritesTheTreeAndUsesTheCacheAsAsked(t *testing.T) {
 		t.Helper()
 		dir := filepath.Join(t.TempDir(), "out")
 		started, stopped := 0, 0
-		res, err := Pull(ctx, ref, dir, Options{CacheDir: cacheDir, Cache: mode, CacheSize: 1 << 30, Counters: &layout.Counters{},
+		res, err := Pull(ctx, ref, dir, Options{CacheDir: cacheDir, Cache: mode, CacheSize: 1 << 30, Counters: &progress.Counters{},
 			Progress: func() func() { started++; return func() { stopped++ } }})
 		if err != nil {
 			t.Fatal(err)

@@ -4,16 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"io"
 	"os"
 	"path"
 
-	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/internal/progress"
+	"github.com/bdnvol/bdnvol/internal/verify"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // packBudget bounds the bytes of chunks held in memory at once: a chunk
@@ -31,7 +34,7 @@ func packed(desc ocispec.Descriptor, ts []target) bool {
 
 // fetchWhole fetches the chunk desc into buf (grown as needed), checking
 // its size and digest, and returns its bytes.
-func fetchWhole(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, buf *[]byte, c *layout.Counters) ([]byte, error) {
+func fetchWhole(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, buf *[]byte, c *progress.Counters) ([]byte, error) {
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
 		return nil, err
@@ -200,8 +203,8 @@ func (d *destDir) renameInto(pf pullFile, pfd int, rel string) error {
 }
 
 // unixStatKey is the stat key of st.
-func unixStatKey(st *unix.Stat_t) layout.StatKey {
-	return layout.StatKey{
+func unixStatKey(st *unix.Stat_t) statcache.Key {
+	return statcache.Key{
 		Size:  st.Size,
 		Mtime: st.Mtim.Sec*1e9 + st.Mtim.Nsec,
 		Ctime: st.Ctim.Sec*1e9 + st.Ctim.Nsec,

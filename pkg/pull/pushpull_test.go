@@ -11,13 +11,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bdnvol/bdnvol/internal/testutil"
-	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
+
+	"github.com/bdnvol/bdnvol/internal/testutil"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 func TestPushPullMemory(t *testing.T) {
@@ -35,7 +37,7 @@ func TestPushPullMemory(t *testing.T) {
 	for _, maxLayers := range []int{0, 7} {
 		t.Run(fmt.Sprint("maxLayers=", maxLayers), func(t *testing.T) {
 			store := memory.New()
-			res, err := layout.Push(ctx, store, layout.DirSource(src), layout.PushOptions{Params: p, MaxLayers: maxLayers})
+			res, err := push.Push(ctx, store, push.DirSource(src), push.Options{Params: p, MaxLayers: maxLayers})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -43,7 +45,7 @@ func TestPushPullMemory(t *testing.T) {
 			if res.Chunks > 1<<20/int(p.Min)+300*1024/int(p.Min)+4 {
 				t.Fatalf("%d chunks: small files were not packed", res.Chunks)
 			}
-			again, err := layout.Push(ctx, store, layout.DirSource(src), layout.PushOptions{Params: p, MaxLayers: maxLayers})
+			again, err := push.Push(ctx, store, push.DirSource(src), push.Options{Params: p, MaxLayers: maxLayers})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -86,11 +88,11 @@ func TestPushRemoteSourceBuffers(t *testing.T) {
 	files := map[string][]byte{"big.bin": testutil.RandBytes(7, 700<<10), "a/small": []byte("small file")}
 	testutil.WriteTree(t, src, files)
 	local, remote := memory.New(), memory.New()
-	want, err := layout.Push(ctx, local, layout.DirSource(src), layout.PushOptions{Params: p})
+	want, err := push.Push(ctx, local, push.DirSource(src), push.Options{Params: p})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := layout.Push(ctx, remote, remoteDir{layout.DirSource(src)}, layout.PushOptions{Params: p, Jobs: 2})
+	got, err := push.Push(ctx, remote, remoteDir{push.DirSource(src)}, push.Options{Params: p, Jobs: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +149,7 @@ func TestPullRefetchesSpoiledChunks(t *testing.T) {
 	data := testutil.RandBytes(11, 300<<10)
 	testutil.WriteTree(t, src, map[string][]byte{"f.bin": data})
 	store := memory.New()
-	res, err := layout.Push(ctx, store, layout.DirSource(src), layout.PushOptions{Params: p})
+	res, err := push.Push(ctx, store, push.DirSource(src), push.Options{Params: p})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"io"
 	"os"
 	"path"
@@ -13,6 +12,10 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/bdnvol/bdnvol/internal/progress"
+	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // localChunk is where a chunk may already be in the destination: the bytes
@@ -25,7 +28,7 @@ type localChunk struct {
 	// vouched is the stat key an earlier pull recorded for the file at
 	// path after writing it from verified chunks: while the file still has
 	// it, its bytes are those chunks and are copied without hashing them.
-	vouched *layout.StatKey
+	vouched *statcache.Key
 }
 
 // Fetch opens the file, never following a symlink, and returns the chunk's
@@ -70,7 +73,7 @@ var errNotVouched = errors.New("not vouched for by the pull record")
 // the file's stat key, unchanged since that pull verified and wrote it,
 // before and after the copy, stands for its bytes. Any doubt returns
 // errNotVouched (nothing final was touched: targets are temporaries).
-func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts []target, files *pullSet, c *layout.Counters, credited *int64) error {
+func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts []target, files *pullSet, c *progress.Counters, credited *int64) error {
 	if l.vouched == nil {
 		return errNotVouched
 	}
@@ -90,7 +93,7 @@ func (l localChunk) copyVouched(ctx context.Context, desc ocispec.Descriptor, ts
 	defer src.Close()
 	same := func() bool {
 		info, err := src.Stat()
-		return err == nil && info.Mode().IsRegular() && layout.StatKeyOf(info) == *l.vouched && info.Size() >= l.off+desc.Size
+		return err == nil && info.Mode().IsRegular() && statcache.KeyOf(info) == *l.vouched && info.Size() >= l.off+desc.Size
 	}
 	if !same() {
 		return errNotVouched
@@ -154,7 +157,7 @@ func copyLocked(mu *sync.Mutex, dst *os.File, dstOff int64, src *os.File, srcOff
 // (previous records it), else at the same place in a file already at the
 // final name of a file being written (an in-place fine-tune keeps most
 // tensors where they were). Every candidate is verified when copied.
-func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]slot, files *pullSet, previous *layout.PulledRecords) (map[int]localChunk, error) {
+func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]slot, files *pullSet, previous *statcache.PulledRecords) (map[int]localChunk, error) {
 	needed := map[digest.Digest]int{}
 	for k, ts := range byChunk {
 		if len(ts) > 0 {
@@ -165,9 +168,9 @@ func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]
 	if len(needed) == 0 {
 		return out, nil
 	}
-	previous.Each(func(p string, rec layout.CachedFile) bool {
+	previous.Each(func(p string, rec statcache.Record) bool {
 		var off int64
-		var vouched *layout.StatKey
+		var vouched *statcache.Key
 		if !rec.Racy {
 			vouched = &rec.Stat
 		}
@@ -230,7 +233,7 @@ func (d *destDir) localChunks(ctx context.Context, x *layout.Index, byChunk [][]
 
 // sharesChunks reports whether the recorded file rec holds at least one
 // chunk of f: then both were cut with the same parameters.
-func sharesChunks(rec layout.CachedFile, f *layout.File, x *layout.Index) bool {
+func sharesChunks(rec statcache.Record, f *layout.File, x *layout.Index) bool {
 	if len(rec.Extents) == 0 {
 		return false
 	}
@@ -249,7 +252,7 @@ func sharesChunks(rec layout.CachedFile, f *layout.File, x *layout.Index) bool {
 // holdsRecord reports whether the file at rel is still as the earlier pull
 // that recorded rec left it: a record not marked racy, with the stat key
 // the file has now.
-func (d *destDir) holdsRecord(rel string, rec layout.CachedFile) bool {
+func (d *destDir) holdsRecord(rel string, rec statcache.Record) bool {
 	if rec.Racy {
 		return false
 	}
@@ -323,9 +326,9 @@ func (d *destDir) regularSize(rel string) int64 {
 // version x does not have, if they are as that pull left them. Files
 // someone changed since, or that no pull wrote, stay, and so do those
 // outside the selection (sel, nil for all). It returns how many it removed.
-func (d *destDir) removeStale(x *layout.Index, previous *layout.PulledRecords, sel func(string) bool) int {
+func (d *destDir) removeStale(x *layout.Index, previous *statcache.PulledRecords, sel func(string) bool) int {
 	n := 0
-	previous.Each(func(p string, c layout.CachedFile) bool {
+	previous.Each(func(p string, c statcache.Record) bool {
 		if _, have := x.Find(p); have || (sel != nil && !sel(p)) { // PulledFiles left out paths no index could hold
 			return true
 		}
@@ -337,7 +340,7 @@ func (d *destDir) removeStale(x *layout.Index, previous *layout.PulledRecords, s
 
 // removeIfUnchanged removes the regular file p if its stat key is still k;
 // it returns 1 if it did.
-func (d *destDir) removeIfUnchanged(p string, k layout.StatKey) int {
+func (d *destDir) removeIfUnchanged(p string, k statcache.Key) int {
 	pfd, err := d.openDir(parentOf(p))
 	if err != nil {
 		return 0
@@ -351,7 +354,7 @@ func (d *destDir) removeIfUnchanged(p string, k layout.StatKey) int {
 	fh := os.NewFile(uintptr(fd), d.full(p))
 	defer fh.Close()
 	info, err := fh.Stat()
-	if err == nil && info.Mode().IsRegular() && layout.StatKeyOf(info) == k && unix.Unlinkat(pfd, base, 0) == nil {
+	if err == nil && info.Mode().IsRegular() && statcache.KeyOf(info) == k && unix.Unlinkat(pfd, base, 0) == nil {
 		return 1
 	}
 	return 0

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // TestPullSettlesRecentRecords: the files a pull writes last are recorded
@@ -16,8 +17,8 @@ func TestPullSettlesRecentRecords(t *testing.T) {
 	store, v1, v2, f1, f2 := upgradeVersions(t)
 	s1, _ := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
 	dst, statDir := t.TempDir(), t.TempDir()
-	cache := func() *layout.StatCache {
-		c := layout.OpenStatCache(statDir, dst, layout.Params{})
+	cache := func() *statcache.Cache {
+		c := statcache.Open(statDir, dst, layout.Params{})
 		c.SetTestHooks(nil, 1)
 		return c
 	}

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // laterCache opens the stat cache of dst in dir with a clock a second
 // ahead: what a pull records is not racy.
-func laterCache(dir, dst string) *layout.StatCache {
-	c := layout.OpenStatCache(dir, dst, layout.Params{})
+func laterCache(dir, dst string) *statcache.Cache {
+	c := statcache.Open(dir, dst, layout.Params{})
 	c.SetTestHooks(func() time.Time { return time.Now().Add(time.Second) }, 0)
 	return c
 }

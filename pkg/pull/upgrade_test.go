@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/opencontainers/go-digest"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // upgradeVersions pushes v1 and v2 of a tree into one store: v2 changes
@@ -50,8 +52,8 @@ func TestPullUpgradeFetchesOnlyChanges(t *testing.T) {
 	// v1 comes from its own store; v2's store only has what v2 needs.
 	s1, _ := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
 	dst := t.TempDir()
-	cache := func() *layout.StatCache {
-		return layout.OpenStatCache(filepath.Join(t.TempDir(), "..", "statcache"), dst, layout.Params{})
+	cache := func() *statcache.Cache {
+		return statcache.Open(filepath.Join(t.TempDir(), "..", "statcache"), dst, layout.Params{})
 	}
 	if _, err := Materialise(ctx, s1, v1, dst, Options{Jobs: 2, StatCache: cache()}); err != nil {
 		t.Fatal(err)
@@ -151,8 +153,8 @@ func TestPullUpgradeCopiesVouchedChunksUnhashed(t *testing.T) {
 		s1, _ := pushed(t, p, f1)
 		dst := t.TempDir()
 		statDir := t.TempDir()
-		cache := func() *layout.StatCache {
-			c := layout.OpenStatCache(filepath.Join(statDir, "statcache"), dst, layout.Params{})
+		cache := func() *statcache.Cache {
+			c := statcache.Open(filepath.Join(statDir, "statcache"), dst, layout.Params{})
 			// As if the record were saved well after the files were
 			// written: none of them is racy.
 			c.SetTestHooks(func() time.Time { return time.Now().Add(time.Second) }, 0)
@@ -232,8 +234,8 @@ func TestPullUpgradeNoGuessesOverRecords(t *testing.T) {
 	s1, _ := pushed(t, layout.Params{Min: 16 << 10, Avg: 32 << 10, Max: 64 << 10}, f1)
 	dst := t.TempDir()
 	statDir := t.TempDir()
-	cache := func() *layout.StatCache {
-		c := layout.OpenStatCache(filepath.Join(statDir, "statcache"), dst, layout.Params{})
+	cache := func() *statcache.Cache {
+		c := statcache.Open(filepath.Join(statDir, "statcache"), dst, layout.Params{})
 		c.SetTestHooks(func() time.Time { return time.Now().Add(time.Second) }, 0) // no record is racy
 		return c
 	}

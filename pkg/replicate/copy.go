@@ -21,6 +21,7 @@ import (
 	"oras.land/oras-go/v2/registry"
 	"oras.land/oras-go/v2/registry/remote/errcode"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -46,7 +47,7 @@ type Options struct {
 	Attempts int
 	// Counters receive progress: Total the bytes of the blobs, Processed
 	// those found or sent, Sent those sent. May be nil.
-	Counters *layout.Counters
+	Counters *progress.Counters
 	// PartSize is the destination's upload part size (oci.Options.PartSize);
 	// a blob larger than it is read whole into memory, verified, and sent
 	// in parts. 0: blobs stream in one request each, and after a

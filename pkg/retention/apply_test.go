@@ -18,6 +18,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/pull"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -39,7 +40,7 @@ func openLayout(t *testing.T) repo {
 }
 
 // push seals files as a version sealed at sealed, with tags.
-func (r repo) push(t *testing.T, files map[string][]byte, sealed time.Time, maxLayers int, tags ...string) *layout.PushResult {
+func (r repo) push(t *testing.T, files map[string][]byte, sealed time.Time, maxLayers int, tags ...string) *push.Result {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -48,7 +49,7 @@ func (r repo) push(t *testing.T, files map[string][]byte, sealed time.Time, maxL
 			t.Fatal(err)
 		}
 	}
-	res, err := layout.Push(ctx, r.t, layout.DirSource(dir), layout.PushOptions{Params: smallParams, MaxLayers: maxLayers})
+	res, err := push.Push(ctx, r.t, push.DirSource(dir), push.Options{Params: smallParams, MaxLayers: maxLayers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func (r repo) deleted(t *testing.T) []Deleted {
 }
 
 // intact checks that every byte of version v can be read and verified.
-func (r repo) intact(t *testing.T, v *layout.PushResult) {
+func (r repo) intact(t *testing.T, v *push.Result) {
 	t.Helper()
 	ctx := context.Background()
 	ver, err := layout.Open(ctx, r.t, v.Root)
@@ -110,12 +111,12 @@ func blobBytes(t *testing.T, dir string) int64 {
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
-func threeVersions(t *testing.T, r repo) [3]*layout.PushResult {
+func threeVersions(t *testing.T, r repo) [3]*push.Result {
 	shared := testutil.Pattern(1, 200<<10)
 	v1 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": testutil.Pattern(11, 100<<10)}, t0, 0, "v1")
 	v2 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": testutil.Pattern(12, 100<<10)}, t0.Add(time.Minute), 0, "v2")
 	v3 := r.push(t, map[string][]byte{"a.bin": shared, "u.bin": testutil.Pattern(13, 100<<10)}, t0.Add(2*time.Minute), 0, "v3", "prod")
-	return [3]*layout.PushResult{v1, v2, v3}
+	return [3]*push.Result{v1, v2, v3}
 }
 
 func TestSoftDeleteRestore(t *testing.T) {
@@ -200,8 +201,8 @@ func TestPurgeAndSweep(t *testing.T) {
 		t.Fatalf("v4 root is %s", v4.Root.MediaType)
 	}
 	before := blobBytes(t, r.dir)
-	unique := uniqueBytes(t, r, []*layout.PushResult{vs[0], v4}, []*layout.PushResult{vs[1], vs[2]})
-	for _, v := range []*layout.PushResult{vs[0], v4} {
+	unique := uniqueBytes(t, r, []*push.Result{vs[0], v4}, []*push.Result{vs[1], vs[2]})
+	for _, v := range []*push.Result{vs[0], v4} {
 		if _, err := SoftDelete(ctx, r.t, v.Root.Digest, DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -254,9 +255,9 @@ func TestPurgeAndSweep(t *testing.T) {
 
 // uniqueBytes sums the blobs (manifests included) that gone reach and keep
 // do not.
-func uniqueBytes(t *testing.T, r repo, gone, keep []*layout.PushResult) int64 {
+func uniqueBytes(t *testing.T, r repo, gone, keep []*push.Result) int64 {
 	t.Helper()
-	reach := func(vs []*layout.PushResult) map[digest.Digest]int64 {
+	reach := func(vs []*push.Result) map[digest.Digest]int64 {
 		m := map[digest.Digest]int64{}
 		for _, v := range vs {
 			m[v.Root.Digest] = v.Root.Size

@@ -9,6 +9,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -21,7 +22,7 @@ func TestApplyDeletesModelPackViews(t *testing.T) {
 	now := time.Now()
 	old := r.push(t, map[string][]byte{"a": testutil.Pattern(1, 50<<10)}, now.Add(-time.Hour), 0)
 	cur := r.push(t, map[string][]byte{"a": testutil.Pattern(2, 50<<10)}, now, 0)
-	for _, res := range []*layout.PushResult{old, cur} {
+	for _, res := range []*push.Result{old, cur} {
 		ver, err := layout.Open(ctx, r.t, res.Root)
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/imageview"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/versions"
 )
 
@@ -19,7 +20,7 @@ func TestApplyDeletesImageViews(t *testing.T) {
 	now := time.Now()
 	old := r.push(t, map[string][]byte{"a": testutil.Pattern(1, 50<<10)}, now.Add(-time.Hour), 0)
 	cur := r.push(t, map[string][]byte{"a": testutil.Pattern(2, 50<<10)}, now, 0)
-	view := func(res *layout.PushResult) {
+	view := func(res *push.Result) {
 		ver, err := layout.Open(ctx, r.t, res.Root)
 		if err != nil {
 			t.Fatal(err)

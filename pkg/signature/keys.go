@@ -14,10 +14,11 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 
 	"github.com/secure-systems-lab/go-securesystemslib/encrypted"
+
+	"github.com/bdnvol/bdnvol/internal/bounded"
 )
 
 // Errors wrapped by key loading and by verification.
@@ -271,24 +272,11 @@ func readKeyFile(path string) ([]byte, error) {
 
 // readRegular reads f, a regular file of at most maxKeyFile bytes.
 func readRegular(f *os.File) ([]byte, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
+	b, err := bounded.ReadRegular(f, maxKeyFile)
+	if errors.Is(err, bounded.ErrNotRegular) || errors.Is(err, bounded.ErrTooLarge) {
+		return nil, fmt.Errorf("%v: %w", err, ErrKey)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s): %w", fi.Mode().Type(), ErrKey)
-	}
-	if fi.Size() > maxKeyFile {
-		return nil, fmt.Errorf("larger than %d bytes: %w", maxKeyFile, ErrKey)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > maxKeyFile {
-		return nil, fmt.Errorf("larger than %d bytes: %w", maxKeyFile, ErrKey)
-	}
-	return b, nil
+	return b, err
 }
 
 func short(id string) string {

@@ -27,7 +27,7 @@ func TestOutOfRangeSizesFailTheSync(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = push(t, src)
+			_, err = pushSource(t, src)
 			want := fmt.Sprintf("size %d is out of range", tc.size)
 			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), tc.file) {
 				t.Fatalf("push: %v, want %q naming %s", err, want, tc.file)
@@ -53,7 +53,7 @@ func TestOutOfRangeSizesFailTheSync(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err = push(t, src); err == nil || !strings.Contains(err.Error(), "size -5 is out of range") {
+		if _, err = pushSource(t, src); err == nil || !strings.Contains(err.Error(), "size -5 is out of range") {
 			t.Fatalf("push: %v, want size -5 refused", err)
 		}
 	})
@@ -66,7 +66,7 @@ func TestOutOfRangeSizesFailTheSync(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err = push(t, src); err == nil || !strings.Contains(err.Error(), "size -5 is out of range") {
+		if _, err = pushSource(t, src); err == nil || !strings.Contains(err.Error(), "size -5 is out of range") {
 			t.Fatalf("push: %v, want size -5 refused", err)
 		}
 	})

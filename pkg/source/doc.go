@@ -4,7 +4,7 @@
 //
 // # Source
 //
-// Every source implements layout.Source and layout.Remote, so layout.Push
+// Every source implements push.Source and push.Remote, so push.Push
 // streams it into chunks without a local copy. Walk lists the tree once and
 // pins it (the Hub commit a revision resolves to, the GCS generation of each
 // object); Open returns an io.ReaderAt that fetches the file in ranged GETs,

@@ -148,7 +148,7 @@ func TestRedirectToMetadataRefusedBeforeConnecting(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = push(t, src)
+			_, err = pushSource(t, src)
 			if !errors.Is(err, ErrForbiddenAddress) {
 				t.Fatalf("push: %v, want the metadata address refused", err)
 			}
@@ -171,7 +171,7 @@ func TestRedirectToMetadataRefusedBeforeConnecting(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := push(t, src)
+			res, err := pushSource(t, src)
 			if err != nil {
 				t.Fatalf("push with --allow-link-local: %v", err)
 			}
@@ -199,7 +199,7 @@ func TestHubRedirectToMetadataRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = push(t, src)
+	_, err = pushSource(t, src)
 	if !errors.Is(err, ErrForbiddenAddress) || !strings.Contains(err.Error(), "169.254.169.254") {
 		t.Fatalf("push: %v, want the redirect to 169.254.169.254 refused", err)
 	}
@@ -225,7 +225,7 @@ func TestS3RedirectToMetadataRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = push(t, src)
+	_, err = pushSource(t, src)
 	if !errors.Is(err, ErrForbiddenAddress) {
 		t.Fatalf("push: %v, want the redirect to the metadata service refused", err)
 	}
@@ -239,7 +239,7 @@ func TestS3RedirectToMetadataRefused(t *testing.T) {
 	if src, err = Open(context.Background(), "s3://b/data", opt); err != nil {
 		t.Fatal(err)
 	}
-	if _, err = push(t, src); err != nil || metadata.accepts.Load() == 0 {
+	if _, err = pushSource(t, src); err != nil || metadata.accepts.Load() == 0 {
 		t.Fatalf("push with --allow-link-local: %v (%d connections)", err, metadata.accepts.Load())
 	}
 }
@@ -282,7 +282,7 @@ func TestDNSRebindingRefusedAtDialTime(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = push(t, src)
+			_, err = pushSource(t, src)
 			if !errors.Is(err, ErrForbiddenAddress) {
 				t.Fatalf("push: %v, want the rebound address refused", err)
 			}

@@ -24,6 +24,8 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // ociScheme prefixes a registry source; a source that starts with
@@ -276,7 +278,7 @@ const maxGapBytes = 64 << 20
 
 // Walk fetches the manifest (verified against the pinned digest), lists
 // the files of every layer, and returns them with their directories.
-func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
+func (s *ociSource) Walk(ctx context.Context) ([]push.Entry, error) {
 	t, err := oci.Open(ctx, s.ref, ociOptions(s.opt))
 	if err != nil {
 		return nil, err
@@ -351,15 +353,15 @@ func (s *ociSource) Walk(ctx context.Context) ([]layout.Entry, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("%s: %w", name, ErrEmpty)
 	}
-	out := make([]layout.Entry, 0, len(files)+len(dirs))
+	out := make([]push.Entry, 0, len(files)+len(dirs))
 	for d := range dirs {
 		if _, clash := where[d]; clash {
 			return nil, fmt.Errorf("%s: %w: %s is both a file and a directory", name, modelpack.ErrInvalid, termsafe.Short(d))
 		}
-		out = append(out, layout.Entry{Path: d, Type: layout.TypeDir, Mode: 0o755})
+		out = append(out, push.Entry{Path: d, Type: layout.TypeDir, Mode: 0o755})
 	}
 	for p, f := range files {
-		out = append(out, layout.Entry{Path: p, Type: layout.TypeFile, Mode: f.mode, Size: f.size, Stat: layout.StatKey{Size: f.size}, Digest: f.sum})
+		out = append(out, push.Entry{Path: p, Type: layout.TypeFile, Mode: f.mode, Size: f.size, Stat: statcache.Key{Size: f.size}, Digest: f.sum})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	s.mu.Lock()
@@ -606,7 +608,7 @@ func (s *ociSource) fetchRange(ctx context.Context, t oci.Target, desc ocispec.D
 // Open returns a reader of the file at p. Its reads feed its layer's
 // in-order hash; the read that completes a layer whose bytes do not hash
 // to its digest fails.
-func (s *ociSource) Open(ctx context.Context, p string) (layout.ReadAtCloser, error) {
+func (s *ociSource) Open(ctx context.Context, p string) (push.ReadAtCloser, error) {
 	s.mu.Lock()
 	f, t, sp := s.files[p], s.t, s.spool
 	s.mu.Unlock()

@@ -24,9 +24,9 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // randomBytes returns n bytes that do not compress.
@@ -118,7 +118,7 @@ func TestOCISourceTarReadOutOfOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestOCISourceCorruptTarFileFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err == nil {
 		err = Verify(context.Background(), src, res.Index)
 	}
@@ -194,7 +194,7 @@ func TestOCISourceImageWithCompressedLayers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestOCISourceRefs(t *testing.T) {
 	if got, err := Pin(context.Background(), "hf://org/model", Options{}); err != nil || got != "hf://org/model" {
 		t.Errorf("Pin of a Hub source: %q, %v", got, err)
 	}
-	var _ layout.Remote = (*ociSource)(nil)
+	var _ push.Remote = (*ociSource)(nil)
 }
 
 // TestOCISourceRefusesABdnvolVersion: a bdnvol version named as an oci://
@@ -332,7 +332,7 @@ func TestOCISourceCompressedLayerReadOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer Close(src)
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +362,7 @@ func TestOCISourceCompressedLayerOnlyEmptyFilesSelected(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer Close(src)
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/bdnvol/bdnvol/internal/ratelimit"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
+	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
 
 // Sentinel errors, each wrapped with the source and the file it is about.
@@ -39,8 +41,8 @@ var (
 
 // Source is a remote tree to seal.
 type Source interface {
-	layout.Source
-	layout.Remote
+	push.Source
+	push.Remote
 	// Revision returns what the source resolved to when it was walked (the
 	// Hub commit of a revision), or "" when the source has no revisions.
 	Revision() string
@@ -194,7 +196,7 @@ type backend interface {
 	String() string
 }
 
-// remote adapts a backend to layout.Source.
+// remote adapts a backend to push.Source.
 type remote struct {
 	b      backend
 	opt    Options
@@ -214,7 +216,7 @@ func (r *remote) Revision() string { return r.b.revision() }
 
 // Walk lists the source, applies the filters, and returns the files with
 // the directories that hold them, sorted by path.
-func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
+func (r *remote) Walk(ctx context.Context) ([]push.Entry, error) {
 	objs, err := r.b.list(ctx)
 	if err != nil {
 		return nil, err
@@ -242,15 +244,15 @@ func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("%s: %w", r.b, ErrEmpty)
 	}
-	out := make([]layout.Entry, 0, len(files)+len(dirs))
+	out := make([]push.Entry, 0, len(files)+len(dirs))
 	for d := range dirs {
 		if o, clash := files[d]; clash {
 			return nil, fmt.Errorf("%s: %q is both a file and a directory", r.b, o.path)
 		}
-		out = append(out, layout.Entry{Path: d, Type: layout.TypeDir, Mode: 0o755})
+		out = append(out, push.Entry{Path: d, Type: layout.TypeDir, Mode: 0o755})
 	}
 	for p, o := range files {
-		e := layout.Entry{Path: p, Type: layout.TypeFile, Mode: 0o644, Size: o.size, Stat: layout.StatKey{Size: o.size}}
+		e := push.Entry{Path: p, Type: layout.TypeFile, Mode: 0o644, Size: o.size, Stat: statcache.Key{Size: o.size}}
 		if o.want.algo == algoSHA256 {
 			// A file's SHA-256 is its digest in the index: a push may
 			// match it with a file of the previous version.
@@ -267,7 +269,7 @@ func (r *remote) Walk(ctx context.Context) ([]layout.Entry, error) {
 
 // Open returns a reader of the file at p that fetches ranges on demand and
 // verifies the whole file as it is read in order.
-func (r *remote) Open(ctx context.Context, p string) (layout.ReadAtCloser, error) {
+func (r *remote) Open(ctx context.Context, p string) (push.ReadAtCloser, error) {
 	r.mu.Lock()
 	o := r.files[p]
 	r.mu.Unlock()

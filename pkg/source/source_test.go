@@ -19,6 +19,7 @@ import (
 	"oras.land/oras-go/v2/content/memory"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // small blocks and few requests, so tests cover readahead and ranges.
@@ -38,12 +39,12 @@ func hubFiles() (map[string][]byte, map[string]bool) {
 	return files, lfs
 }
 
-// push pushes src into a memory store and returns the result.
-func push(t *testing.T, src Source) (*layout.PushResult, error) {
+// pushSource pushes src into a memory store and returns the result.
+func pushSource(t *testing.T, src Source) (*push.Result, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return layout.Push(ctx, memory.New(), src, layout.PushOptions{Params: layout.Params{Min: 256 << 10, Avg: 512 << 10, Max: 1 << 20}})
+	return push.Push(ctx, memory.New(), src, push.Options{Params: layout.Params{Min: 256 << 10, Avg: 512 << 10, Max: 1 << 20}})
 }
 
 // checkIndex checks that the pushed index holds exactly want, byte for
@@ -79,7 +80,7 @@ func TestHubSyncsPinnedCommitVerifiedAndTokenOnlyToHub(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestHubDatasetRevisionAndFilters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestHubLFSMismatchFailsThePush(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = push(t, src)
+			_, err = pushSource(t, src)
 			if !errors.Is(err, ErrDigestMismatch) {
 				t.Fatalf("push: %v, want a digest mismatch", err)
 			}
@@ -191,7 +192,7 @@ func TestHubErrorsNameTheSourceAndHideSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = push(t, src)
+	_, err = pushSource(t, src)
 	if err == nil {
 		t.Fatal("push succeeded through a refusing CDN")
 	}
@@ -218,7 +219,7 @@ func TestGCSListsPagesPinsGenerationsAndVerifiesMD5(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestGCSListsPagesPinsGenerationsAndVerifiesMD5(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err = push(t, one)
+	res, err = pushSource(t, one)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func TestGCSListsPagesPinsGenerationsAndVerifiesMD5(t *testing.T) {
 	bad[0] ^= 1
 	g.served["data/sub/c.bin"] = bad
 	src, _ = Open(context.Background(), "gs://b/data", testOpts)
-	if _, err = push(t, src); !errors.Is(err, ErrDigestMismatch) || !strings.Contains(err.Error(), "sub/c.bin") {
+	if _, err = pushSource(t, src); !errors.Is(err, ErrDigestMismatch) || !strings.Contains(err.Error(), "sub/c.bin") {
 		t.Fatalf("push of a corrupt object: %v", err)
 	}
 }
@@ -276,7 +277,7 @@ func TestHTTPFileAndList(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := push(t, src)
+		res, err := pushSource(t, src)
 		if err != nil {
 			t.Fatalf("ranges %v: %v", ranges, err)
 		}
@@ -289,7 +290,7 @@ func TestHTTPFileAndList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := push(t, src)
+	res, err := pushSource(t, src)
 	if err != nil {
 		t.Fatal(err)
 	}

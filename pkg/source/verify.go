@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // Digest algorithms a source may give for a file.
@@ -76,7 +76,7 @@ func (e *MismatchError) Unwrap() error { return ErrDigestMismatch }
 // that go back are served but not hashed again) and fails the read that
 // reaches the end of the file when the digest is wrong.
 type verifier struct {
-	layout.ReadAtCloser
+	push.ReadAtCloser
 	size   int64
 	want   expectation
 	source string
@@ -89,7 +89,7 @@ type verifier struct {
 	done   bool
 }
 
-func newVerifier(r layout.ReadAtCloser, size int64, want expectation, source, path string) layout.ReadAtCloser {
+func newVerifier(r push.ReadAtCloser, size int64, want expectation, source, path string) push.ReadAtCloser {
 	h := want.newHash(size)
 	if h == nil {
 		return r

@@ -58,7 +58,7 @@ func TestCompareHostileManifests(t *testing.T) {
 	rd := push(ocispec.MediaTypeImageManifest, rb)
 
 	src := &boundedFetcher{Fetcher: tg, max: 1000}
-	_, err := Compare(ctx, Side{src, vs[1].Root}, Side{src, rd})
+	_, err := Compare(ctx, Located{src, vs[1].Root}, Located{src, rd})
 	if !errors.Is(err, layout.ErrInvalidIndex) {
 		t.Fatalf("compare: %v, want layout.ErrInvalidIndex", err)
 	}

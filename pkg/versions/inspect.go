@@ -19,6 +19,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 )
 
 // FileInfo is one index entry as Inspect reports it.
@@ -54,7 +55,7 @@ type Details struct {
 // Inspect opens and verifies the version desc of t and describes it,
 // with the tags that point at it now.
 func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Details, error) {
-	v, err := layout.OpenWith(ctx, t, desc, layout.OpenOptions{SkipEdges: true}) // whole chunks at most
+	v, err := origin.OpenWith(ctx, t, desc, layout.OpenOptions{SkipEdges: true}) // whole chunks at most
 	if err != nil {
 		return nil, err
 	}
@@ -223,15 +224,15 @@ type Diff struct {
 	UploadBytes int64 `json:"upload_bytes"`
 }
 
-// Side is one version to compare: where it is and its root.
-type Side struct {
+// Located is one version to compare: where it is and its root.
+type Located struct {
 	Src  content.Fetcher
 	Desc ocispec.Descriptor
 }
 
 // Compare opens and verifies versions a and b and compares them at file and
 // chunk level.
-func Compare(ctx context.Context, a, b Side) (*Diff, error) {
+func Compare(ctx context.Context, a, b Located) (*Diff, error) {
 	va, vb, err := openSides(ctx, a, b)
 	if err != nil {
 		return nil, err
@@ -300,12 +301,12 @@ func Compare(ctx context.Context, a, b Side) (*Diff, error) {
 
 // openSides opens and verifies the versions a and b for a comparison: their
 // indexes, without the chunk edges.
-func openSides(ctx context.Context, a, b Side) (*layout.Version, *layout.Version, error) {
-	va, err := layout.OpenWith(ctx, a.Src, a.Desc, layout.OpenOptions{SkipEdges: true})
+func openSides(ctx context.Context, a, b Located) (*layout.Version, *layout.Version, error) {
+	va, err := origin.OpenWith(ctx, a.Src, a.Desc, layout.OpenOptions{SkipEdges: true})
 	if err != nil {
 		return nil, nil, err
 	}
-	vb, err := layout.OpenWith(ctx, b.Src, b.Desc, layout.OpenOptions{SkipEdges: true})
+	vb, err := origin.OpenWith(ctx, b.Src, b.Desc, layout.OpenOptions{SkipEdges: true})
 	if err != nil {
 		return nil, nil, err
 	}

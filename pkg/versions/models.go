@@ -17,6 +17,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 )
 
 // Model is a foreign artifact bdnvol reads as a version (a ModelPack
@@ -69,7 +70,7 @@ func ListModels(ctx context.Context, t oci.Target, skip map[digest.Digest]bool) 
 				return nil
 			}
 			var m ocispec.Manifest
-			if json.Unmarshal(b, &m) != nil || m.MediaType != ocispec.MediaTypeImageManifest || !layout.IsForeign(m.ArtifactType, m.Config.MediaType) {
+			if json.Unmarshal(b, &m) != nil || m.MediaType != ocispec.MediaTypeImageManifest || !origin.IsForeign(m.ArtifactType, m.Config.MediaType) {
 				return nil
 			}
 			md := Model{Digest: d, Foreign: m.ArtifactType, Layers: len(m.Layers), Tags: ts}

@@ -8,20 +8,14 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"oras.land/oras-go/v2/content"
 
-	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
-// testModelType is a foreign artifact type registered for these tests.
-const testModelType = "application/vnd.bdnvol.test-model.v1+json"
-
-func init() {
-	layout.RegisterForeign(testModelType, func(context.Context, content.Fetcher, ocispec.Descriptor) (*layout.Version, error) {
-		return nil, layout.ErrNotVolume
-	})
-}
+// testModelType is the foreign artifact type of these tests: one of the
+// formats a version is opened in (origin.Formats).
+const testModelType = modelpack.ArtifactType
 
 // pushManifest stores blobs and an image manifest of them (of artifactType
 // at, "" for a plain image) in tg, tagged tag.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // PublishOptions configure Publish.
@@ -22,7 +23,7 @@ type PublishOptions struct {
 	// chunking of the version Tag points at, else of the newest sealed
 	// version of the repository (so the new one dedups against it), else
 	// layout.DefaultParams.
-	Push layout.PushOptions
+	Push push.Options
 	// Check, when set, runs after sealing and before any tag moves; its
 	// error leaves the version untagged.
 	Check func(*layout.Index) error
@@ -33,7 +34,7 @@ type PublishOptions struct {
 
 // Published is what Publish sealed and tagged.
 type Published struct {
-	*layout.PushResult
+	*push.Result
 	// Tags are the protective tag first, then Tag and Extra.
 	Tags []string
 }
@@ -42,14 +43,14 @@ type Published struct {
 // Tag and Extra at it, and records those moves in the tag history. Errors
 // of Check read "not tagged: …"; an error recording the history, after
 // the tags moved, reads "tagged, but recording the tag history failed: …".
-func Publish(ctx context.Context, t oci.Target, src layout.Source, opt PublishOptions) (*Published, error) {
+func Publish(ctx context.Context, t oci.Target, src push.Source, opt PublishOptions) (*Published, error) {
 	if opt.Push.Params == (layout.Params{}) {
 		opt.Push.Params = PreviousParams(ctx, t, opt.Tag)
 	}
 	if opt.Check != nil {
 		opt.Push.Destination = "" // Check needs the whole index, which reused pieces are not in
 	}
-	res, err := layout.Push(ctx, t, src, opt.Push)
+	res, err := push.Push(ctx, t, src, opt.Push)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +75,7 @@ func Publish(ctx context.Context, t oci.Target, src layout.Source, opt PublishOp
 	if err := RecordPush(ctx, t, res.Root.Digest, tags, prev, now); err != nil {
 		return nil, fmt.Errorf("tagged, but recording the tag history failed: %w", err)
 	}
-	return &Published{PushResult: res, Tags: append([]string{prot}, tags...)}, nil
+	return &Published{Result: res, Tags: append([]string{prot}, tags...)}, nil
 }
 
 // PreviousParams returns the chunking parameters of the version tag points

@@ -9,13 +9,14 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 func publishTree(t *testing.T, tg oci.Target, files map[string][]byte, opt PublishOptions) (*Published, error) {
 	t.Helper()
 	dir := t.TempDir()
 	testutil.WriteTree(t, dir, files)
-	return Publish(context.Background(), tg, layout.DirSource(dir), opt)
+	return Publish(context.Background(), tg, push.DirSource(dir), opt)
 }
 
 func historyOf(t *testing.T, tg oci.Target, tag string) []Move {
@@ -35,7 +36,7 @@ func TestPublishSealsTagsProtectsAndRecordsHistory(t *testing.T) {
 	}
 
 	v1, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(1, 100<<10)}, PublishOptions{
-		Tag: "main", Extra: []string{"stable"}, Push: layout.PushOptions{Params: smallParams}, Now: t0,
+		Tag: "main", Extra: []string{"stable"}, Push: push.Options{Params: smallParams}, Now: t0,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func TestPublishCheckFailureTagsNothing(t *testing.T) {
 	bad := errors.New("file a differs from the source")
 	var checked *layout.Index
 	_, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(3, 10<<10)}, PublishOptions{
-		Tag: "main", Push: layout.PushOptions{Params: smallParams},
+		Tag: "main", Push: push.Options{Params: smallParams},
 		Check: func(x *layout.Index) error { checked = x; return bad },
 	})
 	if !errors.Is(err, bad) || !strings.HasPrefix(err.Error(), "not tagged: ") {
@@ -113,7 +114,7 @@ func TestPublishCheckFailureTagsNothing(t *testing.T) {
 func TestPublishWithoutTagsGivesOnlyTheProtectiveTag(t *testing.T) {
 	tg := openLayout(t)
 	// No tag at all: only the protective tag.
-	p, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(4, 10<<10)}, PublishOptions{Push: layout.PushOptions{Params: smallParams}})
+	p, err := publishTree(t, tg, map[string][]byte{"a": testutil.Pattern(4, 10<<10)}, PublishOptions{Push: push.Options{Params: smallParams}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,8 +2,8 @@ package versions
 
 import "github.com/bdnvol/bdnvol/pkg/oci"
 
-// Report is a published version as push and sync report it.
-type Report struct {
+// PublishReport is a published version as push and sync report it.
+type PublishReport struct {
 	Digest         string   `json:"digest"`
 	Reference      string   `json:"reference"` // REPO@DIGEST
 	Tags           []string `json:"tags"`
@@ -22,8 +22,8 @@ type Report struct {
 
 // Report returns p, published in the repository ref names, as push and
 // sync report it (Seconds is left to the caller).
-func (p *Published) Report(ref oci.Ref) Report {
-	return Report{
+func (p *Published) Report(ref oci.Ref) PublishReport {
+	return PublishReport{
 		Digest:         p.Root.Digest.String(),
 		Reference:      ref.Pinned(p.Root.Digest),
 		Tags:           p.Tags,

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/source"
 )
 
@@ -21,7 +23,7 @@ type SyncOptions struct {
 	OCI      oci.Options // for the destination; a missing OCI layout is created
 	Tags     []string    // more tags to point at the version
 	Jobs     int         // concurrent uploads
-	Counters *layout.Counters
+	Counters *progress.Counters
 
 	OnListing  func(src string)                              // the walk starts
 	OnListed   func(files int, bytes int64, revision string) // the walk is done
@@ -74,7 +76,7 @@ func Sync(ctx context.Context, src string, dst oci.Ref, opt SyncOptions) (*Synce
 	ann := map[string]string{AnnotationSource: s.String()}
 	prev := previousVersion(ctx, t, dst.Tag)
 	w := &syncWalk{Source: s, opt: &opt, annotations: ann, record: previousRecord(ctx, t, prev)}
-	push := layout.PushOptions{Jobs: opt.Jobs, Counters: opt.Counters, Annotations: ann}
+	push := push.Options{Jobs: opt.Jobs, Counters: opt.Counters, Annotations: ann}
 	if prev != nil {
 		push.Previous, w.previous = prev.Index, prev.Index
 	}
@@ -113,7 +115,7 @@ type syncWalk struct {
 	unchanged   int               // files matched by record
 }
 
-func (w *syncWalk) Walk(ctx context.Context) ([]layout.Entry, error) {
+func (w *syncWalk) Walk(ctx context.Context) ([]push.Entry, error) {
 	if w.opt.OnListing != nil {
 		w.opt.OnListing(w.Source.String())
 	}

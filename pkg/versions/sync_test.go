@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/testutil"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/source"
 )
@@ -32,7 +32,7 @@ func TestSyncSealsVerifiesAndTags(t *testing.T) {
 	}
 	var events []string
 	res, err := Sync(ctx, src, dst, SyncOptions{
-		Tags: []string{"stable"}, Counters: &layout.Counters{},
+		Tags: []string{"stable"}, Counters: &progress.Counters{},
 		Source:     source.Options{AllowPrivateNetwork: true}, // the source is on loopback
 		OnListing:  func(string) { events = append(events, "listing") },
 		OnListed:   func(files int, _ int64, _ string) { events = append(events, "listed") },

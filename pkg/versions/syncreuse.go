@@ -8,6 +8,8 @@ import (
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/source"
 )
 
@@ -57,7 +59,7 @@ func previousVersion(ctx context.Context, t oci.Target, tag string) *layout.Vers
 	if err != nil {
 		return nil
 	}
-	v, err := layout.Open(ctx, t, d)
+	v, err := origin.Open(ctx, t, d)
 	if err != nil {
 		return nil
 	}
@@ -95,7 +97,7 @@ func previousRecord(ctx context.Context, t oci.Target, v *layout.Version) *sourc
 // the files whose digest the source states (an OCI source's raw layers)
 // and the previous version holds with the same size: the push takes those
 // chunks from there too, without reading them.
-func reuseUnchanged(entries []layout.Entry, ids source.Identities, rec *sourceRecord, x *layout.Index) int {
+func reuseUnchanged(entries []push.Entry, ids source.Identities, rec *sourceRecord, x *layout.Index) int {
 	if x == nil {
 		return 0
 	}
@@ -123,7 +125,7 @@ func reuseUnchanged(entries []layout.Entry, ids source.Identities, rec *sourceRe
 
 // statedUnchanged counts the file entries whose digest the source states
 // and that the previous version x holds, same digest and size.
-func statedUnchanged(entries []layout.Entry, x *layout.Index) int {
+func statedUnchanged(entries []push.Entry, x *layout.Index) int {
 	var have map[digest.Digest]int64
 	n := 0
 	for _, e := range entries {

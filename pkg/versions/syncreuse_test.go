@@ -7,6 +7,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/source"
 )
 
@@ -20,8 +21,8 @@ func TestReuseUnchangedTrustsOnlyTheSameObject(t *testing.T) {
 		{Path: "b.bin", Type: layout.TypeFile, Mode: 0o644, Size: 20, Digest: dB},
 	}}
 	rec := &sourceRecord{Scope: "s3 b", Files: map[string]string{"a.bin": `etag="1"`, "b.bin": `etag="2"`, "c.bin": `etag="3"`}}
-	entries := func() []layout.Entry {
-		return []layout.Entry{
+	entries := func() []push.Entry {
+		return []push.Entry{
 			{Path: "a.bin", Type: layout.TypeFile, Size: 10},
 			{Path: "b.bin", Type: layout.TypeFile, Size: 21}, // grew: not b.bin of before
 			{Path: "c.bin", Type: layout.TypeFile, Size: 5},  // not in the previous index

@@ -15,6 +15,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 // keepBudget bounds the bytes of fetched chunks a tensor diff keeps to read
@@ -125,7 +126,7 @@ func (t tensor) own() bool {
 // It reads the file indexes and the chunks that hold the headers only: a
 // tensor's bytes are unchanged exactly when the chunk extents that hold them
 // are, and chunks are cut at tensor boundaries.
-func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorDiff, error) {
+func CompareTensors(ctx context.Context, a, b Located, opt TensorOptions) (*TensorDiff, error) {
 	va, vb, err := openSides(ctx, a, b)
 	if err != nil {
 		return nil, err
@@ -215,20 +216,20 @@ func CompareTensors(ctx context.Context, a, b Side, opt TensorOptions) (*TensorD
 
 // tensorsOf reads the headers of v's safetensors and GGUF files, keyed by
 // file and tensor name. fetched is what was fetched so far, shared by both
-// sides. A header longer than layout.SafetensorsHeaderLimit (or
-// layout.GGUFHeaderLimit) is an error.
+// sides. A header longer than tensorheader.SafetensorsHeaderLimit (or
+// tensorheader.GGUFHeaderLimit) is an error.
 func tensorsOf(ctx context.Context, src content.Fetcher, v *layout.Version, fetched *chunkMemo) (map[string]tensor, error) {
 	out := map[string]tensor{}
 	for i := range v.Index.Len() {
 		fv := v.Index.File(i)
 		f := &fv
-		if f.Type != layout.TypeFile || !layout.IsSafetensors(f.Path) && !layout.IsGGUF(f.Path) {
+		if f.Type != layout.TypeFile || !tensorheader.IsSafetensors(f.Path) && !tensorheader.IsGGUF(f.Path) {
 			continue
 		}
 		r := &fileReader{ctx: ctx, src: src, v: v, f: f, fetched: fetched}
 		var ts []tensor
 		var err error
-		if layout.IsGGUF(f.Path) {
+		if tensorheader.IsGGUF(f.Path) {
 			ts, err = ggufTensors(r)
 		} else {
 			ts, err = safetensorsTensors(r)
@@ -246,12 +247,12 @@ func tensorsOf(ctx context.Context, src content.Fetcher, v *layout.Version, fetc
 // safetensorsTensors reads the tensors of the safetensors file r reads.
 func safetensorsTensors(r *fileReader) ([]tensor, error) {
 	f := r.f
-	hdr, err := layout.ReadSafetensorsHeaderBytes(r, f.Size, layout.SafetensorsHeaderLimit)
+	hdr, err := tensorheader.ReadSafetensorsHeaderBytes(r, f.Size, tensorheader.SafetensorsHeaderLimit)
 	r.drop()
 	if err != nil {
 		return nil, err
 	}
-	_, ranges, err := layout.ParseSafetensorsHeader(hdr, f.Size)
+	_, ranges, err := tensorheader.ParseSafetensorsHeader(hdr, f.Size)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +285,7 @@ func safetensorsTensors(r *fileReader) ([]tensor, error) {
 // chunks are cut; its Bytes are its values'.
 func ggufTensors(r *fileReader) ([]tensor, error) {
 	f := r.f
-	h, err := layout.ReadGGUFHeader(r, f.Size, layout.GGUFHeaderLimit)
+	h, err := tensorheader.ReadGGUFHeader(r, f.Size, tensorheader.GGUFHeaderLimit)
 	r.drop()
 	if err != nil {
 		return nil, err

@@ -24,7 +24,7 @@ func TestCompareTensorsGGUF(t *testing.T) {
 	meta := []string{"general.architecture", "llama"}
 	va := pushVersion(t, tg, map[string][]byte{"m.gguf": testutil.GGUF(meta, 32, a)}, t0, "a")
 	vb := pushVersion(t, tg, map[string][]byte{"m.gguf": testutil.GGUF(meta, 32, b)}, t0.Add(time.Minute), "b")
-	d, err := CompareTensors(ctx, Side{tg, va.Root}, Side{tg, vb.Root}, TensorOptions{})
+	d, err := CompareTensors(ctx, Located{tg, va.Root}, Located{tg, vb.Root}, TensorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

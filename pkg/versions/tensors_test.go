@@ -22,6 +22,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/tensorheader"
 )
 
 type testTensor struct {
@@ -70,7 +71,7 @@ func TestCompareTensors(t *testing.T) {
 	va := pushVersion(t, tg, map[string][]byte{"m.safetensors": safetensors(a), "x.txt": []byte("x")}, t0, "a")
 	vb := pushVersion(t, tg, map[string][]byte{"m.safetensors": safetensors(b), "x.txt": []byte("x")}, t0.Add(time.Minute), "b")
 	src := &boundedFetcher{Fetcher: tg, max: 1 << 20}
-	d, err := CompareTensors(ctx, Side{src, va.Root}, Side{src, vb.Root}, TensorOptions{})
+	d, err := CompareTensors(ctx, Located{src, va.Root}, Located{src, vb.Root}, TensorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,10 +172,10 @@ func TestCompareTensorsHostileHeaderLength(t *testing.T) {
 	root := sealChunks(t, tg, [][]byte{head, fill}, map[string][]int{"m.safetensors": ext})
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, err := CompareTensors(context.Background(), Side{tg, root}, Side{tg, root}, TensorOptions{})
+	_, err := CompareTensors(context.Background(), Located{tg, root}, Located{tg, root}, TensorOptions{})
 	runtime.ReadMemStats(&after)
-	if !errors.Is(err, layout.ErrHeaderTooLarge) || !strings.Contains(err.Error(), "m.safetensors") {
-		t.Errorf("got %v, want %v naming m.safetensors", err, layout.ErrHeaderTooLarge)
+	if !errors.Is(err, tensorheader.ErrHeaderTooLarge) || !strings.Contains(err.Error(), "m.safetensors") {
+		t.Errorf("got %v, want %v naming m.safetensors", err, tensorheader.ErrHeaderTooLarge)
 	}
 	if a := after.TotalAlloc - before.TotalAlloc; a > 8<<20 {
 		t.Errorf("allocated %d MiB for a header it refuses", a>>20)
@@ -215,7 +216,7 @@ func TestCompareTensorsKeepsFewChunks(t *testing.T) {
 	var base runtime.MemStats
 	runtime.ReadMemStats(&base)
 	src := &peakFetcher{Fetcher: tg}
-	d, err := CompareTensors(context.Background(), Side{src, root}, Side{src, root}, TensorOptions{})
+	d, err := CompareTensors(context.Background(), Located{src, root}, Located{src, root}, TensorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 )
 
 // DirCheck is a directory compared with a version.
@@ -23,7 +24,7 @@ type DirCheck struct {
 // the entries a pull with that selection writes.
 func VerifyDir(ctx context.Context, t oci.Target, ref oci.Ref, root *Root, dir string, sel func(path string) bool) (*DirCheck, error) {
 	d := root.Desc.Digest
-	v, err := layout.Open(ctx, t, root.Desc)
+	v, err := origin.Open(ctx, t, root.Desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/origin"
 )
 
 // ErrReservedTag is wrapped when a human tag would use a prefix that bdnvol
@@ -98,7 +99,7 @@ func parseRoot(desc ocispec.Descriptor, b []byte) (*Root, error) {
 	if m.MediaType != ocispec.MediaTypeImageManifest && m.MediaType != ocispec.MediaTypeImageIndex {
 		return nil, fmt.Errorf("%s: media type %s: %w", desc.Digest, termsafe.Short(m.MediaType), layout.ErrNotVolume)
 	}
-	if m.ArtifactType != layout.ArtifactTypeVolume && !(m.MediaType == ocispec.MediaTypeImageManifest && layout.IsForeign(m.ArtifactType, m.Config.MediaType)) {
+	if m.ArtifactType != layout.ArtifactTypeVolume && !(m.MediaType == ocispec.MediaTypeImageManifest && origin.IsForeign(m.ArtifactType, m.Config.MediaType)) {
 		return nil, fmt.Errorf("%s: artifactType %s: %w", desc.Digest, termsafe.Short(m.ArtifactType), layout.ErrNotVolume)
 	}
 	r := &Root{Desc: desc, Manifest: b}

@@ -24,17 +24,18 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 var smallParams = layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}
 
 // pushVersion pushes files to t as a version sealed at sealed, with tags.
-func pushVersion(t *testing.T, tg oci.Target, files map[string][]byte, sealed time.Time, tags ...string) *layout.PushResult {
+func pushVersion(t *testing.T, tg oci.Target, files map[string][]byte, sealed time.Time, tags ...string) *push.Result {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
 	testutil.WriteTree(t, dir, files)
-	res, err := layout.Push(ctx, tg, layout.DirSource(dir), layout.PushOptions{Params: smallParams})
+	res, err := push.Push(ctx, tg, push.DirSource(dir), push.Options{Params: smallParams})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,14 +56,14 @@ func openLayout(t *testing.T) oci.Target {
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
-func threeVersions(t *testing.T, tg oci.Target) [3]*layout.PushResult {
+func threeVersions(t *testing.T, tg oci.Target) [3]*push.Result {
 	base := map[string][]byte{"a.bin": testutil.Pattern(1, 200<<10), "b.txt": []byte("hello")}
 	v1 := pushVersion(t, tg, base, t0, "v1")
 	two := map[string][]byte{"a.bin": append(testutil.Pattern(1, 200<<10), testutil.Pattern(9, 50<<10)...), "b.txt": []byte("hello"), "c.txt": []byte("new")}
 	v2 := pushVersion(t, tg, two, t0.Add(time.Minute), "v2")
 	three := map[string][]byte{"a.bin": testutil.Pattern(1, 200<<10), "d.txt": []byte("d")}
 	v3 := pushVersion(t, tg, three, t0.Add(2*time.Minute), "v3", "prod")
-	return [3]*layout.PushResult{v1, v2, v3}
+	return [3]*push.Result{v1, v2, v3}
 }
 
 func TestListLayout(t *testing.T) {
@@ -75,7 +76,7 @@ func TestListLayout(t *testing.T) {
 	checkList(t, got, vs)
 }
 
-func checkList(t *testing.T, got []Version, vs [3]*layout.PushResult) {
+func checkList(t *testing.T, got []Version, vs [3]*push.Result) {
 	t.Helper()
 	if len(got) != 3 {
 		t.Fatalf("%d versions, want 3: %+v", len(got), got)
@@ -330,7 +331,7 @@ func TestInspectAndCompare(t *testing.T) {
 		t.Fatalf("inspect files: %+v", det.Files)
 	}
 
-	diff, err := Compare(ctx, Side{tg, vs[0].Root}, Side{tg, vs[1].Root})
+	diff, err := Compare(ctx, Located{tg, vs[0].Root}, Located{tg, vs[1].Root})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +353,7 @@ func TestInspectAndCompare(t *testing.T) {
 	if diff.UploadBytes != vs[1].BytesUploaded {
 		t.Fatalf("diff predicts %d uploaded bytes, push uploaded %d", diff.UploadBytes, vs[1].BytesUploaded)
 	}
-	same, err := Compare(ctx, Side{tg, vs[2].Root}, Side{tg, vs[2].Root})
+	same, err := Compare(ctx, Located{tg, vs[2].Root}, Located{tg, vs[2].Root})
 	if err != nil || same.UploadBytes != 0 || same.Unchanged != vs[2].Files || len(same.Changed) != 0 {
 		t.Fatalf("self diff: %+v %v", same, err)
 	}

@@ -11,9 +11,9 @@ import (
 	"oras.land/oras-go/v2/content/memory"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/mounts"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // servedVolume seals a small tree into memory and opens it lazily over a
@@ -26,7 +26,7 @@ func servedVolume(t *testing.T) (*chunkcache.Cache, *mounts.Served) {
 		t.Fatal(err)
 	}
 	store := memory.New()
-	res, err := layout.Push(ctx, store, layout.DirSource(dir), layout.PushOptions{})
+	res, err := push.Push(ctx, store, push.DirSource(dir), push.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

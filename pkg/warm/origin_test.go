@@ -9,6 +9,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // TestWarmRecordsItsOrigin: a fill records the warmed version's repository
@@ -27,7 +28,7 @@ func TestWarmRecordsItsOrigin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := layout.Push(ctx, tgt, layout.DirSource(filepath.Join(dir, "tree")), layout.PushOptions{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+		res, err := push.Push(ctx, tgt, push.DirSource(filepath.Join(dir, "tree")), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +61,7 @@ func TestWarmRecordsItsOrigin(t *testing.T) {
 	if err := two.Fill(ctx, cache, FillOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []*Plan{one, two} {
+	for _, p := range []*Opened{one, two} {
 		if _, missing := cachedOf(cache, p); missing != 0 {
 			t.Errorf("%s: %d chunks missing after both were warmed", p.Ref, missing)
 		}

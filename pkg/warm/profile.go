@@ -7,7 +7,6 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/profile"
 )
@@ -15,8 +14,8 @@ import (
 // profileFirst puts the chunks of t the version's startup profile lists
 // first in t.Need, in the profile's order; the rest keep theirs. With no
 // profile (or one of another version) t is left as it is.
-func (t *Plan) profileFirst(ctx context.Context, tgt oci.Target, opt mounts.ProfileOptions) {
-	p, _, err := mounts.FindProfile(ctx, tgt, t.Version.Root, opt)
+func (t *Opened) profileFirst(ctx context.Context, tgt oci.Target, opt profile.Options) {
+	p, _, err := profile.Find(ctx, tgt, t.Version.Root, opt)
 	if err != nil {
 		if !errors.Is(err, profile.ErrNotFound) && opt.Logf != nil {
 			opt.Logf("profile of %s not used: %v", t.Version.Root.Digest, err)

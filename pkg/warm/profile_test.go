@@ -11,9 +11,9 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/profile"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 func TestWarmFetchesTheProfileFirst(t *testing.T) {
@@ -26,7 +26,7 @@ func TestWarmFetchesTheProfileFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tgt, layout.DirSource(filepath.Join(dir, "tree")), layout.PushOptions{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+	res, err := push.Push(ctx, tgt, push.DirSource(filepath.Join(dir, "tree")), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,9 +50,9 @@ func TestWarmFetchesTheProfileFirst(t *testing.T) {
 	if err := os.WriteFile(file, profile.New(res.Root.Digest, first).Encode(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for name, opt := range map[string]mounts.ProfileOptions{
+	for name, opt := range map[string]profile.Options{
 		"file": {Mode: file},
-		"auto": {Mode: mounts.ProfileAuto, Store: storeWith(t, profile.New(res.Root.Digest, first))},
+		"auto": {Mode: profile.ModeAuto, Store: storeWith(t, profile.New(res.Root.Digest, first))},
 	} {
 		plan, err := Open(ctx, cache, refStr, "", Options{Profile: opt})
 		if err != nil {
@@ -77,7 +77,7 @@ func TestWarmFetchesTheProfileFirst(t *testing.T) {
 	if err := os.WriteFile(other, profile.New(digest.FromString("x"), first).Encode(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	plan, err := Open(ctx, cache, refStr, "", Options{Profile: mounts.ProfileOptions{Mode: other}})
+	plan, err := Open(ctx, cache, refStr, "", Options{Profile: profile.Options{Mode: other}})
 	if err != nil || plan.Need[0].Digest != plain.Need[0].Digest {
 		t.Fatalf("a profile of another version reordered the plan (%v)", err)
 	}

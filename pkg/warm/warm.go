@@ -17,9 +17,9 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
-	"github.com/bdnvol/bdnvol/pkg/mounts"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/origin"
+	"github.com/bdnvol/bdnvol/pkg/profile"
 )
 
 // ErrDoesNotFit means the versions asked for, with what running mounts
@@ -37,12 +37,12 @@ type Options struct {
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
 	// Profile finds each version's startup profile, whose chunks are
 	// warmed first, in its order; the zero value uses none.
-	Profile mounts.ProfileOptions
+	Profile profile.Options
 }
 
-// Plan is one version opened for warming: its index read (through the
+// Opened is one version opened for warming: its index read (through the
 // cache) and the blobs the asked-for files need.
-type Plan struct {
+type Opened struct {
 	Ref     string // as given
 	Pinned  string
 	Version *layout.Version
@@ -62,7 +62,7 @@ type Plan struct {
 // a mount, which checks its own policy when it resolves the reference
 // (bdnvol mount in origin.Resolve, the node plugin at publish) before any of
 // the version is read.
-func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, opt Options) (*Plan, error) {
+func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, opt Options) (*Opened, error) {
 	r, err := oci.ParseRef(ref)
 	if err != nil {
 		return nil, err
@@ -73,7 +73,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 	}
 	desc, src := o.Root, o.Fetcher
 	cache = cache.For(o.Name()) // chunkcache's origin rule: what ref's repository delivered
-	ver, err := layout.Open(ctx, cache.Fetcher(src), desc)
+	ver, err := origin.Open(ctx, cache.Fetcher(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
@@ -86,7 +86,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
-	tg := &Plan{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: ver.ChunkSource(src), origin: o.Name()}
+	tg := &Opened{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: ver.ChunkSource(src), origin: o.Name()}
 	seen := map[int]bool{}
 	for fi := range ver.Index.Len() {
 		f := ver.Index.File(fi)
@@ -105,10 +105,10 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 }
 
 // Digest returns the version's digest.
-func (t *Plan) Digest() digest.Digest { return t.Version.Root.Digest }
+func (t *Opened) Digest() digest.Digest { return t.Version.Root.Digest }
 
 // Record returns the record of t.
-func (t *Plan) Record() Record {
+func (t *Opened) Record() Record {
 	r := Record{Ref: t.Ref, Pinned: t.Pinned, Root: t.Version.Root, Patterns: t.Patterns}
 	for _, d := range t.Need {
 		r.Chunks = append(r.Chunks, Blob{Digest: d.Digest, Size: d.Size})
@@ -117,7 +117,7 @@ func (t *Plan) Record() Record {
 }
 
 // Bytes returns the size of the blobs t needs.
-func (t *Plan) Bytes() int64 {
+func (t *Opened) Bytes() int64 {
 	var n int64
 	for _, d := range t.Need {
 		n += d.Size
@@ -138,7 +138,7 @@ type FillOptions struct {
 // missing, and stops at the first failure (a registry that fails one chunk
 // mostly fails the next). Blobs already cached are checked, not fetched, so
 // a stopped fill resumes where it was.
-func (t *Plan) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOptions) error {
+func (t *Opened) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOptions) error {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 4
 	}
@@ -225,8 +225,8 @@ type WarmOptions struct {
 	Options
 	Patterns string // --prefetch-style globs; "" or "all" for whole versions
 	Fill     FillOptions
-	// OnPlan is told about each version once it is resolved.
-	OnPlan func(t *Plan)
+	// OnOpened is told about each version once it is resolved.
+	OnOpened func(t *Opened)
 }
 
 // Warm fills cache with the versions refs name, all of them or none: it
@@ -234,14 +234,14 @@ type WarmOptions struct {
 // versions mounted now do not fit together in the cache's bound. While it
 // runs, this process evicts neither their blobs nor those of mounted
 // versions. It returns nil only when every blob is cached and verified.
-func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmOptions) ([]*Plan, error) {
+func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmOptions) ([]*Opened, error) {
 	store := StoreOf(cache)
 	used, _ := InUseBlobs(store)
 	need := map[digest.Digest]int64{}
 	for d, n := range used {
 		need[d] = n
 	}
-	var targets []*Plan
+	var targets []*Opened
 	for _, ref := range refs {
 		t, err := Open(ctx, cache, ref, opt.Patterns, opt.Options)
 		if err != nil {
@@ -249,8 +249,8 @@ func Warm(ctx context.Context, cache *chunkcache.Cache, refs []string, opt WarmO
 		}
 		targets = append(targets, t)
 		union(need, t.Need)
-		if opt.OnPlan != nil {
-			opt.OnPlan(t)
+		if opt.OnOpened != nil {
+			opt.OnOpened(t)
 		}
 	}
 	if n := total(need); n > cache.Max() {

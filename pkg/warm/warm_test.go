@@ -12,8 +12,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 func TestParseList(t *testing.T) {
@@ -78,7 +78,7 @@ func TestWarmerRefusesLayouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := layout.Push(ctx, tg, layout.DirSource(src), layout.PushOptions{})
+	res, err := push.Push(ctx, tg, push.DirSource(src), push.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -178,7 +178,7 @@ func (w *Warmer) watch(ctx context.Context, cancel context.CancelFunc, at listSt
 var ErrLayoutRefused = errors.New("oci: layouts are refused in the warm list (the mounter would read a node directory as root); name a registry repository")
 
 // open opens a list entry: a registry reference only.
-func (w *Warmer) open(ctx context.Context, e ListEntry) (*Plan, error) {
+func (w *Warmer) open(ctx context.Context, e ListEntry) (*Opened, error) {
 	if r, err := oci.ParseRef(e.Ref); err == nil && r.Layout != "" || strings.HasPrefix(e.Ref, "oci:") {
 		return nil, ErrLayoutRefused
 	}
@@ -198,7 +198,7 @@ func (w *Warmer) round(ctx context.Context) {
 	}
 	c := w.opt.Cache
 	st := &Status{List: w.opt.ListFile, CacheMax: c.Max(), Fits: true}
-	targets := make([]*Plan, len(list))
+	targets := make([]*Opened, len(list))
 	for i, e := range list {
 		es := EntryStatus{Ref: e.Ref, State: StateResolving}
 		t, err := w.open(ctx, e)
@@ -217,7 +217,7 @@ func (w *Warmer) round(ctx context.Context) {
 		es.Pinned, es.Digest, es.Bytes, es.Resolved = t.Pinned, t.Digest().String(), t.Bytes(), time.Now().UTC()
 		st.Entries = append(st.Entries, es)
 	}
-	// Plan: mounted versions first, then the entries in list order while
+	// The order: mounted versions first, then the entries in list order while
 	// they fit. An entry that does not fit is not warmed at all (warming
 	// part of it would evict another's chunks round after round).
 	need := c.Protected(func(o string) bool { return !strings.HasPrefix(o, ownerPrefix) })
@@ -307,7 +307,7 @@ func (w *Warmer) round(ctx context.Context) {
 	w.publish(st)
 }
 
-func cachedOf(c *chunkcache.Cache, t *Plan) (int64, int) {
+func cachedOf(c *chunkcache.Cache, t *Opened) (int64, int) {
 	if t == nil {
 		return 0, 0
 	}

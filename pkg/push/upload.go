@@ -1,0 +1,205 @@
+package push
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/errdef"
+
+	"github.com/bdnvol/bdnvol/internal/progress"
+)
+
+// uploader stores chunks concurrently, each distinct digest once, skipping
+// those the destination already has.
+type uploader struct {
+	dst      content.Storage
+	src      Source
+	buffer   *semaphore.Weighted // releases the bytes of buffered jobs
+	counters *progress.Counters
+	mu       sync.Mutex
+	seen     map[digest.Digest]bool
+	stored   map[digest.Digest]bool // chunks known to be stored: not asked for
+	chunks   atomic.Int64
+	bytes    atomic.Int64
+}
+
+// run calls produce with a submit function and uploads what it submits
+// with the given concurrency; it returns when everything is stored.
+func (u *uploader) run(ctx context.Context, jobs int, produce func(context.Context, func(chunkJob) error) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	queue := make(chan chunkJob, 4*jobs)
+	for range jobs {
+		g.Go(func() error {
+			for j := range queue {
+				if err := u.store(ctx, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		defer close(queue)
+		return produce(ctx, func(j chunkJob) error {
+			u.mu.Lock()
+			dup := u.seen[j.Digest] || u.stored[j.Digest]
+			u.seen[j.Digest] = true
+			u.mu.Unlock()
+			if dup {
+				u.release(j)
+				return nil
+			}
+			select {
+			case queue <- j:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	})
+	return g.Wait()
+}
+
+// release frees the memory a buffered job holds.
+func (u *uploader) release(j chunkJob) {
+	switch {
+	case j.data == nil:
+	case j.held != nil:
+		j.held.Release(min(j.Size, bufferBudget))
+	case u.buffer != nil:
+		u.buffer.Release(min(j.Size, bufferBudget))
+	}
+}
+
+func (u *uploader) store(ctx context.Context, j chunkJob) error {
+	defer u.release(j)
+	desc := j.Chunk.Descriptor()
+	ok, err := u.dst.Exists(ctx, desc)
+	if err != nil {
+		return fmt.Errorf("chunk %s: %w", j.Digest, err)
+	}
+	if ok {
+		return nil
+	}
+	var ra io.ReaderAt
+	sa := &sectionsAt{src: u.src, secs: j.src}
+	defer sa.Close()
+	if j.data != nil {
+		ra = bytes.NewReader(j.data)
+	} else {
+		ra = sa
+	}
+	// An io.ReaderAt body lets the transport retry, resume and start the
+	// upload over; the layout does not retry on top of it.
+	body := io.NewSectionReader(countingReaderAt{ra, &u.counters.Sent}, 0, j.Size)
+	err = u.dst.Push(ctx, desc, body)
+	if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+		if serr := sa.failure(); serr != nil {
+			return fmt.Errorf("chunk %s: %w", j.Digest, serr)
+		}
+		return fmt.Errorf("upload chunk %s: %w", j.Digest, err)
+	}
+	if err == nil {
+		u.chunks.Add(1)
+		u.bytes.Add(j.Size)
+	}
+	return nil
+}
+
+// sectionsAt reads a list of source file sections as one run of bytes,
+// opening the file under each read and keeping the last one open.
+type sectionsAt struct {
+	src  Source
+	secs []section
+
+	mu   sync.Mutex
+	cur  int // index of the open section, -1 when none
+	f    ReadAtCloser
+	err  error
+	offs []int64 // start of each section in the run
+}
+
+// ReadAt reads the run at off.
+func (s *sectionsAt) ReadAt(p []byte, off int64) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.offs == nil {
+		s.cur = -1
+		var o int64
+		for _, sec := range s.secs {
+			s.offs = append(s.offs, o)
+			o += sec.n
+		}
+	}
+	done := 0
+	for done < len(p) {
+		at := off + int64(done)
+		i := sort.Search(len(s.offs), func(i int) bool { return s.offs[i] > at }) - 1
+		if i < 0 || at >= s.offs[i]+s.secs[i].n {
+			return done, io.EOF
+		}
+		if i != s.cur {
+			if s.f != nil {
+				s.f.Close()
+				s.f = nil
+			}
+			f, err := s.src.Open(context.Background(), s.secs[i].path)
+			if err != nil {
+				s.err = err
+				return done, err
+			}
+			s.f, s.cur = f, i
+		}
+		sec := s.secs[i]
+		within := at - s.offs[i]
+		n := min(int64(len(p)-done), sec.n-within)
+		k, err := s.f.ReadAt(p[done:done+int(n)], sec.off+within)
+		done += k
+		if err != nil && !(err == io.EOF && int64(k) == n) {
+			if err == io.EOF {
+				err = fmt.Errorf("%s: %w", sec.path, ErrFileChanged)
+			}
+			s.err = err
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+func (s *sectionsAt) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Close closes the open file.
+func (s *sectionsAt) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil {
+		return s.f.Close()
+	}
+	return nil
+}
+
+// countingReaderAt counts the bytes read, for progress.
+type countingReaderAt struct {
+	r io.ReaderAt
+	n *atomic.Int64
+}
+
+func (c countingReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	n, err := c.r.ReadAt(p, off)
+	c.n.Add(int64(n))
+	return n, err
+}
