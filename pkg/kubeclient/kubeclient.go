@@ -23,7 +23,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/rest"
@@ -35,15 +34,13 @@ import (
 // through its service account.
 const InCluster = "in-cluster"
 
-// MaxResponseBytes bounds the body of one response a client reads.
+// MaxResponseBytes bounds the body of one response a client reads, a watch
+// stream's excepted (it is read event by event).
 const MaxResponseBytes = 64 << 20
 
-// Bounds of a client: the size of a file it reads (kubeconfig, CA, token,
-// client key) and the time one request may take.
-const (
-	maxFileBytes   = 4 << 20
-	requestTimeout = 2 * time.Minute
-)
+// maxFileBytes bounds a file a client reads (kubeconfig, CA, token, client
+// key).
+const maxFileBytes = 4 << 20
 
 // serviceAccountDir holds a pod's service account token and CA (a variable
 // for tests).
@@ -59,7 +56,9 @@ var ErrNoConfig = errors.New("no kubeconfig (KUBECONFIG or ~/.kube/config) and n
 // else ~/.kube/config; with none and no name, it is the pod's own cluster
 // through its service account, named InCluster. The configuration is
 // bounded as the package documentation says; building a client from it
-// reads no file that Config has not checked. A credential plugin the
+// reads no file that Config has not checked. It sets no request timeout
+// (rest.Config.Timeout would end a watch too): a caller that lists sets
+// one. A credential plugin the
 // context names runs once in Config (under ctx), and again when its token
 // expires or is refused.
 func Config(ctx context.Context, name string) (*rest.Config, string, error) {
@@ -164,9 +163,6 @@ func harden(cfg *rest.Config) *rest.Config {
 		// a paged read of a large cluster is hundreds of requests.
 		cfg.QPS, cfg.Burst = 50, 300
 	}
-	if cfg.Timeout == 0 || cfg.Timeout > requestTimeout {
-		cfg.Timeout = requestTimeout
-	}
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return limitTransport{rt} })
 	return cfg
 }
@@ -199,7 +195,7 @@ type limitTransport struct{ rt http.RoundTripper }
 
 func (t limitTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.rt.RoundTrip(req)
-	if err == nil && resp.Body != nil {
+	if err == nil && resp.Body != nil && req.URL.Query().Get("watch") != "true" {
 		resp.Body = &limitedBody{ReadCloser: resp.Body, left: MaxResponseBytes}
 	}
 	return resp, err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,11 +53,13 @@ var resources = []resource{
 	{schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "cronjobs"}, "CronJobList"},
 }
 
-// Bounds of a read: objects per page and pages per kind (with 500 objects
-// a page, 200 pages are 100,000 objects of one kind).
+// Bounds of a read: objects per page, pages per kind (with 500 objects a
+// page, 200 pages are 100,000 objects of one kind), and the time one page
+// may take.
 const (
-	pageLimit = 500
-	maxPages  = 200
+	pageLimit   = 500
+	maxPages    = 200
+	pageTimeout = 2 * time.Minute
 )
 
 // ErrNotCluster is returned by Open for a source that is not a k8s:// one.
@@ -88,6 +91,7 @@ func Open(ctx context.Context, source string) (*Cluster, error) {
 	// checked as the JSON it is before it is decoded.
 	dcfg := dynamic.ConfigFor(cfg)
 	dcfg.AcceptContentTypes = "application/json"
+	dcfg.Timeout = pageTimeout
 	rc, err := rest.UnversionedRESTClientFor(dcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
