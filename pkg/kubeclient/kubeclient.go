@@ -58,9 +58,8 @@ var ErrNoConfig = errors.New("no kubeconfig (KUBECONFIG or ~/.kube/config) and n
 // bounded as the package documentation says; building a client from it
 // reads no file that Config has not checked. It sets no request timeout
 // (rest.Config.Timeout would end a watch too): a caller that lists sets
-// one. A credential plugin the
-// context names runs once in Config (under ctx), and again when its token
-// expires or is refused.
+// one. A credential plugin the context names runs once in Config (under
+// ctx), and again when its token expires or is refused.
 func Config(ctx context.Context, name string) (*rest.Config, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.MigrationRules = nil // kubectl's copy of a pre-2015 ~/.kube/.kubeconfig: a read-only command writes nothing
