@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // apiServer answers the list API in kube-apiserver's wire format (limit
@@ -28,6 +29,7 @@ type apiServer struct {
 	loop     string              // a resource path whose continue token never changes
 	fresh    string              // a resource path with a fresh continue token on every page
 	raw      map[string]string   // a resource path -> the body answered (200) instead of its list
+	busy     string              // a resource path answered 429 with a Retry-After of an hour
 	requests atomic.Int64
 }
 
@@ -55,6 +57,11 @@ func newAPIServer(t *testing.T, token string, items map[string][]string) *apiSer
 		}
 		if r.URL.Path == a.forbid {
 			status(w, http.StatusForbidden, "Forbidden", res.gvr.Resource+` is forbidden: User "x" cannot list resource`)
+			return
+		}
+		if r.URL.Path == a.busy {
+			w.Header().Set("Retry-After", "3600")
+			status(w, http.StatusTooManyRequests, "TooManyRequests", "come back in an hour")
 			return
 		}
 		if r.URL.Query().Get("limit") == "" {
@@ -283,6 +290,24 @@ func TestObjectsBoundsFreshContinueTokens(t *testing.T) {
 	// objects of one kind at 500 a page) and no more.
 	if n, w := a.requests.Load(), int64(1+200); n != w {
 		t.Errorf("%d requests, want %d", n, w)
+	}
+}
+
+// A server that answers 429 with a Retry-After of an hour is not waited
+// on beyond pageTimeout: the read fails.
+func TestObjectsBoundsRetryAfter(t *testing.T) {
+	old := pageTimeout
+	pageTimeout = time.Second
+	t.Cleanup(func() { pageTimeout = old })
+	a := newAPIServer(t, "t", nil)
+	a.busy = "/apis/apps/v1/deployments"
+	t.Setenv("KUBECONFIG", writeKubeconfig(t, t.TempDir(), "x", a.URL, serverCA(a), "    token: t"))
+	c, err := Open(context.Background(), "k8s://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := collect(t, c); err == nil || !strings.Contains(err.Error(), "deployments") {
+		t.Fatalf("got %v, want a failed read of deployments", err)
 	}
 }
 

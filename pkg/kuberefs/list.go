@@ -53,14 +53,16 @@ var resources = []resource{
 	{schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "cronjobs"}, "CronJobList"},
 }
 
-// Bounds of a read: objects per page, pages per kind (with 500 objects a
-// page, 200 pages are 100,000 objects of one kind), and the time one page
-// may take.
+// Bounds of a read: objects per page and pages per kind (with 500 objects a
+// page, 200 pages are 100,000 objects of one kind).
 const (
-	pageLimit   = 500
-	maxPages    = 200
-	pageTimeout = 2 * time.Minute
+	pageLimit = 500
+	maxPages  = 200
 )
+
+// pageTimeout bounds one page, with the retries client-go makes when a
+// server answers 429 or 5xx with a Retry-After (a variable for tests).
+var pageTimeout = 2 * time.Minute
 
 // ErrNotCluster is returned by Open for a source that is not a k8s:// one.
 var ErrNotCluster = errors.New("not a k8s:// source")
@@ -91,7 +93,6 @@ func Open(ctx context.Context, source string) (*Cluster, error) {
 	// checked as the JSON it is before it is decoded.
 	dcfg := dynamic.ConfigFor(cfg)
 	dcfg.AcceptContentTypes = "application/json"
-	dcfg.Timeout = pageTimeout
 	rc, err := rest.UnversionedRESTClientFor(dcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
@@ -130,6 +131,8 @@ func (c *Cluster) list(ctx context.Context, r resource, visit func(string, []byt
 			}
 			seen[opts.Continue] = true
 		}
+		ctx, cancel := context.WithTimeout(ctx, pageTimeout)
+		defer cancel()
 		body, err := c.rc.Get().AbsPath(r.path()).
 			SpecificallyVersionedParams(&opts, metav1.ParameterCodec, metav1.SchemeGroupVersion).
 			Do(ctx).Raw()
