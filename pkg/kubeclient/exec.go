@@ -154,6 +154,8 @@ func (p *execPlugin) run(ctx context.Context) (*clientauthentication.ExecCredent
 		return nil, fmt.Errorf("credential plugin %s: %w", name, ctx.Err())
 	case errors.Is(err, exec.ErrWaitDelay):
 		// It exited with success; what it printed before is its answer.
+	case errors.Is(err, exec.ErrNotFound) && p.cfg.InstallHint != "":
+		return nil, fmt.Errorf("credential plugin %s: %v\n%s", name, err, p.cfg.InstallHint)
 	case err != nil:
 		return nil, fmt.Errorf("credential plugin %s: %v", name, err)
 	}
