@@ -54,10 +54,12 @@ var resources = []resource{
 }
 
 // Bounds of a read: objects per page and pages per kind (with 500 objects a
-// page, 200 pages are 100,000 objects of one kind).
+// page, 200 pages are 100,000 objects of one kind), and the length of a
+// continue token (kube-apiserver's are a few hundred bytes).
 const (
-	pageLimit = 500
-	maxPages  = 200
+	pageLimit   = 500
+	maxPages    = 200
+	maxContinue = 8 << 10
 )
 
 // pageTimeout bounds one page, with the retries client-go makes when a
@@ -89,7 +91,7 @@ func Open(ctx context.Context, source string) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", source, err)
 	}
-	// The dynamic client's REST client, answers in JSON only: a page is
+	// The dynamic client's REST client, asking for JSON only: a page is
 	// checked as the JSON it is before it is decoded.
 	dcfg := dynamic.ConfigFor(cfg)
 	dcfg.AcceptContentTypes = "application/json"
@@ -126,6 +128,9 @@ func (c *Cluster) list(ctx context.Context, r resource, visit func(string, []byt
 		}
 		pages++
 		if opts.Continue != "" {
+			if len(opts.Continue) > maxContinue {
+				return nil, fmt.Errorf("the server's continue token is longer than %d bytes", maxContinue)
+			}
 			if seen[opts.Continue] {
 				return nil, errors.New("the server repeats a continue token")
 			}
