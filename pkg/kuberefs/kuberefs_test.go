@@ -30,6 +30,7 @@ type apiServer struct {
 	fresh    string              // a resource path with a fresh continue token on every page
 	raw      map[string]string   // a resource path -> the body answered (200) instead of its list
 	busy     string              // a resource path answered 429 with a Retry-After of an hour
+	long     string              // a resource path whose continue token is 9,000 bytes
 	requests atomic.Int64
 }
 
@@ -82,6 +83,9 @@ func newAPIServer(t *testing.T, token string, items map[string][]string) *apiSer
 			return
 		case a.fresh:
 			list(fmt.Sprint("fresh-", n), "")
+			return
+		case a.long:
+			list(fmt.Sprint(n, strings.Repeat("x", 9000)), "")
 			return
 		}
 		names := a.items[r.URL.Path]
@@ -290,6 +294,24 @@ func TestObjectsBoundsFreshContinueTokens(t *testing.T) {
 	// objects of one kind at 500 a page) and no more.
 	if n, w := a.requests.Load(), int64(1+200); n != w {
 		t.Errorf("%d requests, want %d", n, w)
+	}
+}
+
+// A continue token longer than kube-apiserver's ever are fails the read
+// before it is sent back.
+func TestObjectsRefusesLongContinueToken(t *testing.T) {
+	a := newAPIServer(t, "t", nil)
+	a.long = "/api/v1/pods"
+	t.Setenv("KUBECONFIG", writeKubeconfig(t, t.TempDir(), "x", a.URL, serverCA(a), "    token: t"))
+	c, err := Open(context.Background(), "k8s://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := collect(t, c); err == nil || !strings.Contains(err.Error(), "continue token is longer") {
+		t.Fatalf("got %v", err)
+	}
+	if n := a.requests.Load(); n != 1 {
+		t.Errorf("%d requests, want 1", n)
 	}
 }
 
