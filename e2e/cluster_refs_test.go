@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"encoding/base64"
+	"encoding/pem"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -152,5 +157,83 @@ spec:
 			ds = append(ds, k)
 		}
 		t.Errorf("versions after a refused gc --apply: %s", strings.Join(ds, " "))
+	}
+}
+
+// TestGCRefsRefusesAnAnswerThatIsNotAList runs gc --apply --refs k8s://
+// against an API server (kube-apiserver's wire format, over TLS with a
+// token) whose pod list answers 200 with something that is not a PodList,
+// as a proxy or an aggregated API may: an empty object, a Status. The plan
+// fails and no version is deleted; the same server answering a real
+// PodList keeps the version its pod names.
+func TestGCRefsRefusesAnAnswerThatIsNotAList(t *testing.T) {
+	reg := newDistribution(t)
+	repo := reg.Host + "/team/badrefs"
+	var d [3]string
+	for i := range d {
+		src := t.TempDir()
+		os.WriteFile(filepath.Join(src, "v.txt"), []byte(fmt.Sprintf("version %d\n", i)), 0o644)
+		d[i] = pushJSON(t, repo+fmt.Sprintf(":v%d", i), src).Digest
+	}
+	lists := map[string][2]string{ // path -> apiVersion, kind of its list
+		"/api/v1/pods": {"v1", "PodList"}, "/api/v1/persistentvolumes": {"v1", "PersistentVolumeList"},
+		"/api/v1/configmaps": {"v1", "ConfigMapList"}, "/apis/apps/v1/deployments": {"apps/v1", "DeploymentList"},
+		"/apis/apps/v1/statefulsets": {"apps/v1", "StatefulSetList"}, "/apis/apps/v1/daemonsets": {"apps/v1", "DaemonSetList"},
+		"/apis/apps/v1/replicasets": {"apps/v1", "ReplicaSetList"}, "/apis/batch/v1/jobs": {"batch/v1", "JobList"},
+		"/apis/batch/v1/cronjobs": {"batch/v1", "CronJobList"},
+	}
+	podList := fmt.Sprintf(`{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"9"},"items":[`+
+		`{"metadata":{"namespace":"default","name":"runner"},"spec":{"containers":[{"name":"c","image":"busybox"}],`+
+		`"volumes":[{"name":"w","csi":{"driver":%q,"volumeAttributes":{"ref":%q}}}]}}]}`, driverName, repo+"@"+d[0])
+	var pods atomic.Value
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		l, ok := lists[r.URL.Path]
+		if r.Header.Get("Authorization") != "Bearer e2e-token" || !ok {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"NotFound","code":404}`)
+			return
+		}
+		if r.URL.Path == "/api/v1/pods" {
+			fmt.Fprint(w, pods.Load().(string))
+			return
+		}
+		fmt.Fprintf(w, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"9"},"items":[]}`, l[1], l[0])
+	}))
+	t.Cleanup(srv.Close)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+current-context: fake
+clusters: [{name: fake, cluster: {server: %q, certificate-authority-data: %s}}]
+contexts: [{name: fake, context: {cluster: fake, user: fake}}]
+users: [{name: fake, user: {token: e2e-token}}]
+`, srv.URL, base64.StdEncoding.EncodeToString(ca))), 0o600)
+	env := []string{"KUBECONFIG=" + kubeconfig}
+	gc := []string{"gc", repo, "--keep-last", "1", "--keep-tag", "no-such-tag", "--refs", "k8s://"}
+
+	for _, body := range []string{`{}`, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Success","code":200}`} {
+		pods.Store(body)
+		r := runWith(t, "", env, append(gc, "--apply")...)
+		if r.code == 0 || !strings.Contains(r.stderr, "listing pods") {
+			t.Errorf("gc --apply with pods answered %s:\n%s", body, r)
+		}
+		if vs := versionDigests(t, repo); len(vs) != len(d) {
+			t.Fatalf("pods answered %s: %d versions left of %d", body, len(vs), len(d))
+		}
+	}
+
+	pods.Store(podList)
+	r := runWith(t, "", env, append(gc, "--json")...)
+	var g gcJSON
+	if r.code != 0 {
+		t.Fatalf("gc with a real PodList:\n%s", r)
+	}
+	mustJSON(t, []byte(r.stdout), &g)
+	for _, v := range g.Plan.Versions {
+		if want := map[string]string{d[0]: "keep", d[1]: "delete", d[2]: "keep"}[v.Digest]; v.Action != want {
+			t.Errorf("%s: %s, want %s", v.Digest, v.Action, want)
+		}
 	}
 }

@@ -47,7 +47,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	if err := policy.Validate(); err != nil {
 		return usageError{err}
 	}
-	sources, err := newSources(g, ref, c.Refs)
+	sources, err := newSources(ctx, g, ref, c.Refs)
 	if err != nil {
 		return err
 	}
@@ -122,7 +122,7 @@ func mountReferences(ms []mounts.Serving) []retention.Reference {
 // directories in paths, standard input for "-" (read once, now), the live
 // clusters named k8s://[CONTEXT] (read at each call, in full or not at
 // all), and the bdnvol mounts running on this machine.
-func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
+func newSources(ctx context.Context, g *Globals, repo oci.Ref, paths []string) (retention.Sources, error) {
 	var files []string
 	var clusters []*kuberefs.Cluster
 	for _, p := range paths {
@@ -130,7 +130,7 @@ func newSources(g *Globals, repo oci.Ref, paths []string) (retention.Sources, er
 			files = append(files, p)
 			continue
 		}
-		c, err := kuberefs.Open(p)
+		c, err := kuberefs.Open(ctx, p)
 		if err != nil {
 			return nil, fmt.Errorf("refs: %w", err)
 		}

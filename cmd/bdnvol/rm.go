@@ -22,7 +22,7 @@ func (c *RmCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	sources, err := newSources(g, ref, c.Refs)
+	sources, err := newSources(ctx, g, ref, c.Refs)
 	if err != nil {
 		return err
 	}
