@@ -69,7 +69,7 @@ type CSIMounterCmd struct {
 // fd holder).
 func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 	// The global --cache-dir names the node's chunk cache, shared by every mount.
-	return csi.ServeMounter(ctx, csi.MounterConfig{
+	return csi.ServeMounter(ctx, csi.MounterProcess{
 		Socket: c.MounterSocket, MountsDir: c.MountsDir, StateDir: c.StateDir, CacheDir: g.CacheDir, CacheSize: int64(c.CacheSize),
 		OCI: g.options(), Mirrors: oci.MirrorConfig{HostsDir: c.HostsDir, CAFile: g.CAFile, SkipVerify: g.InsecureSkipVerify},
 		Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,

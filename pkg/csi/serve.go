@@ -18,8 +18,10 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/warm"
 )
 
-// MounterConfig configures ServeMounter: the mounter process of a node.
-type MounterConfig struct {
+// MounterProcess configures ServeMounter: the mounter process of a node
+// (its socket, directories, cache, warm list, metrics and peer tier), where
+// MounterOptions configure the Mounter that process serves.
+type MounterProcess struct {
 	Socket    string // the unix socket the node plugin calls
 	Version   string // the binary's version, logged
 	MountsDir string // where the per-digest FUSE mounts live
@@ -39,7 +41,7 @@ type MounterConfig struct {
 	WarmJobs            int
 
 	// Profile is the startup profile mode of mounts and warming
-	// (mounts.ProfileOptions.Mode): "auto", "off" or "" (none).
+	// (profile.Options.Mode): "auto", "off" or "" (none).
 	Profile string
 
 	MetricsAddr string // where /metrics is served ("" for nowhere)
@@ -59,7 +61,7 @@ type MounterConfig struct {
 }
 
 // handoffSocket is where successors ask for the mounts.
-func (c MounterConfig) handoffSocket() string {
+func (c MounterProcess) handoffSocket() string {
 	if c.Handoff != "" {
 		return c.Handoff
 	}
@@ -70,7 +72,7 @@ func (c MounterConfig) handoffSocket() string {
 const DefaultCacheDir = "/var/lib/bdnvol/cache"
 
 // chunksDir is where the node's chunk cache lives.
-func (c MounterConfig) chunksDir() string {
+func (c MounterProcess) chunksDir() string {
 	if c.CacheDir == "" {
 		return filepath.Join(DefaultCacheDir, "chunks")
 	}
@@ -79,13 +81,13 @@ func (c MounterConfig) chunksDir() string {
 
 // indexesDir is where the node keeps the file indexes derived from
 // ModelPack models (see modelpack.IndexCache).
-func (c MounterConfig) indexesDir() string {
+func (c MounterProcess) indexesDir() string {
 	return filepath.Join(filepath.Dir(c.chunksDir()), "indexes")
 }
 
 // ServeMounter runs the mounter over one shared chunk cache, with its
 // warm list and metrics, until ctx ends; then it unmounts everything.
-func ServeMounter(ctx context.Context, c MounterConfig) error {
+func ServeMounter(ctx context.Context, c MounterProcess) error {
 	log := c.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

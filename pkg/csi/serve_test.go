@@ -49,7 +49,7 @@ func TestServeMounterServesSocketMetricsAndWarmUntilCanceled(t *testing.T) {
 	dir := t.TempDir()
 	list := filepath.Join(dir, "warm.list")
 	os.WriteFile(list, nil, 0o644)
-	cfg := MounterConfig{
+	cfg := MounterProcess{
 		Socket: filepath.Join(dir, "m.sock"), MountsDir: filepath.Join(dir, "mounts"), StateDir: filepath.Join(dir, "state"),
 		CacheDir: filepath.Join(dir, "cache"), CacheSize: 1 << 20, WarmList: list, WarmResolveInterval: time.Minute,
 		WarmJobs: 1, Jobs: 1, FetchTimeout: time.Second, MetricsAddr: freeAddr(t), MetricsDigests: true,
@@ -136,10 +136,10 @@ func TestServeNodeDefaultsNodeIDToHostName(t *testing.T) {
 }
 
 func TestMounterConfigChunksDirDefaults(t *testing.T) {
-	if got, want := (MounterConfig{}).chunksDir(), "/var/lib/bdnvol/cache/chunks"; got != want {
+	if got, want := (MounterProcess{}).chunksDir(), "/var/lib/bdnvol/cache/chunks"; got != want {
 		t.Errorf("no cache dir: chunks in %s, want %s", got, want)
 	}
-	if got, want := (MounterConfig{CacheDir: "/srv/c"}).chunksDir(), "/srv/c/chunks"; got != want {
+	if got, want := (MounterProcess{CacheDir: "/srv/c"}).chunksDir(), "/srv/c/chunks"; got != want {
 		t.Errorf("cache dir /srv/c: chunks in %s, want %s", got, want)
 	}
 }
