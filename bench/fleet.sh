@@ -89,7 +89,7 @@ REF=$LINK/fleet@$DIGEST
 log "version $DIGEST, $MODEL_BYTES bytes"
 
 # link_bytes: blob body bytes the link has carried so far.
-link_bytes() { awk '/\/blobs\// {for (i = 1; i <= NF; i++) if ($i ~ /^bytes=/) {sub("bytes=", "", $i); s += $i}} END {printf "%d\n", s}' "$TMP/link.log"; }
+link_bytes() { awk '/\/blobs\// {for (i = 1; i <= NF; i++) if ($i ~ /^bytes=/) {sub("bytes=", "", $i); s += $i}} END {printf "%.0f\n", s}' "$TMP/link.log"; }
 
 # cpu_of PID...: user+sys seconds of the processes (from /proc, before they exit).
 cpu_of() {

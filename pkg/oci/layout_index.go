@@ -615,38 +615,48 @@ func (m *successors) all() []ocispec.Descriptor {
 // node. It reads those manifests one at a time, each at most
 // MaxManifestBytes: no graph is kept.
 func (s *layoutStore) Predecessors(ctx context.Context, node ocispec.Descriptor) ([]ocispec.Descriptor, error) {
-	x, err := s.read(ctx)
+	var out []ocispec.Descriptor
+	err := s.eachManifest(ctx, func(d ocispec.Descriptor, b []byte) {
+		// Without an escape, a manifest names node only if it holds its
+		// digest as it is: the others (the part manifests of a large
+		// version, 20,000 layers each) are not decoded.
+		if !bytes.Contains(b, []byte(node.Digest)) && bytes.IndexByte(b, '\\') < 0 {
+			return
+		}
+		var m successors
+		if json.Unmarshal(b, &m) == nil && m.references(node.Digest) {
+			out = append(out, d)
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
-	var out []ocispec.Descriptor
+	slices.SortFunc(out, func(a, b ocispec.Descriptor) int { return cmp.Compare(a.Digest, b.Digest) })
+	return out, nil
+}
+
+// eachManifest calls fn with every manifest listed in index.json and its
+// bytes (at most MaxManifestBytes), one at a time; a manifest gone from the
+// blobs is passed over.
+func (s *layoutStore) eachManifest(ctx context.Context, fn func(d ocispec.Descriptor, b []byte)) error {
+	x, err := s.read(ctx)
+	if err != nil {
+		return err
+	}
 	for _, d := range x.digests {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		b, err := s.fetchManifest(d)
 		if errors.Is(err, errdef.ErrNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		// Without an escape, a manifest names node only if it holds its
-		// digest as it is: the others (the part manifests of a large
-		// version, 20,000 layers each) are not decoded.
-		if !bytes.Contains(b, []byte(node.Digest)) && bytes.IndexByte(b, '\\') < 0 {
-			continue
-		}
-		var m successors
-		if json.Unmarshal(b, &m) != nil {
-			continue
-		}
-		if m.references(node.Digest) {
-			out = append(out, d)
-		}
+		fn(d, b)
 	}
-	slices.SortFunc(out, func(a, b ocispec.Descriptor) int { return cmp.Compare(a.Digest, b.Digest) })
-	return out, nil
+	return nil
 }
 
 // ReferrersBySubject returns the referrers of every manifest listed in
@@ -654,24 +664,10 @@ func (s *layoutStore) Predecessors(ctx context.Context, node ocispec.Descriptor)
 // and annotations Referrers gives): each manifest is read once, where
 // Referrers reads them all for every subject asked about.
 func (s *layoutStore) ReferrersBySubject(ctx context.Context) (map[digest.Digest][]ocispec.Descriptor, error) {
-	x, err := s.read(ctx)
-	if err != nil {
-		return nil, err
-	}
 	out := map[digest.Digest][]ocispec.Descriptor{}
-	for _, d := range x.digests {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		b, err := s.fetchManifest(d)
-		if errors.Is(err, errdef.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
+	err := s.eachManifest(ctx, func(d ocispec.Descriptor, b []byte) {
 		if !bytes.Contains(b, []byte(`"subject"`)) && bytes.IndexByte(b, '\\') < 0 {
-			continue // the part manifests of a large version are not decoded
+			return // the part manifests of a large version are not decoded
 		}
 		var m struct {
 			ArtifactType string              `json:"artifactType"`
@@ -680,7 +676,7 @@ func (s *layoutStore) ReferrersBySubject(ctx context.Context) (map[digest.Digest
 			Annotations  map[string]string   `json:"annotations"`
 		}
 		if json.Unmarshal(b, &m) != nil || m.Subject == nil {
-			continue
+			return
 		}
 		at := m.ArtifactType
 		if at == "" && m.Config != nil {
@@ -688,6 +684,9 @@ func (s *layoutStore) ReferrersBySubject(ctx context.Context) (map[digest.Digest
 		}
 		out[m.Subject.Digest] = append(out[m.Subject.Digest], ocispec.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size,
 			ArtifactType: at, Annotations: m.Annotations})
+	})
+	if err != nil {
+		return nil, err
 	}
 	for k, ds := range out {
 		out[k] = sortDescs(ds)
