@@ -17,7 +17,8 @@
 # peer) without it. Then a node that joins once the others finished.
 # Needs root (FUSE mounts of the mounter) and /dev/fuse.
 #
-# Environment: BENCH_SIZE, BENCH_SHARDS, BENCH_NODES, BENCH_RATE,
+# Environment: BENCH_SIZE, BENCH_SHARDS, BENCH_NODES, BENCH_MODES ("1 0":
+# with the peer tier, then without), BENCH_RATE,
 # BENCH_DELAY, BENCH_TMPDIR, BENCH_KEEP=1, BENCH_TOOLS (as bench/mount.sh).
 set -euo pipefail
 
@@ -176,7 +177,7 @@ run() {
 
 printf '| nodes | peer tier | link bytes / version | time / one node | mounters CPU (user+sys) |\n|---|---|---|---|---|\n'
 BASE=
-for peers in 1 0; do
+for peers in ${BENCH_MODES:-1 0}; do
 	for n in $NODES; do
 		log "N=$n, peer tier $([[ $peers == 1 ]] && echo on || echo off)"
 		run "$n" "$peers"

@@ -19,7 +19,7 @@ import (
 )
 
 // DefaultMaxServing bounds the requests a Server serves at once.
-const DefaultMaxServing = 16
+const DefaultMaxServing = 64
 
 // Server serves the chunks of a node's cache to its peers:
 // GET /v2/<repository>/blobs/<digest>?ns=<registry>&size=<bytes>. It
