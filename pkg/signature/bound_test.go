@@ -71,14 +71,7 @@ func hostileRegistry(t *testing.T, n, layers int) (oci.Target, ocispec.Descripto
 	if err != nil {
 		t.Fatal(err)
 	}
-	vb := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}`)
-	v := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, vb)
-	if err := pushIfMissing(ctx, tg, ocispec.DescriptorEmptyJSON, []byte("{}")); err != nil {
-		t.Fatal(err)
-	}
-	if err := pushIfMissing(ctx, tg, v, vb); err != nil {
-		t.Fatal(err)
-	}
+	v := pushEmptyVersion(t, ctx, tg)
 	// A payload naming v, padded to the largest size a payload may have.
 	var p payload
 	p.Critical.Identity.DockerReference = "vol/hostile"
@@ -223,14 +216,7 @@ func TestVerifyRefusesEndlessReferrerPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vb := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}`)
-	v := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, vb)
-	if err := pushIfMissing(ctx, tg, ocispec.DescriptorEmptyJSON, []byte("{}")); err != nil {
-		t.Fatal(err)
-	}
-	if err := pushIfMissing(ctx, tg, v, vb); err != nil {
-		t.Fatal(err)
-	}
+	v := pushEmptyVersion(t, ctx, tg)
 	a, _ := newKey(t, t.TempDir(), "a")
 	_, err = Verify(ctx, tg, v, []Verifier{a.Verifier()})
 	if !errors.Is(err, oci.ErrListTooLong) {
@@ -239,4 +225,19 @@ func TestVerifyRefusesEndlessReferrerPages(t *testing.T) {
 	if n := pages.Load(); n > oci.MaxReferrerPages {
 		t.Fatalf("%d referrer pages read, want at most %d", n, oci.MaxReferrerPages)
 	}
+}
+
+// pushEmptyVersion pushes a manifest of no layers to tg and returns it: the
+// version the hostile registries' signatures name.
+func pushEmptyVersion(t *testing.T, ctx context.Context, tg oci.Target) ocispec.Descriptor {
+	t.Helper()
+	vb := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}`)
+	v := content.NewDescriptorFromBytes(ocispec.MediaTypeImageManifest, vb)
+	if err := pushIfMissing(ctx, tg, ocispec.DescriptorEmptyJSON, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := pushIfMissing(ctx, tg, v, vb); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
