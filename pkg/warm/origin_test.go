@@ -7,9 +7,6 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
-	"github.com/bdnvol/bdnvol/pkg/layout"
-	"github.com/bdnvol/bdnvol/pkg/oci"
-	"github.com/bdnvol/bdnvol/pkg/push"
 )
 
 // TestWarmRecordsItsOrigin: a fill records the warmed version's repository
@@ -22,20 +19,8 @@ func TestWarmRecordsItsOrigin(t *testing.T) {
 	testutil.WriteTree(t, filepath.Join(dir, "tree"), map[string][]byte{"a.bin": testutil.RandBytes(7, 300<<10)})
 	var refs []string
 	for _, name := range []string{"one", "two"} {
-		refStr := "oci:" + filepath.Join(dir, name) + ":v1"
-		ref, _ := oci.ParseRef(refStr)
-		tgt, err := oci.Open(ctx, ref, oci.Options{CreateLayout: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := push.Push(ctx, tgt, push.DirSource(filepath.Join(dir, "tree")), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tgt.Tag(ctx, res.Root, "v1"); err != nil {
-			t.Fatal(err)
-		}
-		refs = append(refs, refStr)
+		r, _ := pushTree(t, filepath.Join(dir, "tree"), filepath.Join(dir, name))
+		refs = append(refs, r)
 	}
 	cache, err := chunkcache.Open(filepath.Join(dir, "cache"), 0)
 	if err != nil {

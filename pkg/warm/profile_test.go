@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
@@ -20,19 +21,7 @@ func TestWarmFetchesTheProfileFirst(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	testutil.WriteTree(t, filepath.Join(dir, "tree"), map[string][]byte{"a.bin": testutil.RandBytes(5, 300<<10)})
-	refStr := "oci:" + filepath.Join(dir, "layout") + ":v1"
-	ref, _ := oci.ParseRef(refStr)
-	tgt, err := oci.Open(ctx, ref, oci.Options{CreateLayout: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := push.Push(ctx, tgt, push.DirSource(filepath.Join(dir, "tree")), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tgt.Tag(ctx, res.Root, "v1"); err != nil {
-		t.Fatal(err)
-	}
+	refStr, root := pushTree(t, filepath.Join(dir, "tree"), filepath.Join(dir, "layout"))
 	cache, err := chunkcache.Open(filepath.Join(dir, "cache"), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -47,12 +36,12 @@ func TestWarmFetchesTheProfileFirst(t *testing.T) {
 	}
 	first := []digest.Digest{plain.Need[n-1].Digest, plain.Need[n/2].Digest}
 	file := filepath.Join(dir, "p.json")
-	if err := os.WriteFile(file, profile.New(res.Root.Digest, first).Encode(), 0o644); err != nil {
+	if err := os.WriteFile(file, profile.New(root.Digest, first).Encode(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for name, opt := range map[string]profile.Options{
 		"file": {Mode: file},
-		"auto": {Mode: profile.ModeAuto, Store: storeWith(t, profile.New(res.Root.Digest, first))},
+		"auto": {Mode: profile.ModeAuto, Store: storeWith(t, profile.New(root.Digest, first))},
 	} {
 		plan, err := Open(ctx, cache, refStr, "", Options{Profile: opt})
 		if err != nil {
@@ -89,4 +78,25 @@ func storeWith(t *testing.T, p *profile.Profile) profile.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// pushTree pushes the tree at src, in small chunks, to the OCI layout at dir
+// as tag v1, and returns the reference and the version's root.
+func pushTree(t *testing.T, src, dir string) (string, ocispec.Descriptor) {
+	t.Helper()
+	ctx := context.Background()
+	refStr := "oci:" + dir + ":v1"
+	ref, _ := oci.ParseRef(refStr)
+	tgt, err := oci.Open(ctx, ref, oci.Options{CreateLayout: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := push.Push(ctx, tgt, push.DirSource(src), push.Options{Params: layout.Params{Min: 4 << 10, Avg: 16 << 10, Max: 64 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tgt.Tag(ctx, res.Root, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	return refStr, res.Root
 }
