@@ -61,6 +61,9 @@ type CSIMounterCmd struct {
 	PeerListen    string   `name:"peer-listen" placeholder:"HOST:PORT" help:"Serve this node's verified chunks to the cluster's other mounters here, and ask them before the registry (the peer tier; off by default)."`
 	PeerAdvertise string   `name:"peer-advertise" placeholder:"HOST:PORT" help:"This node's peer address as the others reach it (default --peer-listen)."`
 	Peers         []string `name:"peers" placeholder:"HOST:PORT,..." help:"The cluster's mounters' peer addresses (static membership)."`
+	PeerService   string   `name:"peer-service" placeholder:"NAMESPACE/NAME" help:"The mounters' headless Service: the membership is its ready endpoints, watched through the Kubernetes API (the pod's service account, or KUBECONFIG)."`
+	PeerPortName  string   `name:"peer-port-name" default:"peer" help:"The Service port that the peer tier's endpoints listen on."`
+	PeerTLSSecret string   `name:"peer-tls-secret" placeholder:"NAMESPACE/NAME" help:"A Secret holding the cluster CA of mutual TLS between mounters (ca.crt, ca.key); the first mounter fills it when empty, each issues itself a certificate."`
 	PeerTLSDir    string   `name:"peer-tls-dir" type:"path" placeholder:"DIR" help:"ca.crt, tls.crt and tls.key: mutual TLS between mounters (certificates of one cluster CA)."`
 	PeerInsecure  bool     `name:"peer-insecure" help:"Allow plain HTTP between mounters without --peer-tls-dir (tests; a node network you vouch for)."`
 }
@@ -76,7 +79,8 @@ func (c *CSIMounterCmd) Run(ctx context.Context, g *Globals) error {
 		WarmList: c.WarmList, WarmStatus: c.WarmStatus, WarmBandwidth: int64(c.WarmBandwidth),
 		WarmResolveInterval: c.WarmResolveInterval, WarmJobs: c.WarmJobs, Profile: c.Profile,
 		MetricsAddr: c.MetricsAddr, MetricsDigests: c.MetricsDigests, FDHolder: c.FDHolder, Handoff: c.Handoff, Version: version, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "mounter"),
-		Peers: csi.PeerConfig{Listen: c.PeerListen, Advertise: c.PeerAdvertise, Peers: c.Peers, TLSDir: c.PeerTLSDir, Insecure: c.PeerInsecure},
+		Peers: csi.PeerConfig{Listen: c.PeerListen, Advertise: c.PeerAdvertise, Peers: c.Peers, TLSDir: c.PeerTLSDir, Insecure: c.PeerInsecure,
+			Service: c.PeerService, PortName: c.PeerPortName, TLSSecret: c.PeerTLSSecret},
 	})
 }
 

@@ -337,6 +337,7 @@ type PeerSample struct {
 	FromPeers, FromSource int64 // chunk bytes read from peers, and from registries (behind mirrors)
 	ServedToPeers         int64 // chunk bytes served to peers
 	PeerFailures, Refused int64 // peer answers that failed here; requests this node refused
+	Members               int64 // the cluster's mounters this node knows, itself included when listed
 }
 
 // Peers exports the peer tier's counters, read from sample at each scrape.
@@ -355,4 +356,7 @@ func (m *Metrics) Peers(sample func() PeerSample) {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help, ConstLabels: c.labels},
 			func() float64 { return float64(c.v(sample())) }))
 	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bdnvol_peer_members",
+		Help: "The cluster's mounters this node knows as peers (from --peers or the Service's EndpointSlices)."},
+		func() float64 { return float64(sample().Members) }))
 }
