@@ -110,7 +110,6 @@ func TestPeerServerMutualTLS(t *testing.T) {
 	}
 }
 
-
 // x509MarshalEC is the PEM of c's EC private key.
 func x509MarshalEC(c *tls.Certificate) ([]byte, error) {
 	k, ok := c.PrivateKey.(*ecdsa.PrivateKey)
