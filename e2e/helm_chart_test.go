@@ -136,7 +136,7 @@ func TestHelmChartMatchesManifests(t *testing.T) {
 	}
 	// Without the Prometheus operator's CRD there is no ServiceMonitor.
 	for k := range chart {
-		if strings.HasPrefix(k, "ServiceMonitor/") || strings.HasPrefix(k, "Service/") {
+		if strings.HasPrefix(k, "ServiceMonitor/") || k == "Service/kube-system/bdnvol-csi-metrics" {
 			t.Errorf("%s rendered without the monitoring.coreos.com/v1 API", k)
 		}
 	}
@@ -257,7 +257,11 @@ func TestHelmChartServiceMonitor(t *testing.T) {
 		t.Errorf("ServiceMonitor: labels %v endpoints %+v", sm.Labels, sm.Spec.Endpoints)
 	}
 	c := ds.Spec.Template.Spec.Containers[0]
-	if flag(&c, "metrics-addr") != "[$(POD_IP)]:9900" || expandArg(&c, flag(&c, "metrics-addr"), "10.1.2.3") != "[10.1.2.3]:9900" || len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9900 ||
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if flag(&c, "metrics-addr") != "[$(POD_IP)]:9900" || expandArg(&c, flag(&c, "metrics-addr"), "10.1.2.3") != "[10.1.2.3]:9900" || ports["metrics"] != 9900 ||
 		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9900 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
 		t.Errorf("metrics port: args %v ports %+v service %+v", c.Args, c.Ports, svc.Spec.Ports)
 	}
@@ -270,7 +274,7 @@ func TestHelmChartServiceMonitor(t *testing.T) {
 // inside the mounter's pod, and renders no ServiceMonitor (Prometheus could
 // not reach them) even where the CRD exists.
 func TestHelmChartMetricsLoopback(t *testing.T) {
-	objs := renderChart(t, "metrics: {host: 127.0.0.1}\n", "monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor")
+	objs := renderChart(t, "metrics: {host: 127.0.0.1}\npeers: {enabled: false}\n", "monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor")
 	got := byKey(t, objs)
 	if _, ok := got["ServiceMonitor/kube-system/bdnvol-csi"]; ok {
 		t.Error("a ServiceMonitor is rendered for metrics on the pod's loopback")
@@ -280,7 +284,7 @@ func TestHelmChartMetricsLoopback(t *testing.T) {
 		t.Errorf("--metrics-addr=%s, want [127.0.0.1]:9808", a)
 	}
 	if len(c.Env) != 0 {
-		t.Errorf("env %+v, want none", c.Env)
+		t.Errorf("env %+v, want none (the peer tier off: POD_IP is for the metrics and the peers only)", c.Env)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -56,6 +57,12 @@ func newObject(apiVersion, kind string) (any, error) {
 		return &corev1.ConfigMap{}, nil
 	case "v1 Service":
 		return &corev1.Service{}, nil
+	case "v1 Secret":
+		return &corev1.Secret{}, nil
+	case "rbac.authorization.k8s.io/v1 Role":
+		return &rbacv1.Role{}, nil
+	case "rbac.authorization.k8s.io/v1 RoleBinding":
+		return &rbacv1.RoleBinding{}, nil
 	case "monitoring.coreos.com/v1 ServiceMonitor":
 		return &serviceMonitor{}, nil
 	case "v1 Pod":
