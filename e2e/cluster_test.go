@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -44,7 +45,7 @@ var bdnvolImageRE = regexp.MustCompile(`\S*bdnvol/bdnvol@sha256:[0-9a-f]{64}`)
 // testRegistrar does its work. With caFile, the node plugin and the mounter
 // trust that CA (a hostPath volume and --ca-file), as an operator whose
 // registry has a private CA sets them up.
-func renderDeploy(t *testing.T, caFile string) string {
+func renderDeploy(t *testing.T, caFile string, apiPort int) string {
 	t.Helper()
 	files, err := filepath.Glob("../deploy/kubernetes/*.yaml")
 	if err != nil || len(files) == 0 {
@@ -62,7 +63,7 @@ func renderDeploy(t *testing.T, caFile string) string {
 				continue
 			}
 			if regexp.MustCompile(`(?m)^kind: DaemonSet\s*$`).MatchString(doc) {
-				doc = renderDaemonSet(t, doc, caFile)
+				doc = renderDaemonSet(t, doc, caFile, apiPort)
 			}
 			docs = append(docs, doc)
 		}
@@ -70,7 +71,7 @@ func renderDeploy(t *testing.T, caFile string) string {
 	return strings.Join(docs, "\n---\n")
 }
 
-func renderDaemonSet(t *testing.T, doc, caFile string) string {
+func renderDaemonSet(t *testing.T, doc, caFile string, apiPort int) string {
 	t.Helper()
 	var ds appsv1.DaemonSet
 	if err := yaml.UnmarshalStrict([]byte(doc), &ds); err != nil {
@@ -79,6 +80,15 @@ func renderDaemonSet(t *testing.T, doc, caFile string) string {
 	spec := &ds.Spec.Template.Spec
 	spec.HostNetwork = true
 	spec.DNSPolicy = corev1.DNSClusterFirstWithHostNet
+	// The test cluster runs no kube-proxy: the kubernetes Service's address
+	// that kubelet gives pods leads nowhere, so the mounter (the peer tier's
+	// membership and CA) reaches the API server where it listens.
+	for i := range spec.Containers {
+		if ct := &spec.Containers[i]; slices.Contains(ct.Args, "mounter") {
+			ct.Env = append(ct.Env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: "127.0.0.1"},
+				corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: strconv.Itoa(apiPort)})
+		}
+	}
 	if caFile != "" {
 		dir := corev1.HostPathDirectory
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "e2e-ca", VolumeSource: corev1.VolumeSource{
@@ -278,7 +288,7 @@ func TestCluster(t *testing.T) {
 
 	c.importImages(builds)
 	t.Logf("images imported at %v", time.Since(start).Round(time.Second))
-	c.apply(renderDeploy(t, caFile))
+	c.apply(renderDeploy(t, caFile, c.apiPort))
 	for _, ds := range []string{"bdnvol-csi-fdholder", "bdnvol-csi-node", "bdnvol-csi-mounter"} {
 		c.waitFor("DaemonSet "+ds+" to be ready", func() (bool, string) {
 			out, err := c.kubectlErr("get", "daemonset", "-n", "kube-system", ds, "-o", "jsonpath={.status.desiredNumberScheduled} {.status.numberReady}")
@@ -331,6 +341,8 @@ func TestCluster(t *testing.T) {
 	}) {
 		return
 	}
+
+	t.Run("Peers", func(t *testing.T) { testClusterPeers(t, c, reg) })
 
 	t.Run("MissingTag", func(t *testing.T) {
 		c.apply(readerPod("missing-tag", reg.Host+"/team/vol:nope", "true"))
@@ -755,7 +767,7 @@ data:
 			out, err := c.kubectlErr("get", "pods", "-n", "default", "-o", "name")
 			return err == nil && strings.TrimSpace(out) == "", out
 		})
-		if _, err := c.kubectlIn(renderDeploy(t, caFile), "delete", "-f", "-", "--wait=true"); err != nil {
+		if _, err := c.kubectlIn(renderDeploy(t, caFile, c.apiPort), "delete", "-f", "-", "--wait=true"); err != nil {
 			t.Fatalf("deleting the driver: %v", err)
 		}
 		c.waitFor("the driver's pods to be gone", func() (bool, string) {

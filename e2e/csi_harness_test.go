@@ -31,6 +31,7 @@ type csiNode struct {
 	mounterS  string // the mounter's socket
 	endpoint  string // the CSI socket
 	globals   []string
+	env       []string // added to the processes' environment
 	linger    time.Duration
 	// mounterFlags are extra flags of `bdnvol csi mounter` (startCSIWith).
 	mounterFlags []string
@@ -96,6 +97,13 @@ func startCSI(t *testing.T, linger time.Duration, globals ...string) *csiNode {
 // startCSIWith is startCSI with the mounter's cache size and extra flags.
 func startCSIWith(t *testing.T, linger time.Duration, cacheSize string, mounterFlags []string, globals ...string) *csiNode {
 	t.Helper()
+	return startCSIEnv(t, nil, linger, cacheSize, mounterFlags, globals...)
+}
+
+// startCSIEnv is startCSIWith with env added to the processes'
+// environment.
+func startCSIEnv(t *testing.T, env []string, linger time.Duration, cacheSize string, mounterFlags []string, globals ...string) *csiNode {
+	t.Helper()
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
@@ -108,7 +116,7 @@ func startCSIWith(t *testing.T, linger time.Duration, cacheSize string, mounterF
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &csiNode{t: t, root: root, globals: globals, linger: linger, mounterFlags: mounterFlags, cacheSize: cacheSize,
+	n := &csiNode{t: t, root: root, globals: globals, env: env, linger: linger, mounterFlags: mounterFlags, cacheSize: cacheSize,
 		mountsDir: filepath.Join(root, "plugin", "mounts"),
 		stateDir:  filepath.Join(root, "state"),
 		cacheDir:  filepath.Join(root, "cache"),
@@ -152,7 +160,7 @@ func (n *csiNode) cmd(log *syncBuffer, args ...string) *exec.Cmd {
 		args = append(args, n.nodeFlags...)
 	}
 	cmd := exec.Command(bin(n.t), append(append([]string{"csi"}, args...), n.globals...)...)
-	cmd.Env = cliEnv(n.t)
+	cmd.Env = append(cliEnv(n.t), n.env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	return cmd
 }
