@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -22,8 +23,8 @@ import (
 //     allows get and update of it) and the other nodes use that CA;
 //   - every mounter's membership is the Service's three endpoints;
 //   - three nodes reading one version at once (a pod on the cluster's node,
-//     publishes on the others) read every byte right while every chunk
-//     leaves the registry once.
+//     publishes on the others), their mounts open, read every byte right
+//     while every chunk leaves the registry once.
 func testClusterPeers(t *testing.T, c *cluster, reg *registry) {
 	c.waitFor("the mounter to write a CA into the empty Secret bdnvol-csi-peer-ca", func() (bool, string) {
 		out, err := c.kubectlErr("get", "secret", "-n", "kube-system", "bdnvol-csi-peer-ca", "-o", `jsonpath={.data.ca\.crt}`)
@@ -42,9 +43,20 @@ contexts: [{name: e2e, context: {cluster: e2e, user: mounter}}]
 current-context: e2e
 `, c.apiPort, filepath.Join(c.root, "pki", "ca.crt"), token)))
 
+	mounterPod := strings.TrimPrefix(strings.TrimSpace(c.kubectl("get", "pods", "-n", "kube-system",
+		"-l", "app.kubernetes.io/component=mounter", "-o", "name")), "pod/")
+	// EndpointSlices refuse loopback addresses: the other nodes listen on
+	// the node's address (the mounter pod's, on the host network), each on
+	// a port of its own.
+	nodeIP := strings.TrimSpace(c.kubectl("get", "pod", "-n", "kube-system", mounterPod, "-o", "jsonpath={.status.podIP}"))
 	var nodes []*csiNode
 	for i := range 2 {
-		addr := freeAddr(t)
+		l, err := net.Listen("tcp", net.JoinHostPort(nodeIP, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
 		host, port, _ := net.SplitHostPort(addr)
 		name := fmt.Sprintf("bdnvol-e2e-node-%d", i)
 		c.apply(fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
@@ -63,16 +75,14 @@ ports: [{name: peer, port: %s, protocol: TCP}]
 		nodes = append(nodes, startCSIEnv(t, []string{"KUBECONFIG=" + kubeconfig}, time.Minute, "1GiB",
 			[]string{"--peer-listen", addr, "--peer-service", "kube-system/bdnvol-csi-peers", "--peer-tls-secret", "kube-system/bdnvol-csi-peer-ca"}))
 	}
-	mounterPod := strings.TrimPrefix(strings.TrimSpace(c.kubectl("get", "pods", "-n", "kube-system",
-		"-l", "app.kubernetes.io/component=mounter", "-o", "name")), "pod/")
-	const three = `"msg":"peer membership","members":3`
+	three := regexp.MustCompile(`"msg":"peer membership".*"members":3\b`)
 	c.waitFor("every mounter to see the Service's 3 endpoints", func() (bool, string) {
 		logs := []string{c.podLogs("kube-system", mounterPod)}
 		for _, n := range nodes {
 			logs = append(logs, n.mounterLog.String())
 		}
 		for _, l := range logs {
-			if !strings.Contains(l, three) {
+			if !three.MatchString(l) {
 				return false, l
 			}
 		}
@@ -92,21 +102,29 @@ ports: [{name: peer, port: %s, protocol: TCP}]
 	ref := reg.Host + "/team/fleet"
 	d := push(t, ref, ref+":v1", src, smallChunks...)
 
+	// Every node opens its mount before any reads: an owner fetches from
+	// the registry for its peers only the chunks of an origin it serves a
+	// mount of (with that mount's credentials). The pod's mount is open
+	// once it runs; it reads a second later, as the other nodes do.
 	reg.ResetStats()
-	var wg sync.WaitGroup
+	var pods []pod
 	for i, n := range nodes {
+		p := n.newPod(fmt.Sprintf("fleet-%d", i))
+		if err := n.publish(p, ref+"@"+d, ""); err != nil {
+			t.Fatalf("node %d: %v", i, err)
+		}
+		pods = append(pods, p)
+	}
+	c.apply(readerPod("fleet-reader", ref+"@"+d, "sleep 1; sha256sum /data/*.bin"))
+	c.waitRunning("default", "fleet-reader")
+	var wg sync.WaitGroup
+	for _, p := range pods {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p := n.newPod(fmt.Sprintf("fleet-%d", i))
-			if err := n.publish(p, ref+"@"+d, ""); err != nil {
-				t.Errorf("node %d: %v", i, err)
-				return
-			}
 			compareTrees(t, src, p.target)
 		}()
 	}
-	c.apply(readerPod("fleet-reader", ref+"@"+d, "sha256sum /data/*.bin"))
 	c.waitFor("pod fleet-reader to print READY", func() (bool, string) {
 		l := c.podLogs("default", "fleet-reader")
 		return strings.Contains(l, "READY"), l
