@@ -24,7 +24,7 @@ vet:
 RACE_PKGS ?= ./pkg/push/... ./pkg/pull/... ./pkg/layout/... ./pkg/statcache/... ./pkg/chunkcache/... \
 	./pkg/lazy/... ./pkg/mounts/... ./pkg/warm/... ./pkg/csi/... ./pkg/oci/... ./pkg/replicate/... \
 	./pkg/source/... ./pkg/versions/... ./pkg/retention/... ./pkg/jobs/... ./pkg/modelpack/... \
-	./pkg/ociarchive/... ./pkg/metrics/... ./pkg/peer/... ./pkg/kubeclient/... ./pkg/kuberefs/... \
+	./pkg/ociarchive/... ./pkg/metrics/... ./pkg/peer/... ./pkg/clusterpeers/... ./pkg/kubeclient/... ./pkg/kuberefs/... \
 	./internal/progress/... ./internal/signals/...
 
 unit:
