@@ -310,6 +310,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := n.checkTargetPath(tp); err != nil {
 		return nil, err
 	}
+	if _, warm := req.GetVolumeContext()[AttrWarmstateKey]; warm {
+		return n.publishWarm(ctx, req, ref, policy)
+	}
 	start := time.Now()
 	done, err := n.claim(tp)
 	if err != nil {
@@ -508,6 +511,12 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 		return nil, err
 	}
 	defer done()
+	if w, ok := n.readWarm(tp); ok {
+		if err := n.unpublishWarm(ctx, w); err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
+	}
 	t, known := n.ts.read(tp)
 	if !known {
 		// Not published here, or unpublished already: whatever is
