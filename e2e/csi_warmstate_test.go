@@ -1,11 +1,19 @@
 package e2e
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestCSIWarmState runs the real node plugin with warm-state volumes
@@ -24,13 +32,28 @@ func TestCSIWarmState(t *testing.T) {
 	pinned := repo + "@" + v.Digest
 	args := []string{"-tp", "2", "-rank", "0"}
 	key := stubKey(t, stub, args...)
+	publishWarm := func(p pod, key string, publish, readOnly bool) error {
+		t.Helper()
+		req := &csi.NodePublishVolumeRequest{
+			VolumeId: p.volumeID, TargetPath: p.target, Readonly: readOnly,
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			},
+			VolumeContext: map[string]string{
+				"ref": pinned, "warmstateKey": key, "warmstatePublish": fmt.Sprint(publish),
+				"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e",
+				"csi.storage.k8s.io/ephemeral": "true",
+			},
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_, err := n.Node.NodePublishVolume(ctx, req)
+		return err
+	}
 	warm := func(p pod, key string, publish bool) {
 		t.Helper()
-		attrs := map[string]string{"warmstateKey": key}
-		if publish {
-			attrs["warmstatePublish"] = "true"
-		}
-		if err := n.publishWith(p, pinned, "", attrs); err != nil {
+		if err := publishWarm(p, key, publish, false); err != nil {
 			t.Fatalf("publish %s: %v", p.name, err)
 		}
 	}
@@ -104,13 +127,29 @@ func TestCSIWarmState(t *testing.T) {
 		t.Fatalf("pod d: %+v", again)
 	}
 
+	// CSI's readonly: the companion as it is, read-only; asking it to
+	// publish is refused.
+	ro := n.newPod("ro")
+	if err := publishWarm(ro, key, true, true); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("read-only with warmstatePublish: %v", err)
+	}
+	if err := publishWarm(ro, key, false, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(ro.target, first.Hash, "rank_0", "compiled_at")); err != nil {
+		t.Fatalf("read-only pod: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(ro.target, "x"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write in a read-only warm-state volume: %v", err)
+	}
+
 	// A key off by one field (the driver) gets an empty directory.
 	e := n.newPod("e")
 	warm(e, strings.Replace(key, "driver=550", "driver=560", 1), false)
 	if got := names(e.target); len(got) != 0 {
 		t.Fatalf("pod with another driver's key: %v, want empty", got)
 	}
-	for _, p := range []pod{b, d, e} {
+	for _, p := range []pod{b, d, e, ro} {
 		if err := n.unpublish(p); err != nil {
 			t.Fatal(err)
 		}

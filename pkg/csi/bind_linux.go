@@ -196,20 +196,21 @@ func (d *targetDir) overlay(lower, upper, work string) error {
 	return nil
 }
 
-// overlayAt reports whether an overlay is mounted at path p.
-func overlayAt(p string) bool {
+// mountAt reports whether something is mounted at path p, and the file
+// system type of the topmost mount there.
+func mountAt(p string) (fstype string, ok bool) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return false
+		return "", false
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
+		pre, post, found := strings.Cut(line, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
-		if ok && len(f) > 4 && len(g) > 0 && g[0] == "overlay" && unescapeMountinfo(f[4]) == p {
-			return true
+		if found && len(f) > 4 && len(g) > 0 && unescapeMountinfo(f[4]) == p {
+			fstype, ok = g[0], true // later lines are mounted above earlier ones
 		}
 	}
-	return false
+	return fstype, ok
 }
 
 // unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).

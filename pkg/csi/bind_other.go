@@ -25,5 +25,5 @@ func (d *targetDir) rmdir(bool) error              { return errNotLinux }
 func (d *targetDir) at() string                    { return d.path }
 func (d *targetDir) overlay(_, _, _ string) error  { return errNotLinux }
 
-// overlayAt reports false: there are no overlays outside Linux.
-func overlayAt(string) bool { return false }
+// mountAt reports nothing mounted: the plugin runs on Linux only.
+func mountAt(string) (string, bool) { return "", false }

@@ -50,7 +50,8 @@ type warmTarget struct {
 	Key       string             `json:"key"`
 	Companion string             `json:"companion,omitempty"` // the companion mounted beneath; "" for none
 	Publish   bool               `json:"publish,omitempty"`
-	Dir       string             `json:"dir"` // holds upper/ and work/
+	ReadOnly  bool               `json:"read_only,omitempty"` // the lower bound read-only, no upper
+	Dir       string             `json:"dir"`                 // holds upper/ and work/
 	Pod       string             `json:"pod,omitempty"`
 }
 
@@ -100,13 +101,16 @@ func (n *Node) publishWarm(ctx context.Context, req *csi.NodePublishVolumeReques
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %q is neither true nor false", vid, AttrWarmstatePublish, v)
 	}
+	if publish && req.GetReadonly() {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s on a read-only volume: it has nothing to publish", vid, AttrWarmstatePublish)
+	}
 	done, err := n.claim(tp)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	if w, ok := n.readWarm(tp); ok {
-		if overlayAt(tp) {
+		if fs, mounted := mountAt(tp); mounted && (w.ReadOnly || fs == "overlay") {
 			if w.VolumeID != vid {
 				return nil, status.Errorf(codes.AlreadyExists, "%s: already publishes volume %s", tp, w.VolumeID)
 			}
@@ -138,7 +142,8 @@ func (n *Node) publishWarm(ctx context.Context, req *csi.NodePublishVolumeReques
 	if err != nil {
 		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: %v", vid, err)
 	}
-	w := warmTarget{VolumeID: vid, Path: tp, Ref: ref.String(), Key: key.String(), Publish: publish, Dir: n.warmDir("pods", mounts.Key(tp)),
+	w := warmTarget{VolumeID: vid, Path: tp, Ref: ref.String(), Key: key.String(), Publish: publish, ReadOnly: req.GetReadonly(),
+		Dir:     n.warmDir("pods", mounts.Key(tp)),
 		Version: ocispec.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size}}
 	if ns, name := req.GetVolumeContext()[attrPodNamespace], req.GetVolumeContext()[attrPodName]; name != "" {
 		w.Pod = ns + "/" + name
@@ -178,7 +183,12 @@ func (n *Node) publishWarm(ctx context.Context, req *csi.NodePublishVolumeReques
 	}
 	d, err := openTarget(n.opt.KubeletDir, tp)
 	if err == nil {
-		err = d.overlay(lower, upper, work)
+		if w.ReadOnly {
+			// CSI's readonly: the companion as it is, bound read-only.
+			_, err = d.bind(lower)
+		} else {
+			err = d.overlay(lower, upper, work)
+		}
 		d.Close()
 	}
 	if err != nil {
