@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -235,4 +236,62 @@ func sameKey(a, b string) bool {
 	slices.Sort(x)
 	slices.Sort(y)
 	return slices.Equal(x, y)
+}
+
+// TestWarmStateMCV exports a companion as a Model Cache Vault compat image
+// (one gzip layer under io.vllm.cache/, the cache labels) and imports it
+// as the companion of another version, from which the stand-in loads.
+func TestWarmStateMCV(t *testing.T) {
+	stub := enginestub(t)
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/mcv"
+	v1 := pushJSON(t, repo+":v1", smallVolume(t, 1))
+	v2 := pushJSON(t, repo+":v2", smallVolume(t, 2))
+	root := t.TempDir()
+	s := runStub(t, stub, root, "-small-files", "40", "-large-files", "1", "-large-size", "1048576")
+	mustRun(t, "warmstate", "push", "--key", s.Key, repo+"@"+v1.Digest, root)
+
+	image := reg.Host + "/caches/vllm:qwen"
+	res := mustRun(t, "warmstate", "export", "--key", s.Key, repo+"@"+v1.Digest, image)
+	pinned := strings.TrimSpace(res.stdout)
+	mb, _ := getManifest(t, reg, "caches/vllm", "qwen", "application/vnd.oci.image.manifest.v1+json")
+	var m struct {
+		Config struct {
+			Digest string `json:"digest"`
+		} `json:"config"`
+		Layers []struct {
+			MediaType string `json:"mediaType"`
+		} `json:"layers"`
+	}
+	mustJSON(t, mb, &m)
+	if len(m.Layers) != 1 || m.Layers[0].MediaType != "application/vnd.oci.image.layer.v1.tar+gzip" {
+		t.Fatalf("compat image layers: %+v", m.Layers)
+	}
+	var cfg struct {
+		Config struct {
+			Labels map[string]string `json:"Labels"`
+		} `json:"config"`
+	}
+	mustJSON(t, getBlob(t, reg, "caches/vllm", m.Config.Digest), &cfg)
+	var onDisk int64
+	filepath.Walk(root, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			onDisk += fi.Size()
+		}
+		return err
+	})
+	if cfg.Config.Labels["cache.vllm.image/cache-size-bytes"] != fmt.Sprint(onDisk) || cfg.Config.Labels["cache.vllm.image/entry-count"] == "" {
+		t.Fatalf("labels: %v (cache %d bytes)", cfg.Config.Labels, onDisk)
+	}
+	if again := mustRun(t, "warmstate", "export", "--key", s.Key, repo+"@"+v1.Digest, image); strings.TrimSpace(again.stdout) != pinned {
+		t.Fatalf("export twice: %s, then %s", pinned, again.stdout)
+	}
+
+	// Imported (its key from the image's label) as v2's companion.
+	mustRun(t, "warmstate", "import", pinned, repo+"@"+v2.Digest)
+	root2 := t.TempDir()
+	mustRun(t, "warmstate", "pull", "--key", s.Key, repo+"@"+v2.Digest, root2)
+	if again := runStub(t, stub, root2, "-small-files", "40", "-large-files", "1", "-large-size", "1048576"); again.Mode != "loaded" {
+		t.Fatalf("after an MCV round trip: %+v", again)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/units"
 	"github.com/bdnvol/bdnvol/pkg/layout"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/pull"
 	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/signature"
@@ -23,6 +24,9 @@ type WarmstateCmd struct {
 	Ls   WarmstateLsCmd   `cmd:"" help:"List a version's warm-state companions and their keys."`
 	Pull WarmstatePullCmd `cmd:"" help:"Materialise the companion whose key equals --key exactly (exit 1 when there is none)."`
 	Rm   WarmstateRmCmd   `cmd:"" help:"Delete the companion of a key (and its signatures); a new one is then a new artifact."`
+	// Export and Import speak Model Cache Vault's compat image.
+	Export WarmstateExportCmd `cmd:"" help:"Write the companion of a key as a Model Cache Vault compat image (one gzip layer under io.<type>.cache/, cache labels), for GKM and KServe."`
+	Import WarmstateImportCmd `cmd:"" help:"Publish a Model Cache Vault compat image's cache as the companion of a key (the image's bdnvol key label, or --key)."`
 }
 
 // KeyFlags name a warm-state key.
@@ -235,4 +239,135 @@ func (c *WarmstateRmCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Fprintln(g.stdout, ref.Pinned(m.Desc.Digest))
 	}
 	return errors.Join(errs...)
+}
+
+// WarmstateExportCmd writes a companion as a compat image.
+type WarmstateExportCmd struct {
+	Ref              string `arg:"" help:"The version."`
+	Image            string `arg:"" help:"Where to write the image: HOST/REPO:TAG or oci:PATH:TAG."`
+	KeyFlags         `embed:""`
+	Type             string   `default:"vllm" enum:"vllm,triton" help:"Cache type: vllm (io.vllm.cache/) or triton (io.triton.cache/)."`
+	RequireSignature []string `name:"require-signature" type:"path" placeholder:"KEY" help:"Only a companion signed by this cosign public key counts."`
+}
+
+// Run exports the companion.
+func (c *WarmstateExportCmd) Run(ctx context.Context, g *Globals) error {
+	key, err := c.KeyFlags.key()
+	if err != nil {
+		return err
+	}
+	policy, err := signature.LoadPolicy(c.RequireSignature...)
+	if err != nil {
+		return usageError{err}
+	}
+	iref, err := oci.ParseRef(c.Image)
+	if err != nil || iref.Tag == "" || iref.Digest != "" {
+		return usageError{fmt.Errorf("image %q: name it HOST/REPO:TAG or oci:PATH:TAG", c.Image)}
+	}
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
+	if err != nil {
+		return err
+	}
+	comp, err := warmstate.Find(ctx, t, root.Desc, key, policy)
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref.Pinned(root.Desc.Digest), err)
+	}
+	dir, err := os.MkdirTemp("", "bdnvol-warmstate-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	tree := ref
+	tree.Tag, tree.Digest = "", comp.Tree.Digest
+	if _, err := pull.Pull(ctx, tree, dir, pull.Options{OCI: g.options(), CacheDir: g.cacheDir(), Cache: pull.CacheModeOf(false, false), Logf: g.logf}); err != nil {
+		return fmt.Errorf("companion %s: %w", comp.Desc.Digest, err)
+	}
+	opt := g.options()
+	opt.CreateLayout = true
+	it, err := oci.Open(ctx, iref, opt)
+	if err != nil {
+		return err
+	}
+	d, err := warmstate.ExportMCV(ctx, it, dir, c.Type, key)
+	if err != nil {
+		return err
+	}
+	if err := it.Tag(ctx, d, iref.Tag); err != nil {
+		return fmt.Errorf("tag %s: %w", iref, err)
+	}
+	fmt.Fprintln(g.stdout, iref.Pinned(d.Digest))
+	return nil
+}
+
+// WarmstateImportCmd publishes a compat image as a companion.
+type WarmstateImportCmd struct {
+	Image    string   `arg:"" help:"The compat image: HOST/REPO:TAG, HOST/REPO@DIGEST or oci:PATH[:TAG|@DIGEST]."`
+	Ref      string   `arg:"" help:"The version the cache was built for."`
+	Key      []string `placeholder:"NAME=VALUE" help:"The key (as warmstate push takes it); without it, the image's dev.bdnvol.warmstate.key label."`
+	MaxBytes Size     `name:"max-bytes" default:"64GiB" help:"Refuse an image whose cache holds more bytes than this."`
+	SignKey  string   `name:"sign-key" type:"path" placeholder:"KEY" help:"Sign the companion's digest with this cosign private key."`
+	JSON     bool     `name:"json" help:"Print one JSON object instead of text."`
+}
+
+// Run imports the image.
+func (c *WarmstateImportCmd) Run(ctx context.Context, g *Globals) error {
+	var key warmstate.Key
+	if len(c.Key) > 0 {
+		k, err := (KeyFlags{Key: c.Key}).key()
+		if err != nil {
+			return err
+		}
+		key = k
+	}
+	var s signature.Signer
+	if c.SignKey != "" {
+		var err error
+		if s, err = signature.LoadPrivateKey(c.SignKey, signature.Password(g.stderr)); err != nil {
+			return usageError{err}
+		}
+	}
+	iref, err := oci.ParseRef(c.Image)
+	if err != nil {
+		return usageError{err}
+	}
+	it, err := oci.Open(ctx, iref, g.options())
+	if err != nil {
+		return err
+	}
+	idesc, _, err := oci.FetchManifest(ctx, it, iref, oci.MaxManifestBytes)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "bdnvol-mcv-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	img, err := warmstate.ImportMCV(ctx, it, idesc, tmp+"/cache", int64(c.MaxBytes))
+	if err != nil {
+		return fmt.Errorf("%s: %w", iref.Pinned(idesc.Digest), err)
+	}
+	if key == nil {
+		if img.Key == nil {
+			return usageError{fmt.Errorf("%s has no %s label: give --key", iref.Pinned(idesc.Digest), warmstate.LabelKey)}
+		}
+		key = img.Key
+	}
+	ref, t, root, err := openVersion(ctx, g, c.Ref)
+	if err != nil {
+		return err
+	}
+	holder, _ := os.Hostname()
+	p, err := warmstate.Publish(ctx, t, root.Desc, key, push.DirSource(tmp+"/cache"), warmstate.PublishOptions{
+		Signer: s, Repo: signature.RepoName(ref), Holder: holder,
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", ref.Pinned(root.Desc.Digest), err)
+	}
+	if c.JSON {
+		return g.printJSON(map[string]any{"companion": companionOut(p.Companion), "existed": p.Existed, "type": img.Type, "files": img.Files, "bytes": img.Bytes})
+	}
+	g.logf("imported %d files, %s of %s cache", img.Files, units.Bytes(img.Bytes), img.Type)
+	fmt.Fprintln(g.stdout, ref.Pinned(p.Companion.Desc.Digest))
+	return nil
 }
