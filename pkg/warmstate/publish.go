@@ -127,7 +127,7 @@ func Publish(ctx context.Context, t oci.Target, subject ocispec.Descriptor, key 
 }
 
 // settle keeps the companion of key with the lowest digest and deletes the
-// others that count under p.
+// others that count under p (this publisher's own always counts).
 func settle(ctx context.Context, t oci.Target, subject ocispec.Descriptor, key Key, mine ocispec.Descriptor, res *push.Result, p signature.Policy) (*Published, error) {
 	cs, err := List(ctx, t, subject)
 	if err != nil {
@@ -136,8 +136,8 @@ func settle(ctx context.Context, t oci.Target, subject ocispec.Descriptor, key K
 	var keep *Companion
 	var errs []error
 	for _, c := range Matches(cs, key) {
-		if p.Check(ctx, t, c.Desc) != nil {
-			continue
+		if c.Desc.Digest != mine.Digest && p.Check(ctx, t, c.Desc) != nil {
+			continue // not one of those that count: left alone
 		}
 		if keep == nil {
 			keep = &c

@@ -360,3 +360,19 @@ func TestDelete(t *testing.T) {
 		t.Fatalf("version: %v", err)
 	}
 }
+
+// A publisher told which companions count (a policy) but signing nothing
+// itself still keeps its own companion.
+func TestPublishUnsignedUnderPolicy(t *testing.T) {
+	ctx := context.Background()
+	tg := openTarget(t, "layout")
+	v, _ := pushTree(t, tg, map[string][]byte{"w": []byte("weights")})
+	pol := signature.Policy{Keys: []signature.Verifier{newSigner(t).Verifier()}}
+	p, err := Publish(ctx, tg, v, mustKey(t, "engine=vllm"), push.DirSource(cacheTree(t, "a")), PublishOptions{Policy: pol})
+	if err != nil || p.Lost || p.Push == nil {
+		t.Fatalf("%+v, %v", p, err)
+	}
+	if cs, _ := List(ctx, tg, v); len(cs) != 1 {
+		t.Fatalf("%d companions", len(cs))
+	}
+}
