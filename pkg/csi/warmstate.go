@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -205,17 +206,18 @@ func (n *Node) publishWarm(ctx context.Context, req *csi.NodePublishVolumeReques
 // digest, renamed into place whole, never written again.
 func (n *Node) warmLower(ctx context.Context, ref oci.Ref, opt oci.Options, c *warmstate.Companion) (string, error) {
 	dir := n.warmDir("lower", c.Desc.Digest.Encoded())
+	mu := lowerLock(dir)
+	mu.Lock()
+	defer mu.Unlock()
 	if st, err := os.Stat(dir); err == nil && st.IsDir() {
 		return dir, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return "", err
 	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".pull-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
+	// A staging directory of its own name: a publish that timed out left
+	// what it pulled, and the next one (kubelet retries) resumes there.
+	tmp := filepath.Join(filepath.Dir(dir), ".pull-"+c.Desc.Digest.Encoded())
 	tree := ref
 	tree.Tag, tree.Digest = "", c.Tree.Digest
 	if _, err := pull.Pull(ctx, tree, tmp, pull.Options{OCI: opt, CacheDir: n.warmDir("cache"), Cache: pull.CacheModeOf(false, true)}); err != nil {
@@ -225,12 +227,17 @@ func (n *Node) warmLower(ctx context.Context, ref oci.Ref, opt oci.Options, c *w
 		return "", err
 	}
 	if err := os.Rename(tmp, dir); err != nil {
-		if st, serr := os.Stat(dir); serr == nil && st.IsDir() {
-			return dir, nil // another publish pulled it meanwhile
-		}
 		return "", err
 	}
 	return dir, nil
+}
+
+// lowerLocks serialises pulls of one companion's lower directory.
+var lowerLocks sync.Map // dir -> *sync.Mutex
+
+func lowerLock(dir string) *sync.Mutex {
+	mu, _ := lowerLocks.LoadOrStore(dir, &sync.Mutex{})
+	return mu.(*sync.Mutex)
 }
 
 // unpublishWarm unmounts a warm-state volume, publishes what the pod
