@@ -157,4 +157,26 @@ func TestCSIWarmState(t *testing.T) {
 	if cs := warmLs(t, pinned); len(cs) != 1 {
 		t.Fatalf("pods that did not ask published: %+v", cs)
 	}
+
+	// The node supplies its GPU fields: a key without them finds the
+	// companion; one naming another driver than the node's is refused.
+	n.restartNodeWith("--warmstate-field", "gpu=NVIDIA-H100-80GB-HBM3", "--warmstate-field", "cc=9.0", "--warmstate-field", "driver=550")
+	var short []string
+	for _, f := range strings.Split(key, ",") {
+		if !strings.HasPrefix(f, "gpu=") && !strings.HasPrefix(f, "cc=") && !strings.HasPrefix(f, "driver=") {
+			short = append(short, f)
+		}
+	}
+	g := n.newPod("g")
+	warm(g, strings.Join(short, ","), false)
+	if again := runStub(t, stub, g.target, args...); again.Mode != "loaded" {
+		t.Fatalf("pod with the node's fields: %+v", again)
+	}
+	h := n.newPod("h")
+	if err := publishWarm(h, strings.Join(append(short, "driver=560"), ","), false, false); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a key naming another driver than the node's: %v", err)
+	}
+	if err := n.unpublish(g); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -49,6 +49,10 @@ type NodeOptions struct {
 	// target.
 	KubeletDir string
 	MountsDir  string
+	// WarmstateFields are this node's warm-state key fields (GPU model,
+	// compute capability, driver): a warmstateKey lacking them gets them,
+	// one naming other values is refused.
+	WarmstateFields map[string]string
 }
 
 // Node is the CSI node plugin: the Identity and Node services.

@@ -91,6 +91,9 @@ func (n *Node) writeWarm(w warmTarget) error {
 func (n *Node) publishWarm(ctx context.Context, req *csi.NodePublishVolumeRequest, ref oci.Ref, policy signature.Policy) (*csi.NodePublishVolumeResponse, error) {
 	vid, tp := req.GetVolumeId(), req.GetTargetPath()
 	key, err := warmstate.ParseKey(req.GetVolumeContext()[AttrWarmstateKey])
+	if err == nil {
+		key, err = key.Complete(n.opt.WarmstateFields)
+	}
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %v", vid, AttrWarmstateKey, err)
 	}

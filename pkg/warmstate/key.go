@@ -70,6 +70,19 @@ func ParseKey(s string) (Key, error) {
 // engine image a digest. A field given twice, an empty value or a
 // malformed one is an error; so is a key without an engine.
 func ParseFields(fields []string) (Key, error) {
+	k, err := NodeFields(fields)
+	if err != nil {
+		return nil, err
+	}
+	if k[FieldEngine] == "" {
+		return nil, fmt.Errorf("%w: no %s field", ErrBadKey, FieldEngine)
+	}
+	return k, nil
+}
+
+// NodeFields parses "k=v" fields as ParseFields does, without requiring
+// an engine: the fields a node supplies (Complete).
+func NodeFields(fields []string) (Key, error) {
 	if len(fields) > MaxFields {
 		return nil, fmt.Errorf("%w: %d fields, more than %d", ErrBadKey, len(fields), MaxFields)
 	}
@@ -88,9 +101,6 @@ func ParseFields(fields []string) (Key, error) {
 			return nil, fmt.Errorf("%w: field %q given twice", ErrBadKey, name)
 		}
 		k[name] = v
-	}
-	if k[FieldEngine] == "" {
-		return nil, fmt.Errorf("%w: no %s field", ErrBadKey, FieldEngine)
 	}
 	if len(k.String()) > MaxKeyLen {
 		return nil, fmt.Errorf("%w: more than %d bytes", ErrBadKey, MaxKeyLen)
@@ -154,4 +164,22 @@ func (k Key) Equal(o Key) bool { return maps.Equal(k, o) }
 func (k Key) Hash() string {
 	s := sha256.Sum256([]byte(k.String()))
 	return hex.EncodeToString(s[:])
+}
+
+// Complete returns k with the fields of node it lacks (a node's GPU model,
+// compute capability and driver, say). A field both have with different
+// values is an error: the key asks for a cache built for other hardware
+// than this node's, which it must never get.
+func (k Key) Complete(node Key) (Key, error) {
+	out := maps.Clone(k)
+	for name, v := range node {
+		if w, ok := out[name]; ok && w != v {
+			return nil, fmt.Errorf("%w: %s=%s, but this node has %s=%s", ErrBadKey, name, w, name, v)
+		}
+		out[name] = v
+	}
+	if len(out) > MaxFields || len(out.String()) > MaxKeyLen {
+		return nil, fmt.Errorf("%w: over %d fields or %d bytes with the node's", ErrBadKey, MaxFields, MaxKeyLen)
+	}
+	return out, nil
 }

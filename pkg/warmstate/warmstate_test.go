@@ -11,6 +11,7 @@ import (
 	"io"
 	"log"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -374,5 +375,45 @@ func TestPublishUnsignedUnderPolicy(t *testing.T) {
 	}
 	if cs, _ := List(ctx, tg, v); len(cs) != 1 {
 		t.Fatalf("%d companions", len(cs))
+	}
+}
+
+// A node's fields fill the key's missing ones; a field the key has with
+// another value than the node's is refused.
+func TestComplete(t *testing.T) {
+	node, err := NodeFields([]string{"gpu=NVIDIA-H100-80GB-HBM3", "cc=9.0", "driver=550"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := mustKey(t, "engine=vllm,tp=2").Complete(node)
+	if err != nil || k.String() != "cc=9.0,driver=550,engine=vllm,gpu=NVIDIA-H100-80GB-HBM3,tp=2" {
+		t.Fatalf("%s, %v", k, err)
+	}
+	if _, err := mustKey(t, "engine=vllm,driver=560").Complete(node); !errors.Is(err, ErrBadKey) {
+		t.Fatalf("other driver: %v", err)
+	}
+	if k, err := mustKey(t, "engine=vllm,driver=550").Complete(node); err != nil || len(k) != 4 {
+		t.Fatalf("same driver: %s, %v", k, err)
+	}
+}
+
+// nvidia-smi's CSV (a stand-in script printing what the real one prints
+// for two H100s) gives the node's fields; GPUs that differ are refused.
+func TestNvidiaSMI(t *testing.T) {
+	dir := t.TempDir()
+	fake := func(out string) string {
+		p := filepath.Join(dir, "nvidia-smi")
+		script := "#!/bin/sh\ncase \"$*\" in *--query-gpu=name,compute_cap,driver_version*--format=csv,noheader*) printf '" + out + "';; *) exit 2;; esac\n"
+		if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	k, err := NvidiaSMI(context.Background(), fake(`NVIDIA H100 80GB HBM3, 9.0, 550.54.15\nNVIDIA H100 80GB HBM3, 9.0, 550.54.15\n`))
+	if err != nil || k.String() != "cc=9.0,driver=550,gpu=NVIDIA-H100-80GB-HBM3" {
+		t.Fatalf("%s, %v", k, err)
+	}
+	if _, err := NvidiaSMI(context.Background(), fake(`NVIDIA H100 80GB HBM3, 9.0, 550.54.15\nNVIDIA A100-SXM4-40GB, 8.0, 550.54.15\n`)); err == nil {
+		t.Fatal("mixed GPUs accepted")
 	}
 }
