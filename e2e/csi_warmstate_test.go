@@ -70,6 +70,11 @@ func TestCSIWarmState(t *testing.T) {
 	}
 
 	a, b := n.newPod("a"), n.newPod("b")
+	// Publishing pods' caches is the operator's choice: off by default.
+	if err := publishWarm(a, key, true, false); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("warmstatePublish on a node without --warmstate-publish: %v", err)
+	}
+	n.restartNodeWith("--warmstate-publish")
 	warm(a, key, true)
 	warm(b, key, false)
 	if got := names(a.target); len(got) != 0 {
@@ -160,7 +165,7 @@ func TestCSIWarmState(t *testing.T) {
 
 	// The node supplies its GPU fields: a key without them finds the
 	// companion; one naming another driver than the node's is refused.
-	n.restartNodeWith("--warmstate-field", "gpu=NVIDIA-H100-80GB-HBM3", "--warmstate-field", "cc=9.0", "--warmstate-field", "driver=550")
+	n.restartNodeWith("--warmstate-publish", "--warmstate-field", "gpu=NVIDIA-H100-80GB-HBM3", "--warmstate-field", "cc=9.0", "--warmstate-field", "driver=550")
 	var short []string
 	for _, f := range strings.Split(key, ",") {
 		if !strings.HasPrefix(f, "gpu=") && !strings.HasPrefix(f, "cc=") && !strings.HasPrefix(f, "driver=") {

@@ -93,6 +93,7 @@ type CSINodeCmd struct {
 	// WarmstateField and WarmstateNvidiaSMI give the node's warm-state key fields.
 	WarmstateField     []string `name:"warmstate-field" placeholder:"NAME=VALUE" help:"A warm-state key field of this node (gpu, cc, driver, …), added to every warmstateKey that lacks it; a key naming another value is refused (repeatable)."`
 	WarmstateNvidiaSMI bool     `name:"warmstate-nvidia-smi" help:"Take the node's gpu, cc and driver key fields from nvidia-smi at start."`
+	WarmstatePublish   bool     `name:"warmstate-publish" help:"Let a warm-state volume's warmstatePublish publish what its pod wrote, with this node's registry credentials: only where pods are trusted to write caches others run, or readers require signatures."`
 }
 
 // Run serves the CSI services until SIGTERM.
@@ -121,6 +122,6 @@ func (c *CSINodeCmd) Run(ctx context.Context, g *Globals) error {
 		NodeID: c.NodeID, Version: version, StateDir: c.StateDir, Linger: c.Linger, KubeletDir: c.KubeletDir, MountsDir: c.MountsDir,
 		Mounter: csi.NewMounterClient(c.MounterSocket), OCI: g.options(),
 		KeyDir: c.KeyDir, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node"),
-		WarmstateFields: fields,
+		WarmstateFields: fields, WarmstatePublish: c.WarmstatePublish,
 	})
 }

@@ -53,6 +53,11 @@ type NodeOptions struct {
 	// compute capability, driver): a warmstateKey lacking them gets them,
 	// one naming other values is refused.
 	WarmstateFields map[string]string
+	// WarmstatePublish lets a volume's warmstatePublish publish what its
+	// pod wrote, with the node's credentials: only where the pods are
+	// trusted to write caches that others run (or readers require
+	// signatures). Off, such a volume is refused.
+	WarmstatePublish bool
 }
 
 // Node is the CSI node plugin: the Identity and Node services.

@@ -105,6 +105,9 @@ func (n *Node) publishWarm(ctx context.Context, req *csi.NodePublishVolumeReques
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: %q is neither true nor false", vid, AttrWarmstatePublish, v)
 	}
+	if publish && !n.opt.WarmstatePublish {
+		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s: this node does not publish pods' caches (bdnvol csi node --warmstate-publish)", vid, AttrWarmstatePublish)
+	}
 	if publish && req.GetReadonly() {
 		return nil, status.Errorf(codes.InvalidArgument, "volume %s: %s on a read-only volume: it has nothing to publish", vid, AttrWarmstatePublish)
 	}
