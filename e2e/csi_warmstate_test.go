@@ -185,3 +185,82 @@ func TestCSIWarmState(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCSIWarmStateSigned: under requireSignature, a companion the node
+// published (unsigned) is not used: the pod gets an empty directory and
+// starts, compiling; once a signed companion of the key is there, pods load it.
+func TestCSIWarmStateSigned(t *testing.T) {
+	stub := enginestub(t)
+	n := startCSI(t, time.Minute)
+	n.restartNodeWith("--warmstate-publish")
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/warmsigned"
+	v := pushJSON(t, repo+":v1", smallVolume(t, 1))
+	pinned := repo + "@" + v.Digest
+	priv, pub := keyPair(t, t.TempDir(), "warm")
+	if r := signRun(t, "sign", "--key", priv, pinned); r.code != 0 {
+		t.Fatalf("sign:\n%s", r)
+	}
+	pem, err := os.ReadFile(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-tp", "1"}
+	key := stubKey(t, stub, args...)
+	attrs := func(publish bool) map[string]string {
+		return map[string]string{"warmstateKey": key, "warmstatePublish": fmt.Sprint(publish), "requireSignature": string(pem)}
+	}
+	publish := func(p pod, publish bool) {
+		t.Helper()
+		req := &csi.NodePublishVolumeRequest{
+			VolumeId: p.volumeID, TargetPath: p.target,
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			},
+			VolumeContext: map[string]string{"ref": pinned, "csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e"},
+		}
+		for k, v := range attrs(publish) {
+			req.VolumeContext[k] = v
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := n.Node.NodePublishVolume(ctx, req); err != nil {
+			t.Fatalf("publish %s: %v", p.name, err)
+		}
+	}
+	a := n.newPod("a")
+	publish(a, true)
+	if s := runStub(t, stub, a.target, args...); s.Mode != "compiled" {
+		t.Fatalf("pod a: %+v", s)
+	}
+	if err := n.unpublish(a); err != nil {
+		t.Fatal(err)
+	}
+	if cs := warmLs(t, pinned); len(cs) != 1 {
+		t.Fatalf("node-published companions: %+v", cs)
+	}
+	b := n.newPod("b")
+	publish(b, false)
+	es, _ := os.ReadDir(b.target)
+	if len(es) != 0 {
+		t.Fatalf("pod b, requiring a signature, got the unsigned companion: %d entries", len(es))
+	}
+	if err := n.unpublish(b); err != nil {
+		t.Fatal(err)
+	}
+	// Someone trusted publishes a signed companion of the key.
+	root := t.TempDir()
+	runStub(t, stub, root, args...)
+	if r := signRun(t, "warmstate", "push", "--sign-key", priv, "--key", key, pinned, root); r.code != 0 {
+		t.Fatalf("signed push:\n%s", r)
+	}
+	c := n.newPod("c")
+	publish(c, false)
+	if s := runStub(t, stub, c.target, args...); s.Mode != "loaded" {
+		t.Fatalf("pod c did not load the signed companion: %+v", s)
+	}
+	if err := n.unpublish(c); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -157,13 +157,18 @@ func (n *Node) publishWarm(ctx context.Context, req *csi.NodePublishVolumeReques
 	}
 	lower := n.warmDir("empty")
 	comp, err := warmstate.Find(rctx, repo, desc, key, policy)
+	if errors.Is(err, signature.ErrRefused) {
+		// Companions of the key, none signed as the policy asks: none
+		// is used, and the pod compiles for itself (a cache never stops a
+		// pod that can do without it).
+		n.log.Warn("warm state: no companion of the key passes the signature policy; none used", "volume_id", vid, "key", key.String(), "error", err.Error())
+		err = warmstate.ErrNotFound
+	}
 	switch {
 	case errors.Is(err, warmstate.ErrNotFound):
 		if err := os.MkdirAll(lower, 0o755); err != nil {
 			return nil, status.Errorf(codes.Internal, "volume %s: %v", vid, err)
 		}
-	case errors.Is(err, signature.ErrRefused):
-		return nil, status.Errorf(codes.PermissionDenied, "volume %s: warm state: %v", vid, err)
 	case err != nil:
 		return nil, status.Errorf(codeOf(kindOf(err)), "volume %s: warm state: %v", vid, err)
 	default:
