@@ -9,6 +9,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/csi"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/warmstate"
 )
 
 // CSICmd runs the Kubernetes CSI node plugin's two processes.
@@ -93,10 +94,27 @@ type CSINodeCmd struct {
 	Linger   time.Duration `default:"2m" help:"How long a digest stays mounted after its last pod is gone."`
 	// KubeletDir confines target paths.
 	KubeletDir string `name:"kubelet-dir" default:"/var/lib/kubelet" help:"The kubelet's root directory: volumes are published only beneath it."`
+	// WarmstateField and WarmstateNvidiaSMI give the node's warm-state key fields.
+	WarmstateField     []string `name:"warmstate-field" placeholder:"NAME=VALUE" help:"A warm-state key field of this node (gpu, cc, driver, …), added to every warmstateKey that lacks it; a key naming another value is refused (repeatable)."`
+	WarmstateNvidiaSMI bool     `name:"warmstate-nvidia-smi" help:"Take the node's gpu, cc and driver key fields from nvidia-smi at start."`
+	WarmstatePublish   bool     `name:"warmstate-publish" help:"Let a warm-state volume's warmstatePublish publish what its pod wrote, with this node's registry credentials: only where pods are trusted to write caches others run, or readers require signatures."`
 }
 
 // Run serves the CSI services until SIGTERM.
 func (c *CSINodeCmd) Run(ctx context.Context, g *Globals) error {
+	fields, err := warmstate.NodeFields(c.WarmstateField)
+	if err != nil {
+		return usageError{fmt.Errorf("--warmstate-field: %w", err)}
+	}
+	if c.WarmstateNvidiaSMI {
+		smi, err := warmstate.NvidiaSMI(ctx, "")
+		if err != nil {
+			return err
+		}
+		if fields, err = fields.Complete(smi); err != nil {
+			return usageError{fmt.Errorf("--warmstate-field and nvidia-smi: %w", err)}
+		}
+	}
 	if c.KeyDir != "" {
 		if fi, err := os.Stat(c.KeyDir); err != nil {
 			return usageError{fmt.Errorf("--key-dir: %w", err)}
@@ -108,5 +126,6 @@ func (c *CSINodeCmd) Run(ctx context.Context, g *Globals) error {
 		NodeID: c.NodeID, Version: version, StateDir: c.StateDir, Linger: c.Linger, KubeletDir: c.KubeletDir, MountsDir: c.MountsDir,
 		Mounter: csi.NewMounterClient(c.MounterSocket), OCI: g.options(),
 		KeyDir: c.KeyDir, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node"),
+		WarmstateFields: fields, WarmstatePublish: c.WarmstatePublish,
 	})
 }

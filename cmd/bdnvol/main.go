@@ -89,9 +89,10 @@ type CLI struct {
 	Sync SyncCmd `cmd:"" help:"Seal a Hugging Face, S3, GCS or HTTP source as a new version, as a job."`
 	Jobs JobsCmd `cmd:"" help:"List, wait for, cancel, resume and read the logs of sync jobs."`
 
-	Cache   CacheCmd   `cmd:"" help:"Warm, list and drop versions in the node's chunk cache."`
-	Profile ProfileCmd `cmd:"" help:"Record, share and show startup profiles: what a workload reads of a version at start, in order, fetched first by later mounts."`
-	CSI     CSICmd     `cmd:"" name:"csi" help:"Kubernetes CSI node plugin: the mounter and the node services."`
+	Cache     CacheCmd     `cmd:"" help:"Warm, list and drop versions in the node's chunk cache."`
+	Warmstate WarmstateCmd `cmd:"" help:"Publish, list and fetch warm state: an engine's compile and kernel caches attached to the version they were built for, by exact key."`
+	Profile   ProfileCmd   `cmd:"" help:"Record, share and show startup profiles: what a workload reads of a version at start, in order, fetched first by later mounts."`
+	CSI       CSICmd       `cmd:"" name:"csi" help:"Kubernetes CSI node plugin: the mounter and the node services."`
 
 	ExportImage     ExportImageCmd     `cmd:"" name:"export-image" help:"Build an eStargz OCI image of a version's tree, attached to the version as a referrer."`
 	ExportModelPack ExportModelPackCmd `cmd:"" name:"export-modelpack" help:"Write a ModelPack view of a version (one .raw layer per file), attached to the version as a referrer."`

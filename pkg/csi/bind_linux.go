@@ -3,7 +3,10 @@ package csi
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -161,4 +164,70 @@ func (d *targetDir) rmdir(made bool) error {
 		return fmt.Errorf("remove target %s: %w", d.path, err)
 	}
 	return nil
+}
+
+// overlay makes the target an empty directory and mounts an overlay there
+// (lower read-only, upper and work the pod's own), through the directory's
+// descriptor.
+func (d *targetDir) overlay(lower, upper, work string) error {
+	data, err := overlayOptions(lower, upper, work)
+	if err != nil {
+		return err
+	}
+	if err := d.check(); err != nil {
+		return err
+	}
+	created := false
+	if err := unix.Mkdirat(d.parent, d.name, 0o750); err == nil {
+		created = true
+	} else if !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("target %s: %w", d.path, err)
+	}
+	fd, err := unix.Openat(d.parent, d.name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		d.rmdir(created)
+		return unsafeTarget(d.path, "not a directory")
+	}
+	defer unix.Close(fd)
+	if err := unix.Mount("overlay", fmt.Sprintf("/proc/self/fd/%d", fd), "overlay", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+		d.rmdir(created)
+		return fmt.Errorf("overlay at %s: %w", d.path, err)
+	}
+	return nil
+}
+
+// mountAt reports whether something is mounted at path p, and the file
+// system type of the topmost mount there.
+func mountAt(p string) (fstype string, ok bool) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, found := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if found && len(f) > 4 && len(g) > 0 && unescapeMountinfo(f[4]) == p {
+			fstype, ok = g[0], true // later lines are mounted above earlier ones
+		}
+	}
+	return fstype, ok
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

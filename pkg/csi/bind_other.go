@@ -23,3 +23,7 @@ func (d *targetDir) bind(src string) (bool, error) { return false, errNotLinux }
 func (d *targetDir) unbind() error                 { return errNotLinux }
 func (d *targetDir) rmdir(bool) error              { return errNotLinux }
 func (d *targetDir) at() string                    { return d.path }
+func (d *targetDir) overlay(_, _, _ string) error  { return errNotLinux }
+
+// mountAt reports nothing mounted: the plugin runs on Linux only.
+func mountAt(string) (string, bool) { return "", false }

@@ -49,6 +49,15 @@ type NodeOptions struct {
 	// target.
 	KubeletDir string
 	MountsDir  string
+	// WarmstateFields are this node's warm-state key fields (GPU model,
+	// compute capability, driver): a warmstateKey lacking them gets them,
+	// one naming other values is refused.
+	WarmstateFields map[string]string
+	// WarmstatePublish lets a volume's warmstatePublish publish what its
+	// pod wrote, with the node's credentials: only where the pods are
+	// trusted to write caches that others run (or readers require
+	// signatures). Off, such a volume is refused.
+	WarmstatePublish bool
 }
 
 // Node is the CSI node plugin: the Identity and Node services.
@@ -310,6 +319,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := n.checkTargetPath(tp); err != nil {
 		return nil, err
 	}
+	if _, warm := req.GetVolumeContext()[AttrWarmstateKey]; warm {
+		return n.publishWarm(ctx, req, ref, policy)
+	}
 	start := time.Now()
 	done, err := n.claim(tp)
 	if err != nil {
@@ -508,6 +520,12 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 		return nil, err
 	}
 	defer done()
+	if w, ok := n.readWarm(tp); ok {
+		if err := n.unpublishWarm(ctx, w); err != nil {
+			return nil, status.Errorf(codes.Internal, "volume %s: %v", req.GetVolumeId(), err)
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
+	}
 	t, known := n.ts.read(tp)
 	if !known {
 		// Not published here, or unpublished already: whatever is

@@ -46,7 +46,8 @@ type PurgeOptions struct {
 	Sources Sources
 }
 
-// Purge deletes the tombstoned version rec for real: the version's root
+// Purge deletes the tombstoned version rec for real: its warm-state
+// companions (package warmstate) and signatures, the version's root
 // manifest by digest (and the part manifests of a root index that no other
 // version or tombstone shares), then the tombstone by digest, which removes
 // the protective, human and tombstone tags that point at it on registries
@@ -91,6 +92,9 @@ func Purge(ctx context.Context, t oci.Target, rec Deleted, opt PurgeOptions) err
 				}
 			}
 		}
+	}
+	if err := deleteCompanions(ctx, t, rec.Root); err != nil {
+		return err
 	}
 	if err := deleteSignatures(ctx, t, rec.Root); err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/signature"
+	"github.com/bdnvol/bdnvol/pkg/warmstate"
 )
 
 // deleteSignatures deletes the signatures of the version root is the
@@ -17,6 +18,22 @@ import (
 func deleteSignatures(ctx context.Context, t oci.Target, root ocispec.Descriptor) error {
 	if _, err := signature.Delete(ctx, t, root); err != nil {
 		return fmt.Errorf("%s: signatures: %w", root.Digest, err)
+	}
+	return nil
+}
+
+// deleteCompanions deletes the warm-state companions of the version root
+// (each index and its signatures; their trees' blobs stay for the
+// registry's garbage collector, or SweepLayout).
+func deleteCompanions(ctx context.Context, t oci.Target, root ocispec.Descriptor) error {
+	cs, err := warmstate.List(ctx, t, root)
+	if err != nil {
+		return fmt.Errorf("%s: warm-state companions: %w", root.Digest, err)
+	}
+	for _, c := range cs {
+		if err := warmstate.Delete(ctx, t, c.Desc); err != nil {
+			return fmt.Errorf("%s: %w", root.Digest, err)
+		}
 	}
 	return nil
 }
