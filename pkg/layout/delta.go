@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
@@ -94,14 +93,35 @@ const deltaHeader = len(deltaMagic) + 1
 
 var (
 	encPool = sync.Pool{New: func() any {
-		e, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1), zstd.WithLowerEncoderMem(true))
+		e, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1), zstd.WithLowerEncoderMem(true), zstd.WithEncoderCRC(false))
 		return e
 	}}
-	decPool = sync.Pool{New: func() any {
-		d, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(MaxChunkBytes+1), zstd.WithDecoderMaxWindow(MaxChunkBytes))
-		return d
-	}}
+	// decPools hold decoders by size class: class c decodes at most 2^c
+	// bytes, so a delta never makes a reader hold more than twice its
+	// chunk.
+	decPools  [29]sync.Pool
+	planeBufs = sync.Pool{New: func() any { return new([]byte) }}
 )
+
+// decoderPool returns the pool of decoders of the size class of size (at
+// least 1 MiB, at most MaxChunkBytes).
+func decoderPool(size int64) *sync.Pool {
+	c := 20
+	for int64(1)<<c < size {
+		c++
+	}
+	return &decPools[c]
+}
+
+func init() {
+	for c := range decPools {
+		limit := uint64(1) << c
+		decPools[c].New = func() any {
+			d, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(limit), zstd.WithDecoderMaxWindow(max(limit, zstd.MinWindowSize)))
+			return d
+		}
+	}
+}
 
 // EncodeDelta returns the delta blob of plain against base (of the same
 // length), its XOR split into planes (PlanesRaw, Planes16 or Planes32).
@@ -162,11 +182,14 @@ func join(dst, x, base []byte, planes int) {
 		i := 0
 		// Four elements at a time: the bytes of each plane spread to
 		// every other byte of a word.
-		for ; i+4 <= m; i += 4 {
-			lo := spread16(binary.LittleEndian.Uint32(p0[i:]))
-			hi := spread16(binary.LittleEndian.Uint32(p1[i:]))
-			w := lo | hi<<8
-			binary.LittleEndian.PutUint64(dst[2*i:], w^binary.LittleEndian.Uint64(base[2*i:]))
+		for ; i+8 <= m; i += 8 {
+			a := binary.LittleEndian.Uint64(p0[i : i+8])
+			b := binary.LittleEndian.Uint64(p1[i : i+8])
+			d, bs := dst[2*i:2*i+16], base[2*i:2*i+16]
+			w0 := spread16(uint32(a)) | spread16(uint32(b))<<8
+			w1 := spread16(uint32(a>>32)) | spread16(uint32(b>>32))<<8
+			binary.LittleEndian.PutUint64(d[:8], w0^binary.LittleEndian.Uint64(bs[:8]))
+			binary.LittleEndian.PutUint64(d[8:], w1^binary.LittleEndian.Uint64(bs[8:]))
 		}
 		for ; i < m; i++ {
 			dst[2*i] = p0[i] ^ base[2*i]
@@ -209,22 +232,27 @@ func DecodeDelta(delta, base []byte, size int64) ([]byte, error) {
 	if planes != PlanesRaw && planes != Planes16 && planes != Planes32 {
 		return nil, fmt.Errorf("%w: %d planes", ErrDelta, planes)
 	}
-	dec := decPool.Get().(*zstd.Decoder)
-	defer decPool.Put(dec)
-	if err := dec.Reset(bytes.NewReader(delta[deltaHeader:])); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDelta, err)
+	// The frame must say it holds size bytes; the decoder of its size
+	// class refuses to produce more than twice that, and anything but size
+	// bytes is refused after.
+	var h zstd.Header
+	if err := h.Decode(delta[deltaHeader:]); err != nil || !h.HasFCS || h.FrameContentSize != uint64(size) {
+		return nil, fmt.Errorf("%w: the frame does not hold %d bytes", ErrDelta, size)
 	}
-	x := make([]byte, size+1)
-	n, err := io.ReadFull(dec, x)
-	dec.Reset(nil)
+	pool := decoderPool(size)
+	dec := pool.Get().(*zstd.Decoder)
+	defer pool.Put(dec)
+	xp := planeBufs.Get().(*[]byte)
+	defer planeBufs.Put(xp)
+	x, err := dec.DecodeAll(delta[deltaHeader:], (*xp)[:0])
+	if cap(x) > cap(*xp) {
+		*xp = x[:0]
+	}
 	switch {
-	case err == nil:
-		return nil, fmt.Errorf("%w: decodes to more than %d bytes", ErrDelta, size)
-	case errors.Is(err, io.ErrUnexpectedEOF) && int64(n) == size:
-	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
-		return nil, fmt.Errorf("%w: decodes to %d of %d bytes", ErrDelta, n, size)
-	default:
+	case err != nil:
 		return nil, fmt.Errorf("%w: %v", ErrDelta, err)
+	case int64(len(x)) != size:
+		return nil, fmt.Errorf("%w: decodes to %d bytes, not %d", ErrDelta, len(x), size)
 	}
 	out := make([]byte, size)
 	join(out, x[:size], base, planes)
