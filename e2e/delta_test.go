@@ -120,6 +120,24 @@ func TestDeltaRoundTrip(t *testing.T) {
 		t.Errorf("upgrade fetched %d bytes, the push uploaded %d", got, p.BytesUploaded)
 	}
 
+	// inspect names the deltas and their bases.
+	var ins struct {
+		FormatVersion int `json:"format_version"`
+		Deltas        []struct {
+			Chunk, Digest, Base string
+		} `json:"deltas"`
+	}
+	mustJSON(t, []byte(mustRun(t, "inspect", "--json", ref).stdout), &ins)
+	if ins.FormatVersion != 3 || len(ins.Deltas) != p.DeltaChunks || ins.Deltas[0].Base == "" {
+		t.Errorf("inspect --json: format %d, %d deltas (want %d)", ins.FormatVersion, len(ins.Deltas), p.DeltaChunks)
+	}
+	if out := mustRun(t, "inspect", ref).stdout; !strings.Contains(out, "deltas:") || !strings.Contains(out, "base sha256:") {
+		t.Errorf("inspect does not show the deltas:\n%s", out)
+	}
+	// The views hold plain bytes: their builders verify every file.
+	mustRun(t, "export-image", ref)
+	mustRun(t, "export-modelpack", ref)
+
 	// Mount: a read decodes the chunk.
 	mp := mount(t, ref, "--prefetch", "none")
 	for _, f := range []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} {
