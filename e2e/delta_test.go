@@ -120,6 +120,19 @@ func TestDeltaRoundTrip(t *testing.T) {
 		t.Errorf("upgrade fetched %d bytes, the push uploaded %d", got, p.BytesUploaded)
 	}
 
+	// A base in the directory that was changed since is not used: the
+	// base is fetched, and the result is still the version.
+	lying := filepath.Join(t.TempDir(), "lying")
+	pull(t, repo+":v1", lying)
+	shard := filepath.Join(lying, "model-00001-of-00002.safetensors")
+	b := fileContents(t, shard)
+	for i := len(b) / 4; i < len(b); i += len(b) / 4 {
+		b[i] ^= 0xff
+	}
+	mustWrite(t, shard, b)
+	pull(t, ref, lying)
+	compareTrees(t, v2, lying)
+
 	// inspect names the deltas and their bases.
 	var ins struct {
 		FormatVersion int `json:"format_version"`
@@ -138,12 +151,32 @@ func TestDeltaRoundTrip(t *testing.T) {
 	mustRun(t, "export-image", ref)
 	mustRun(t, "export-modelpack", ref)
 
-	// Mount: a read decodes the chunk.
+	// copy takes the delta blobs and the bases as they are.
+	dst := newDistribution(t)
+	mustRun(t, "copy", repo+":v2", dst.Host+"/copied")
+	copied := filepath.Join(t.TempDir(), "copied")
+	pull(t, dst.Host+"/copied:v2", copied, "--no-cache")
+	compareTrees(t, v2, copied)
+
+	// Mount: a read decodes the chunk; with the version before read
+	// through a mount on this node, its chunks are in the cache and only
+	// the deltas are fetched.
+	shards := []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
+	mp1 := mount(t, repo+":v1", "--prefetch", "none")
+	for _, f := range shards {
+		fileContents(t, filepath.Join(mp1, f))
+	}
+	reg.Settle(t)
+	reg.ResetStats()
 	mp := mount(t, ref, "--prefetch", "none")
-	for _, f := range []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} {
+	for _, f := range shards {
 		if got, want := fileContents(t, filepath.Join(mp, f)), fileContents(t, filepath.Join(v2, f)); string(got) != string(want) {
 			t.Fatalf("%s through the mount differs from the source", f)
 		}
+	}
+	reg.Settle(t)
+	if got := reg.Stats().BlobBytesOut; float64(got) > 1.05*float64(p.BytesUploaded) {
+		t.Errorf("a mount over a cache holding v1 fetched %d bytes, the push uploaded %d", got, p.BytesUploaded)
 	}
 }
 
