@@ -93,6 +93,12 @@ func TestDeltaRoundTrip(t *testing.T) {
 	if r := float64(p.BytesUploaded) / float64(p.Bytes); r > 0.1 {
 		t.Errorf("RL step uploaded %d of %d bytes (%.3f), want at most 0.1", p.BytesUploaded, p.Bytes, r)
 	}
+	// A re-push of the same tree (another tag) is the same version, and
+	// uploads nothing: its delta chunks stay deltas.
+	again := pushDelta(t, repo+":again", v2)
+	if again.Digest != p.Digest || again.BytesUploaded > p.Bytes/100 {
+		t.Errorf("re-push of the RL step: %s uploading %d bytes, want %s uploading nothing", again.Digest, again.BytesUploaded, p.Digest)
+	}
 	off := pushDelta(t, reg.Host+"/vols/plain:v2", v2, "--delta", "off")
 	if off.DeltaChunks != 0 || off.BytesUploaded < off.Bytes {
 		t.Errorf("--delta off: %+v", off)

@@ -318,6 +318,15 @@ func (b *deltaBase) match(ctx context.Context, p string, fsize, off, n int64) (b
 // small enough; it reports whether it did. Any failure to read the base
 // leaves the chunk to be stored plain.
 func (b *deltaBase) tryDelta(ctx context.Context, u *uploader, j chunkJob) (bool, error) {
+	if d, ok := b.x.DeltaOf(j.Digest); ok {
+		// The base version stores this very chunk as a delta (whose blob
+		// and base it lists, so both are stored): it stays that delta.
+		b.plainBytes.Add(j.Size)
+		b.mu.Lock()
+		b.deltas[j.Digest] = d
+		b.mu.Unlock()
+		return true, nil
+	}
 	if len(j.src) != 1 || j.Size < layout.EdgeBytes {
 		return false, nil
 	}

@@ -215,6 +215,21 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 	if err != nil {
 		return nil, err
 	}
+	var kept map[digest.Digest]layout.Delta
+	if opt.DeltaBase != nil && opt.FormatVersion == layout.FormatVersion {
+		// Nothing is read here, so no delta is made: a chunk the base
+		// version stores as a delta stays that delta (a re-push of the
+		// tree seals the version it sealed before).
+		kept = map[digest.Digest]layout.Delta{}
+		for _, c := range s.Chunks {
+			if d, ok := opt.DeltaBase.DeltaOf(c.Digest); ok {
+				kept[c.Digest] = d
+			}
+		}
+		if s, err = s.WithDeltas(kept, opt.MaxLayers, opt.Annotations); err != nil {
+			return nil, err
+		}
+	}
 	if ok, err := dst.Exists(ctx, s.Root.Desc); err == nil && ok {
 		opt.Counters.Processed.Store(opt.Counters.Total.Load())
 		if err := opt.Cache.Save(); err != nil {
@@ -224,6 +239,9 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 	}
 	err = up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
 		for _, j := range b.pending {
+			if _, ok := kept[j.Digest]; ok {
+				continue // stored as the base version's delta
+			}
 			if err := submit(j); err != nil {
 				return err
 			}
