@@ -235,15 +235,20 @@ func TestDeltaHostileRegistry(t *testing.T) {
 		}
 		reg.Uncorrupt(bad)
 	}
-	reg.Corrupt(delta)
-	mp := mount(t, ref, "--prefetch", "none")
-	var eio bool
-	for _, f := range []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} {
-		_, err := os.ReadFile(filepath.Join(mp, f))
-		eio = eio || errors.Is(err, syscall.EIO)
-	}
-	if !eio {
-		t.Fatal("reading through a corrupted delta: no EIO")
+	for _, bad := range []string{base, delta} {
+		reg.Corrupt(bad)
+		// A cache of its own: what one mount decoded is not another's.
+		mp := mount(t, ref, "--prefetch", "none", "--cache-dir", t.TempDir())
+		var eio bool
+		for _, f := range []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} {
+			_, err := os.ReadFile(filepath.Join(mp, f))
+			eio = eio || errors.Is(err, syscall.EIO)
+		}
+		if !eio {
+			t.Fatalf("reading through a mount with %s corrupted: no EIO", bad)
+		}
+		forceUnmount(t, mp)
+		reg.Uncorrupt(bad)
 	}
 }
 
