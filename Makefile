@@ -40,6 +40,7 @@ unit:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeDelta$$' -fuzztime=20000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/tensorheader
 	$(GO) test -run='^$$' -fuzz=FuzzGGUFHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/tensorheader
 	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=300x -fuzzminimizetime=50x ./pkg/pull
