@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"math"
@@ -310,4 +311,40 @@ func BenchmarkDecodeDelta(b *testing.B) {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
 	cpu := time.Duration(r1.Utime.Nano() + r1.Stime.Nano() - r0.Utime.Nano() - r0.Stime.Nano())
 	b.ReportMetric(float64(len(next))*float64(b.N)/cpu.Seconds()/1e6, "MB/cpu-s")
+}
+
+// TestDeltaVersionMustListBases: a version 3 manifest whose layers do not
+// list a delta's base (which a registry's garbage collector would then be
+// free to delete) or its delta blob is refused when opened.
+func TestDeltaVersionMustListBases(t *testing.T) {
+	ctx := context.Background()
+	store, root, _, base := deltaVersion(t, func(plain, base []byte) []byte { return mustDelta(t, plain, base, Planes16) })
+	mb, err := content.FetchAll(ctx, store, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(mb, &m); err != nil {
+		t.Fatal(err)
+	}
+	drop := func(pred func(ocispec.Descriptor) bool) ocispec.Manifest {
+		c := m
+		c.Layers = nil
+		for _, l := range m.Layers {
+			if !pred(l) {
+				c.Layers = append(c.Layers, l)
+			}
+		}
+		return c
+	}
+	for name, mm := range map[string]ocispec.Manifest{
+		"no base":       drop(func(l ocispec.Descriptor) bool { return l.Digest == digest.FromBytes(base) }),
+		"no delta blob": drop(func(l ocispec.Descriptor) bool { return l.MediaType == MediaTypeChunkDelta }),
+		"no table":      drop(func(l ocispec.Descriptor) bool { return l.MediaType == MediaTypeDeltas }),
+	} {
+		d := pushJSON(t, store, ocispec.MediaTypeImageManifest, mm)
+		if _, err := Open(ctx, store, d); !errors.Is(err, ErrInvalidIndex) {
+			t.Errorf("%s: opened (%v)", name, err)
+		}
+	}
 }
