@@ -40,6 +40,7 @@ unit:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndex$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeIndexV2$$' -fuzztime=15000x -fuzzminimizetime=50x ./pkg/layout
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeDelta$$' -fuzztime=20000x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz=FuzzSafetensorsHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/tensorheader
 	$(GO) test -run='^$$' -fuzz=FuzzGGUFHeader -fuzztime=20000x -fuzzminimizetime=50x ./pkg/tensorheader
 	$(GO) test -run='^$$' -fuzz=FuzzPullPlanted -fuzztime=300x -fuzzminimizetime=50x ./pkg/pull
@@ -116,7 +117,7 @@ test: unit vet fuzz e2e
 release-check: check-manifests
 
 bench:
-	bash bench/bench.sh && bash bench/dataset.sh && bash bench/mount.sh && BENCH_LINK=1 bash bench/mount.sh && bash bench/warm.sh && bash bench/warmstate.sh && bash bench/fleet.sh
+	bash bench/bench.sh && bash bench/dataset.sh && bash bench/mount.sh && BENCH_LINK=1 bash bench/mount.sh && bash bench/warm.sh && bash bench/warmstate.sh && bash bench/fleet.sh && bash bench/delta.sh
 
 # The main job on generated sample data, against the embedded OCI-layout
 # default: seal a small model, change it, push again, pull it back, compare.

@@ -69,6 +69,16 @@ func (c *InspectCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(w, "signed:    %s\n", sig)
 	fmt.Fprintf(w, "files:     %d, %s\n", d.Files.Len(), units.Bytes(d.Bytes))
 	fmt.Fprintf(w, "chunks:    %d, %s unique\n", d.Chunks, units.Bytes(d.UniqueBytes))
+	if len(d.Deltas) > 0 {
+		var plain int64
+		for _, x := range d.Deltas {
+			plain += x.Size
+		}
+		fmt.Fprintf(w, "deltas:    %d chunks (%s) stored as %s of deltas\n", len(d.Deltas), units.Bytes(plain), units.Bytes(d.DeltaBytes))
+		for _, x := range d.Deltas {
+			fmt.Fprintf(w, "  delta:   chunk %s (%s) as %s (%s), base %s\n", x.Chunk, units.Bytes(x.Size), x.Digest, units.Bytes(x.DeltaSize), x.Base)
+		}
+	}
 	if d.Foreign != "" {
 		fmt.Fprintf(w, "lazy:      %d of %d files read by range; streamed whole: %s\n", d.Files.Len()-countDirs(d)-len(d.Streamed), d.Files.Len()-countDirs(d), streamedList(d.Streamed))
 	}

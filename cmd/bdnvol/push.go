@@ -25,6 +25,8 @@ type PushCmd struct {
 	ChunkAvg  Size     `name:"chunk-avg" help:"Average chunk size (default: the volume's, else 8MiB)."`
 	ChunkMax  Size     `name:"chunk-max" help:"Maximum chunk size (default: the volume's, else 16MiB)."`
 	MaxLayers int      `name:"max-layers" hidden:"" help:"Layers per manifest before splitting into parts."`
+	Delta     string   `name:"delta" enum:"off,auto" default:"auto" help:"Store chunks that changed a little as deltas against the base version (auto), or every chunk whole (off)."`
+	Base      string   `name:"base" help:"Base version of the deltas: a tag or digest of the repository (default: the version TAG points at, else the newest sealed one)."`
 	RateFlags `embed:""`
 }
 
@@ -51,6 +53,8 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	res, err := versions.Publish(ctx, t, push.DirSource(c.Dir), versions.PublishOptions{
 		Tag:   ref.Tag,
 		Extra: c.Tag,
+		Delta: c.Delta == "auto",
+		Base:  c.Base,
 		Push: push.Options{
 			Params:      params,
 			MaxLayers:   c.MaxLayers,
@@ -71,6 +75,10 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Fprintf(g.stderr, "sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs\n",
 		out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds)
+	if out.DeltaChunks > 0 {
+		fmt.Fprintf(g.stderr, "%d chunks (%s) stored as deltas of %s (%.3f)\n",
+			out.DeltaChunks, units.Bytes(out.DeltaChunkBytes), units.Bytes(out.BytesAsDeltas), out.DeltaRatio)
+	}
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil
 }

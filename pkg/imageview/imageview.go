@@ -462,6 +462,9 @@ type FileReader struct {
 
 // NewFileReader returns a FileReader of ver's files, whose chunks src serves.
 func NewFileReader(src content.Fetcher, ver *layout.Version) *FileReader {
+	if ver.Chunks == nil {
+		src = ver.ChunkSource(src) // delta chunks decoded (and verified)
+	}
 	return &FileReader{src: src, ver: ver, last: -1}
 }
 

@@ -54,7 +54,28 @@ func foreignOpener(formats []ForeignFormat, artifactType, configType string) (Fo
 // the artifact's layers (by range where a layer allows it) from src.
 func (v *Version) ChunkSource(src content.Fetcher) content.Fetcher {
 	if v.Chunks == nil {
+		if v.Index != nil {
+			return DeltaSource(src, nil, v.Index, nil)
+		}
 		return src
 	}
 	return v.Chunks(src)
+}
+
+// ChunkSourceBases is ChunkSource with the base chunks of delta chunks read
+// through bases (a chunk cache in front of src): a reader that has the
+// version before keeps its chunks, and decodes the new version's deltas
+// against them.
+func (v *Version) ChunkSourceBases(src, bases content.Fetcher) content.Fetcher {
+	if v.Chunks == nil && v.Index != nil {
+		return DeltaSource(src, bases, v.Index, nil)
+	}
+	return v.ChunkSource(src)
+}
+
+// IsDelta reports whether chunk k of the version is stored as a delta (read
+// whole: it has no range of its own in the repository).
+func (v *Version) IsDelta(k int) bool {
+	_, ok := v.Index.Delta(k)
+	return ok
 }

@@ -88,6 +88,13 @@ type Index struct {
 	ent    *entries    // the compact entries, when not nil
 	ch     *chunkTable // the compact chunks, when not nil
 	pieces []PieceRef  // of an opened version 2 index
+
+	// The delta chunks of a version 3 index, in chunk order, by chunk
+	// number and by digest; plain holds the digests of its other chunks.
+	deltas  []Delta
+	deltaAt map[int]int
+	deltaOf map[digest.Digest]int
+	plain   map[digest.Digest]bool
 }
 
 // Chunk names one chunk blob of a version.

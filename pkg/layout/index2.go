@@ -45,6 +45,8 @@ type topIndex struct {
 	Bytes    int64       `json:"bytes"`
 	Chunks   int64       `json:"chunks"`
 	Pieces   []PieceRef  `json:"pieces"`
+	// Deltas is the delta table of a version 3 index; nil in version 2.
+	Deltas *DeltaRef `json:"deltas,omitempty"`
 }
 
 // PieceRef describes one piece of a version 2 index.
@@ -329,7 +331,16 @@ func decodeTop(b []byte) (*topIndex, error) {
 	if err := strictDecode(b, &t, "top-level index"); err != nil {
 		return nil, err
 	}
-	if t.Version != FormatVersion {
+	switch {
+	case t.Version == FormatVersion && t.Deltas == nil:
+	case t.Version == FormatVersion3 && t.Deltas != nil:
+		d := t.Deltas
+		if !IsSHA256(d.Digest) || d.Size <= 0 || d.Size > MaxDeltaTableBytes || d.Count <= 0 || d.Count > t.Chunks {
+			return nil, invalid("top-level index: bad delta table reference (%d bytes, %d deltas)", d.Size, d.Count)
+		}
+	case t.Version > FormatVersion3:
+		return nil, invalid("top-level index of format version %d, newer than this bdnvol reads (up to %d): upgrade bdnvol", t.Version, FormatVersion3)
+	default:
 		return nil, invalid("top-level index of version %d", t.Version)
 	}
 	if t.Entries < 0 || t.Entries > MaxEntries || t.Chunks < 0 || t.Chunks > MaxChunks || t.Bytes < 0 {

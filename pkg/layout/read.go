@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -169,10 +170,14 @@ func (v *Version) firstPart(ctx context.Context, src content.Fetcher, root *mani
 func (v *Version) readIndex(ctx context.Context, src content.Fetcher, first *manifestOrIndex, skipEdges bool) (*Index, *v2Reader, error) {
 	desc := v.Root
 	ix := first.First
-	if first.NumLayers == 0 || (ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2) {
+	if first.NumLayers > 0 && strings.HasPrefix(ix.MediaType, "application/vnd.bdnvol.index.v") &&
+		ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2 && ix.MediaType != MediaTypeIndexV3 {
+		return nil, nil, fmt.Errorf("%s: %w: file index of media type %q, a format newer than this bdnvol reads: upgrade bdnvol", desc.Digest, ErrInvalidIndex, ix.MediaType)
+	}
+	if first.NumLayers == 0 || (ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2 && ix.MediaType != MediaTypeIndexV3) {
 		return nil, nil, fmt.Errorf("%s: %w: first layer is not a file index", desc.Digest, ErrNotVolume)
 	}
-	v2 := ix.MediaType == MediaTypeIndexV2
+	v2 := ix.MediaType == MediaTypeIndexV2 || ix.MediaType == MediaTypeIndexV3
 	limit := int64(MaxIndexBytes)
 	if v2 {
 		limit = MaxTopIndexBytes
@@ -196,6 +201,9 @@ func (v *Version) readIndex(ctx context.Context, src content.Fetcher, first *man
 	if err != nil {
 		return nil, nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
 	}
+	if (top.Deltas != nil) != (ix.MediaType == MediaTypeIndexV3) {
+		return nil, nil, fmt.Errorf("file index %s of %s: %w: format version %d under media type %q", ix.Digest, desc.Digest, ErrInvalidIndex, top.Version, ix.MediaType)
+	}
 	rd := newV2Reader(top, skipEdges)
 	return rd.x, rd, nil
 }
@@ -210,6 +218,11 @@ type layerCheck struct {
 	rd    *v2Reader   // nil for a version 1 index
 	next  int         // chunks matched
 	ahead *pieceAhead // pieces being fetched ahead of match
+	// deltasRead tells whether the delta table (version 3) was read; bases
+	// are the base chunk layers expected after the chunk layers.
+	deltasRead bool
+	bases      []ocispec.Descriptor
+	nextBase   int
 }
 
 // match checks the next layer ll.
@@ -234,13 +247,86 @@ func (m *layerCheck) match(ctx context.Context, ll layer) error {
 		m.v.Meta = append(m.v.Meta, l)
 		return nil
 	}
+	if rd != nil && rd.top.Deltas != nil && !m.deltasRead {
+		return m.readDeltas(ctx, ll.desc())
+	}
 	if m.next >= x.NumChunks() {
-		return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, x.NumChunks())
+		return m.matchBase(ll)
+	}
+	if d, ok := x.Delta(m.next); ok {
+		if l := ll.desc(); l.MediaType != MediaTypeChunkDelta || l.Digest != d.Digest || l.Size != d.DeltaSize {
+			return fmt.Errorf("%s: %w: layer %d (%s) does not match the delta %s of chunk %s", desc.Digest, ErrInvalidIndex, m.next+1, l.Digest, d.Digest, d.Chunk)
+		}
+		m.next++
+		return nil
 	}
 	if sum, size, ok := ll.chunk(); !ok || !x.chunkIs(m.next, &sum, size) {
 		return fmt.Errorf("%s: %w: layer %d (%s) does not match chunk %s", desc.Digest, ErrInvalidIndex, m.next+1, ll.desc().Digest, x.ChunkDigest(m.next))
 	}
 	m.next++
+	return nil
+}
+
+// readDeltas fetches and checks the delta table of a version 3 index, the
+// layer l after its pieces.
+func (m *layerCheck) readDeltas(ctx context.Context, l ocispec.Descriptor) error {
+	desc, rd, x := m.v.Root, m.rd, m.x
+	ref := rd.top.Deltas
+	if rd.next != len(rd.top.Pieces) {
+		return fmt.Errorf("%s: %w: %d of %d index pieces before the delta table", desc.Digest, ErrInvalidIndex, rd.next, len(rd.top.Pieces))
+	}
+	if l.MediaType != MediaTypeDeltas || l.Digest != ref.Digest || l.Size != ref.Size {
+		return fmt.Errorf("%s: %w: layer %s is not the delta table %s", desc.Digest, ErrInvalidIndex, l.Digest, ref.Digest)
+	}
+	b, err := fetchAll(ctx, m.src, l)
+	if err != nil {
+		return fmt.Errorf("delta table %s of %s: %w", l.Digest, desc.Digest, err)
+	}
+	var t deltaTable
+	if err := strictDecode(b, &t, "delta table"); err != nil {
+		return fmt.Errorf("delta table %s of %s: %w", l.Digest, desc.Digest, err)
+	}
+	if int64(len(t.Deltas)) != ref.Count {
+		return fmt.Errorf("%s: %w: the delta table holds %d deltas, the index says %d", desc.Digest, ErrInvalidIndex, len(t.Deltas), ref.Count)
+	}
+	at := make([]int, len(t.Deltas))
+	isDelta := make(map[digest.Digest]bool, len(t.Deltas))
+	for i, d := range t.Deltas {
+		sum, ok := SHA256Sum(d.Chunk)
+		k, found := 0, false
+		if ok {
+			k, found = x.ch.lookup(&sum)
+		}
+		if !found || (i > 0 && k <= at[i-1]) {
+			return fmt.Errorf("%s: %w: delta %d names chunk %s, not a chunk of the version after the one before", desc.Digest, ErrInvalidIndex, i, d.Chunk)
+		}
+		at[i] = k
+		isDelta[d.Chunk] = true
+	}
+	for i, d := range t.Deltas {
+		if err := checkDelta(d, x.ChunkSize(at[i]), isDelta[d.Base]); err != nil {
+			return fmt.Errorf("%s: %w", desc.Digest, err)
+		}
+	}
+	x.setDeltas(t.Deltas, at)
+	m.bases = x.Bases()
+	m.deltasRead = true
+	m.v.Meta = append(m.v.Meta, l)
+	return nil
+}
+
+// matchBase checks a layer after the chunk layers: the next base chunk of
+// the version's deltas.
+func (m *layerCheck) matchBase(ll layer) error {
+	desc := m.v.Root
+	if m.nextBase >= len(m.bases) {
+		return fmt.Errorf("%s: %w: more chunk layers than the %d chunks", desc.Digest, ErrInvalidIndex, m.x.NumChunks())
+	}
+	want := m.bases[m.nextBase]
+	if l := ll.desc(); l.MediaType != MediaTypeChunk || l.Digest != want.Digest || l.Size != want.Size {
+		return fmt.Errorf("%s: %w: layer %s does not match base chunk %s", desc.Digest, ErrInvalidIndex, l.Digest, want.Digest)
+	}
+	m.nextBase++
 	return nil
 }
 
@@ -253,8 +339,14 @@ func (m *layerCheck) finish(skipEdges bool) error {
 			return fmt.Errorf("%s: %w", desc.Digest, err)
 		}
 	}
+	if m.rd != nil && m.rd.top.Deltas != nil && !m.deltasRead {
+		return fmt.Errorf("%s: %w: no delta table layer", desc.Digest, ErrInvalidIndex)
+	}
 	if m.next != m.x.NumChunks() {
 		return fmt.Errorf("%s: %w: %d chunk layers for %d chunks", desc.Digest, ErrInvalidIndex, m.next, m.x.NumChunks())
+	}
+	if m.nextBase != len(m.bases) {
+		return fmt.Errorf("%s: %w: %d of %d base chunk layers", desc.Digest, ErrInvalidIndex, m.nextBase, len(m.bases))
 	}
 	if err := m.x.compact(skipEdges); err != nil {
 		return fmt.Errorf("%s: %w", desc.Digest, err)

@@ -59,7 +59,17 @@ type Sealed struct {
 	pieceEnds []int
 	pieceRefs []PieceRef
 	reused    int // pieces of pieceRefs taken from a piece memo
+	// deltas are the delta chunks of a version 3 version, bases the base
+	// chunk layers after its chunk layers.
+	deltas []Delta
+	bases  []ocispec.Descriptor
 }
+
+// Deltas returns the delta chunks of the sealed version, in chunk order.
+func (s *Sealed) Deltas() []Delta { return s.deltas }
+
+// Bases returns the base chunk layers that follow the chunk layers.
+func (s *Sealed) Bases() []ocispec.Descriptor { return s.bases }
 
 func blobOf(mediaType string, data []byte) Blob {
 	return Blob{Desc: content.NewDescriptorFromBytes(mediaType, data), Data: data}
@@ -179,7 +189,7 @@ func (s *Sealed) seal(layers []ocispec.Descriptor, config ocispec.Descriptor, fi
 	maps.Copy(ann, extra)
 	ann[AnnotationFiles] = strconv.Itoa(files)
 	ann[AnnotationBytes] = strconv.FormatInt(bytes, 10)
-	ann[AnnotationChunks] = strconv.Itoa(len(s.Chunks))
+	ann[AnnotationChunks] = strconv.Itoa(len(s.Chunks) - len(s.bases))
 	layers = append(layers, s.Chunks...)
 	if len(layers) <= maxLayers {
 		m, err := manifest(ArtifactTypeVolume, config, layers, ann)

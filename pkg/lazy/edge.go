@@ -111,7 +111,7 @@ func (v *Volume) dropOneEdge() {
 // edgeFor reports which edge of chunk k holds [lo, hi), when an edge fetch
 // is the way to read it.
 func (v *Volume) edgeFor(k int, c layout.Chunk, lo, hi int64) (tail, ok bool) {
-	if !c.HasEdges() || v.edgeFailures.Load() >= maxEdgeFailures {
+	if !c.HasEdges() || v.edgeFailures.Load() >= maxEdgeFailures || v.ver.IsDelta(k) {
 		return false, false
 	}
 	if _, ok := v.src.(rangeSource); !ok {

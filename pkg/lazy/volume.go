@@ -148,7 +148,9 @@ func New(ver *layout.Version, src content.Fetcher, opt Options) (*Volume, error)
 		edges:      map[edgeKey]*edgeCall{},
 		assembling: map[int]bool{},
 	}
-	v.src = v.counted(ver.ChunkSource(src))
+	// A delta chunk's base is read through the cache: often the version
+	// before, mounted on this node, left it there.
+	v.src = v.counted(ver.ChunkSourceBases(src, opt.Cache.Fetcher(src)))
 	v.bg, v.cancel = context.WithCancel(context.Background())
 	return v, nil
 }
@@ -237,6 +239,9 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 	rf, ranged := v.src.(rangeSource)
 	if ns, ok := v.src.(interface{ NoSplit() bool }); ok && ns.NoSplit() {
 		parts = 1 // a source whose chunks are each one range of a larger blob
+	}
+	if v.ver.IsDelta(k) {
+		parts = 1 // decoded whole from its delta: no range of its own
 	}
 	if parts > 1 && ranged && desc.Size >= splitMin && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.

@@ -242,7 +242,7 @@ func wholeChunk(ver *layout.Version, f layout.File) bool {
 	}
 	e := f.Extents[0]
 	c := ver.Chunk(e.Chunk)
-	return e.Offset == 0 && e.Length == c.Size && c.Digest == f.Digest
+	return e.Offset == 0 && e.Length == c.Size && c.Digest == f.Digest && !ver.IsDelta(e.Chunk) // a delta chunk is no blob of its own
 }
 
 // exportMetadata is the value of a layer's AnnotationFileMetadata as

@@ -27,6 +27,7 @@
 //	  the record is not racy; else at the same place in the file at the
 //	  final name (an in-place fine-tune); else where cutting an unrecorded
 //	  file as a push would finds it
+//	  a delta chunk (format 3): where its base may be, found the same ways
 //
 //	transfer, Jobs at a time:
 //	  copy each local chunk to its targets:
@@ -39,6 +40,11 @@
 //	    packed (several files, small): whole into memory (bounded), checked,
 //	      each file wholly inside it written and renamed at once
 //	    else: streamed to its targets, its digest checked at the end
+//	    a delta chunk: its delta blob and its base (read in the directory
+//	      if it is there and verifies, else fetched) decoded and checked
+//	      against the chunk's digest before a byte is written; one whose
+//	      base is in the directory is fetched with the local copies, before
+//	      any file is renamed over that base
 //	  when a file's last byte is written: finish it
 //
 //	finish f (optionally hash it whole first):

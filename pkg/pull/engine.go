@@ -225,6 +225,23 @@ func (p *puller) transfer() error {
 	for _, loc := range local {
 		p.sources[loc.path] = true
 	}
+	// Delta chunks whose base may be in the directory are fetched with
+	// the local copies, before any file is renamed over its base.
+	var nearBase []int
+	if bases := p.localBases(); len(bases) > 0 {
+		p.gctx = layout.WithLocalBases(p.gctx, baseFinder(bases))
+		for k, ts := range p.byChunk {
+			if _, ok := local[k]; ok || len(ts) == 0 {
+				continue
+			}
+			if d, ok := p.x.Delta(k); ok {
+				if loc, ok := bases[d.Base]; ok {
+					nearBase = append(nearBase, k)
+					p.sources[loc.path] = true
+				}
+			}
+		}
+	}
 	pending := p.ready
 	p.ready = nil
 	for _, i := range pending {
@@ -247,12 +264,22 @@ func (p *puller) transfer() error {
 			desc, ts := p.v.Chunk(k), resolve(p.x, p.byChunk[k])
 			lg.Go(func() error { return p.copyLocal(lctx, k, loc, desc, ts) })
 		}
+		for _, k := range nearBase {
+			if lctx.Err() != nil {
+				break
+			}
+			lg.Go(func() error { return p.fetchChunk(k) })
+		}
 	}()
+	near := make(map[int]bool, len(nearBase))
+	for _, k := range nearBase {
+		near[k] = true
+	}
 	for k, ts := range p.byChunk {
 		if p.ctx.Err() != nil {
 			break // cancelled: a failed fetch does not stop the others (a resume needs fewer)
 		}
-		if _, ok := local[k]; len(ts) > 0 && !ok {
+		if _, ok := local[k]; len(ts) > 0 && !ok && !near[k] {
 			p.fetch(k)
 		}
 	}
@@ -321,8 +348,14 @@ func (p *puller) chunkError(desc ocispec.Descriptor, ts []target, err error) err
 // fetch fetches chunk k in the fetch group: whole if it is packed, else
 // streamed to its targets.
 func (p *puller) fetch(k int) {
+	p.g.Go(func() error { return p.fetchChunk(k) })
+}
+
+// fetchChunk fetches chunk k: whole if it is packed, else streamed to its
+// targets.
+func (p *puller) fetchChunk(k int) error {
 	desc, ts := p.v.Chunk(k), resolve(p.x, p.byChunk[k])
-	p.g.Go(func() error {
+	{
 		if packed(desc, ts) {
 			return p.fetchPacked(desc, ts)
 		}
@@ -339,7 +372,7 @@ func (p *puller) fetch(k int) {
 		p.fetchedChunks.Add(1)
 		p.fetchedBytes.Add(desc.Size)
 		return p.written(ts)
-	})
+	}
 }
 
 // retry runs fetch, a fetch from the pull's source, again while it fails

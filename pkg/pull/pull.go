@@ -142,7 +142,7 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
-	src = wrap(v.ChunkSource(src)) // the registry's blobs, or a foreign artifact's chunks
+	src = wrap(v.ChunkSourceBases(src, wrap(src))) // the registry's blobs, or a foreign artifact's chunks
 	stop := func() {}
 	if opt.Progress != nil {
 		stop = opt.Progress()

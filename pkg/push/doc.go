@@ -30,6 +30,12 @@
 //	destination has it (or the version before, whose root is stored, holds
 //	it); its bytes read again from the source (a remote source's: held in
 //	memory, bounded) and checked against its digest
+//	with a delta base (Options.DeltaBase): a chunk of a large file whose
+//	file at the same path in the base version has a whole chunk of the
+//	same size at the same offset holding the same tensors is XORed with
+//	that chunk (fetched, verified; its own base when it is a delta), in
+//	byte planes by dtype, zstd-compressed; the delta is uploaded instead
+//	when at most MaxDeltaRatio of the chunk
 //
 //	seal:
 //	  a piece memo of this tree's last push to this destination, whose
@@ -41,6 +47,8 @@
 //	  the whole index never built
 //	  else: the whole index, checked, sealed (layout.Seal)
 //	  encoded pieces of many files are spilled to an unlinked file
+//	with deltas: resealed as format version 3 (a delta table; delta blobs
+//	  in the chunks' places; the bases listed after them)
 //	store the index blobs, the part manifests and the root, in that order
 //	save the stat cache (the records of the files read, from the results
 //	held) and the piece memo of the version sealed

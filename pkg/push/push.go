@@ -47,6 +47,12 @@ type Options struct {
 	// whose files all kept their stat keys without looking at them. ""
 	// disables the memo.
 	Destination string
+	// DeltaBase is the version chunks may be stored as deltas against (see
+	// MaxDeltaRatio), opened from the destination; nil stores every chunk
+	// plain. It is used by a push that reads files (not one whose every
+	// file the stat cache knows) and only in format version 2, which such a
+	// version then upgrades to version 3.
+	DeltaBase *layout.Index
 }
 
 // Result describes a pushed version.
@@ -68,6 +74,12 @@ type Result struct {
 	// unchanged (the piece memo), not built or stored again; PiecesBuilt
 	// the others.
 	PiecesReused, PiecesBuilt int
+	// DeltaChunks are the chunks stored as deltas, DeltaPlainBytes their
+	// bytes and DeltaBytes the bytes of their delta blobs uploaded.
+	DeltaChunks                 int
+	DeltaPlainBytes, DeltaBytes int64
+	// ChunkBytesUploaded are the bytes of chunks uploaded plain.
+	ChunkBytesUploaded int64
 }
 
 // section is a run of a file of the source.
@@ -176,6 +188,14 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 		}
 	}
 	if !allHit {
+		if opt.DeltaBase != nil && opt.FormatVersion == layout.FormatVersion {
+			up.delta = newDeltaBase(opt.DeltaBase, dst, src, opt.Params.Min, func(p string) int64 {
+				if i := entries.find(p); i >= 0 {
+					return entries.size[i]
+				}
+				return -1
+			})
+		}
 		err := up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
 			return b.chunkAll(ctx, submit)
 		})
@@ -195,6 +215,21 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 	if err != nil {
 		return nil, err
 	}
+	var kept map[digest.Digest]layout.Delta
+	if opt.DeltaBase != nil && opt.FormatVersion == layout.FormatVersion {
+		// Nothing is read here, so no delta is made: a chunk the base
+		// version stores as a delta stays that delta (a re-push of the
+		// tree seals the version it sealed before).
+		kept = map[digest.Digest]layout.Delta{}
+		for _, c := range s.Chunks {
+			if d, ok := opt.DeltaBase.DeltaOf(c.Digest); ok {
+				kept[c.Digest] = d
+			}
+		}
+		if s, err = s.WithDeltas(kept, opt.MaxLayers, opt.Annotations); err != nil {
+			return nil, err
+		}
+	}
 	if ok, err := dst.Exists(ctx, s.Root.Desc); err == nil && ok {
 		opt.Counters.Processed.Store(opt.Counters.Total.Load())
 		if err := opt.Cache.Save(); err != nil {
@@ -204,6 +239,9 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 	}
 	err = up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
 		for _, j := range b.pending {
+			if _, ok := kept[j.Digest]; ok {
+				continue // stored as the base version's delta
+			}
 			if err := submit(j); err != nil {
 				return err
 			}
@@ -289,6 +327,11 @@ func (b *builder) seal(ctx context.Context, dst content.Storage, up *uploader) (
 	if err != nil {
 		return nil, err
 	}
+	if up.delta != nil {
+		if s, err = s.WithDeltas(up.delta.deltas, b.opt.MaxLayers, b.opt.Annotations); err != nil {
+			return nil, err
+		}
+	}
 	return b.store(ctx, dst, s, up)
 }
 
@@ -355,7 +398,7 @@ func (b *builder) store(ctx context.Context, dst content.Storage, s *layout.Seal
 
 func (b *builder) result(s *layout.Sealed, up *uploader, metaBytes int64, existed bool) *Result {
 	b.writeMemo(s)
-	return &Result{
+	r := &Result{
 		Root:           s.Root.Desc,
 		RootBytes:      s.Root.Data,
 		Index:          s.Index,
@@ -368,6 +411,15 @@ func (b *builder) result(s *layout.Sealed, up *uploader, metaBytes int64, existe
 		PiecesReused:   s.Reused(),
 		PiecesBuilt:    len(s.PieceRefs()) - s.Reused(),
 	}
+	for _, d := range s.Deltas() {
+		r.DeltaChunks++
+		r.DeltaPlainBytes += d.Size
+	}
+	if up.delta != nil {
+		r.DeltaBytes = up.delta.deltaBytes.Load()
+	}
+	r.ChunkBytesUploaded = up.bytes.Load() - r.DeltaBytes
+	return r
 }
 
 func (b *builder) emit(submit func(chunkJob) error, j chunkJob) error {

@@ -166,6 +166,12 @@ func (b *builder) writeMemo(s *layout.Sealed) {
 	if !b.memoOn() {
 		return
 	}
+	if len(s.Deltas()) > 0 {
+		// The memo says every chunk of its version is stored; a delta
+		// chunk is not (its delta blob is): no memo.
+		b.opt.Cache.DropMemo()
+		return
+	}
 	m := b.memo
 	if m == nil {
 		ends, refs := s.PieceEnds(), s.PieceRefs()

@@ -31,6 +31,7 @@ type uploader struct {
 	stored   map[digest.Digest]bool // chunks known to be stored: not asked for
 	chunks   atomic.Int64
 	bytes    atomic.Int64
+	delta    *deltaBase // where chunks may be stored as deltas; nil: none
 }
 
 // run calls produce with a submit function and uploads what it submits
@@ -90,6 +91,11 @@ func (u *uploader) store(ctx context.Context, j chunkJob) error {
 	}
 	if ok {
 		return nil
+	}
+	if u.delta != nil {
+		if ok, err := u.delta.tryDelta(ctx, u, j); err != nil || ok {
+			return err
+		}
 	}
 	var ra io.ReaderAt
 	sa := &sectionsAt{src: u.src, secs: j.src}

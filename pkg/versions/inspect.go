@@ -50,6 +50,10 @@ type Details struct {
 	// Streamed are the files of a foreign artifact that cannot be read by
 	// range (in compressed layers): a read streams their layer whole.
 	Streamed []string `json:"streamed,omitempty"`
+	// Deltas are the chunks stored as deltas (format version 3), each with
+	// its delta blob and its base chunk; DeltaBytes the delta blobs' bytes.
+	Deltas     []layout.Delta `json:"deltas,omitempty"`
+	DeltaBytes int64          `json:"delta_bytes,omitempty"`
 }
 
 // Inspect opens and verifies the version desc of t and describes it,
@@ -66,6 +70,12 @@ func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Detai
 		Bytes:         v.Index.Bytes(),
 	}
 	d.Chunks, d.UniqueBytes = uniqueChunks(v.Index)
+	if d.Deltas = v.Index.Deltas(); len(d.Deltas) > 0 {
+		d.FormatVersion = layout.FormatVersion3
+		for _, x := range d.Deltas {
+			d.DeltaBytes += x.DeltaSize
+		}
+	}
 	d.Foreign = v.Foreign
 	for p := range v.Streamed {
 		d.Streamed = append(d.Streamed, p)

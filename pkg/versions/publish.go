@@ -30,6 +30,12 @@ type PublishOptions struct {
 	// Now is the time of the protective tag and the tag moves; zero means
 	// time.Now().
 	Now time.Time
+	// Delta lets chunks be stored as deltas against a base version: Base
+	// (a tag or digest of the repository) when set, else the version Tag
+	// points at, else the newest sealed version. Without a base version
+	// every chunk is stored plain.
+	Delta bool
+	Base  string
 }
 
 // Published is what Publish sealed and tagged.
@@ -49,6 +55,13 @@ func Publish(ctx context.Context, t oci.Target, src push.Source, opt PublishOpti
 	}
 	if opt.Check != nil {
 		opt.Push.Destination = "" // Check needs the whole index, which reused pieces are not in
+	}
+	if opt.Delta && opt.Push.DeltaBase == nil {
+		base, err := DeltaBase(ctx, t, opt.Tag, opt.Base)
+		if err != nil {
+			return nil, err
+		}
+		opt.Push.DeltaBase = base
 	}
 	res, err := push.Push(ctx, t, src, opt.Push)
 	if err != nil {
@@ -112,4 +125,36 @@ func previousTargets(ctx context.Context, t oci.Target, tags []string) map[strin
 		}
 	}
 	return prev
+}
+
+// DeltaBase opens the base version of a push with deltas: base (a tag or a
+// digest of t) when not "", else the version tag points at, else the
+// newest sealed version; nil when there is none (a first push). An
+// explicit base that cannot be opened is an error.
+func DeltaBase(ctx context.Context, t oci.Target, tag, base string) (*layout.Index, error) {
+	candidates := []string{}
+	switch {
+	case base != "":
+		candidates = append(candidates, base)
+	default:
+		if tag != "" {
+			candidates = append(candidates, tag)
+		}
+		if newest := oci.NewestSealedTag(ctx, t); newest != "" {
+			candidates = append(candidates, newest)
+		}
+	}
+	for _, c := range candidates {
+		desc, err := t.Resolve(ctx, c)
+		if err == nil {
+			var v *layout.Version
+			if v, err = layout.OpenWith(ctx, t, desc, layout.OpenOptions{SkipEdges: true}); err == nil {
+				return v.Index, nil
+			}
+		}
+		if base != "" {
+			return nil, fmt.Errorf("delta base %s: %w", base, err)
+		}
+	}
+	return nil, nil
 }

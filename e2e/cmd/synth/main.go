@@ -3,6 +3,7 @@
 //
 //	synth -out DIR -size 2GiB -shards 4 -seed 1
 //	synth -finetune SRC -out DST -fraction 0.3 [-seed 2]
+//	synth -perturb SRC -out DST -fraction 0.02 [-relative 0.05] [-replace TENSOR]
 //
 // With -finetune it prints the fine-tune report as JSON on stdout.
 package main
@@ -28,12 +29,29 @@ func main() {
 	fraction := flag.Float64("fraction", 0.30, "with -finetune: share of tensor bytes to rewrite")
 	noNew := flag.Bool("no-new-tensor", false, "with -finetune: do not insert a new tensor")
 	quiet := flag.Bool("q", false, "no progress line on stderr")
+	perturb := flag.String("perturb", "", "move -fraction of the bf16 elements of every tensor of this checkpoint by -relative, into -out (an RL step: 0.02; a full fine-tune: 1)")
+	relative := flag.Float64("relative", 0.05, "with -perturb: relative size of a move")
+	replace := flag.String("replace", "", "with -perturb: comma-separated tensors whose values are replaced by unrelated ones")
 	flag.Parse()
 	if *out == "" || flag.NArg() != 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
 	start := time.Now()
+	if *perturb != "" {
+		opts := synth.PerturbOptions{Fraction: *fraction, Relative: *relative, Seed: *seed}
+		if *replace != "" {
+			opts.Replace = strings.Split(*replace, ",")
+		}
+		rep, err := synth.Perturb(*perturb, *out, opts)
+		if err != nil {
+			fatal(err)
+		}
+		if err := json.NewEncoder(os.Stdout).Encode(rep); err != nil {
+			fatal(err)
+		}
+		return
+	}
 	if *ft != "" {
 		ftSeed := *seed
 		if !isFlagSet("seed") {

@@ -1,0 +1,350 @@
+package layout
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"oras.land/oras-go/v2/content"
+	"oras.land/oras-go/v2/content/memory"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
+)
+
+// bf16Step returns n bytes of bf16 weights and the same weights after an
+// RL-like step: frac of the elements moved by a small relative amount.
+func bf16Step(n int, frac float64, seed uint64) (base, next []byte) {
+	r := rand.New(rand.NewPCG(seed, 1))
+	base, next = make([]byte, n), make([]byte, n)
+	for i := 0; i+1 < n; i += 2 {
+		w := float32(r.NormFloat64() * 0.02)
+		binary.LittleEndian.PutUint16(base[i:], uint16(math.Float32bits(w)>>16))
+		if r.Float64() < frac {
+			w *= 1 + float32(r.NormFloat64()*0.05)
+		}
+		binary.LittleEndian.PutUint16(next[i:], uint16(math.Float32bits(w)>>16))
+	}
+	return base, next
+}
+
+func TestDeltaCodecRoundTrip(t *testing.T) {
+	base, next := bf16Step(1<<20, 0.02, 1)
+	for _, planes := range []int{PlanesRaw, Planes16, Planes32} {
+		d, err := EncodeDelta(next, base, planes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeDelta(d, base, int64(len(next)))
+		if err != nil || !bytes.Equal(got, next) {
+			t.Fatalf("planes %d: decode: %v, equal %v", planes, err, bytes.Equal(got, next))
+		}
+		if planes == Planes16 && len(d) > len(next)/16 {
+			t.Errorf("bf16 planes: delta of %d bytes for a chunk of %d, want at most 1/16", len(d), len(next))
+		}
+	}
+	// An odd length keeps its last byte.
+	got, err := DecodeDelta(mustDelta(t, next[:1001], base[:1001], Planes32), base[:1001], 1001)
+	if err != nil || !bytes.Equal(got, next[:1001]) {
+		t.Fatalf("odd length: %v", err)
+	}
+}
+
+func mustDelta(t *testing.T, plain, base []byte, planes int) []byte {
+	t.Helper()
+	d, err := EncodeDelta(plain, base, planes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestDeltaDecodeBounded: a delta that decodes to more or fewer bytes than
+// its chunk, a truncated one and garbage are refused with ErrDelta.
+func TestDeltaDecodeBounded(t *testing.T) {
+	base, next := bf16Step(1<<16, 0.02, 2)
+	longer := mustDelta(t, append(append([]byte{}, next...), 1, 2, 3), append(append([]byte{}, base...), 0, 0, 0), PlanesRaw)
+	if _, err := DecodeDelta(longer, base, int64(len(base))); !errors.Is(err, ErrDelta) {
+		t.Errorf("a delta of more bytes: %v", err)
+	}
+	shorter := mustDelta(t, next[:100], base[:100], PlanesRaw)
+	if _, err := DecodeDelta(shorter, base, int64(len(base))); !errors.Is(err, ErrDelta) {
+		t.Errorf("a delta of fewer bytes: %v", err)
+	}
+	d := mustDelta(t, next, base, Planes16)
+	if _, err := DecodeDelta(d[:len(d)/2], base, int64(len(base))); !errors.Is(err, ErrDelta) {
+		t.Errorf("a truncated delta: %v", err)
+	}
+	if _, err := DecodeDelta([]byte("BDX1\x02garbage"), base, int64(len(base))); !errors.Is(err, ErrDelta) {
+		t.Errorf("garbage: %v", err)
+	}
+	if _, err := DecodeDelta(d, base[:10], int64(len(base))); !errors.Is(err, ErrDelta) {
+		t.Errorf("a short base: %v", err)
+	}
+}
+
+func FuzzDecodeDelta(f *testing.F) {
+	base, next := bf16Step(4096, 0.05, 3)
+	d, _ := EncodeDelta(next, base, Planes16)
+	f.Add(d, int64(4096))
+	f.Add(d[:20], int64(4096))
+	f.Fuzz(func(t *testing.T, delta []byte, size int64) {
+		if size <= 0 || size > 1<<20 {
+			return
+		}
+		b := make([]byte, size)
+		out, err := DecodeDelta(delta, b, size)
+		if err == nil && int64(len(out)) != size {
+			t.Fatalf("decoded %d bytes for %d", len(out), size)
+		}
+	})
+}
+
+// deltaVersion stores a version 2 volume of one file of three 1 MiB chunks
+// whose middle one is stored as a delta (made by mk) against a base chunk
+// of another version, and returns the store, the version's root and the
+// plain chunks.
+func deltaVersion(t *testing.T, mk func(plain, base []byte) []byte) (*memory.Store, ocispec.Descriptor, [][]byte, []byte) {
+	t.Helper()
+	ctx := context.Background()
+	store := memory.New()
+	base, next := bf16Step(1<<20, 0.02, 4)
+	chunks := [][]byte{bytes.Repeat([]byte{1}, 1<<20), next, bytes.Repeat([]byte{3}, 1<<20)}
+	x := &Index{Version: FormatVersion, Chunking: DefaultParams}
+	var exts []Extent
+	h := digest.SHA256.Digester()
+	for i, c := range chunks {
+		ch := Chunk{Digest: digest.FromBytes(c), Size: int64(len(c))}
+		ch.Head, ch.Tail = digest.FromBytes(c[:EdgeBytes]), digest.FromBytes(c[len(c)-EdgeBytes:])
+		x.Chunks = append(x.Chunks, ch)
+		exts = append(exts, Extent{i, 0, ch.Size})
+		h.Hash().Write(c)
+		if i != 1 {
+			if err := store.Push(ctx, ch.Descriptor(), bytes.NewReader(c)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	x.Files = []File{{Path: "model.safetensors", Type: TypeFile, Mode: 0o644, Size: 3 << 20, Digest: h.Digest(), Extents: exts}}
+	s, err := Seal(x, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bd := content.NewDescriptorFromBytes(MediaTypeChunk, base)
+	if err := store.Push(ctx, bd, bytes.NewReader(base)); err != nil {
+		t.Fatal(err)
+	}
+	delta := mk(next, base)
+	d := Delta{Chunk: x.Chunks[1].Digest, Size: 1 << 20, Digest: digest.FromBytes(delta), DeltaSize: int64(len(delta)), Base: bd.Digest}
+	if err := store.Push(ctx, d.Descriptor(), bytes.NewReader(delta)); err != nil {
+		t.Fatal(err)
+	}
+	s, err = s.WithDeltas(map[digest.Digest]Delta{d.Chunk: d}, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Store(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	return store, s.Root.Desc, chunks, base
+}
+
+func TestDeltaVersionReads(t *testing.T) {
+	ctx := context.Background()
+	store, root, chunks, base := deltaVersion(t, func(plain, base []byte) []byte {
+		d, _ := EncodeDelta(plain, base, Planes16)
+		return d
+	})
+	v, err := Open(ctx, store, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ok := v.Index.Delta(1)
+	if !ok || len(v.Index.Deltas()) != 1 {
+		t.Fatalf("chunk 1 not a delta: %v", v.Index.Deltas())
+	}
+	if got := v.Index.Bases(); len(got) != 1 || got[0].Digest != digest.FromBytes(base) {
+		t.Fatalf("bases %v", got)
+	}
+	src := v.ChunkSource(store)
+	for k, want := range chunks {
+		b, err := verify.Fetch(ctx, src, "chunk", v.Chunk(k))
+		if err != nil || !bytes.Equal(b, want) {
+			t.Fatalf("chunk %d: %v", k, err)
+		}
+	}
+	// A range of a delta chunk is cut from the decoded chunk.
+	rc, err := src.(*deltaSource).fetchRange(ctx, v.Chunk(1), 10, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(rc)
+	if !bytes.Equal(got, chunks[1][10:30]) {
+		t.Fatal("range of a delta chunk")
+	}
+	// The manifest lists the delta blob and the base: what keeps them.
+	m, err := content.FetchAll(ctx, store, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []digest.Digest{d.Digest, d.Base} {
+		if !strings.Contains(string(m), string(want)) {
+			t.Errorf("manifest does not list %s", want)
+		}
+	}
+	if strings.Contains(string(m), string(d.Chunk)) {
+		t.Errorf("manifest lists the plain chunk %s, which is not stored", d.Chunk)
+	}
+}
+
+// lyingFetcher serves other bytes for one digest.
+type lyingFetcher struct {
+	content.Fetcher
+	d    digest.Digest
+	data []byte
+}
+
+func (f lyingFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if desc.Digest == f.d {
+		return io.NopCloser(bytes.NewReader(f.data)), nil
+	}
+	return f.Fetcher.Fetch(ctx, desc)
+}
+
+// TestDeltaHostile: a lying base, a truncated delta and a delta that
+// decodes to other bytes than its chunk's are refused; nothing is served.
+func TestDeltaHostile(t *testing.T) {
+	ctx := context.Background()
+	t.Run("lying base", func(t *testing.T) {
+		store, root, _, base := deltaVersion(t, func(plain, base []byte) []byte { return mustDelta(t, plain, base, Planes16) })
+		v, err := Open(ctx, store, root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := bytes.Clone(base)
+		other[5] ^= 1
+		src := v.ChunkSource(lyingFetcher{store, digest.FromBytes(base), other})
+		b, err := verify.Fetch(ctx, src, "chunk", v.Chunk(1))
+		if !errors.Is(err, verify.ErrDigestMismatch) || b != nil {
+			t.Fatalf("lying base served: %v", err)
+		}
+		// A local base that lies is not used: the base is fetched.
+		ctx := WithLocalBases(ctx, func(context.Context, ocispec.Descriptor) ([]byte, error) { return other, nil })
+		if _, err := verify.Fetch(ctx, v.ChunkSource(store), "chunk", v.Chunk(1)); err != nil {
+			t.Fatalf("a lying local base not replaced by the fetched one: %v", err)
+		}
+	})
+	t.Run("truncated delta", func(t *testing.T) {
+		store, root, _, _ := deltaVersion(t, func(plain, base []byte) []byte {
+			d := mustDelta(t, plain, base, Planes16)
+			return d[:len(d)-7]
+		})
+		v, err := Open(ctx, store, root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := verify.Fetch(ctx, v.ChunkSource(store), "chunk", v.Chunk(1))
+		if !errors.Is(err, ErrDelta) || b != nil {
+			t.Fatalf("truncated delta: %v", err)
+		}
+	})
+	t.Run("decodes to other bytes", func(t *testing.T) {
+		store, root, _, _ := deltaVersion(t, func(plain, base []byte) []byte {
+			p := bytes.Clone(plain)
+			p[100] ^= 0x40
+			return mustDelta(t, p, base, Planes16)
+		})
+		v, err := Open(ctx, store, root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := verify.Fetch(ctx, v.ChunkSource(store), "chunk", v.Chunk(1))
+		if !errors.Is(err, verify.ErrDigestMismatch) || b != nil {
+			t.Fatalf("a delta decoding to other bytes: %v", err)
+		}
+	})
+}
+
+// TestNewerFormatRefused: an index of a format newer than this reader's is
+// refused with a message that says so.
+func TestNewerFormatRefused(t *testing.T) {
+	ctx := context.Background()
+	store := memory.New()
+	top := []byte(`{"version":4}`)
+	td := content.NewDescriptorFromBytes("application/vnd.bdnvol.index.v4+json", top)
+	if err := store.Push(ctx, td, bytes.NewReader(top)); err != nil {
+		t.Fatal(err)
+	}
+	root := pushJSON(t, store, ocispec.MediaTypeImageManifest, ocispec.Manifest{
+		MediaType: ocispec.MediaTypeImageManifest, ArtifactType: ArtifactTypeVolume,
+		Config: ocispec.DescriptorEmptyJSON, Layers: []ocispec.Descriptor{td}})
+	_, err := Open(ctx, store, root)
+	if err == nil || !strings.Contains(err.Error(), "newer than this bdnvol reads") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func BenchmarkDecodeDelta(b *testing.B) {
+	base, next := bf16Step(16<<20, 0.02, 5)
+	d, _ := EncodeDelta(next, base, Planes16)
+	b.SetBytes(int64(len(next)))
+	b.ReportAllocs()
+	// CPU time as well as wall: on a loaded machine the wall time says
+	// little about one core's throughput.
+	var r0, r1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
+	for b.Loop() {
+		if _, err := DecodeDelta(d, base, int64(len(next))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
+	cpu := time.Duration(r1.Utime.Nano() + r1.Stime.Nano() - r0.Utime.Nano() - r0.Stime.Nano())
+	b.ReportMetric(float64(len(next))*float64(b.N)/cpu.Seconds()/1e6, "MB/cpu-s")
+}
+
+// TestDeltaVersionMustListBases: a version 3 manifest whose layers do not
+// list a delta's base (which a registry's garbage collector would then be
+// free to delete) or its delta blob is refused when opened.
+func TestDeltaVersionMustListBases(t *testing.T) {
+	ctx := context.Background()
+	store, root, _, base := deltaVersion(t, func(plain, base []byte) []byte { return mustDelta(t, plain, base, Planes16) })
+	mb, err := content.FetchAll(ctx, store, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(mb, &m); err != nil {
+		t.Fatal(err)
+	}
+	drop := func(pred func(ocispec.Descriptor) bool) ocispec.Manifest {
+		c := m
+		c.Layers = nil
+		for _, l := range m.Layers {
+			if !pred(l) {
+				c.Layers = append(c.Layers, l)
+			}
+		}
+		return c
+	}
+	for name, mm := range map[string]ocispec.Manifest{
+		"no base":       drop(func(l ocispec.Descriptor) bool { return l.Digest == digest.FromBytes(base) }),
+		"no delta blob": drop(func(l ocispec.Descriptor) bool { return l.MediaType == MediaTypeChunkDelta }),
+		"no table":      drop(func(l ocispec.Descriptor) bool { return l.MediaType == MediaTypeDeltas }),
+	} {
+		d := pushJSON(t, store, ocispec.MediaTypeImageManifest, mm)
+		if _, err := Open(ctx, store, d); !errors.Is(err, ErrInvalidIndex) {
+			t.Errorf("%s: opened (%v)", name, err)
+		}
+	}
+}
