@@ -212,3 +212,65 @@ func containsBlob(bs []chunkFile, d string) bool {
 	}
 	return false
 }
+
+// TestPullPeers: three `bdnvol pull`s of one version at once, each with
+// its own cache directory and peer address, form a ring for their
+// duration: every chunk leaves the registry about once (each node
+// fetches the chunks it owns, and asks their owners for the rest), and
+// every node writes every byte right. Without the peer tier each chunk
+// left it three times.
+func TestPullPeers(t *testing.T) {
+	reg := newDistribution(t)
+	src := filepath.Join(t.TempDir(), "src")
+	var tree []node
+	for i := range 6 {
+		tree = append(tree, fileNode("shard-"+string(rune('a'+i))+".bin", 0o644, randBytes(uint64(90+i), 1<<20+i*7919)))
+	}
+	buildTree(t, src, tree, time.Time{})
+	ref := reg.Host + "/team/pullfleet"
+	d := push(t, ref, ref+":v1", src, smallChunks...)
+	tls := peerTLSDir(t)
+	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	reg.ResetStats()
+	var wg sync.WaitGroup
+	dirs := make([]string, len(addrs))
+	for i, a := range addrs {
+		dirs[i] = filepath.Join(t.TempDir(), "out")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := run(t, "--cache-dir", filepath.Join(t.TempDir(), "cache"), "pull", "--json",
+				"--peer-listen", a, "--peers", strings.Join(addrs, ","), "--peer-tls-dir", tls, "--peer-linger", "2s",
+				ref+"@"+d, dirs[i])
+			if res.code != 0 {
+				t.Errorf("pull %d:\n%s", i, res)
+			}
+			t.Logf("pull %d: %s", i, strings.TrimSpace(res.stdout))
+		}()
+	}
+	wg.Wait()
+	for _, dir := range dirs {
+		compareTrees(t, src, dir)
+	}
+	st := reg.Stats()
+	var once, more int
+	for _, n := range st.BlobGets {
+		if n == 1 {
+			once++
+		} else {
+			more++
+		}
+	}
+	for dg, n := range st.BlobGets {
+		if n > 1 {
+			t.Logf("%s: %d GETs", dg, n)
+		}
+	}
+	t.Logf("3 pulls: %d blob GETs of %d digests, %d fetched once, %d more than once; %d blob bytes", total(st.BlobGets), len(st.BlobGets), once, more, st.BlobBytesOut)
+	if once < 20 {
+		t.Fatalf("only %d blobs fetched once: the version has too few chunks to show anything", once)
+	}
+	if more > 4 {
+		t.Errorf("%d blobs left the registry more than once (%v): the pulls did not share them", more, st.BlobGets)
+	}
+}

@@ -369,3 +369,40 @@ func TestServeWithdraw(t *testing.T) {
 		t.Errorf("the registry was asked for a chunk after the mounts ended: %d, want 0", n)
 	}
 }
+
+// TestRingUnreachableBackoff: a peer that refused a connection (a node
+// still starting) is skipped briefly, then for twice as long at each
+// refusal in a row, never past the cooldown; an answer resets it. A peer
+// that served wrong bytes is skipped for the whole cooldown at once.
+func TestRingUnreachableBackoff(t *testing.T) {
+	r := NewRing("10.0.0.1:1")
+	r.Set([]string{"10.0.0.2:1", "10.0.0.3:1"})
+	skip := func(addr string) time.Duration {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return time.Until(r.downUntil[addr])
+	}
+	const cooldown = 10 * time.Second
+	var last time.Duration
+	for i := range 8 {
+		r.MarkUnreachable("10.0.0.2:1", cooldown)
+		d := skip("10.0.0.2:1")
+		want := min(firstUnreachable<<i, cooldown)
+		if d > want || d < want-time.Second/2 {
+			t.Errorf("refusal %d: skipped for %v, want about %v", i+1, d, want)
+		}
+		last = d
+	}
+	if last > cooldown {
+		t.Errorf("skipped for %v, past the cooldown %v", last, cooldown)
+	}
+	r.MarkUp("10.0.0.2:1")
+	r.MarkUnreachable("10.0.0.2:1", cooldown)
+	if d := skip("10.0.0.2:1"); d > firstUnreachable {
+		t.Errorf("a refusal after an answer: skipped for %v, want %v again", d, firstUnreachable)
+	}
+	r.MarkDown("10.0.0.3:1", cooldown)
+	if d := skip("10.0.0.3:1"); d < cooldown-time.Second {
+		t.Errorf("a peer that failed otherwise: skipped for %v, want the cooldown %v", d, cooldown)
+	}
+}

@@ -2,8 +2,10 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -77,7 +79,13 @@ type Fetcher struct {
 	known    map[digest.Digest]bool
 	withdraw func()
 	closed   bool
+	ready    chan struct{} // closed by the first Opened or Close
 }
+
+// openWait bounds how long Known waits for a version being opened through
+// the fetcher: nodes that start one version together ask one another
+// before each has read its manifests.
+const openWait = 3 * time.Second
 
 // NewFetcher returns a fetcher of the chunks of registry/repo that asks
 // the ring's owners before src.
@@ -106,7 +114,7 @@ func NewFetcher(ring *Ring, registry, repo string, src content.Fetcher, opt Opti
 	if opt.Stats == nil {
 		opt.Stats = new(Stats)
 	}
-	return &Fetcher{ring: ring, registry: registry, repo: repo, src: src, opt: opt, known: map[digest.Digest]bool{}}
+	return &Fetcher{ring: ring, registry: registry, repo: repo, src: src, opt: opt, known: map[digest.Digest]bool{}, ready: make(chan struct{})}
 }
 
 // Opened records the chunks of ver, a version opened through f (its
@@ -119,12 +127,28 @@ func (f *Fetcher) Opened(ver *layout.Version) {
 	for _, d := range ds {
 		f.known[d.Digest] = true
 	}
+	f.readyLocked()
+}
+
+func (f *Fetcher) readyLocked() {
+	select {
+	case <-f.ready:
+	default:
+		close(f.ready)
+	}
 }
 
 // Known reports whether d is a chunk of a version opened through f: what
 // this node's server fetches from f's source for a peer (a digest named in
-// no manifest this node read is never fetched on a peer's word).
+// no manifest this node read is never fetched on a peer's word). Before
+// the first version is opened it waits for it, at most openWait.
 func (f *Fetcher) Known(d digest.Digest) bool {
+	t := time.NewTimer(openWait)
+	select {
+	case <-f.ready:
+	case <-t.C:
+	}
+	t.Stop()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return !f.closed && f.known[d]
@@ -148,6 +172,7 @@ func (f *Fetcher) Close() error {
 		w = nil
 	}
 	f.closed, f.withdraw = true, nil
+	f.readyLocked()
 	f.mu.Unlock()
 	if w != nil {
 		w()
@@ -210,10 +235,21 @@ func (f *Fetcher) fromPeers(ctx context.Context, desc ocispec.Descriptor, tries 
 		}
 		if ctx.Err() == nil {
 			f.opt.Stats.PeerFailures.Add(1)
-			f.ring.MarkDown(p, f.opt.Cooldown)
+			if unreachable(err) {
+				f.ring.MarkUnreachable(p, f.opt.Cooldown)
+			} else {
+				f.ring.MarkDown(p, f.opt.Cooldown)
+			}
 		}
 	}
 	return nil
+}
+
+// unreachable reports whether err is a connection to a peer refused or
+// failed before any answer (a node not listening yet, or gone).
+func unreachable(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // peerError is a peer's answer other than the chunk.
@@ -262,6 +298,7 @@ func (f *Fetcher) get(ctx context.Context, p string, desc ocispec.Descriptor, le
 		cancel()
 		return nil, &peerError{err: fmt.Errorf("peer %s: %w", p, err)}
 	}
+	f.ring.MarkUp(p)
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -40,7 +41,16 @@ type Server struct {
 	origins map[string][]*served // origin -> its mounts' sources, while they are served
 
 	serving atomic.Int64
+	last    atomic.Int64 // time.Now().UnixNano() of the last request
 	stats   serverStats
+}
+
+// LastRequest returns when the last request came (the zero time if none).
+func (s *Server) LastRequest() time.Time {
+	if n := s.last.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 type serverStats struct {
@@ -113,6 +123,7 @@ func (s *Server) source(origin string, d digest.Digest) content.Fetcher {
 
 // ServeHTTP answers one blob request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.last.Store(time.Now().UnixNano())
 	max := s.MaxServing
 	if max <= 0 {
 		max = DefaultMaxServing
