@@ -274,3 +274,56 @@ func TestPullPeers(t *testing.T) {
 		t.Errorf("%d blobs left the registry more than once (%v): the pulls did not share them", more, st.BlobGets)
 	}
 }
+
+// TestCSIPeersWarmList: a rollout through the warm list: three mounters,
+// each with its own cache and peer address, whose --warm-list names a new
+// version, warm it at once through the peer tier: every chunk leaves the
+// registry about once (the index blobs, which each node reads itself,
+// aside), and each node then has all of it warm. Without the peer tier
+// each chunk left it three times.
+func TestCSIPeersWarmList(t *testing.T) {
+	reg := newDistribution(t)
+	src := filepath.Join(t.TempDir(), "src")
+	var tree []node
+	for i := range 6 {
+		tree = append(tree, fileNode("shard-"+string(rune('a'+i))+".bin", 0o644, randBytes(uint64(110+i), 1<<20+i*7919)))
+	}
+	buildTree(t, src, tree, time.Time{})
+	repo := reg.Host + "/team/rollout"
+	ref := repo + ":v2"
+	push(t, repo, ref, src, smallChunks...)
+	// The mounters run before the rollout (a DaemonSet); the list then
+	// names the new version, and each reads it within a second. Warming
+	// paced at 2 MiB/s takes each node about 3 s: they warm together.
+	list := filepath.Join(t.TempDir(), "warm-list")
+	addrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	var nodes []*csiNode
+	for _, a := range addrs {
+		nodes = append(nodes, startCSIWith(t, time.Minute, "1GiB",
+			[]string{"--warm-list", list, "--warm-resolve-interval", "1s", "--warm-bandwidth", "2MiB",
+				"--peer-listen", a, "--peers", strings.Join(addrs, ","), "--peer-insecure"}))
+	}
+	reg.ResetStats()
+	mustWrite(t, list, []byte(ref+"\n"))
+	for _, n := range nodes {
+		n.waitWarm("rollout", func(s warmStatus) bool { st, _ := s.entry(ref); return st == "warm" })
+	}
+	st := reg.Stats()
+	var once, more int
+	for _, n := range st.BlobGets {
+		if n == 1 {
+			once++
+		} else {
+			more++
+		}
+	}
+	t.Logf("3 nodes warming: %d blob GETs of %d digests, %d fetched once, %d more than once; %d blob bytes", total(st.BlobGets), len(st.BlobGets), once, more, st.BlobBytesOut)
+	if once < 20 {
+		t.Fatalf("only %d blobs fetched once: the version has too few chunks to show anything", once)
+	}
+	// The nodes read the list up to a second apart: a few chunks a node
+	// owns are fetched before it warms.
+	if more > len(st.BlobGets)/8 {
+		t.Errorf("%d blobs left the registry more than once (%v): the warming nodes did not share them", more, st.BlobGets)
+	}
+}
