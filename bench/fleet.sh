@@ -15,10 +15,18 @@
 # until all N nodes had read the whole version over the time of N = 1, and
 # the mounters' CPU (user+sys) in all; first with the peer tier, then (the
 # peer) without it. Then a node that joins once the others finished.
+# Then, with the peer tier, per N (rows "kill" and "liar" from N = 2): the
+# owner of 1/N of the chunks killed half-way (the others must read every
+# byte right), a peer that serves wrong bytes for every chunk (a proxy in
+# front of it flips a byte), N `bdnvol pull`s at once (--peer-listen), and
+# a warm-list rollout (the mounters' --warm-list names the version, all
+# warm it); each with the link bytes over the version's bytes, the time
+# and the clients' CPU (user+sys).
 # Needs root (FUSE mounts of the mounter) and /dev/fuse.
 #
 # Environment: BENCH_SIZE, BENCH_SHARDS, BENCH_NODES, BENCH_MODES ("1 0":
-# with the peer tier, then without), BENCH_RATE,
+# with the peer tier, then without), BENCH_ROWS (default "fleet kill liar
+# pull warm"), BENCH_RATE,
 # BENCH_DELAY, BENCH_TMPDIR, BENCH_KEEP=1, BENCH_TOOLS (as bench/mount.sh).
 set -euo pipefail
 
@@ -53,6 +61,8 @@ TMP=$(mktemp -d "${BENCH_TMPDIR:-${TMPDIR:-/tmp}}/bdnvol-bench-fleet.XXXXXX")
 REG_PID=
 LINK_PID=
 PIDS=()
+NODE_PIDS=()
+NODE_FLAGS=()
 stop_nodes() {
 	local p
 	for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -103,26 +113,47 @@ cpu_of() {
 	awk -v t="$t" -v k="$tk" 'BEGIN {printf "%.1f", t / k}'
 }
 
+# free_port: a loopback port nothing listens on.
+free_port() {
+	local port
+	while :; do port=$((20000 + RANDOM % 40000)); port_free "$port" && break; done
+	echo "$port"
+}
+
 # start_nodes N PEERS(0|1) TAG: start N mounters; sets SOCKS and PIDS.
+# NODE_FLAGS (an array) are added to every mounter's flags; with LIAR=1 the
+# last node's peers reach it through a linkproxy -corrupt that flips a byte
+# of every chunk it serves (its advertised address; its requests log in
+# $TMP/$TAG/liar.log).
 start_nodes() {
-	local n=$1 peers=$2 tag=$3 i addrs=() port
+	local n=$1 peers=$2 tag=$3 i addrs=() listen=()
 	SOCKS=()
+	NODE_PIDS=()
 	for i in $(seq 1 "$n"); do
-		while :; do port=$((20000 + RANDOM % 40000)); port_free "$port" && break; done
-		addrs+=("127.0.0.$((i + 1)):$port")
+		listen+=("127.0.0.$((i + 1)):$(free_port)")
+		addrs+=("${listen[$((i - 1))]}")
 	done
+	mkdir -p "$TMP/$tag"
+	if [[ ${LIAR:-0} == 1 ]]; then
+		local lp=127.0.0.$((n + 1)):$(free_port)
+		"$BIN/linkproxy" -listen "$lp" -target "http://${listen[$((n - 1))]}" -delay 0s -rate 10GB -corrupt \
+			-log "$TMP/$tag/liar.log" >/dev/null 2>"$TMP/$tag/liar.err" &
+		PIDS+=($!)
+		addrs[$((n - 1))]=$lp
+	fi
 	local all
 	all=$(IFS=,; echo "${addrs[*]}")
 	for i in $(seq 1 "$n"); do
 		local d=$TMP/$tag/node$i
 		mkdir -p "$d/state" "$d/mounts"
-		local flags=()
+		local flags=("${NODE_FLAGS[@]}")
 		if [[ $peers == 1 ]]; then
-			flags=(--peer-listen "${addrs[$((i - 1))]}" --peers "$all" --peer-insecure)
+			flags+=(--peer-listen "${listen[$((i - 1))]}" --peer-advertise "${addrs[$((i - 1))]}" --peers "$all" --peer-insecure)
 		fi
 		"$BDNVOL" --cache-dir "$d/cache" csi mounter --mounter-socket "$d/mounter.sock" --state-dir "$d/state" \
 			--mounts-dir "$d/mounts" --hosts-dir none --profile off --cache-size 4GiB "${flags[@]}" 2>"$d/mounter.log" &
 		PIDS+=($!)
+		NODE_PIDS[$i]=$!
 		SOCKS+=("$d/mounter.sock")
 	done
 	for s in "${SOCKS[@]}"; do
@@ -131,12 +162,17 @@ start_nodes() {
 	done
 }
 
-# read_node SOCK: mount the version on one node and read every file.
+# read_node SOCK [check]: mount the version on one node and read every
+# file; with check, compare every file with the model's (no wrong byte).
 read_node() {
 	local out path
 	out=$(curl -sf --unix-socket "$1" -X POST -d "{\"ref\":\"$REF\"}" http://mounter/v1/mount) || { log "mount failed on $1"; return 1; }
 	path=$(printf '%s' "$out" | sed -n 's/.*"path":"\([^"]*\)".*/\1/p')
-	find "$path" -type f -exec cat {} + >/dev/null
+	if [[ ${2:-} == check ]]; then
+		diff -r -q "$MODEL" "$path" >/dev/null || { log "wrong bytes on $1"; return 1; }
+	else
+		find "$path" -type f -exec cat {} + >/dev/null
+	fi
 }
 
 # run N PEERS: one fleet start; sets RESULT to "seconds linkbytes cpu" (and
@@ -175,6 +211,11 @@ run() {
 	stop_nodes
 }
 
+ROWS=${BENCH_ROWS:-fleet kill liar pull warm}
+has_row() { [[ " $ROWS " == *" $1 "* ]]; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+
+if has_row fleet; then
 printf '| nodes | peer tier | link bytes / version | time / one node | mounters CPU (user+sys) |\n|---|---|---|---|---|\n'
 BASE=
 for peers in ${BENCH_MODES:-1 0}; do
@@ -188,5 +229,145 @@ for peers in ${BENCH_MODES:-1 0}; do
 			"$(awk -v t="$t" -v o="$BASE" 'BEGIN {printf "%.2f", t / o}')" "$t" "$c"
 	done
 done
-printf '\nA node joining after the others finished (peer tier on): %s link bytes.\n' "${LATE_BYTES:-?}"
-printf 'Link: %s per request, %s/s shared; version %s bytes in %s shards.\n' "$DELAY" "$RATE" "$MODEL_BYTES" "$SHARDS"
+printf '\nA node joining after the others finished (peer tier on): %s link bytes.\n\n' "${LATE_BYTES:-?}"
+fi
+
+# run_kill N: N nodes read the version at once; the last node's mounter is
+# killed (SIGKILL) once the link has carried half the version. The others
+# must finish with every byte right. Sets RESULT "seconds linkbytes cpu".
+run_kill() {
+	local n=$1 tag=kill-$1 before t0 t1 s half j
+	start_nodes "$n" 1 "$tag"
+	before=$(link_bytes)
+	half=$((before + MODEL_BYTES / 2))
+	t0=$(now)
+	local jobs=() victim=${NODE_PIDS[$n]}
+	for s in "${SOCKS[@]:0:$((n - 1))}"; do read_node "$s" check & jobs+=($!); done
+	read_node "${SOCKS[$((n - 1))]}" >/dev/null 2>&1 &
+	local vjob=$!
+	while (($(link_bytes) < half)); do sleep 0.1; done
+	local cpu_victim
+	cpu_victim=$(cpu_of "$victim")
+	kill -KILL "$victim"
+	for j in "${jobs[@]}"; do wait "$j" || die "a node failed to read the version right after an owner was killed"; done
+	t1=$(now)
+	wait "$vjob" 2>/dev/null || true
+	local cpu
+	cpu=$(awk -v a="$(cpu_of "${NODE_PIDS[@]:1:$((n - 1))}")" -v b="$cpu_victim" 'BEGIN {printf "%.1f", a + b}')
+	sleep 0.5
+	RESULT="$(secs "$t0" "$t1") $(($(link_bytes) - before)) $cpu"
+	stop_nodes
+}
+
+# run_liar N: N nodes read the version at once; the last node's peers reach
+# it through a proxy that flips a byte of every chunk it sends. Every node
+# must read every byte right. Sets RESULT "seconds linkbytes cpu asked".
+run_liar() {
+	local n=$1 tag=liar-$1 before t0 t1 s j
+	LIAR=1 start_nodes "$n" 1 "$tag"
+	before=$(link_bytes)
+	t0=$(now)
+	local jobs=()
+	for s in "${SOCKS[@]}"; do read_node "$s" check & jobs+=($!); done
+	for j in "${jobs[@]}"; do wait "$j" || die "a node read wrong bytes (or failed) with a lying peer"; done
+	t1=$(now)
+	local cpu
+	cpu=$(cpu_of "${NODE_PIDS[@]:1}")
+	sleep 0.5
+	RESULT="$(secs "$t0" "$t1") $(($(link_bytes) - before)) $cpu $(wc -l <"$TMP/$tag/liar.log")"
+	stop_nodes
+}
+
+# run_pull N: N `bdnvol pull`s of the version at once, each with its own
+# cache directory and peer address (--peer-linger 1s). Every tree must be
+# the model's. Sets RESULT "seconds linkbytes cpu": seconds the slowest
+# pull took (its own figure, without the linger).
+run_pull() {
+	local n=$1 tag=pull-$1 before i addrs=() all
+	for i in $(seq 1 "$n"); do addrs+=("127.0.0.$((i + 1)):$(free_port)"); done
+	all=$(IFS=,; echo "${addrs[*]}")
+	mkdir -p "$TMP/$tag"
+	before=$(link_bytes)
+	local jobs=() flags=()
+	for i in $(seq 1 "$n"); do
+		local d=$TMP/$tag/node$i
+		mkdir -p "$d"
+		flags=()
+		((n > 1)) && flags=(--peer-listen "${addrs[$((i - 1))]}" --peers "$all" --peer-insecure --peer-linger 1s)
+		/usr/bin/time -f '%U %S' -o "$d/cpu" "$BDNVOL" --cache-dir "$d/cache" pull --json "${flags[@]}" "$REF" "$d/out" \
+			>"$d/out.json" 2>"$d/pull.log" &
+		jobs+=($!)
+	done
+	local j
+	for j in "${jobs[@]}"; do wait "$j" || die "a pull failed: $(cat "$TMP/$tag"/node*/pull.log)"; done
+	for i in $(seq 1 "$n"); do
+		diff -r -q "$MODEL" "$TMP/$tag/node$i/out" >/dev/null || die "pull $i wrote wrong bytes"
+	done
+	sleep 0.5
+	local t cpu
+	t=$(cat "$TMP/$tag"/node*/out.json | sed -n 's/.*"seconds":\([0-9.]*\).*/\1/p' | sort -g | tail -1 | awk '{printf "%.2f", $1}')
+	cpu=$(cat "$TMP/$tag"/node*/cpu | awk '{s += $1 + $2} END {printf "%.1f", s}')
+	RESULT="$t $(($(link_bytes) - before)) $cpu"
+	rm -rf "$TMP/$tag"
+}
+
+# run_warm N: N mounters whose --warm-list (absent at first, re-read every
+# second) then names the version: they warm it at once through the peer
+# tier. Sets RESULT "seconds linkbytes cpu": until every node is warm.
+run_warm() {
+	local n=$1 tag=warm-$1 before t0 t1 i
+	mkdir -p "$TMP/$tag"
+	NODE_FLAGS=(--warm-list "$TMP/$tag/warm-list" --warm-resolve-interval 1s)
+	start_nodes "$n" 1 "$tag"
+	NODE_FLAGS=()
+	before=$(link_bytes)
+	t0=$(now)
+	printf '%s\n' "$REF" >"$TMP/$tag/warm-list"
+	for i in $(seq 1 "$n"); do
+		local st=$TMP/$tag/node$i/state/warm-status.json
+		for _ in $(seq 1 6000); do
+			grep -q '"state": *"warm"' "$st" 2>/dev/null && break
+			grep -q '"state": *"error"' "$st" 2>/dev/null && die "node $i: warming failed: $(cat "$st")"
+			sleep 0.1
+		done
+		grep -q '"state": *"warm"' "$st" 2>/dev/null || die "node $i never got warm: $(cat "$st" 2>/dev/null)"
+	done
+	t1=$(now)
+	local cpu
+	cpu=$(cpu_of "${NODE_PIDS[@]:1}")
+	sleep 0.5
+	RESULT="$(secs "$t0" "$t1") $(($(link_bytes) - before)) $cpu"
+	stop_nodes
+}
+
+printf '| row (peer tier on) | nodes | link bytes / version | time (s) | client CPU (user+sys, s) | note |\n|---|---|---|---|---|---|\n'
+for n in $NODES; do
+	if has_row kill && ((n > 1)); then
+		log "N=$n, an owner killed half-way"
+		run_kill "$n"
+		read -r t b c <<<"$RESULT"
+		printf '| owner killed half-way | %s | %s | %s | %s | 1 of %s mounters (1/%s of the chunks) SIGKILLed at half the version; %s survivors read every byte right |\n' \
+			"$n" "$(ratio "$b" "$MODEL_BYTES")" "$t" "$c" "$n" "$n" "$((n - 1))"
+	fi
+	if has_row liar && ((n > 1)); then
+		log "N=$n, a lying peer"
+		run_liar "$n"
+		read -r t b c asked <<<"$RESULT"
+		printf '| a peer serving wrong bytes | %s | %s | %s | %s | every node read every byte right; the liar was asked %s times in all |\n' \
+			"$n" "$(ratio "$b" "$MODEL_BYTES")" "$t" "$c" "$asked"
+	fi
+	if has_row pull; then
+		log "N=$n, bdnvol pull"
+		run_pull "$n"
+		read -r t b c <<<"$RESULT"
+		printf '| `bdnvol pull` at once | %s | %s | %s | %s | %s |\n' "$n" "$(ratio "$b" "$MODEL_BYTES")" "$t" "$c" \
+			"$( ((n > 1)) && echo "--peer-listen/--peers, each its own cache" || echo "one pull, no peer tier")"
+	fi
+	if has_row warm; then
+		log "N=$n, warm-list rollout"
+		run_warm "$n"
+		read -r t b c <<<"$RESULT"
+		printf '| warm-list rollout | %s | %s | %s | %s | the list names the version; time until every node is warm |\n' "$n" "$(ratio "$b" "$MODEL_BYTES")" "$t" "$c"
+	fi
+done
+printf '\nLink: %s per request, %s/s shared; version %s bytes in %s shards. Load: %s\n' "$DELAY" "$RATE" "$MODEL_BYTES" "$SHARDS" "$(uptime | sed 's/.*load/load/')"

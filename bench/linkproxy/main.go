@@ -2,7 +2,8 @@
 // look like one across a real link: it waits a fixed time before passing on
 // each request and caps each response body (and each request body) at a
 // fixed rate per request, and, with -total, all response bodies together at
-// one rate (a shared link). For benchmarks only.
+// one rate (a shared link); with -corrupt it flips the first byte of every
+// response body (a lying peer in front of a mounter). For benchmarks only.
 //
 //	linkproxy -listen 127.0.0.1:0 -target http://127.0.0.1:5000 -delay 20ms -rate 50MB
 //
@@ -59,6 +60,7 @@ func main() {
 	rate := flag.String("rate", "50MB", "bytes per second per request body, each way (suffix KB, MB, GB: powers of 1000)")
 	logPath := flag.String("log", "", "file to append one line per request to: arrival and end (Unix seconds), method, path, Range, bytes sent")
 	totalRate := flag.String("total", "", "bytes per second of all response bodies together, a shared link (suffix KB, MB, GB); none by default")
+	corrupt := flag.Bool("corrupt", false, "flip the first byte of every response body (a peer that lies)")
 	flag.Parse()
 	u, err := url.Parse(*target)
 	if err != nil || u.Host == "" {
@@ -102,7 +104,7 @@ func main() {
 		}
 	}()
 	rp.ModifyResponse = func(resp *http.Response) error {
-		p := &paced{ctx: resp.Request.Context(), r: resp.Body, bps: bps, start: time.Now(), count: &sent, shared: shared}
+		p := &paced{ctx: resp.Request.Context(), r: resp.Body, bps: bps, start: time.Now(), count: &sent, shared: shared, flip: *corrupt}
 		if reqLog != nil {
 			p.done = func(n int64) { reqLog.add(resp.Request, n) }
 		}
@@ -145,6 +147,8 @@ type paced struct {
 	done  func(n int64) // called once with the bytes read, at Close, when not nil
 	// shared, when not nil, paces every response body together (-total).
 	shared *ratelimit.Limiter
+	// flip inverts the body's first byte (-corrupt).
+	flip bool
 }
 
 func (p *paced) Read(b []byte) (int, error) {
@@ -152,6 +156,10 @@ func (p *paced) Read(b []byte) (int, error) {
 		b = b[:piece]
 	}
 	n, err := p.r.Read(b)
+	if p.flip && n > 0 {
+		b[0] ^= 0xff
+		p.flip = false
+	}
 	if p.shared != nil && n > 0 {
 		if werr := p.shared.Wait(p.ctx, int64(n)); werr != nil {
 			return n, werr

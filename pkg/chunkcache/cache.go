@@ -454,7 +454,22 @@ func (c *Cache) evictLocked(keep *list.Element) {
 // When the entry cannot be written (disk full), the blob is fetched again
 // into memory and returned from there, with mem set to its bytes for the
 // callers waiting on the same load.
+// A source whose reader fails with a *RefetchError is replaced by its
+// Next, up to maxRefetches times.
 func (c *Cache) fetch(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (ch Chunk, mem []byte, err error) {
+	for range maxRefetches {
+		ch, mem, err = c.fetchFrom(ctx, src, desc)
+		var re *RefetchError
+		if err == nil || !errors.As(err, &re) || re.Next == nil || ctx.Err() != nil {
+			return ch, mem, err
+		}
+		src = re.Next
+	}
+	return ch, mem, err
+}
+
+// fetchFrom is fetch from one source.
+func (c *Cache) fetchFrom(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor) (ch Chunk, mem []byte, err error) {
 	f, err := os.CreateTemp(c.tmpDir(), desc.Digest.Encoded()+"-*")
 	if err == nil {
 		if err = reserve(f, desc.Size); err == nil {
@@ -536,7 +551,8 @@ func (c *Cache) fetchToMemory(ctx context.Context, src content.Fetcher, desc oci
 // readError describes a fetch that stopped after n bytes.
 func (c *Cache) readError(desc ocispec.Descriptor, n int64, err error) error {
 	var se *storeError
-	if errors.As(err, &se) {
+	var re *RefetchError
+	if errors.As(err, &se) || errors.As(err, &re) {
 		return err
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {

@@ -61,3 +61,43 @@ func TestLoadRefusesWrongBodies(t *testing.T) {
 		ch.Close()
 	}
 }
+
+// refetchFetcher streams half of a blob, then fails with a *RefetchError
+// naming next (a peer that went away part-way).
+type refetchFetcher struct {
+	body []byte
+	src  bodyFetcher
+}
+
+func (f refetchFetcher) Fetch(context.Context, ocispec.Descriptor) (io.ReadCloser, error) {
+	return io.NopCloser(io.MultiReader(bytes.NewReader(f.body[:len(f.body)/2]),
+		errReader{&RefetchError{Next: f.src, Err: errors.New("peer went away")}})), nil
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// A source whose reader fails part-way with a *RefetchError costs a fetch
+// from its Next, not a failed load: the bytes read so far are dropped and
+// the blob is stored whole from the next source.
+func TestLoadRefetchesFromNext(t *testing.T) {
+	data := randBytes(9, 300_000)
+	desc := ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: digest.FromBytes(data), Size: int64(len(data))}
+	c, err := Open(t.TempDir(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := c.Load(context.Background(), refetchFetcher{body: data, src: bodyFetcher(data)}, desc)
+	if err != nil {
+		t.Fatalf("a source that asks for a refetch: %v", err)
+	}
+	got := make([]byte, desc.Size)
+	if _, err := ch.ReadAt(got, 0); err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	ch.Close()
+	if !bytes.Equal(got, data) || !c.Contains(desc.Digest) {
+		t.Errorf("the refetched blob: right bytes %v, stored %v; want both", bytes.Equal(got, data), c.Contains(desc.Digest))
+	}
+}

@@ -268,8 +268,11 @@ func startPeers(ctx context.Context, c PeerConfig, cache *chunkcache.Cache, met 
 		}()
 	}
 	return func(ref oci.Ref, src content.Fetcher) content.Fetcher {
-		srv.Serve(ref.Repo(), src) // this node fetches the chunks it owns of this origin for its peers
-		return peer.NewFetcher(ring, ref.Registry, ref.Repository, src, peer.Options{Client: client, Scheme: scheme, Stats: stats})
+		f := peer.NewFetcher(ring, ref.Registry, ref.Repository, src, peer.Options{Client: client, Scheme: scheme, Stats: stats})
+		// This node fetches for its peers the chunks it owns of the
+		// versions the mount opened, until the mount ends (f.Close).
+		f.OnClose(srv.Serve(ref.Repo(), src, f.Known))
+		return f
 	}, nil
 }
 

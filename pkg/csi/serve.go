@@ -99,6 +99,12 @@ func ServeMounter(ctx context.Context, c MounterProcess) error {
 	modelpack.UseIndexCache(modelpack.OpenIndexCache(c.indexesDir(), 0))
 	met := metrics.New()
 	met.Cache(cache)
+	var peers func(oci.Ref, content.Fetcher) content.Fetcher
+	if c.Peers.Listen != "" {
+		if peers, err = startPeers(ctx, c.Peers, cache, met, log.With("component", "peer")); err != nil {
+			return err
+		}
+	}
 	var warmer *warm.Warmer
 	if c.WarmList != "" {
 		status := c.WarmStatus
@@ -106,17 +112,11 @@ func ServeMounter(ctx context.Context, c MounterProcess) error {
 			status = filepath.Join(c.StateDir, "warm-status.json")
 		}
 		warmer = warm.NewWarmer(warm.WarmerOptions{
-			Options: warm.Options{OCI: c.OCI, Mirrors: c.Mirrors, Wrap: met.Wrap, Profile: nodeProfiles(c.Profile, cache, log)},
+			Options: warm.Options{OCI: c.OCI, Mirrors: c.Mirrors, Wrap: met.Wrap, Profile: nodeProfiles(c.Profile, cache, log), Peers: peers},
 			Cache:   cache, ListFile: c.WarmList, StatusFile: status, Bandwidth: c.WarmBandwidth,
 			ResolveInterval: c.WarmResolveInterval, Jobs: c.WarmJobs, Logger: log.With("component", "warm"),
 		})
 		met.Warm(warmer.Status, c.MetricsDigests)
-	}
-	var peers func(oci.Ref, content.Fetcher) content.Fetcher
-	if c.Peers.Listen != "" {
-		if peers, err = startPeers(ctx, c.Peers, cache, met, log.With("component", "peer")); err != nil {
-			return err
-		}
 	}
 	m, err := NewMounter(MounterOptions{
 		MountsDir: c.MountsDir, Cache: cache, OCI: c.OCI, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout,

@@ -39,6 +39,9 @@ type Options struct {
 	// touches, in the order of the read (a profile recorder); it must be
 	// fast and safe for concurrent use.
 	OnRead func(chunk int)
+	// OnClose, when set, is called once by the first Close (the end of
+	// what the volume's source serves, origin.Scoped).
+	OnClose func()
 }
 
 // maxHandles bounds the open chunks a Volume keeps.
@@ -93,6 +96,8 @@ type Volume struct {
 	// fetched is when (time.Now().UnixNano()) the volume last started or
 	// ended a fetch from its source.
 	fetched atomic.Int64
+
+	closeOnce sync.Once
 }
 
 // touch records a fetch starting or ending now (see fetched).
@@ -165,6 +170,9 @@ func (v *Volume) Root() ocispec.Descriptor { return v.ver.Root }
 func (v *Volume) Close() error {
 	v.cancel()
 	v.wg.Wait()
+	if v.opt.OnClose != nil {
+		v.closeOnce.Do(v.opt.OnClose)
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for i, h := range v.handles {

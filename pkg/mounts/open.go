@@ -76,9 +76,19 @@ func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, stri
 		trust = opt.Policy
 	}
 	ctx = modelpack.WithTrust(ctx, modelpack.Trust{Target: o.Target, Policy: trust, Logf: opt.Logf})
+	scoped, _ := o.Fetcher.(origin.Scoped) // the peer tier's: it serves this mount until the volume closes
+	if scoped != nil {
+		lo.OnClose = func() { scoped.Close() }
+	}
 	vol, err := lazy.Open(ctx, o.Fetcher, o.Root, lo)
 	if err != nil {
+		if scoped != nil {
+			scoped.Close()
+		}
 		return nil, "", fmt.Errorf("%s: %w", ref, err)
+	}
+	if scoped != nil {
+		scoped.Opened(vol.Version())
 	}
 	profile.Start(vol, o.Target, auto, opt.Profile)
 	return vol, o.Pinned(), nil

@@ -34,8 +34,18 @@ type Options struct {
 	Preload *chunkcache.Cache
 	// Peers, when set, puts the cluster's peers in front of a registry
 	// reference's source (the registry behind its mirrors): it gets that
-	// source and returns the fetcher to read through (pkg/peer).
+	// source and returns the fetcher to read through (pkg/peer). When
+	// that fetcher is a Scoped, the caller tells it the version it opened
+	// and closes it when done with it.
 	Peers func(ref oci.Ref, src content.Fetcher) content.Fetcher
+}
+
+// Scoped is a fetcher that serves one use of a version (a mount, a pull):
+// Opened tells it the version opened through it (the peer tier then
+// fetches that version's chunks for its peers), Close that the use ended.
+type Scoped interface {
+	Opened(ver *layout.Version)
+	Close() error
 }
 
 // Origin is where one resolved version is read from.

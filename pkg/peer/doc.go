@@ -14,23 +14,31 @@
 //  3. A node reading a chunk through a Fetcher asks the owner (then the
 //     next owner) before its own source (the registry, behind its
 //     mirrors). The owner serves the chunk from its cache, or, when it
-//     does not hold it yet but serves a mount of the same origin itself,
-//     fetches it from the registry once (the cache joins concurrent loads)
-//     and serves it as soon as it is verified: one registry fetch per chunk
-//     per cluster, as chunks arrive, not after the whole version.
-//  4. Every byte from a peer is verified against its digest; a peer that
-//     fails, is slow or serves wrong bytes costs a fallback to the next
-//     owner or the source, never a wrong byte, and is skipped for a
-//     cooldown. A peer is asked for whole chunks only, with a deadline
-//     that a link as fast as the registry's meets.
+//     does not hold it yet but serves a mount of the same origin whose
+//     version lists the chunk, fetches it from the registry once (the
+//     cache joins concurrent loads) and serves it as soon as it is
+//     verified: one registry fetch per chunk per cluster, as chunks
+//     arrive, not after the whole version. The mount's source is withdrawn
+//     when the mount ends (Fetcher.Close, called as its volume closes).
+//  4. A peer's chunk streams into the asker's cache as it arrives and is
+//     verified against its digest as it passes; a peer that fails, is slow
+//     or serves wrong bytes ends the stream with a
+//     chunkcache.RefetchError, so the load starts again from the next
+//     owner or the source: a fallback, never a wrong byte; and the peer is
+//     skipped for a cooldown. A peer is asked for whole chunks only, with
+//     a deadline that a link as fast as the registry's meets (Grace for
+//     the first byte, then MinRate).
 //  5. Access follows the chunk cache's origin rule (chunkcache.Cache.For):
 //     a peer serves a chunk for an origin (registry and repository) only
-//     if that origin delivered it, to it or to a node it got it from; a
+//     if that origin delivered it, to it or to a node it got it from, and
+//     fetches one from the origin for a peer only if a manifest it read
+//     lists it (a digest a peer names is never fetched on its word); a
 //     node asks peers only inside a mount it opened with a pod's own
 //     credentials. Peers talk over mutual TLS with certificates of one
 //     cluster CA (a Secret the chart makes), so only mounters reach one
 //     another.
 //  6. Work is bounded: requests served at once (more are refused with
 //     503, which sends the asker to its next choice), requests asked at
-//     once, and the bytes a peer answer may hold (one chunk).
+//     once (more go to the source), and the bytes each holds in memory (a
+//     copy buffer: chunks stream to and from the caches' files).
 package peer

@@ -1,20 +1,24 @@
 package peer
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
+	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -35,7 +39,10 @@ type Options struct {
 	// Cooldown is how long a peer that failed is skipped; <= 0 means 10 s.
 	Cooldown time.Duration
 	// MaxAsking bounds the requests to peers in flight at once (beyond it
-	// a chunk comes from the source); <= 0 means 32.
+	// a chunk comes from the source); <= 0 means 32. A request streams its
+	// chunk to the reader (the cache) as it arrives, so the bytes a
+	// fetcher holds in memory are a copy buffer per request, whatever the
+	// chunks' size.
 	MaxAsking int
 	// Stats, when set, receives the counters (shared by the fetchers of a
 	// node).
@@ -51,7 +58,15 @@ type Stats struct {
 }
 
 // Fetcher reads a chunk of one origin from its owners among the peers,
-// then from src. Bytes from a peer are verified before they are returned.
+// then from src. A chunk from a peer is streamed to the reader and
+// verified as it passes: a peer that fails, stalls or lies part-way ends
+// the read with a *chunkcache.RefetchError naming where to fetch the chunk
+// instead (the next owner, or src), so a cache load falls back and never
+// keeps a wrong byte.
+//
+// A Fetcher serves one mount (or pull): Opened records the chunks of the
+// versions opened through it (the only chunks this node, as their owner,
+// fetches from src for its peers, see Known), and Close withdraws it.
 type Fetcher struct {
 	ring     *Ring
 	registry string // the origin's registry host
@@ -59,7 +74,18 @@ type Fetcher struct {
 	src      content.Fetcher
 	opt      Options
 	asking   atomic.Int64
+
+	mu       sync.Mutex
+	known    map[digest.Digest]bool
+	withdraw func()
+	closed   bool
+	ready    chan struct{} // closed by the first Opened or Close
 }
+
+// openWait bounds how long Known waits for a version being opened through
+// the fetcher: nodes that start one version together ask one another
+// before each has read its manifests.
+const openWait = 3 * time.Second
 
 // NewFetcher returns a fetcher of the chunks of registry/repo that asks
 // the ring's owners before src.
@@ -88,23 +114,88 @@ func NewFetcher(ring *Ring, registry, repo string, src content.Fetcher, opt Opti
 	if opt.Stats == nil {
 		opt.Stats = new(Stats)
 	}
-	return &Fetcher{ring: ring, registry: registry, repo: repo, src: src, opt: opt}
+	return &Fetcher{ring: ring, registry: registry, repo: repo, src: src, opt: opt, known: map[digest.Digest]bool{}, ready: make(chan struct{})}
+}
+
+// Opened records the chunks of ver, a version opened through f (its
+// manifests read from the origin with the credentials f's source carries):
+// Known reports them from now on.
+func (f *Fetcher) Opened(ver *layout.Version) {
+	ds := ver.ChunkDescriptors()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range ds {
+		f.known[d.Digest] = true
+	}
+	f.readyLocked()
+}
+
+func (f *Fetcher) readyLocked() {
+	select {
+	case <-f.ready:
+	default:
+		close(f.ready)
+	}
+}
+
+// Known reports whether d is a chunk of a version opened through f: what
+// this node's server fetches from f's source for a peer (a digest named in
+// no manifest this node read is never fetched on a peer's word). Before
+// the first version is opened it waits for it, at most openWait.
+func (f *Fetcher) Known(d digest.Digest) bool {
+	t := time.NewTimer(openWait)
+	select {
+	case <-f.ready:
+	case <-t.C:
+	}
+	t.Stop()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.closed && f.known[d]
+}
+
+// OnClose sets what Close calls once (the server's withdrawal of f's
+// source).
+func (f *Fetcher) OnClose(withdraw func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.withdraw = withdraw
+}
+
+// Close ends f's mount: Known reports nothing more, and the function
+// given to OnClose is called once. Fetches still work (from src after
+// peers).
+func (f *Fetcher) Close() error {
+	f.mu.Lock()
+	w := f.withdraw
+	if f.closed {
+		w = nil
+	}
+	f.closed, f.withdraw = true, nil
+	f.readyLocked()
+	f.mu.Unlock()
+	if w != nil {
+		w()
+	}
+	return nil
 }
 
 // Fetch returns the blob desc: a chunk from its first owner that serves it
-// correctly (this node's own turn means the source), anything else, or
-// after every owner tried failed, from the source.
+// (this node's own turn means the source), anything else, or after every
+// owner tried refused, from the source.
 func (f *Fetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
-	if desc.MediaType == layout.MediaTypeChunk && desc.Size >= 0 && desc.Size <= layout.MaxChunkBytes && desc.Digest.Validate() == nil {
+	return f.fetch(ctx, desc, f.opt.Tries)
+}
+
+// fetch is Fetch asking at most tries owners.
+func (f *Fetcher) fetch(ctx context.Context, desc ocispec.Descriptor, tries int) (io.ReadCloser, error) {
+	if tries > 0 && desc.MediaType == layout.MediaTypeChunk && desc.Size >= 0 && desc.Size <= layout.MaxChunkBytes && desc.Digest.Validate() == nil {
 		if f.asking.Add(1) <= int64(f.opt.MaxAsking) {
-			b, ok := f.fromPeers(ctx, desc)
-			f.asking.Add(-1)
-			if ok {
-				return io.NopCloser(bytes.NewReader(b)), nil
+			if rc := f.fromPeers(ctx, desc, tries); rc != nil {
+				return rc, nil // it gives its slot back when closed
 			}
-		} else {
-			f.asking.Add(-1)
 		}
+		f.asking.Add(-1)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -114,15 +205,16 @@ func (f *Fetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCl
 	return f.src.Fetch(ctx, desc)
 }
 
-// fromPeers asks the owners of desc in turn, up to Tries of them. When
-// this node owns desc itself it asks the next owner only, which serves it
-// if it holds it (a node that joined after the others read it) and
-// otherwise says so at once: the owner then fetches it from the source.
-func (f *Fetcher) fromPeers(ctx context.Context, desc ocispec.Descriptor) ([]byte, bool) {
+// fromPeers asks the owners of desc in turn, up to tries of them, and
+// returns the answer of the first that sends the chunk, nil if none does.
+// When this node owns desc itself it asks the next owner only, which
+// serves it if it holds it (a node that joined after the others read it)
+// and otherwise says so at once: the owner then fetches it from the
+// source.
+func (f *Fetcher) fromPeers(ctx context.Context, desc ocispec.Descriptor, tries int) io.ReadCloser {
 	owners := f.ring.Owners(desc.Digest)
-	tries := f.opt.Tries
 	if len(owners) > 0 && owners[0] == f.ring.Self() {
-		tries = 1
+		tries = min(tries, 1)
 	}
 	asked := 0
 	for _, p := range owners {
@@ -130,23 +222,34 @@ func (f *Fetcher) fromPeers(ctx context.Context, desc ocispec.Descriptor) ([]byt
 			continue
 		}
 		if asked == tries || ctx.Err() != nil {
-			return nil, false
+			return nil
 		}
 		asked++
-		b, err := f.get(ctx, p, desc)
+		rc, err := f.get(ctx, p, desc, tries-asked)
 		if err == nil {
-			f.opt.Stats.PeerHits.Add(1)
-			f.opt.Stats.PeerBytes.Add(desc.Size)
-			return b, true
+			return rc
 		}
 		if notHeld(err) {
 			f.opt.Stats.PeerMisses.Add(1)
 			continue
 		}
-		f.opt.Stats.PeerFailures.Add(1)
-		f.ring.MarkDown(p, f.opt.Cooldown)
+		if ctx.Err() == nil {
+			f.opt.Stats.PeerFailures.Add(1)
+			if unreachable(err) {
+				f.ring.MarkUnreachable(p, f.opt.Cooldown)
+			} else {
+				f.ring.MarkDown(p, f.opt.Cooldown)
+			}
+		}
 	}
-	return nil, false
+	return nil
+}
+
+// unreachable reports whether err is a connection to a peer refused or
+// failed before any answer (a node not listening yet, or gone).
+func unreachable(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // peerError is a peer's answer other than the chunk.
@@ -171,32 +274,106 @@ func notHeld(err error) bool {
 	return ok && (pe.status == http.StatusNotFound || pe.status == http.StatusServiceUnavailable)
 }
 
-// get reads desc whole from peer p within its deadline, verified.
-func (f *Fetcher) get(ctx context.Context, p string, desc ocispec.Descriptor) ([]byte, error) {
-	deadline := f.opt.Grace + time.Duration(float64(desc.Size)/float64(f.opt.MinRate)*float64(time.Second))
-	ctx, cancel := context.WithTimeout(ctx, deadline)
-	defer cancel()
+// deadline is how long a peer has to send a chunk of size bytes: Grace
+// for its first byte, and the chunk at MinRate. A peer slower than that
+// is given up for the next owner or the source.
+func (f *Fetcher) deadline(size int64) time.Duration {
+	return f.opt.Grace + time.Duration(float64(size)/float64(f.opt.MinRate)*float64(time.Second))
+}
+
+// get asks peer p for desc and returns its answer as a stream, verified as
+// it is read, that must end within the deadline; left is how many more
+// owners the fallback may ask.
+func (f *Fetcher) get(ctx context.Context, p string, desc ocispec.Descriptor, left int) (io.ReadCloser, error) {
+	rctx, cancel := context.WithTimeout(ctx, f.deadline(desc.Size))
 	u := url.URL{Scheme: f.opt.Scheme, Host: p, Path: "/v2/" + f.repo + "/blobs/" + desc.Digest.String(),
 		RawQuery: url.Values{"ns": {f.registry}, "size": {strconv.FormatInt(desc.Size, 10)}}.Encode()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, u.String(), nil)
 	if err != nil {
+		cancel()
 		return nil, &peerError{err: err}
 	}
 	resp, err := f.opt.Client.Do(req)
 	if err != nil {
+		cancel()
 		return nil, &peerError{err: fmt.Errorf("peer %s: %w", p, err)}
 	}
-	defer resp.Body.Close()
+	f.ring.MarkUp(p)
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		resp.Body.Close()
+		cancel()
 		return nil, &peerError{status: resp.StatusCode}
 	}
 	if resp.ContentLength >= 0 && resp.ContentLength != desc.Size {
+		resp.Body.Close()
+		cancel()
 		return nil, &peerError{err: fmt.Errorf("peer %s: answered %d bytes for %d", p, resp.ContentLength, desc.Size)}
 	}
-	b, err := verify.ReadAll(resp.Body, "chunk", desc)
-	if err != nil {
-		return nil, &peerError{err: fmt.Errorf("peer %s: %w", p, err)}
+	return &peerBody{f: f, peer: p, desc: desc, ctx: ctx, left: left, body: resp.Body,
+		vr: verify.Reader(resp.Body, "chunk", desc), cancel: cancel}, nil
+}
+
+// peerBody is a peer's chunk as it arrives, verified as it is read.
+type peerBody struct {
+	f      *Fetcher
+	peer   string
+	desc   ocispec.Descriptor
+	ctx    context.Context // the reader's (the request's has the deadline)
+	left   int
+	body   io.ReadCloser
+	vr     *verify.VerifyingReader
+	cancel context.CancelFunc
+	done   bool // ended: verified, or failed
+	closed bool
+}
+
+// Read passes the chunk's bytes on; io.EOF only once all of them matched
+// the digest. A failure (an error, the deadline, wrong or missing bytes)
+// marks the peer down and is a *chunkcache.RefetchError whose Next asks
+// the next owner, then the source; the bytes of the read that found it are
+// held back (the reader drops the others).
+func (b *peerBody) Read(p []byte) (int, error) {
+	n, err := b.vr.Read(p)
+	switch {
+	case err == nil:
+		return n, nil
+	case err == io.EOF:
+		if !b.done {
+			b.done = true
+			b.f.opt.Stats.PeerHits.Add(1)
+			b.f.opt.Stats.PeerBytes.Add(b.desc.Size)
+		}
+		return n, io.EOF
+	case b.ctx.Err() != nil:
+		return 0, b.ctx.Err() // the reader gave up: not the peer's fault
 	}
-	return b, nil
+	if !b.done {
+		b.done = true
+		b.f.opt.Stats.PeerFailures.Add(1)
+		b.f.ring.MarkDown(b.peer, b.f.opt.Cooldown)
+	}
+	return 0, &chunkcache.RefetchError{Next: fallback{b.f, b.left}, Err: fmt.Errorf("peer %s: %w", b.peer, err)}
+}
+
+// Close ends the request and gives its slot back.
+func (b *peerBody) Close() error {
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	err := b.body.Close()
+	b.cancel()
+	b.f.asking.Add(-1)
+	return err
+}
+
+// fallback fetches through f asking at most left more owners.
+type fallback struct {
+	f    *Fetcher
+	left int
+}
+
+func (r fallback) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	return r.f.fetch(ctx, desc, r.left)
 }

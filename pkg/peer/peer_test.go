@@ -82,16 +82,30 @@ type node struct {
 	stats  *Stats
 	// corrupt makes the server flip a byte of every chunk it serves.
 	corrupt bool
+	// wrap, when set, stands between the server and its requests.
+	wrap func(w http.ResponseWriter, r *http.Request, serve http.HandlerFunc)
+	// opt are the options of the node's fetchers.
+	opt Options
+}
+
+// knows is the set of chunks of a version's manifest, as a mount that
+// opened it knows them.
+func knows(descs []ocispec.Descriptor) func(digest.Digest) bool {
+	m := map[digest.Digest]bool{}
+	for _, d := range descs {
+		m[d.Digest] = true
+	}
+	return func(d digest.Digest) bool { return m[d] }
 }
 
 // fleet starts n nodes that know one another, each serving a mount of
-// origin o (its source registered with its server).
-func fleet(t *testing.T, n int, o *origin) []*node {
+// the version descs of origin o (its source registered with its server).
+func fleet(t *testing.T, n int, o *origin, descs []ocispec.Descriptor) []*node {
 	t.Helper()
 	var nodes []*node
 	var addrs []string
 	for i := range n {
-		nd := newNode(t, i, o)
+		nd := newNode(t, i, o, descs)
 		nodes = append(nodes, nd)
 		addrs = append(addrs, nd.ring.Self())
 	}
@@ -101,7 +115,7 @@ func fleet(t *testing.T, n int, o *origin) []*node {
 	return nodes
 }
 
-func newNode(t *testing.T, i int, o *origin) *node {
+func newNode(t *testing.T, i int, o *origin, descs []ocispec.Descriptor) *node {
 	t.Helper()
 	c, err := chunkcache.Open(t.TempDir(), 1<<30)
 	if err != nil {
@@ -113,10 +127,14 @@ func newNode(t *testing.T, i int, o *origin) *node {
 	}
 	nd := &node{cache: c, ring: NewRing(l.Addr().String()), stats: new(Stats)}
 	nd.server = &Server{Cache: c, Ring: nd.ring}
-	nd.server.Serve(testOrigin, o)
+	nd.server.Serve(testOrigin, o, knows(descs))
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if nd.corrupt {
 			w = &flipWriter{ResponseWriter: w}
+		}
+		if nd.wrap != nil {
+			nd.wrap(w, r, nd.server.ServeHTTP)
+			return
 		}
 		nd.server.ServeHTTP(w, r)
 	}))
@@ -149,7 +167,9 @@ func (w *flipWriter) Write(b []byte) (int, error) {
 // bytes.
 func (nd *node) readAll(ctx context.Context, o *origin, descs []ocispec.Descriptor) error {
 	view := nd.cache.For(testOrigin)
-	f := NewFetcher(nd.ring, testRegistry, testRepo, o, Options{Scheme: "http", Stats: nd.stats})
+	opt := nd.opt
+	opt.Scheme, opt.Stats = "http", nd.stats
+	f := NewFetcher(nd.ring, testRegistry, testRepo, o, opt)
 	g, ctx := errgroup.WithContext(ctx)
 	g.SetLimit(4)
 	for _, d := range descs {
@@ -196,7 +216,7 @@ func versionBytes(descs []ocispec.Descriptor) int64 {
 // most of them from its peers.
 func TestFleetFetchesEachChunkOnce(t *testing.T) {
 	o, descs := version(40, 64<<10)
-	nodes := fleet(t, 4, o)
+	nodes := fleet(t, 4, o, descs)
 	readFleet(t, nodes, o, descs)
 	for d, n := range o.gets {
 		if n != 1 {
@@ -219,10 +239,10 @@ func TestFleetFetchesEachChunkOnce(t *testing.T) {
 // the version gets all of it from them.
 func TestFleetLateJoinerAsksNoOrigin(t *testing.T) {
 	o, descs := version(30, 32<<10)
-	nodes := fleet(t, 3, o)
+	nodes := fleet(t, 3, o, descs)
 	readFleet(t, nodes, o, descs)
 	before := o.sent()
-	late := newNode(t, 9, o)
+	late := newNode(t, 9, o, descs)
 	addrs := []string{late.ring.Self()}
 	for _, nd := range nodes {
 		addrs = append(addrs, nd.ring.Self())
@@ -243,7 +263,7 @@ func TestFleetLateJoinerAsksNoOrigin(t *testing.T) {
 // and the origin sends at most 1.5x the version.
 func TestFleetLyingPeer(t *testing.T) {
 	o, descs := version(40, 64<<10)
-	nodes := fleet(t, 4, o)
+	nodes := fleet(t, 4, o, descs)
 	nodes[3].corrupt = true
 	readFleet(t, nodes, o, descs)
 	if got, want := o.sent(), versionBytes(descs); float64(got) > 1.5*float64(want) {
@@ -270,7 +290,7 @@ func TestFleetLyingPeer(t *testing.T) {
 // 1.4x the version.
 func TestFleetOwnerGone(t *testing.T) {
 	o, descs := version(60, 64<<10)
-	nodes := fleet(t, 4, o)
+	nodes := fleet(t, 4, o, descs)
 	half := len(descs) / 2
 	readFleet(t, nodes[:3], o, descs[:half])
 	nodes[3].http.Close()
@@ -286,7 +306,7 @@ func TestFleetOwnerGone(t *testing.T) {
 // chunk's size is refused.
 func TestPeerOriginRule(t *testing.T) {
 	o, descs := version(4, 16<<10)
-	nodes := fleet(t, 1, o)
+	nodes := fleet(t, 1, o, descs)
 	nd := nodes[0]
 	if err := nd.readAll(context.Background(), o, descs); err != nil {
 		t.Fatal(err)

@@ -19,11 +19,12 @@ type Ring struct {
 	mu        sync.Mutex
 	peers     []string
 	downUntil map[string]time.Time
+	strikes   map[string]int // connections refused in a row, per peer
 }
 
 // NewRing returns a ring whose own address is self.
 func NewRing(self string) *Ring {
-	return &Ring{self: self, downUntil: map[string]time.Time{}}
+	return &Ring{self: self, downUntil: map[string]time.Time{}, strikes: map[string]int{}}
 }
 
 // Self returns this node's address.
@@ -61,6 +62,33 @@ func (r *Ring) MarkDown(addr string, d time.Duration) {
 	r.mu.Lock()
 	r.downUntil[addr] = time.Now().Add(d)
 	r.mu.Unlock()
+}
+
+// firstUnreachable is how long a peer that refused a connection once is
+// skipped; each refusal in a row doubles it, up to the cooldown given.
+const firstUnreachable = 250 * time.Millisecond
+
+// MarkUnreachable skips addr, which could not be reached, for a time that
+// starts short and doubles with each refusal in a row, up to max: a node
+// still starting (or restarting) is asked again soon, one that is gone
+// is asked rarely.
+func (r *Ring) MarkUnreachable(addr string, max time.Duration) {
+	if addr == r.self || max <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := firstUnreachable << min(r.strikes[addr], 16)
+	r.strikes[addr]++
+	r.downUntil[addr] = time.Now().Add(min(d, max))
+}
+
+// MarkUp records that addr answered: its next refusal is skipped briefly
+// again.
+func (r *Ring) MarkUp(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.strikes, addr)
 }
 
 // Owners returns the members in the order they own d: rendezvous hashing

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -25,7 +27,8 @@ const DefaultMaxServing = 64
 // GET /v2/<repository>/blobs/<digest>?ns=<registry>&size=<bytes>. It
 // serves a chunk only from the cache's view of that origin (what the
 // origin delivered), and, when this node owns the chunk and serves a mount
-// of the origin, fetches it from the origin once first. Everything else
+// of the origin whose version lists it, fetches it from the origin once
+// first. Everything else
 // is 404; more than MaxServing requests at once are 503.
 type Server struct {
 	Cache *chunkcache.Cache
@@ -35,10 +38,19 @@ type Server struct {
 	MaxServing int
 
 	mu      sync.Mutex
-	origins map[string]content.Fetcher // origin -> its source, while a mount of it is served
+	origins map[string][]*served // origin -> its mounts' sources, while they are served
 
 	serving atomic.Int64
+	last    atomic.Int64 // time.Now().UnixNano() of the last request
 	stats   serverStats
+}
+
+// LastRequest returns when the last request came (the zero time if none).
+func (s *Server) LastRequest() time.Time {
+	if n := s.last.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 type serverStats struct {
@@ -59,33 +71,59 @@ func (s *Server) Stats() ServerStats {
 		Fetched: s.stats.fetched.Load(), Refused: s.stats.refused.Load()}
 }
 
-// Serve records src as the source of origin ("host/repository") while a
-// mount of it is open on this node, so that this node fetches the chunks
-// it owns for its peers; the returned function withdraws it.
-func (s *Server) Serve(origin string, src content.Fetcher) (withdraw func()) {
+// Serve records src as a source of origin ("host/repository") while a
+// mount of it is open on this node, so that this node fetches from it the
+// chunks it owns, and known reports (the chunks of the versions the mount
+// opened: never a digest a peer names that no manifest read here lists),
+// for its peers. The returned function withdraws it (once; later calls do
+// nothing). Several mounts of one origin each add theirs: the latest one
+// that knows a chunk fetches it.
+func (s *Server) Serve(origin string, src content.Fetcher, known func(digest.Digest) bool) (withdraw func()) {
+	e := &served{src: src, known: known}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.origins == nil {
-		s.origins = map[string]content.Fetcher{}
+		s.origins = map[string][]*served{}
 	}
-	s.origins[origin] = src
+	s.origins[origin] = append(s.origins[origin], e)
+	var once sync.Once
 	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.origins[origin] == src {
-			delete(s.origins, origin)
-		}
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			es := slices.DeleteFunc(s.origins[origin], func(x *served) bool { return x == e })
+			if len(es) == 0 {
+				delete(s.origins, origin)
+			} else {
+				s.origins[origin] = es
+			}
+		})
 	}
 }
 
-func (s *Server) source(origin string) content.Fetcher {
+// served is one mount's source of an origin.
+type served struct {
+	src   content.Fetcher
+	known func(digest.Digest) bool
+}
+
+// source returns the source of origin that fetches d for a peer: the
+// latest mount of origin whose versions list d; nil if none.
+func (s *Server) source(origin string, d digest.Digest) content.Fetcher {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.origins[origin]
+	es := slices.Clone(s.origins[origin])
+	s.mu.Unlock()
+	for i := len(es) - 1; i >= 0; i-- {
+		if es[i].known != nil && es[i].known(d) {
+			return es[i].src
+		}
+	}
+	return nil
 }
 
 // ServeHTTP answers one blob request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.last.Store(time.Now().UnixNano())
 	max := s.MaxServing
 	if max <= 0 {
 		max = DefaultMaxServing
@@ -113,8 +151,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.refuse(w, http.StatusNotFound, "not held, and not its owner")
 			return
 		}
-		if src = s.source(origin); src == nil {
-			s.refuse(w, http.StatusNotFound, "not held, and no mount of its origin here")
+		if src = s.source(origin, desc.Digest); src == nil {
+			s.refuse(w, http.StatusNotFound, "not held, and no mount here of a version of its origin that lists it")
 			return
 		}
 	}

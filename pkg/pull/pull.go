@@ -14,6 +14,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 	"github.com/bdnvol/bdnvol/pkg/origin"
+	"github.com/bdnvol/bdnvol/pkg/peer"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 	"github.com/bdnvol/bdnvol/pkg/statcache"
 )
@@ -55,6 +56,16 @@ type Options struct {
 	Progress func() func()
 	// Logf (if set) is told what the caller may want to show.
 	Logf func(format string, args ...any)
+	// Peers, when set, makes the pull a node of a peer tier for its
+	// duration (pkg/peer): it serves the chunks of its cache to the other
+	// nodes, fetches from the registry the chunks it owns (once), asks
+	// their owners for the others, and once done serves what it holds
+	// until no peer asked for PeerLinger. The chunk cache is filled
+	// (CacheFill; CacheOff is refused).
+	Peers *peer.Config
+	// PeerLinger is how long a pull with Peers goes on serving after it
+	// finished once no peer asks (<= 0: 5 s); it serves 10 minutes at most.
+	PeerLinger time.Duration
 }
 
 // CacheMode is how a pull uses the node's chunk cache.
@@ -101,11 +112,15 @@ type Result struct {
 	FilesHashed int `json:"files_hashed"`
 	// LocalMisses are chunks looked for in files already in DIR that were
 	// not there after all, and were fetched.
-	LocalMisses  int64   `json:"local_misses"`
-	FilesRemoved int     `json:"files_removed"`
-	CacheHits    int64   `json:"cache_hits"`
-	MirrorHits   int64   `json:"mirror_hits"`
-	Seconds      float64 `json:"seconds"`
+	LocalMisses  int64 `json:"local_misses"`
+	FilesRemoved int   `json:"files_removed"`
+	CacheHits    int64 `json:"cache_hits"`
+	MirrorHits   int64 `json:"mirror_hits"`
+	// PeerBytes are the chunk bytes peers sent (with Options.Peers),
+	// ServedToPeers the bytes this pull sent them.
+	PeerBytes     int64   `json:"peer_bytes,omitempty"`
+	ServedToPeers int64   `json:"served_to_peers,omitempty"`
+	Seconds       float64 `json:"seconds"`
 }
 
 // Pull resolves ref (a tag becomes a digest now), checks opt.Policy, and
@@ -115,13 +130,13 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 	if ref.Layout != "" && len(opt.Mirrors.URLs) > 0 && opt.Logf != nil {
 		opt.Logf("%s is a local layout; mirrors are not used", ref.Repo())
 	}
-	o, err := origin.Resolve(ctx, ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy})
-	if err != nil {
-		return nil, err
+	if opt.Peers != nil && ref.Layout == "" {
+		if opt.Cache == CacheOff {
+			return nil, fmt.Errorf("the peer tier serves the chunk cache: it cannot be used without it")
+		}
+		opt.Cache = CacheFill
 	}
-	desc, src, mirrors := o.Root, o.Fetcher, o.Mirrors
-	wrap := func(f content.Fetcher) content.Fetcher { return f }
-	var cache *chunkcache.Cache
+	var whole *chunkcache.Cache
 	if opt.Cache != CacheOff {
 		// Without CacheFill nothing is added, so open with no bound: a
 		// smaller one than the mounts' would evict their chunks.
@@ -129,10 +144,37 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 		if opt.Cache == CacheFill {
 			max = opt.CacheSize
 		}
-		if cache, err = chunkcache.Open(filepath.Join(opt.CacheDir, "chunks"), max); err != nil {
+		var err error
+		if whole, err = chunkcache.Open(filepath.Join(opt.CacheDir, "chunks"), max); err != nil {
 			return nil, err
 		}
-		cache = cache.For(o.Name()) // what this repository delivered (chunkcache's origin rule)
+	}
+	var node *peer.Node
+	var scoped *peer.Fetcher
+	ropt := origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy}
+	if opt.Peers != nil && ref.Layout == "" {
+		var err error
+		if node, err = peer.Start(*opt.Peers, whole); err != nil {
+			return nil, err
+		}
+		defer node.Close()
+		ropt.Peers = func(ref oci.Ref, src content.Fetcher) content.Fetcher {
+			scoped = node.Fetcher(ref.Registry, ref.Repository, src)
+			return scoped
+		}
+	}
+	o, err := origin.Resolve(ctx, ref, ropt)
+	if err != nil {
+		return nil, err
+	}
+	if scoped != nil {
+		defer scoped.Close()
+	}
+	desc, src, mirrors := o.Root, o.Fetcher, o.Mirrors
+	wrap := func(f content.Fetcher) content.Fetcher { return f }
+	var cache *chunkcache.Cache
+	if whole != nil {
+		cache = whole.For(o.Name()) // what this repository delivered (chunkcache's origin rule)
 		wrap = cache.ReadOnly
 		if opt.Cache == CacheFill {
 			wrap = cache.Fetcher
@@ -141,6 +183,9 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 	v, err := origin.Open(ctx, wrap(src), desc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", ref, err)
+	}
+	if scoped != nil {
+		scoped.Opened(v) // this node fetches the chunks it owns for its peers
 	}
 	src = wrap(v.ChunkSourceBases(src, wrap(src))) // the registry's blobs, or a foreign artifact's chunks
 	stop := func() {}
@@ -162,6 +207,17 @@ func Pull(ctx context.Context, ref oci.Ref, dir string, opt Options) (*Result, e
 	}
 	if mirrors != nil {
 		out.MirrorHits = mirrors.Stats().Hits
+	}
+	if node != nil {
+		if scoped != nil {
+			scoped.Close() // the registry no longer: what this node holds only
+		}
+		linger := opt.PeerLinger
+		if linger <= 0 {
+			linger = 5 * time.Second
+		}
+		node.Linger(ctx, linger, 10*time.Minute)
+		out.PeerBytes, out.ServedToPeers = node.Stats.PeerBytes.Load(), node.Server.Stats().ServedBytes
 	}
 	return out, nil
 }

@@ -35,6 +35,10 @@ type Options struct {
 	Mirrors oci.MirrorConfig
 	// Wrap, when set, wraps the fetcher of a registry (as mounts.OpenOptions.Wrap).
 	Wrap func(source, host string, f content.Fetcher) content.Fetcher
+	// Peers, when set, puts the cluster's peers in front of the registry
+	// (origin.Options.Peers): N nodes warming one version fetch each chunk
+	// from the registry about once. Close the Opened when done with it.
+	Peers func(ref oci.Ref, src content.Fetcher) content.Fetcher
 	// Profile finds each version's startup profile, whose chunks are
 	// warmed first, in its order; the zero value uses none.
 	Profile profile.Options
@@ -51,6 +55,15 @@ type Opened struct {
 	Patterns string
 	src      content.Fetcher
 	origin   string // what Fill records as the chunks' origin (chunkcache.For)
+	scoped   origin.Scoped
+}
+
+// Close ends what the warm's source serves (the peer tier's fetch for its
+// peers of the chunks this node owns).
+func (t *Opened) Close() {
+	if t.scoped != nil {
+		t.scoped.Close()
+	}
 }
 
 // Open resolves ref (a tag becomes a digest now), reads its index through
@@ -67,15 +80,22 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 	if err != nil {
 		return nil, err
 	}
-	o, err := origin.Resolve(ctx, r, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Wrap: opt.Wrap})
+	o, err := origin.Resolve(ctx, r, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Wrap: opt.Wrap, Peers: opt.Peers})
 	if err != nil {
 		return nil, err
 	}
 	desc, src := o.Root, o.Fetcher
+	scoped, _ := src.(origin.Scoped)
 	cache = cache.For(o.Name()) // chunkcache's origin rule: what ref's repository delivered
 	ver, err := origin.Open(ctx, cache.Fetcher(src), desc)
 	if err != nil {
+		if scoped != nil {
+			scoped.Close()
+		}
 		return nil, fmt.Errorf("%s: %w", ref, err)
+	}
+	if scoped != nil {
+		scoped.Opened(ver)
 	}
 	if patterns == "all" {
 		patterns = ""
@@ -86,7 +106,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 			return nil, fmt.Errorf("%s: %w", ref, err)
 		}
 	}
-	tg := &Opened{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: ver.ChunkSource(src), origin: o.Name()}
+	tg := &Opened{Ref: ref, Pinned: r.Pinned(desc.Digest), Version: ver, Patterns: patterns, src: ver.ChunkSource(src), origin: o.Name(), scoped: scoped}
 	seen := map[int]bool{}
 	for fi := range ver.Index.Len() {
 		f := ver.Index.File(fi)

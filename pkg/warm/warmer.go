@@ -199,6 +199,13 @@ func (w *Warmer) round(ctx context.Context) {
 	c := w.opt.Cache
 	st := &Status{List: w.opt.ListFile, CacheMax: c.Max(), Fits: true}
 	targets := make([]*Opened, len(list))
+	defer func() {
+		for _, t := range targets {
+			if t != nil {
+				t.Close()
+			}
+		}
+	}()
 	for i, e := range list {
 		es := EntryStatus{Ref: e.Ref, State: StateResolving}
 		t, err := w.open(ctx, e)
