@@ -97,6 +97,12 @@ func newPuller(ctx context.Context, src content.Fetcher, v *layout.Version, d *d
 	if opt.Jobs <= 0 {
 		opt.Jobs = 8
 	}
+	if jobs := fitJobs(opt.Jobs); jobs < opt.Jobs {
+		if opt.Logf != nil {
+			opt.Logf("%d jobs instead of %d, to stay under the limit on open files (ulimit -n)", jobs, opt.Jobs)
+		}
+		opt.Jobs = jobs
+	}
 	if opt.Counters == nil {
 		opt.Counters = &progress.Counters{}
 	}
