@@ -76,7 +76,11 @@ func (c *Cache) Remove(d digest.Digest) bool {
 	}
 	err := os.Remove(c.path(d))
 	c.forget(d)
-	return err == nil
+	_, folded := c.readFold(d)
+	if folded {
+		c.dropFolded(d)
+	}
+	return err == nil || folded
 }
 
 // EntrySize returns the size of d's entry on disk, and whether there is one.
@@ -86,6 +90,11 @@ func (c *Cache) EntrySize(d digest.Digest) (int64, bool) {
 	}
 	st, err := os.Stat(c.path(d))
 	if err != nil || !st.Mode().IsRegular() {
+		if fd, ok := c.readFold(d); ok {
+			if bst, err := os.Stat(c.backingPath(fd.file)); err == nil && fd.off+fd.size <= bst.Size() {
+				return fd.size, true
+			}
+		}
 		return 0, false
 	}
 	return st.Size(), true

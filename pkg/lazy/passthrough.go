@@ -307,8 +307,10 @@ func (v *Volume) assemble(ctx context.Context, i int, d ocispec.Descriptor) (*ch
 // BuildBacking makes, from the chunks cache holds (for its view's origin),
 // the backing file a mount serves file i of ver from by passthrough, so
 // that no open of the file has to wait while it is made: what warming
-// does once a version's chunks are cached. It reports whether the file has
-// a backing file now (made or found). A file a mount does not serve by
+// does once a version's chunks are cached. Then it folds the chunks that
+// lie whole in the backing file into it (chunkcache.Fold), so that the
+// file's bytes take the disk once. It reports whether the file has a
+// backing file now (made or found). A file a mount does not serve by
 // passthrough (small, or not a regular file), one whose chunks are not all
 // cached, and one that does not fit in the cache's bound get none, and no
 // error; bytes that do not verify are an error.
@@ -317,26 +319,44 @@ func BuildBacking(ctx context.Context, cache *chunkcache.Cache, ver *layout.Vers
 	if !ok {
 		return false, nil
 	}
-	if b, err := cache.OpenBacking(d); err != nil || b != nil {
-		if b != nil {
-			b.Close()
-		}
-		return b != nil, err
-	}
-	for _, x := range ver.Index.File(i).Extents {
-		if !cache.Contains(ver.Chunk(x.Chunk).Digest) {
-			return false, nil
-		}
-	}
-	b, err := assembleFile(ctx, cache, ver, i, d)
-	switch {
-	case errors.Is(err, chunkcache.ErrNoRoom), errors.Is(err, chunkcache.ErrBusy), errors.Is(err, errNotCached):
-		return false, nil
-	case err != nil:
+	b, err := cache.OpenBacking(d)
+	if err != nil {
 		return false, err
 	}
-	b.Close()
+	if b == nil {
+		for _, x := range ver.Index.File(i).Extents {
+			if !cache.Contains(ver.Chunk(x.Chunk).Digest) {
+				return false, nil
+			}
+		}
+		b, err = assembleFile(ctx, cache, ver, i, d)
+		switch {
+		case errors.Is(err, chunkcache.ErrNoRoom), errors.Is(err, chunkcache.ErrBusy), errors.Is(err, errNotCached):
+			return false, nil
+		case err != nil:
+			return false, err
+		}
+	}
+	defer b.Close()
+	if _, err := cache.Fold(d, wholePieces(ver, i)); err != nil {
+		return true, err
+	}
 	return true, nil
+}
+
+// wholePieces returns the chunks of file i of ver that lie whole in it,
+// with where.
+func wholePieces(ver *layout.Version, i int) []chunkcache.Piece {
+	var ps []chunkcache.Piece
+	var off int64
+	for _, x := range ver.Index.File(i).Extents {
+		c := ver.Chunk(x.Chunk)
+		if x.Offset == 0 && x.Length == c.Size {
+			ps = append(ps, chunkcache.Piece{Chunk: c, FileOffset: off})
+		}
+		off += x.Length
+	}
+	return ps
 }
 
 // assembleFile makes the backing file of file i of ver (descriptor d) from
