@@ -28,7 +28,8 @@
 //	  final name (an in-place fine-tune); else where cutting an unrecorded
 //	  file as a push would finds it
 //
-//	transfer, Jobs at a time:
+//	transfer, Jobs at a time (Jobs lowered so that the pull's descriptors,
+//	  fdBound, fit under RLIMIT_NOFILE: fdlimit.go):
 //	  copy each local chunk to its targets:
 //	    vouched: in the kernel, unhashed (copy_file_range, a reflink where
 //	      the file system can), the source's stat key the same before and
