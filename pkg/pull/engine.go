@@ -87,6 +87,8 @@ type puller struct {
 
 	copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks, localMisses atomic.Int64
 
+	dirs sharedDirs // directories the jobs write packed files into
+
 	readyMu sync.Mutex
 	ready   []int           // finished files that wait for the local copies
 	copying bool            // the local copies still run
@@ -399,7 +401,7 @@ func (p *puller) fetchPacked(desc ocispec.Descriptor, ts []target) error {
 // temporary files, whose targets it returns.
 func (p *puller) writePacked(desc ocispec.Descriptor, data []byte, ts []target) ([]target, error) {
 	x := p.x
-	wdc := newDirFD(p.d)
+	wdc := newSharedDirFD(p.d, &p.dirs)
 	defer wdc.close()
 	open := &openFiles{files: p.files}
 	defer open.close()

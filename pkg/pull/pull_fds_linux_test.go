@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -85,5 +87,54 @@ func TestPullUnderFDLimit(t *testing.T) {
 		t.Errorf("%d descriptors open at once beyond the %d before, bound for %d jobs %d", got, base, jobs, fdBound(jobs))
 	}
 	t.Logf("limit %d, %d open before, %d jobs, at most %d beyond", limit, base, jobs, c.maxFDs.Load()-int64(base))
+	checkPulled(t, dst, files, nil)
+}
+
+// TestPullSharesDirectoryDescriptors pulls many small files of one
+// directory, packed into many chunks, with 8 jobs: the jobs writing into
+// the directory at once share one descriptor of it, not one each.
+func TestPullSharesDirectoryDescriptors(t *testing.T) {
+	files := map[string][]byte{}
+	for i := range 6000 {
+		files[fmt.Sprintf("one/f%05d", i)] = testutil.RandBytes(uint64(i), 600)
+	}
+	store, v := pushed(t, layout.Params{Min: 32 << 10, Avg: 64 << 10, Max: 128 << 10}, files)
+	if v.NumChunks() < 16 {
+		t.Fatalf("premise: the files packed into many chunks, got %d", v.NumChunks())
+	}
+	dst := t.TempDir()
+	dir := filepath.Join(dst, "one")
+	stop := make(chan struct{})
+	most := make(chan int)
+	go func() {
+		m := 0
+		for {
+			select {
+			case <-stop:
+				most <- m
+				return
+			default:
+			}
+			des, _ := os.ReadDir("/proc/self/fd")
+			n := 0
+			for _, e := range des {
+				if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && l == dir {
+					n++
+				}
+			}
+			m = max(m, n)
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	_, err := Materialise(context.Background(), store, v, dst, Options{Jobs: 8})
+	close(stop)
+	m := <-most
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m > 1 {
+		t.Errorf("%d descriptors of the one directory open at once, want 1 shared by the jobs", m)
+	}
+	t.Logf("at most %d descriptors of the directory at once", m)
 	checkPulled(t, dst, files, nil)
 }
