@@ -144,3 +144,32 @@ func TestFoldEviction(t *testing.T) {
 		}
 	}
 }
+
+// Removing a folded chunk removes the backing file it was folded into:
+// the chunk's bytes leave the disk, as a chunk entry's do.
+func TestRemoveFoldedChunkFreesItsDisk(t *testing.T) {
+	ctx := context.Background()
+	f, descs, datas := pushChunks(t, 2, 8192)
+	c := mustOpenCache(t, t.TempDir())
+	desc, _ := fileOf(datas...)
+	b, err := c.Assemble(ctx, desc, assembleFrom(c, f, descs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if _, err := c.Fold(desc, []Piece{{descs[0], 0}, {descs[1], descs[0].Size}}); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Remove(descs[0].Digest) {
+		t.Fatal("Remove of a folded chunk reported nothing removed")
+	}
+	if _, err := os.Stat(c.backingPath(desc.Digest)); err == nil {
+		t.Fatal("the backing file holding the removed chunk's bytes is still on disk")
+	}
+	if c.Contains(descs[0].Digest) || c.Contains(descs[1].Digest) {
+		t.Fatal("chunks folded into the removed backing file still count as cached")
+	}
+	if n := c.Size(); n != 0 {
+		t.Fatalf("the cache accounts %d bytes after the removal, want 0", n)
+	}
+}
