@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -180,8 +179,9 @@ func (c *Cache) openFolded(desc ocispec.Descriptor) Chunk {
 		f.Close()
 		return nil
 	}
-	now := time.Now()
-	os.Chtimes(bp, now, now)
+	// No Chtimes here, as open does for a chunk: a backing file's mtime
+	// is part of its vouch mark, and changing it would make the next
+	// open hash the whole file again.
 	c.mu.Lock()
 	if el, ok := c.backings[fd.file]; ok {
 		c.lru.MoveToFront(el)

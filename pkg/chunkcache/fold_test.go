@@ -173,3 +173,39 @@ func TestRemoveFoldedChunkFreesItsDisk(t *testing.T) {
 		t.Fatalf("the cache accounts %d bytes after the removal, want 0", n)
 	}
 }
+
+// Serving a folded chunk leaves its backing file's vouch mark valid: the
+// next open of the file (or of another chunk in it) does not hash the
+// whole file again.
+func TestFoldedLoadKeepsTheMark(t *testing.T) {
+	ctx := context.Background()
+	f, descs, datas := pushChunks(t, 2, 8192)
+	dir := t.TempDir()
+	c := mustOpenCache(t, dir)
+	desc, _ := fileOf(datas...)
+	b, err := c.Assemble(ctx, desc, assembleFrom(c, f, descs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if _, err := c.Fold(desc, []Piece{{descs[0], 0}, {descs[1], descs[0].Size}}); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := mustOpenCache(t, dir).Load(ctx, f, descs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+	bf, err := os.Open(c.backingPath(desc.Digest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bf.Close()
+	st, err := bf.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !vouchedEntry(bf, st) {
+		t.Fatal("loading a folded chunk voided its backing file's mark: the next open hashes the whole file")
+	}
+}
