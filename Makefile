@@ -117,7 +117,7 @@ test: unit vet fuzz e2e
 release-check: check-manifests
 
 bench:
-	bash bench/bench.sh && bash bench/dataset.sh && bash bench/mount.sh && BENCH_LINK=1 bash bench/mount.sh && bash bench/warm.sh && bash bench/warmstate.sh && bash bench/fleet.sh && bash bench/delta.sh
+	bash bench/bench.sh && bash bench/dataset.sh && bash bench/mount.sh && BENCH_LINK=1 bash bench/mount.sh && bash bench/warm.sh && BENCH_PAUSE=25ms bash bench/profile.sh && bash bench/warmstate.sh && bash bench/fleet.sh && bash bench/delta.sh
 
 # The main job on generated sample data, against the embedded OCI-layout
 # default: seal a small model, change it, push again, pull it back, compare.

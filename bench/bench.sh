@@ -361,6 +361,7 @@ fi
 row "fine-tune re-push uploaded" "$(mib "$ORAS_FT_BYTES")" "$(mib "$(B "${BDNVOL_FT_BYTES:-}")")" "$ORAS_FT_BYTES" "$(B "${BDNVOL_FT_BYTES:-}")" "≤" 0.34 "0.34×"
 row "fine-tune re-push (s)" "${WALL[oras_ft]}" "$(B "${WALL[bdnvol_ft]:-}")" "${WALL[oras_ft]}" "$(B "${WALL[bdnvol_ft]:-}")" "" - "—"
 row "no-op re-push (s)" "${WALL[oras_noop]}" "$(B "${WALL[bdnvol_noop]:-}")" "${WALL[oras_noop]}" "$(B "${WALL[bdnvol_noop]:-}")" "≤" 0.1 "0.1×"
+row "no-op re-push vs oras push (s)" "push ${WALL[oras_push]}" "$(B "${WALL[bdnvol_noop]:-}")" "${WALL[oras_push]}" "$(B "${WALL[bdnvol_noop]:-}")" "≤" 0.05 "0.05×"
 row "v1→v2 upgrade vs cold pull of v2 (s)" "cold ${WALL[bdnvol_pull2]:-0}" "$(B "${WALL[bdnvol_up]:-}")" "${WALL[bdnvol_pull2]:-0}" "$(B "${WALL[bdnvol_up]:-}")" "≤" 0.35 "0.35×"
 row "v1→v2 upgrade fetched vs changed tensors" "$(mib $((FT_CHANGED + FT_NEW)))" "$(mib "$(B "${BDNVOL_UP_FETCHED:-}")")" $((FT_CHANGED + FT_NEW)) "$(B "${BDNVOL_UP_FETCHED:-}")" "≤" 1.05 "1.05×"
 row "peak RSS push (MiB)" "$(rssmib "${RSS[oras_push]}")" "$(rssmib "$(B "${RSS[bdnvol_push]:-}")")" "${RSS[oras_push]}" "$(B "${RSS[bdnvol_push]:-}")" "≤" 262144 "256 MiB" absolute

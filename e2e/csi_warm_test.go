@@ -102,13 +102,33 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 func (n *csiNode) blobBytes(gets map[string]int) int64 {
 	var sum int64
 	for d := range gets {
-		fi, err := os.Stat(filepath.Join(n.cacheDir, "chunks", "sha256", strings.TrimPrefix(d, "sha256:")))
-		if err != nil {
-			n.t.Fatalf("fetched blob %s is not in the cache: %v", d, err)
+		size, ok := cachedEntry(n.cacheDir, d)
+		if !ok {
+			n.t.Fatalf("fetched blob %s is not in the cache", d)
 		}
-		sum += fi.Size()
+		sum += size
 	}
 	return sum
+}
+
+// cachedEntry returns the size of blob d's entry in the cache under
+// cacheDir, a chunk entry or a chunk folded into a backing file (its
+// size is the entry's last field), and whether there is one.
+func cachedEntry(cacheDir, d string) (int64, bool) {
+	hex := strings.TrimPrefix(d, "sha256:")
+	if fi, err := os.Stat(filepath.Join(cacheDir, "chunks", "sha256", hex)); err == nil {
+		return fi.Size(), true
+	}
+	b, err := os.ReadFile(filepath.Join(cacheDir, "chunks", "in", hex))
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 3 {
+		return 0, false
+	}
+	size, err := strconv.ParseInt(f[2], 10, 64)
+	return size, err == nil
 }
 
 // cachedChunks reports which chunks of the recorded version d are missing
@@ -128,14 +148,17 @@ func (n *csiNode) cachedChunks(d string) (missing []string, cacheBytes int64) {
 		n.t.Fatalf("record of %s: %v (%d chunks)", d, err, len(rec.Chunks))
 	}
 	for _, c := range rec.Chunks {
-		if _, err := os.Stat(filepath.Join(n.cacheDir, "chunks", "sha256", strings.TrimPrefix(c.Digest, "sha256:"))); err != nil {
+		if _, ok := cachedEntry(n.cacheDir, c.Digest); !ok {
 			missing = append(missing, c.Digest)
 		}
 	}
-	es, _ := os.ReadDir(filepath.Join(n.cacheDir, "chunks", "sha256"))
-	for _, e := range es {
-		if fi, err := e.Info(); err == nil {
-			cacheBytes += fi.Size()
+	// Chunk entries and backing files (which hold the folded chunks).
+	for _, sub := range []string{"sha256", "files"} {
+		es, _ := os.ReadDir(filepath.Join(n.cacheDir, "chunks", sub))
+		for _, e := range es {
+			if fi, err := e.Info(); err == nil {
+				cacheBytes += fi.Size()
+			}
 		}
 	}
 	return missing, cacheBytes

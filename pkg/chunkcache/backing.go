@@ -134,6 +134,7 @@ func (c *Cache) forgetBacking(d digest.Digest) {
 		delete(c.backings, d)
 	}
 	delete(c.delivered, c.backingPath(d))
+	c.dropFoldsLocked(d)
 }
 
 // Assemble makes the backing file of the file desc and returns it open:
@@ -224,7 +225,7 @@ func (c *Cache) keptBytesLocked() int64 {
 // never; a protected chunk only in the second pass (protectedToo).
 func (c *Cache) evictable(e *cacheEntry, protectedToo bool) bool {
 	if e.backing {
-		return c.backingOpen[e.d] == 0
+		return c.backingOpen[e.d] == 0 && (protectedToo || !c.pinnedFoldsLocked(e.d))
 	}
 	return protectedToo || c.pins[e.d] == 0
 }

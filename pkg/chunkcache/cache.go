@@ -89,6 +89,9 @@ type store struct {
 	backings    map[digest.Digest]*list.Element
 	backingOpen map[digest.Digest]int  // open Backings by digest: never evicted
 	building    map[digest.Digest]bool // Assemble under way
+	// folds lists, by backing file, the chunks this process knows are
+	// folded into it (fold.go)
+	folds map[digest.Digest][]digest.Digest
 
 	backingsMade, backingsOpened atomic.Int64
 
@@ -137,6 +140,7 @@ func Open(dir string, maxBytes int64) (*Cache, error) {
 		backings:    map[digest.Digest]*list.Element{},
 		backingOpen: map[digest.Digest]int{},
 		building:    map[digest.Digest]bool{},
+		folds:       map[digest.Digest][]digest.Digest{},
 	}}
 	for _, d := range []string{c.blobDir(), c.tmpDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -164,6 +168,7 @@ func Open(dir string, maxBytes int64) (*Cache, error) {
 		fs = append(fs, found{d: d, size: info.Size(), mtime: info.ModTime()})
 	}
 	fs = append(fs, c.indexBackings()...)
+	c.indexFolds()
 	sort.Slice(fs, func(i, j int) bool { return fs[i].mtime.Before(fs[j].mtime) })
 	for _, f := range fs {
 		el := c.lru.PushFront(&cacheEntry{d: f.d, size: f.size, backing: f.backing})
@@ -219,7 +224,8 @@ func (c *Cache) Contains(d digest.Digest) bool {
 	}
 	p := c.path(d)
 	if _, err := os.Stat(p); err != nil {
-		return false
+		_, ok := c.foldedAt(d)
+		return ok
 	}
 	return c.deliveredAt(p, nil)
 }
@@ -319,6 +325,9 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		c.forget(desc.Digest)
+		if ch := c.openFolded(desc); ch != nil {
+			return ch, nil
+		}
 		return nil, nil
 	}
 	st, err := f.Stat()
@@ -358,6 +367,11 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 	}
 	if !c.deliveredAt(p, f) {
 		f.Close()
+		// The origin may have delivered the chunk before it was folded
+		// and fetched again by another.
+		if ch := c.openFolded(desc); ch != nil {
+			return ch, nil
+		}
 		return nil, nil
 	}
 	c.mu.Lock()
@@ -433,6 +447,7 @@ func (c *Cache) evictLocked(keep *list.Element) {
 				c.size -= e.size
 				c.lru.Remove(el)
 				if e.backing {
+					c.dropFoldsLocked(e.d)
 					os.Remove(c.backingPath(e.d))
 					delete(c.backings, e.d)
 					delete(c.delivered, c.backingPath(e.d))

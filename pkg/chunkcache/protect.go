@@ -76,7 +76,27 @@ func (c *Cache) Remove(d digest.Digest) bool {
 	}
 	err := os.Remove(c.path(d))
 	c.forget(d)
-	return err == nil
+	fd, folded := c.readFold(d)
+	if folded {
+		c.dropFolded(d)
+		c.removeBacking(fd.file)
+	}
+	return err == nil || folded
+}
+
+// removeBacking removes the backing file of file, which held a chunk just
+// removed, with the chunks folded into it, unless it is open, being made,
+// or holds a folded chunk an owner protects: it is the removed chunk's
+// disk, which would otherwise stay until evicted.
+func (c *Cache) removeBacking(file digest.Digest) {
+	c.mu.Lock()
+	busy := c.backingOpen[file] > 0 || c.building[file] || c.pinnedFoldsLocked(file)
+	c.mu.Unlock()
+	if busy {
+		return
+	}
+	os.Remove(c.backingPath(file))
+	c.forgetBacking(file)
 }
 
 // EntrySize returns the size of d's entry on disk, and whether there is one.
@@ -86,6 +106,11 @@ func (c *Cache) EntrySize(d digest.Digest) (int64, bool) {
 	}
 	st, err := os.Stat(c.path(d))
 	if err != nil || !st.Mode().IsRegular() {
+		if fd, ok := c.readFold(d); ok {
+			if bst, err := os.Stat(c.backingPath(fd.file)); err == nil && fd.off+fd.size <= bst.Size() {
+				return fd.size, true
+			}
+		}
 		return 0, false
 	}
 	return st.Size(), true

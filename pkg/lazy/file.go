@@ -155,8 +155,18 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		regions = f.regions(ctx)
 	}
 	end := off + n
+	carried := int64(0)
+	if off == 0 {
+		carried = f.v.takeCarry(f.idx)
+	}
 	f.mu.Lock()
 	seq := f.next > 0 && off <= f.next+seqSlack && off+seqSlack >= f.next
+	if carried > 0 && f.next == 0 {
+		// The first read of a file right after the reader read the one
+		// before it through to its end: the sequential run, and its
+		// window, go on from there rather than starting small again.
+		seq, f.streaming, f.run, f.next = true, true, carried, 0
+	}
 	if !seq {
 		f.streaming = false
 	}
@@ -250,22 +260,39 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		// the window goes on into it, for at most Jobs chunks, so the
 		// link stays busy across the boundary.
 		left := len(f.starts) - sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > end }) + 1
-		f.v.fetchNextFile(f.idx, min(f.v.opt.Jobs, aheadChunks*f.v.opt.Jobs-left))
+		f.v.fetchNextFile(f.idx, min(f.v.opt.Jobs, aheadChunks*f.v.opt.Jobs-left), run)
 	}
 }
 
 // fetchNextFile starts fetching the first n chunks of the regular file
-// after entry i of the index.
-func (v *Volume) fetchNextFile(i, n int) {
+// after entry i of the index, and carries the reader's sequential run
+// (run bytes) over to that file's first read (takeCarry).
+func (v *Volume) fetchNextFile(i, n int, run int64) {
 	x := v.ver.Index
-	for j := i + 1; j < x.Len() && n > 0; j++ {
+	for j := i + 1; j < x.Len(); j++ {
 		if e := x.File(j); e.Type == layout.TypeFile && e.Size > 0 {
-			for _, x := range e.Extents[:min(n, len(e.Extents))] {
+			v.mu.Lock()
+			v.carryIdx, v.carryRun = j, run
+			v.mu.Unlock()
+			for _, x := range e.Extents[:max(0, min(n, len(e.Extents)))] {
 				v.fetchAhead(x.Chunk, 0)
 			}
 			return
 		}
 	}
+}
+
+// takeCarry returns the sequential run carried over to file i from the
+// file before it (fetchNextFile), once; 0 when there is none.
+func (v *Volume) takeCarry(i int) int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.carryRun == 0 || v.carryIdx != i {
+		return 0
+	}
+	run := v.carryRun
+	v.carryRun = 0
+	return run
 }
 
 // wholeTensor returns the start of the last tensor fetched whole.

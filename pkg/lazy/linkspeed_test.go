@@ -541,3 +541,73 @@ func TestHeaderProbeNeverFetchesLargeChunkWhole(t *testing.T) {
 		}
 	}
 }
+
+// TestReadaheadCarriesAcrossFiles: a reader that reads a file through to
+// its end and then starts on the next gets the next file's read-ahead
+// window at the size it had reached, from that file's first read (up to
+// aheadChunks*Jobs chunks ahead), rather than starting small again; a
+// reader that opens the second file first gets no window from its first read.
+func TestReadaheadCarriesAcrossFiles(t *testing.T) {
+	const mib = 1 << 20
+	dir := t.TempDir()
+	a, b := randBytes(22, 12*mib), randBytes(23, 24*mib)
+	for name, data := range map[string][]byte{"a.bin": a, "b.bin": b} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px := newFixtureStore(t, dir, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	ver, err := layout.Open(context.Background(), px.store, px.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const jobs = 4
+	for _, afterA := range []bool{true, false} {
+		ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
+		v, err := New(ver, ff, Options{Cache: mustCache(t), Jobs: jobs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 128<<10)
+		if afterA {
+			f, err := v.Open("a.bin")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for off := int64(0); off < int64(len(a)); off += int64(len(buf)) {
+				if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
+					t.Fatal(err)
+				}
+			}
+		}
+		fb, err := v.Open("b.bin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fb.ReadAt(buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			v.mu.Lock()
+			busy := len(v.pending)
+			v.mu.Unlock()
+			if busy == 0 {
+				break
+			}
+		}
+		v.Close()
+		nb, _ := v.Lookup("b.bin")
+		got := 0
+		for _, x := range ver.Index.File(nb).Extents {
+			if ff.fetches[ver.Chunk(x.Chunk).Digest] > 0 {
+				got++
+			}
+		}
+		switch {
+		case afterA && got < aheadChunks*jobs:
+			t.Errorf("after a whole file, the next file's first read left %d of its chunks fetched, want the window of %d", got, aheadChunks*jobs)
+		case !afterA && got > 1:
+			t.Errorf("a first read of a file opened on its own fetched %d chunks, want the one it reads", got)
+		}
+	}
+}

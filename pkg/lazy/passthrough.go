@@ -16,6 +16,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // Warm reads through FUSE passthrough. When every chunk of a file is in the
@@ -138,10 +139,15 @@ func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint
 
 // fileDesc returns the descriptor (SHA-256 and size) of regular file i,
 // and whether it has one a backing file can be made for.
-func (v *Volume) fileDesc(i int) (ocispec.Descriptor, bool) {
-	e := v.ver.Index.File(i)
+func (v *Volume) fileDesc(i int) (ocispec.Descriptor, bool) { return backingDesc(v.ver, i) }
+
+// backingDesc returns the descriptor (SHA-256 and size) of regular file i
+// of ver, and whether a mount serves it by passthrough (so that it gets a
+// backing file).
+func backingDesc(ver *layout.Version, i int) (ocispec.Descriptor, bool) {
+	e := ver.Index.File(i)
 	d := ocispec.Descriptor{Digest: e.Digest, Size: e.Size}
-	return d, e.Size >= passthroughMin && e.Digest.Validate() == nil && e.Digest.Algorithm() == "sha256"
+	return d, e.Type == layout.TypeFile && e.Size >= passthroughMin && e.Digest.Validate() == nil && e.Digest.Algorithm() == "sha256"
 }
 
 // passthroughMin is the size of the smallest file served by passthrough.
@@ -295,9 +301,70 @@ const assemblyWrite = 2 << 20
 // assemble makes the backing file of file i (descriptor d) from its
 // cached chunks.
 func (v *Volume) assemble(ctx context.Context, i int, d ocispec.Descriptor) (*chunkcache.Backing, error) {
-	e := v.ver.Index.File(i)
+	return assembleFile(ctx, v.opt.Cache, v.ver, i, d)
+}
+
+// BuildBacking makes, from the chunks cache holds (for its view's origin),
+// the backing file a mount serves file i of ver from by passthrough, so
+// that no open of the file has to wait while it is made: what warming
+// does once a version's chunks are cached. Then it folds the chunks that
+// lie whole in the backing file into it (chunkcache.Fold), so that the
+// file's bytes take the disk once. It reports whether the file has a
+// backing file now (made or found). A file a mount does not serve by
+// passthrough (small, or not a regular file), one whose chunks are not all
+// cached, and one that does not fit in the cache's bound get none, and no
+// error; bytes that do not verify are an error.
+func BuildBacking(ctx context.Context, cache *chunkcache.Cache, ver *layout.Version, i int) (bool, error) {
+	d, ok := backingDesc(ver, i)
+	if !ok {
+		return false, nil
+	}
+	b, err := cache.OpenBacking(d)
+	if err != nil {
+		return false, err
+	}
+	if b == nil {
+		for _, x := range ver.Index.File(i).Extents {
+			if !cache.Contains(ver.Chunk(x.Chunk).Digest) {
+				return false, nil
+			}
+		}
+		b, err = assembleFile(ctx, cache, ver, i, d)
+		switch {
+		case errors.Is(err, chunkcache.ErrNoRoom), errors.Is(err, chunkcache.ErrBusy), errors.Is(err, errNotCached):
+			return false, nil
+		case err != nil:
+			return false, err
+		}
+	}
+	defer b.Close()
+	if _, err := cache.Fold(d, wholePieces(ver, i)); err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
+// wholePieces returns the chunks of file i of ver that lie whole in it,
+// with where.
+func wholePieces(ver *layout.Version, i int) []chunkcache.Piece {
+	var ps []chunkcache.Piece
+	var off int64
+	for _, x := range ver.Index.File(i).Extents {
+		c := ver.Chunk(x.Chunk)
+		if x.Offset == 0 && x.Length == c.Size {
+			ps = append(ps, chunkcache.Piece{Chunk: c, FileOffset: off})
+		}
+		off += x.Length
+	}
+	return ps
+}
+
+// assembleFile makes the backing file of file i of ver (descriptor d) from
+// the chunks cache holds.
+func assembleFile(ctx context.Context, cache *chunkcache.Cache, ver *layout.Version, i int, d ocispec.Descriptor) (*chunkcache.Backing, error) {
+	e := ver.Index.File(i)
 	buf := make([]byte, min(1<<20, max(e.Size, 1)))
-	return v.opt.Cache.Assemble(ctx, d, func(out io.Writer) error {
+	return cache.Assemble(ctx, d, func(out io.Writer) error {
 		// Whole, aligned writes of assemblyWrite bytes: the kernel then
 		// caches the file in large folios, which a mapping maps with few
 		// faults. Measured on a 419 MB shard, loaded by bench/loader -mode
@@ -307,7 +374,10 @@ func (v *Volume) assemble(ctx context.Context, i int, d ocispec.Descriptor) (*ch
 		// read back from disk 600 faults and 4 ms.
 		w := bufio.NewWriterSize(out, int(min(int64(assemblyWrite), max(e.Size, 1))))
 		for _, x := range e.Extents {
-			ch, err := v.opt.Cache.Load(ctx, cachedOnly{}, v.ver.Chunk(x.Chunk))
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			ch, err := cache.Load(ctx, cachedOnly{}, ver.Chunk(x.Chunk))
 			if err != nil {
 				return err
 			}

@@ -79,6 +79,11 @@ type Volume struct {
 	edges   map[edgeKey]*edgeCall
 	// assembling: files whose backing file is being made (passthrough.go)
 	assembling map[int]bool
+	// carryIdx is the file a reader that read the one before it to its
+	// end is expected to read next, and carryRun that reader's sequential
+	// run (file.go, takeCarry); carryRun is 0 when nothing is carried.
+	carryIdx int
+	carryRun int64
 
 	edgeFailures  atomic.Int32 // edges that failed verification in a row; edges stop at maxEdgeFailures
 	splitFailures atomic.Int32 // split fetches that failed in a row; splitting stops at maxEdgeFailures

@@ -29,7 +29,8 @@
 //	  file as a push would finds it
 //	  a delta chunk (format 3): where its base may be, found the same ways
 //
-//	transfer, Jobs at a time:
+//	transfer, Jobs at a time (Jobs lowered so that the pull's descriptors,
+//	  fdBound, fit under RLIMIT_NOFILE: fdlimit.go):
 //	  copy each local chunk to its targets:
 //	    vouched: in the kernel, unhashed (copy_file_range, a reflink where
 //	      the file system can), the source's stat key the same before and

@@ -87,6 +87,8 @@ type puller struct {
 
 	copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks, localMisses atomic.Int64
 
+	dirs sharedDirs // directories the jobs write packed files into
+
 	readyMu sync.Mutex
 	ready   []int           // finished files that wait for the local copies
 	copying bool            // the local copies still run
@@ -96,6 +98,12 @@ type puller struct {
 func newPuller(ctx context.Context, src content.Fetcher, v *layout.Version, d *destDir, opt Options) *puller {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 8
+	}
+	if jobs := fitJobs(opt.Jobs); jobs < opt.Jobs {
+		if opt.Logf != nil {
+			opt.Logf("%d jobs instead of %d, to stay under the limit on open files (ulimit -n)", jobs, opt.Jobs)
+		}
+		opt.Jobs = jobs
 	}
 	if opt.Counters == nil {
 		opt.Counters = &progress.Counters{}
@@ -426,7 +434,7 @@ func (p *puller) fetchPacked(desc ocispec.Descriptor, ts []target) error {
 // temporary files, whose targets it returns.
 func (p *puller) writePacked(desc ocispec.Descriptor, data []byte, ts []target) ([]target, error) {
 	x := p.x
-	wdc := newDirFD(p.d)
+	wdc := newSharedDirFD(p.d, &p.dirs)
 	defer wdc.close()
 	open := &openFiles{files: p.files}
 	defer open.close()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"sync"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -67,15 +68,21 @@ func fetchWhole(ctx context.Context, src content.Fetcher, desc ocispec.Descripto
 
 // dirFD holds the descriptor of one directory under the destination, the
 // one the last file was in: files come in path order, so most files of a
-// chunk share their directory with the file before.
+// chunk share their directory with the file before. One with shared set
+// takes the descriptor from there, where the jobs writing into one
+// directory at once share one (sharedDirs).
 type dirFD struct {
-	d   *destDir
-	rel string
-	fd  int // -1 when none is held
-	dev uint64
+	d      *destDir
+	shared *sharedDirs
+	rel    string
+	fd     int // -1 when none is held
+	dev    uint64
 }
 
 func newDirFD(d *destDir) *dirFD { return &dirFD{d: d, fd: -1} }
+
+// newSharedDirFD returns a dirFD whose descriptors come from s.
+func newSharedDirFD(d *destDir, s *sharedDirs) *dirFD { return &dirFD{d: d, shared: s, fd: -1} }
 
 // get returns a descriptor of the directory rel (resolved as openDir does)
 // and its device.
@@ -84,23 +91,89 @@ func (c *dirFD) get(rel string) (int, uint64, error) {
 		return c.fd, c.dev, nil
 	}
 	c.close()
-	fd, err := c.d.openDir(rel)
+	if c.shared != nil {
+		fd, dev, err := c.shared.acquire(c.d, rel)
+		if err != nil {
+			return -1, 0, err
+		}
+		c.fd, c.rel, c.dev = fd, rel, dev
+		return fd, dev, nil
+	}
+	fd, dev, err := openDirDev(c.d, rel)
+	if err != nil {
+		return -1, 0, err
+	}
+	c.fd, c.rel, c.dev = fd, rel, dev
+	return fd, c.dev, nil
+}
+
+func (c *dirFD) close() {
+	if c.fd >= 0 {
+		if c.shared != nil {
+			c.shared.release(c.rel)
+		} else {
+			unix.Close(c.fd)
+		}
+		c.fd = -1
+	}
+}
+
+// openDirDev opens the directory rel under d and returns it with its device.
+func openDirDev(d *destDir, rel string) (int, uint64, error) {
+	fd, err := d.openDir(rel)
 	if err != nil {
 		return -1, 0, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return -1, 0, &os.PathError{Op: "stat", Path: c.d.full(rel), Err: err}
+		return -1, 0, &os.PathError{Op: "stat", Path: d.full(rel), Err: err}
 	}
-	c.fd, c.rel, c.dev = fd, rel, uint64(st.Dev)
-	return fd, c.dev, nil
+	return fd, uint64(st.Dev), nil
 }
 
-func (c *dirFD) close() {
-	if c.fd >= 0 {
-		unix.Close(c.fd)
-		c.fd = -1
+// sharedDirs holds, by path, the directory descriptors the pull's jobs
+// use now, each open once however many jobs write into it, and closed
+// when the last of them lets it go: packs hold files in path order, so
+// the jobs mostly write into the same directory or two, and a pull holds
+// one descriptor for them, not one a job.
+type sharedDirs struct {
+	mu   sync.Mutex
+	dirs map[string]*sharedDir
+}
+
+type sharedDir struct {
+	fd   int
+	dev  uint64
+	refs int
+}
+
+func (s *sharedDirs) acquire(d *destDir, rel string) (int, uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.dirs[rel]; ok {
+		e.refs++
+		return e.fd, e.dev, nil
+	}
+	fd, dev, err := openDirDev(d, rel)
+	if err != nil {
+		return -1, 0, err
+	}
+	if s.dirs == nil {
+		s.dirs = map[string]*sharedDir{}
+	}
+	s.dirs[rel] = &sharedDir{fd: fd, dev: dev, refs: 1}
+	return fd, dev, nil
+}
+
+func (s *sharedDirs) release(rel string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.dirs[rel]; ok {
+		if e.refs--; e.refs <= 0 {
+			unix.Close(e.fd)
+			delete(s.dirs, rel)
+		}
 	}
 }
 

@@ -56,6 +56,7 @@ type Opened struct {
 	src      content.Fetcher
 	origin   string // what Fill records as the chunks' origin (chunkcache.For)
 	scoped   origin.Scoped
+	files    []int // the asked-for regular files, by index
 }
 
 // Close ends what the warm's source serves (the peer tier's fetch for its
@@ -113,6 +114,7 @@ func Open(ctx context.Context, cache *chunkcache.Cache, ref, patterns string, op
 		if f.Type != layout.TypeFile || (match != nil && !match(f.Path)) {
 			continue
 		}
+		tg.files = append(tg.files, fi)
 		for _, x := range f.Extents {
 			if !seen[x.Chunk] {
 				seen[x.Chunk] = true
@@ -157,7 +159,10 @@ type FillOptions struct {
 // Fill loads every blob t needs into cache, fetching and verifying what is
 // missing, and stops at the first failure (a registry that fails one chunk
 // mostly fails the next). Blobs already cached are checked, not fetched, so
-// a stopped fill resumes where it was.
+// a stopped fill resumes where it was. Then it makes the backing file of
+// each file a mount serves by passthrough (lazy.BuildBacking), so that the
+// first open of a warm file after a mount is served from disk at once
+// rather than waiting while the file's chunks are copied into one.
 func (t *Opened) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOptions) error {
 	if opt.Jobs <= 0 {
 		opt.Jobs = 4
@@ -189,7 +194,35 @@ func (t *Opened) Fill(ctx context.Context, cache *chunkcache.Cache, opt FillOpti
 	if err := g.Wait(); err != nil {
 		return err
 	}
+	if err := t.buildBackings(ctx, cache); err != nil {
+		return err
+	}
 	return ctx.Err()
+}
+
+// backingJobs is how many backing files Fill makes at once: each reads,
+// hashes and writes a whole file, so two keep the disk busy without taking
+// every core.
+const backingJobs = 2
+
+// buildBackings makes the backing files of t's files from cache (t's
+// origin's view). A file that gets none (too small, no room) is left to
+// the mount, which serves it through FUSE; bytes that do not verify fail.
+func (t *Opened) buildBackings(ctx context.Context, cache *chunkcache.Cache) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(backingJobs)
+	for _, fi := range t.files {
+		if gctx.Err() != nil {
+			break
+		}
+		g.Go(func() error {
+			if _, err := lazy.BuildBacking(gctx, cache, t.Version, fi); err != nil {
+				return fmt.Errorf("%s: %s: %w", t.Pinned, t.Version.Index.File(fi).Path, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 // Cached returns the bytes of descs the cache holds (for a view, that its
