@@ -20,6 +20,12 @@
 //     verified: one registry fetch per chunk per cluster, as chunks
 //     arrive, not after the whole version. The mount's source is withdrawn
 //     when the mount ends (Fetcher.Close, called as its volume closes).
+//     An owner with no such mount yet (its pod starts later) refuses, and
+//     the asker fetches the chunk from its own source; the owner records
+//     the asker (Ring.Hint, from the request's Bdnvol-Peer-From header, a
+//     member only, bounded) and asks it first when it needs the chunk
+//     itself or fetches it for another peer, so pods that start seconds
+//     apart still cost the registry one fetch per chunk.
 //  4. A peer's chunk streams into the asker's cache as it arrives and is
 //     verified against its digest as it passes; a peer that fails, is slow
 //     or serves wrong bytes ends the stream with a

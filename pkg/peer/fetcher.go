@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -215,6 +216,12 @@ func (f *Fetcher) fromPeers(ctx context.Context, desc ocispec.Descriptor, tries 
 	owners := f.ring.Owners(desc.Digest)
 	if len(owners) > 0 && owners[0] == f.ring.Self() {
 		tries = min(tries, 1)
+		// A peer that asked for it before this node could fetch it has
+		// fetched it itself: ask it first, then the next owner.
+		if h := f.ring.Hinted(desc.Digest); h != "" {
+			owners = append([]string{h}, slices.DeleteFunc(owners, func(p string) bool { return p == h })...)
+			tries++
+		}
 	}
 	asked := 0
 	for _, p := range owners {
@@ -293,6 +300,7 @@ func (f *Fetcher) get(ctx context.Context, p string, desc ocispec.Descriptor, le
 		cancel()
 		return nil, &peerError{err: err}
 	}
+	req.Header.Set(HeaderFrom, f.ring.Self())
 	resp, err := f.opt.Client.Do(req)
 	if err != nil {
 		cancel()

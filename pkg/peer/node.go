@@ -86,12 +86,12 @@ func Start(c Config, cache *chunkcache.Cache) (*Node, error) {
 }
 
 // Fetcher returns the fetcher of the chunks of registry/repo through the
-// peers before src; while it is open, this node fetches from src for its
+// peers before src; while it is open, this node fetches through it for its
 // peers the chunks it owns of the versions opened through it
 // (Fetcher.Opened), until Fetcher.Close.
 func (n *Node) Fetcher(registry, repo string, src content.Fetcher) *Fetcher {
 	f := NewFetcher(n.Ring, registry, repo, src, Options{Client: n.client, Scheme: n.scheme, Stats: n.Stats})
-	f.OnClose(n.Server.Serve(registry+"/"+repo, src, f.Known))
+	f.OnClose(n.Server.Serve(registry+"/"+repo, f, f.Known))
 	return f
 }
 

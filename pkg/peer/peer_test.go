@@ -86,6 +86,8 @@ type node struct {
 	wrap func(w http.ResponseWriter, r *http.Request, serve http.HandlerFunc)
 	// opt are the options of the node's fetchers.
 	opt Options
+	// withdraw ends the mount newNode registered with the server.
+	withdraw func()
 }
 
 // knows is the set of chunks of a version's manifest, as a mount that
@@ -127,7 +129,7 @@ func newNode(t *testing.T, i int, o *origin, descs []ocispec.Descriptor) *node {
 	}
 	nd := &node{cache: c, ring: NewRing(l.Addr().String()), stats: new(Stats)}
 	nd.server = &Server{Cache: c, Ring: nd.ring}
-	nd.server.Serve(testOrigin, o, knows(descs))
+	nd.withdraw = nd.server.Serve(testOrigin, o, knows(descs))
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if nd.corrupt {
 			w = &flipWriter{ResponseWriter: w}

@@ -20,6 +20,8 @@ type Ring struct {
 	peers     []string
 	downUntil map[string]time.Time
 	strikes   map[string]int // connections refused in a row, per peer
+	hints     map[digest.Digest]hint
+	hintOrder []digest.Digest // the hints' digests, oldest first
 }
 
 // NewRing returns a ring whose own address is self.

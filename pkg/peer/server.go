@@ -152,6 +152,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if src = s.source(origin, desc.Digest); src == nil {
+			// The asker fetches it from its own source now: when this
+			// node needs it later, it asks the asker first.
+			s.Ring.Hint(desc.Digest, r.Header.Get(HeaderFrom))
 			s.refuse(w, http.StatusNotFound, "not held, and no mount here of a version of its origin that lists it")
 			return
 		}
