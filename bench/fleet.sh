@@ -27,8 +27,17 @@
 # Environment: BENCH_SIZE, BENCH_SHARDS, BENCH_NODES, BENCH_MODES ("1 0":
 # with the peer tier, then without), BENCH_ROWS (default "fleet kill liar
 # pull warm"), BENCH_RATE,
-# BENCH_DELAY, BENCH_TMPDIR, BENCH_KEEP=1, BENCH_TOOLS (as bench/mount.sh).
+# BENCH_DELAY, BENCH_TMPDIR, BENCH_KEEP=1, BENCH_TOOLS (as bench/mount.sh),
+# BENCH_MEMBERSHIP: k8s (the default when `make cluster-tools` has built
+# Kubernetes and this machine has a non-loopback address) runs a real API
+# server (bench/kubeapi) and gives the fleet rows' mounters their membership
+# from EndpointSlices of the peers Service and their mutual TLS from the CA
+# Secret, as the chart does (one EndpointSlice per node, as the controller
+# would write them for mounter pods; addresses on this machine's address,
+# since EndpointSlices refuse loopback); static: the --peers list on
+# loopback, plain HTTP. The kill, liar, pull and warm rows use static.
 set -euo pipefail
+TOOLS_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/bdnvol-tools
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=$ROOT/bench/.bin
@@ -57,6 +66,16 @@ log "building synth, linkproxy and bdnvol"
 (cd "$ROOT" && go build -o "$BIN/linkproxy" ./bench/linkproxy && go build -o "$BIN/bdnvol" ./cmd/bdnvol) || die "build failed"
 BDNVOL=$BIN/bdnvol
 
+# The membership of the fleet rows (BENCH_MEMBERSHIP).
+MEMBERSHIP=${BENCH_MEMBERSHIP:-auto}
+HOSTIP=$(hostname -I 2>/dev/null | awk '{print $1}')
+KDIR=$(ls -d "$TOOLS_CACHE"/kubernetes-* 2>/dev/null | tail -1 || true)
+if [[ $MEMBERSHIP == auto ]]; then
+	if [[ -n $HOSTIP && -x $KDIR/kube-apiserver ]]; then MEMBERSHIP=k8s; else MEMBERSHIP=static; fi
+fi
+[[ $MEMBERSHIP == k8s && -z $HOSTIP ]] && die "BENCH_MEMBERSHIP=k8s needs a non-loopback address (EndpointSlices refuse loopback)"
+log "fleet membership: $MEMBERSHIP"
+
 TMP=$(mktemp -d "${BENCH_TMPDIR:-${TMPDIR:-/tmp}}/bdnvol-bench-fleet.XXXXXX")
 REG_PID=
 LINK_PID=
@@ -65,6 +84,7 @@ NODE_PIDS=()
 NODE_FLAGS=()
 stop_nodes() {
 	local p
+	[[ -n ${KUBECTL:-} ]] && { $KUBECTL delete endpointslice -n kube-system -l bench=fleet --wait=false >/dev/null 2>&1 || true; }
 	for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 	PIDS=()
@@ -74,6 +94,7 @@ stop_nodes() {
 }
 cleanup() {
 	stop_nodes
+	[[ -n ${KUBE_PID:-} ]] && { kill -TERM "$KUBE_PID" 2>/dev/null || true; wait "$KUBE_PID" 2>/dev/null || true; }
 	[[ -n $LINK_PID ]] && { kill "$LINK_PID" 2>/dev/null || true; wait "$LINK_PID" 2>/dev/null || true; }
 	[[ -n $REG_PID ]] && { kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; }
 	if [[ ${BENCH_KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
@@ -84,6 +105,43 @@ mkdir -p "$XDG_CACHE_HOME" "$DOCKER_CONFIG"
 
 start_registry
 DIRECT=$HOST
+KUBECTL=
+KUBE_PID=
+if [[ $MEMBERSHIP == k8s ]]; then
+	(cd "$ROOT" && go build -o "$BIN/kubeapi" ./bench/kubeapi) || die "building bench/kubeapi failed"
+	mkdir -p "$TMP/kube"
+	"$BIN/kubeapi" -dir "$TMP/kube" -tools "$TOOLS_CACHE" -gomod "$ROOT/internal/tools/k8sbuild/go.mod" >"$TMP/kube.out" 2>"$TMP/kube.err" &
+	KUBE_PID=$!
+	for _ in $(seq 1 1800); do grep -q ready "$TMP/kube.out" 2>/dev/null && break; kill -0 "$KUBE_PID" 2>/dev/null || break; sleep 0.1; done
+	grep -q ready "$TMP/kube.out" || die "the API server did not start: $(cat "$TMP/kube.err")"
+	KUBECTL="$KDIR/kubectl --kubeconfig $TMP/kube/kubeconfig --request-timeout=30s"
+	log "API server up ($TMP/kube)"
+fi
+
+# add_slice NAME HOST PORT: an EndpointSlice of the peers Service naming one
+# ready mounter, as the EndpointSlice controller writes one for a pod.
+add_slice() {
+	$KUBECTL apply -f - >/dev/null <<-EOF
+	apiVersion: discovery.k8s.io/v1
+	kind: EndpointSlice
+	metadata:
+	  name: $1
+	  namespace: kube-system
+	  labels: {kubernetes.io/service-name: bdnvol-csi-peers, bench: fleet}
+	addressType: IPv4
+	endpoints: [{addresses: ["$2"], conditions: {ready: true}}]
+	ports: [{name: peer, port: $3, protocol: TCP}]
+	EOF
+}
+
+# wait_members LOG N: until the mounter logging to LOG sees N members.
+wait_members() {
+	for _ in $(seq 1 600); do
+		grep -qE "\"msg\":\"peer membership\".*\"members\":$2[,}]" "$1" && return 0
+		sleep 0.1
+	done
+	die "the mounter of $1 did not see $2 members: $(tail -3 "$1")"
+}
 "$BIN/linkproxy" -target "http://$DIRECT" -delay "$DELAY" -rate 10GB -total "$RATE" -log "$TMP/link.log" >"$TMP/link.addr" 2>"$TMP/link.err" &
 LINK_PID=$!
 for _ in $(seq 1 100); do [[ -s $TMP/link.addr ]] && break; sleep 0.1; done
@@ -147,10 +205,17 @@ start_nodes() {
 		local d=$TMP/$tag/node$i
 		mkdir -p "$d/state" "$d/mounts"
 		local flags=("${NODE_FLAGS[@]}")
-		if [[ $peers == 1 ]]; then
+		if [[ $peers == 1 && -n $KUBECTL && ${LIAR:-0} != 1 && ${K8S_ROW:-0} == 1 ]]; then
+			local port
+			port=$(free_port)
+			listen[$((i - 1))]=$HOSTIP:$port
+			add_slice "bench-$tag-$i" "$HOSTIP" "$port"
+			flags+=(--peer-listen "$HOSTIP:$port" --peer-service kube-system/bdnvol-csi-peers
+				--peer-tls-secret kube-system/bdnvol-csi-peer-ca)
+		elif [[ $peers == 1 ]]; then
 			flags+=(--peer-listen "${listen[$((i - 1))]}" --peer-advertise "${addrs[$((i - 1))]}" --peers "$all" --peer-insecure)
 		fi
-		"$BDNVOL" --cache-dir "$d/cache" csi mounter --mounter-socket "$d/mounter.sock" --state-dir "$d/state" \
+		KUBECONFIG=$TMP/kube/kubeconfig "$BDNVOL" --cache-dir "$d/cache" csi mounter --mounter-socket "$d/mounter.sock" --state-dir "$d/state" \
 			--mounts-dir "$d/mounts" --hosts-dir none --profile off --cache-size 4GiB "${flags[@]}" 2>"$d/mounter.log" &
 		PIDS+=($!)
 		NODE_PIDS[$i]=$!
@@ -159,6 +224,9 @@ start_nodes() {
 	for s in "${SOCKS[@]}"; do
 		for _ in $(seq 1 100); do [[ -S $s ]] && break; sleep 0.1; done
 		[[ -S $s ]] || die "a mounter did not start: $(cat "$(dirname "$s")/mounter.log")"
+		if [[ $peers == 1 && -n $KUBECTL && ${LIAR:-0} != 1 && ${K8S_ROW:-0} == 1 ]]; then
+			wait_members "$(dirname "$s")/mounter.log" "$n"
+		fi
 	done
 }
 
@@ -198,11 +266,17 @@ run() {
 		while :; do port=$((20000 + RANDOM % 40000)); port_free "$port" && break; done
 		local addrs
 		addrs=$(grep -ho -- '"listen":"[^"]*"' "$TMP/$tag"/node*/mounter.log | sed 's/"listen":"\(.*\)"/\1/' | paste -sd,)
-		"$BDNVOL" --cache-dir "$d/cache" csi mounter --mounter-socket "$d/mounter.sock" --state-dir "$d/state" \
+		local pflags=(--peer-listen "127.0.0.99:$port" --peers "$addrs,127.0.0.99:$port" --peer-insecure)
+		if [[ -n $KUBECTL && ${K8S_ROW:-0} == 1 ]]; then
+			add_slice "bench-$tag-late" "$HOSTIP" "$port"
+			pflags=(--peer-listen "$HOSTIP:$port" --peer-service kube-system/bdnvol-csi-peers --peer-tls-secret kube-system/bdnvol-csi-peer-ca)
+		fi
+		KUBECONFIG=$TMP/kube/kubeconfig "$BDNVOL" --cache-dir "$d/cache" csi mounter --mounter-socket "$d/mounter.sock" --state-dir "$d/state" \
 			--mounts-dir "$d/mounts" --hosts-dir none --profile off --cache-size 4GiB \
-			--peer-listen "127.0.0.99:$port" --peers "$addrs,127.0.0.99:$port" --peer-insecure 2>"$d/mounter.log" &
+			"${pflags[@]}" 2>"$d/mounter.log" &
 		PIDS+=($!)
 		for _ in $(seq 1 100); do [[ -S $d/mounter.sock ]] && break; sleep 0.1; done
+		[[ -n $KUBECTL && ${K8S_ROW:-0} == 1 ]] && wait_members "$d/mounter.log" $((n + 1))
 		before=$(link_bytes)
 		read_node "$d/mounter.sock" || die "the late node failed"
 		sleep 0.5
@@ -221,7 +295,7 @@ BASE=
 for peers in ${BENCH_MODES:-1 0}; do
 	for n in $NODES; do
 		log "N=$n, peer tier $([[ $peers == 1 ]] && echo on || echo off)"
-		run "$n" "$peers"
+		K8S_ROW=1 run "$n" "$peers"
 		read -r t b c <<<"$RESULT"
 		[[ -z $BASE ]] && BASE=$t
 		printf '| %s | %s | %s | %s (%s s) | %s s |\n' "$n" "$([[ $peers == 1 ]] && echo on || echo off)" \
@@ -229,7 +303,7 @@ for peers in ${BENCH_MODES:-1 0}; do
 			"$(awk -v t="$t" -v o="$BASE" 'BEGIN {printf "%.2f", t / o}')" "$t" "$c"
 	done
 done
-printf '\nA node joining after the others finished (peer tier on): %s link bytes.\n\n' "${LATE_BYTES:-?}"
+printf '\nA node joining after the others finished (peer tier on): %s link bytes. Membership: %s.\n\n' "${LATE_BYTES:-?}" "$MEMBERSHIP"
 fi
 
 # run_kill N: N nodes read the version at once; the last node's mounter is
