@@ -138,23 +138,7 @@ ports: [{name: peer, port: %s, protocol: TCP}]
 	}
 	c.kubectl("delete", "pod", "fleet-reader", "--wait=false")
 
-	st := reg.Stats()
-	var once, more int
-	for _, n := range st.BlobGets {
-		if n == 1 {
-			once++
-		} else {
-			more++
-		}
-	}
-	t.Logf("3 nodes, membership from EndpointSlices: %d blob GETs of %d digests, %d fetched once, %d more than once; %d blob bytes",
-		total(st.BlobGets), len(st.BlobGets), once, more, st.BlobBytesOut)
-	if once < 20 {
-		t.Fatalf("only %d blobs fetched once: the version has too few chunks to show anything", once)
-	}
-	if more > 4 {
-		t.Errorf("%d blobs left the registry more than once (%v): the peers did not share them", more, st.BlobGets)
-	}
+	checkFetchedOnce(t, reg.Stats(), "3 nodes, membership from EndpointSlices", 4)
 	if t.Failed() {
 		os.Stderr.WriteString(c.podLogs("kube-system", mounterPod))
 	}

@@ -101,22 +101,7 @@ func TestCSIPeers(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	st := reg.Stats()
-	var once, more int
-	for _, n := range st.BlobGets {
-		if n == 1 {
-			once++
-		} else {
-			more++
-		}
-	}
-	t.Logf("3 nodes: %d blob GETs of %d digests, %d fetched once, %d more than once; %d blob bytes", total(st.BlobGets), len(st.BlobGets), once, more, st.BlobBytesOut)
-	if once < 20 {
-		t.Fatalf("only %d blobs fetched once: the version has too few chunks to show anything", once)
-	}
-	if more > 4 {
-		t.Errorf("%d blobs left the registry more than once (%v): the peers did not share them", more, st.BlobGets)
-	}
+	checkFetchedOnce(t, reg.Stats(), "3 nodes", 4)
 }
 
 // TestCSIPeersWithdraw: a mounter fetches from the registry, for its peers,
@@ -252,27 +237,7 @@ func TestPullPeers(t *testing.T) {
 	for _, dir := range dirs {
 		compareTrees(t, src, dir)
 	}
-	st := reg.Stats()
-	var once, more int
-	for _, n := range st.BlobGets {
-		if n == 1 {
-			once++
-		} else {
-			more++
-		}
-	}
-	for dg, n := range st.BlobGets {
-		if n > 1 {
-			t.Logf("%s: %d GETs", dg, n)
-		}
-	}
-	t.Logf("3 pulls: %d blob GETs of %d digests, %d fetched once, %d more than once; %d blob bytes", total(st.BlobGets), len(st.BlobGets), once, more, st.BlobBytesOut)
-	if once < 20 {
-		t.Fatalf("only %d blobs fetched once: the version has too few chunks to show anything", once)
-	}
-	if more > 4 {
-		t.Errorf("%d blobs left the registry more than once (%v): the pulls did not share them", more, st.BlobGets)
-	}
+	checkFetchedOnce(t, reg.Stats(), "3 pulls", 4)
 }
 
 // TestCSIPeersWarmList: a rollout through the warm list: three mounters,
@@ -308,22 +273,33 @@ func TestCSIPeersWarmList(t *testing.T) {
 	for _, n := range nodes {
 		n.waitWarm("rollout", func(s warmStatus) bool { st, _ := s.entry(ref); return st == "warm" })
 	}
+	// The nodes read the list up to a second apart: a few chunks a node
+	// owns are fetched before it warms.
 	st := reg.Stats()
+	checkFetchedOnce(t, st, "3 nodes warming", len(st.BlobGets)/8)
+}
+
+// checkFetchedOnce checks that the registry sent each blob of a version
+// read by several nodes at once about once: at least 20 blobs once (enough
+// chunks to show anything) and at most maxMore more than once (4: the index
+// blobs, which each node reads itself). who names the nodes in the
+// messages.
+func checkFetchedOnce(t *testing.T, st stats, who string, maxMore int) {
+	t.Helper()
 	var once, more int
-	for _, n := range st.BlobGets {
+	for dg, n := range st.BlobGets {
 		if n == 1 {
 			once++
 		} else {
 			more++
+			t.Logf("%s: %d GETs", dg, n)
 		}
 	}
-	t.Logf("3 nodes warming: %d blob GETs of %d digests, %d fetched once, %d more than once; %d blob bytes", total(st.BlobGets), len(st.BlobGets), once, more, st.BlobBytesOut)
+	t.Logf("%s: %d blob GETs of %d digests, %d fetched once, %d more than once; %d blob bytes", who, total(st.BlobGets), len(st.BlobGets), once, more, st.BlobBytesOut)
 	if once < 20 {
 		t.Fatalf("only %d blobs fetched once: the version has too few chunks to show anything", once)
 	}
-	// The nodes read the list up to a second apart: a few chunks a node
-	// owns are fetched before it warms.
-	if more > len(st.BlobGets)/8 {
-		t.Errorf("%d blobs left the registry more than once (%v): the warming nodes did not share them", more, st.BlobGets)
+	if more > maxMore {
+		t.Errorf("%s: %d blobs left the registry more than once: the nodes did not share them", who, more)
 	}
 }

@@ -3,14 +3,11 @@ package csi
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -53,73 +50,6 @@ type PeerConfig struct {
 	// TLSSecret is given (a test, or a node network the operator vouches
 	// for).
 	Insecure bool
-}
-
-// peerTLSState is the CA pool and this mounter's certificate, once known.
-type peerTLSState struct {
-	pool atomic.Pointer[x509.CertPool]
-	cert func() (*tls.Certificate, error)
-}
-
-// verify checks a peer's chain against the cluster CA, without a host name:
-// mounters are addressed by IP and share one CA.
-func (s *peerTLSState) verify(raw [][]byte, usage x509.ExtKeyUsage) error {
-	pool := s.pool.Load()
-	if pool == nil {
-		return errors.New("the peer CA is not known yet")
-	}
-	if len(raw) == 0 {
-		return errors.New("peer sent no certificate")
-	}
-	leaf, err := x509.ParseCertificate(raw[0])
-	if err != nil {
-		return err
-	}
-	inter := x509.NewCertPool()
-	for _, r := range raw[1:] {
-		if c, err := x509.ParseCertificate(r); err == nil {
-			inter.AddCert(c)
-		}
-	}
-	_, err = leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}})
-	return err
-}
-
-// configs are the server's and the client's mutual TLS configuration: each
-// side presents this mounter's certificate and checks the other's against
-// the cluster CA.
-func (s *peerTLSState) configs() (server, client *tls.Config) {
-	server = &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAnyClientCert,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.cert() },
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			return s.verify(raw, x509.ExtKeyUsageClientAuth)
-		}}
-	client = &tls.Config{MinVersion: tls.VersionTLS13,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return s.cert() },
-		InsecureSkipVerify:   true, // the chain is checked by VerifyPeerCertificate, without a host name
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			return s.verify(raw, x509.ExtKeyUsageServerAuth)
-		}}
-	return server, client
-}
-
-// loadTLSDir fills s from dir's ca.crt, tls.crt and tls.key.
-func (s *peerTLSState) loadTLSDir(dir string) error {
-	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
-	if err != nil {
-		return err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return fmt.Errorf("%s: no certificate", filepath.Join(dir, "ca.crt"))
-	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
-	if err != nil {
-		return err
-	}
-	s.cert = func() (*tls.Certificate, error) { return &cert, nil }
-	s.pool.Store(pool)
-	return nil
 }
 
 // splitName splits "NAMESPACE/NAME".
@@ -179,15 +109,15 @@ func startPeers(ctx context.Context, c PeerConfig, cache *chunkcache.Cache, met 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute}}
 	scheme := "http"
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	st := &peerTLSState{}
+	st := &peer.TLS{}
 	if c.TLSDir != "" || c.TLSSecret != "" {
 		scheme = "https"
 		var cc *tls.Config
-		hs.TLSConfig, cc = st.configs()
+		hs.TLSConfig, cc = st.Configs()
 		client.Transport.(*http.Transport).TLSClientConfig = cc
 	}
 	if c.TLSDir != "" {
-		if err := st.loadTLSDir(c.TLSDir); err != nil {
+		if err := st.LoadDir(c.TLSDir); err != nil {
 			return nil, fmt.Errorf("peer TLS: %w", err)
 		}
 	}
@@ -255,8 +185,7 @@ func startPeers(ctx context.Context, c PeerConfig, cache *chunkcache.Cache, met 
 				ca, err := clusterpeers.LoadOrCreateCA(ctx, kube.cfg, secNS, secName)
 				if err == nil {
 					id := &clusterpeers.Identity{CA: ca, Addr: self}
-					st.cert = id.Certificate
-					st.pool.Store(ca.Pool())
+					st.SetCA(ca.Pool(), id.Certificate)
 					start()
 					return
 				}

@@ -3,13 +3,10 @@ package peer
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"time"
 
 	"oras.land/oras-go/v2/content"
@@ -123,43 +120,14 @@ func (n *Node) Linger(ctx context.Context, idle, max time.Duration) {
 func (n *Node) Close() error { return n.hs.Close() }
 
 // LoadTLS loads the mutual TLS configuration of dir (ca.crt, tls.crt,
-// tls.key): the server asks every client for a certificate of the CA, and
-// the client checks the server's chain against the CA. Nodes share one
-// identity (the CA's node certificate), so the name in the certificate is
-// not checked: peers are addressed by IP.
+// tls.key; see TLS): each side presents the CA's node certificate and
+// checks the other's chain against the CA, not its name (peers are
+// addressed by IP).
 func LoadTLS(dir string) (server, client *tls.Config, err error) {
-	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
-	if err != nil {
+	var t TLS
+	if err := t.LoadDir(dir); err != nil {
 		return nil, nil, err
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, nil, fmt.Errorf("%s: no certificate", filepath.Join(dir, "ca.crt"))
-	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
-	if err != nil {
-		return nil, nil, err
-	}
-	server = &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
-	client = &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert},
-		InsecureSkipVerify: true, // the chain is checked below, without a host name
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			if len(raw) == 0 {
-				return errors.New("peer sent no certificate")
-			}
-			leaf, err := x509.ParseCertificate(raw[0])
-			if err != nil {
-				return err
-			}
-			inter := x509.NewCertPool()
-			for _, r := range raw[1:] {
-				if c, err := x509.ParseCertificate(r); err == nil {
-					inter.AddCert(c)
-				}
-			}
-			_, err = leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
-			return err
-		}}
+	server, client = t.Configs()
 	return server, client, nil
 }
