@@ -295,3 +295,47 @@ func TestWarmStateMCV(t *testing.T) {
 		t.Fatalf("after an MCV round trip: %+v", again)
 	}
 }
+
+// TestWarmStateCopy: `bdnvol copy` of a version carries its warm-state
+// companions (referrers of the version, listed through the tag schema on
+// distribution) and their signatures: the copy's companion is found by
+// its key, passes --require-signature and loads; a copy into a layout
+// and back again keeps them too.
+func TestWarmStateCopy(t *testing.T) {
+	stub := enginestub(t)
+	reg := newDistribution(t)
+	v := pushJSON(t, reg.Host+"/models/warmsrc:v1", smallVolume(t, 1))
+	src := reg.Host + "/models/warmsrc@" + v.Digest
+	root := t.TempDir()
+	first := runStub(t, stub, root, "-tp", "2")
+	priv, pub := keyPair(t, t.TempDir(), "warm")
+	if r := signRun(t, "warmstate", "push", "--key", first.Key, "--sign-key", priv, src, root); r.code != 0 {
+		t.Fatalf("signed push:\n%s", r)
+	}
+	other := runStub(t, stub, t.TempDir(), "-tp", "4")
+	if other.Mode != "compiled" {
+		t.Fatalf("tp=4: %+v", other)
+	}
+
+	lay := "oci:" + filepath.Join(t.TempDir(), "lay")
+	for _, dst := range []string{reg.Host + "/models/warmdst", lay, reg.Host + "/models/warmback"} {
+		from := src
+		if dst == reg.Host+"/models/warmback" {
+			from = lay + "@" + v.Digest
+		}
+		mustRun(t, "copy", from, dst)
+		pinned := dst + "@" + v.Digest
+		cs := warmLs(t, pinned)
+		if len(cs) != 1 || !sameKey(cs[0].Key, first.Key) || cs[0].Error != "" {
+			t.Fatalf("companions of the copy in %s: %+v", dst, cs)
+		}
+		dir := t.TempDir()
+		mustRun(t, "warmstate", "pull", "--key", first.Key, "--require-signature", pub, pinned, dir)
+		if s := runStub(t, stub, dir, "-tp", "2"); s.Mode != "loaded" || s.Hash != first.Hash {
+			t.Fatalf("the stand-in on the copy's companion from %s: %+v", dst, s)
+		}
+		if r := run(t, "warmstate", "pull", "--key", other.Key, pinned, t.TempDir()); r.code == 0 {
+			t.Fatalf("pull of a key never pushed from %s:\n%s", dst, r)
+		}
+	}
+}
