@@ -58,6 +58,12 @@ type NodeOptions struct {
 	// trusted to write caches that others run (or readers require
 	// signatures). Off, such a volume is refused.
 	WarmstatePublish bool
+	// WarmstateLowerTTL is how long a companion's lower directory stays on
+	// the node after the last pod using it is gone (0: DefaultWarmstateLowerTTL).
+	WarmstateLowerTTL time.Duration
+	// WarmstateMaxBytes bounds what a pod's upper layer may hold to be
+	// published (0: DefaultWarmstateMaxBytes).
+	WarmstateMaxBytes int64
 }
 
 // Node is the CSI node plugin: the Identity and Node services.
@@ -142,6 +148,7 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	}
 	n.mu.Unlock()
 	n.log.Info("re-attached", "targets", len(n.ts.all()), "mounts", len(refs), "mounter_mounts", len(served))
+	n.sweepWarmLowers()
 	return n, nil
 }
 
