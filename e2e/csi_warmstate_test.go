@@ -363,3 +363,90 @@ func TestCSIWarmStateBounds(t *testing.T) {
 	}
 	unpublish(e)
 }
+
+// TestCSIWarmStateWarmList: a warm list line `REF warmstate:KEY` makes
+// the node plugin pull the companion before any pod asks: the first pod
+// of the key loads it without a blob fetched from the registry, and the
+// listed companion's directory outlives the TTL until the line goes.
+func TestCSIWarmStateWarmList(t *testing.T) {
+	stub := enginestub(t)
+	n := startCSI(t, time.Minute)
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/warmlisted"
+	v := pushJSON(t, repo+":v1", smallVolume(t, 1))
+	pinned := repo + "@" + v.Digest
+	args := []string{"-tp", "1"}
+	key := stubKey(t, stub, args...)
+	root := t.TempDir()
+	runStub(t, stub, root, args...)
+	mustRun(t, "warmstate", "push", "--key", key, pinned, root)
+	companion := warmLs(t, pinned)[0].Digest
+	lower := filepath.Join(n.stateDir, "warm", "lower", strings.TrimPrefix(companion, "sha256:"))
+	list := filepath.Join(t.TempDir(), "warm-list")
+	// The version's own line is the mounter's; the node takes the companion's.
+	mustWrite(t, list, []byte(fmt.Sprintf("# warm list\n%s\n%s warmstate:%s\n", pinned, repo+":v1", key)))
+	ttl := time.Second
+	n.restartNodeWith("--warm-list", list, "--warm-list-interval=300ms", "--warmstate-lower-ttl="+ttl.String())
+	exists := func() bool {
+		_, err := os.Stat(lower)
+		return err == nil
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !exists() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the listed companion was not pulled into %s", lower)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	warm := func(p pod, key string) {
+		t.Helper()
+		req := &csi.NodePublishVolumeRequest{
+			VolumeId: p.volumeID, TargetPath: p.target,
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			},
+			VolumeContext: map[string]string{"ref": pinned, "warmstateKey": key,
+				"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e"},
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := n.Node.NodePublishVolume(ctx, req); err != nil {
+			t.Fatalf("publish %s: %v", p.name, err)
+		}
+	}
+	blobs := func() int { return reg.Stats().Requests["GET blob"] }
+	before := blobs()
+	a := n.newPod("a")
+	warm(a, key)
+	if s := runStub(t, stub, a.target, args...); s.Mode != "loaded" {
+		t.Fatalf("pod a: %+v", s)
+	}
+	if got := blobs() - before; got != 0 {
+		t.Errorf("the first pod of a listed companion fetched %d blobs", got)
+	}
+	if err := n.unpublish(a); err != nil {
+		t.Fatal(err)
+	}
+	// Listed: kept past the TTL through a sweep.
+	time.Sleep(ttl + 500*time.Millisecond)
+	b := n.newPod("b")
+	warm(b, strings.Replace(key, "driver=550", "driver=560", 1))
+	if err := n.unpublish(b); err != nil {
+		t.Fatal(err)
+	}
+	if !exists() {
+		t.Fatal("a listed companion's directory was swept")
+	}
+	// Off the list: the next sweep after the TTL removes it.
+	mustWrite(t, list, []byte(pinned+"\n"))
+	time.Sleep(ttl + time.Second)
+	c := n.newPod("c")
+	warm(c, strings.Replace(key, "driver=550", "driver=560", 1))
+	if err := n.unpublish(c); err != nil {
+		t.Fatal(err)
+	}
+	if exists() {
+		t.Fatal("a companion taken off the warm list, unused past the TTL, is still on the node")
+	}
+}

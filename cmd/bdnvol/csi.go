@@ -101,6 +101,9 @@ type CSINodeCmd struct {
 	// WarmstateLowerTTL and WarmstateMaxBytes bound the node's warm state.
 	WarmstateLowerTTL time.Duration `name:"warmstate-lower-ttl" default:"1h" help:"Remove a companion's directory on this node once no pod has used it for this long."`
 	WarmstateMaxBytes Size          `name:"warmstate-max-bytes" default:"64GiB" help:"Publish no pod layer holding more bytes than this (the pod's cache is dropped, logged)."`
+	// WarmList names warm-state companions to pull ahead of pods.
+	WarmList         string        `name:"warm-list" placeholder:"FILE" help:"Pull the warm-state companions FILE names ('REF warmstate:KEY' lines of the warm list) onto this node ahead of pods."`
+	WarmListInterval time.Duration `name:"warm-list-interval" default:"1m" help:"How often --warm-list is read and its companions looked up."`
 }
 
 // Run serves the CSI services until SIGTERM.
@@ -131,5 +134,6 @@ func (c *CSINodeCmd) Run(ctx context.Context, g *Globals) error {
 		KeyDir: c.KeyDir, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node"),
 		WarmstateFields: fields, WarmstatePublish: c.WarmstatePublish,
 		WarmstateLowerTTL: c.WarmstateLowerTTL, WarmstateMaxBytes: int64(c.WarmstateMaxBytes),
+		WarmList: c.WarmList, WarmListInterval: c.WarmListInterval,
 	})
 }

@@ -64,6 +64,11 @@ type NodeOptions struct {
 	// WarmstateMaxBytes bounds what a pod's upper layer may hold to be
 	// published (0: DefaultWarmstateMaxBytes).
 	WarmstateMaxBytes int64
+	// WarmList is a warm list file whose `REF warmstate:KEY` lines name
+	// companions the node pulls ahead of pods ("" for none), read every
+	// WarmListInterval (0: DefaultWarmListInterval).
+	WarmList         string
+	WarmListInterval time.Duration
 }
 
 // Node is the CSI node plugin: the Identity and Node services.
@@ -80,6 +85,9 @@ type Node struct {
 	unmounting map[string]chan struct{} // mount keys the mounter is unmounting, closed when done
 	pending    map[string]int           // publishes in progress, by mount key
 	busy       map[string]bool          // target paths being worked on
+
+	listedMu sync.Mutex
+	listed   map[string]string // warm list companions: "REF\x00KEY" -> companion hex kept on the node
 }
 
 // mounterCallTimeout bounds every call to the mounter: one that does not

@@ -22,6 +22,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/pull"
 	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/signature"
+	"github.com/bdnvol/bdnvol/pkg/warm"
 	"github.com/bdnvol/bdnvol/pkg/warmstate"
 )
 
@@ -260,7 +261,8 @@ func (n *Node) warmLower(ctx context.Context, ref oci.Ref, opt oci.Options, c *w
 
 // sweepWarmLowers removes the lower directories of companions (and the
 // staging directories of their pulls) that no warm-state volume mounted on
-// this node uses and that none has used for the lower TTL: a directory's
+// this node uses, the warm list does not name, and that none has used for
+// the lower TTL: a directory's
 // time is its last use (a publish, or the unpublish of a pod that used
 // it). A record that cannot be read stops the sweep: what it uses is not
 // known.
@@ -289,6 +291,11 @@ func (n *Node) sweepWarmLowers() {
 			used[strings.TrimPrefix(w.Companion, "sha256:")] = true
 		}
 	}
+	n.listedMu.Lock()
+	for _, hex := range n.listed {
+		used[hex] = true
+	}
+	n.listedMu.Unlock()
 	lowers, err := os.ReadDir(n.warmDir("lower"))
 	if err != nil {
 		return
@@ -431,4 +438,107 @@ func overlayOptions(lower, upper, work string) (string, error) {
 		}
 	}
 	return "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work, nil
+}
+
+// DefaultWarmListInterval is how often the node plugin reads its warm list.
+const DefaultWarmListInterval = time.Minute
+
+// keepCompanionsWarm pulls the companions the warm list names (`REF
+// warmstate:KEY`, the key completed with the node's fields) into their
+// lower directories, every WarmListInterval until ctx ends: the first pod
+// of the key on this node then finds its cache here. A listed companion's
+// directory is kept while it is listed; an entry that fails keeps the
+// directory it had.
+func (n *Node) keepCompanionsWarm(ctx context.Context) {
+	every := n.opt.WarmListInterval
+	if every <= 0 {
+		every = DefaultWarmListInterval
+	}
+	failed := map[string]string{} // entry -> the error last logged
+	for {
+		n.warmListRound(ctx, failed)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+func (n *Node) warmListRound(ctx context.Context, failed map[string]string) {
+	b, err := os.ReadFile(n.opt.WarmList)
+	var es []warm.CompanionEntry
+	if err == nil {
+		es, err = warm.ParseCompanions(b)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		n.log.Warn("warm list unreadable: its companions kept as they were", "list", n.opt.WarmList, "error", err.Error())
+		return
+	}
+	n.listedMu.Lock()
+	before := n.listed
+	n.listedMu.Unlock()
+	listed := map[string]string{}
+	for _, e := range es {
+		id := e.Ref + "\x00" + e.Key
+		hex, err := n.warmCompanion(ctx, e)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if failed[id] != err.Error() {
+				n.log.Warn("warm list companion not warmed", "ref", e.Ref, "key", e.Key, "error", err.Error())
+				failed[id] = err.Error()
+			}
+			if h, ok := before[id]; ok {
+				listed[id] = h
+			}
+			continue
+		}
+		if _, ok := failed[id]; ok || before[id] != hex {
+			n.log.Info("warm list companion on the node", "ref", e.Ref, "key", e.Key, "companion", "sha256:"+hex)
+		}
+		delete(failed, id)
+		listed[id] = hex
+	}
+	n.listedMu.Lock()
+	n.listed = listed
+	n.listedMu.Unlock()
+}
+
+// warmCompanion pulls the companion entry e names into its lower
+// directory (unless there) with the node's credentials and returns its
+// digest's hex. No signature policy applies here: a pod's publish checks
+// the companion against its own before mounting it.
+func (n *Node) warmCompanion(ctx context.Context, e warm.CompanionEntry) (string, error) {
+	key, err := warmstate.ParseKey(e.Key)
+	if err == nil {
+		key, err = key.Complete(n.opt.WarmstateFields)
+	}
+	if err != nil {
+		return "", err
+	}
+	ref, err := oci.ParseRef(e.Ref)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, warmPublishTimeout)
+	defer cancel()
+	opt := n.opt.OCI
+	repo, err := oci.Open(ctx, ref, opt)
+	if err != nil {
+		return "", err
+	}
+	desc, err := oci.Resolve(ctx, repo, ref)
+	if err != nil {
+		return "", err
+	}
+	c, err := warmstate.Find(ctx, repo, desc, key, signature.Policy{})
+	if err != nil {
+		return "", err
+	}
+	if _, err := n.warmLower(ctx, ref, opt, c); err != nil {
+		return "", err
+	}
+	return c.Desc.Digest.Encoded(), nil
 }
