@@ -339,3 +339,40 @@ func TestWarmStateCopy(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmStateGC: `gc --drop-unused-warmstate` with a deploy file as
+// references deletes the companion whose key no warm-state volume there
+// uses and keeps the one a volume uses (its key without the node's fields);
+// without --apply it only lists it.
+func TestWarmStateGC(t *testing.T) {
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/warmgc"
+	v := pushJSON(t, repo+":v1", smallVolume(t, 1))
+	pinned := repo + "@" + v.Digest
+	for _, key := range []string{"engine=vllm,tp=1,gpu=H100,driver=550", "engine=vllm,tp=2,gpu=H100,driver=550"} {
+		dir := t.TempDir()
+		mustWrite(t, filepath.Join(dir, "kernel.bin"), []byte("kernel "+key))
+		mustRun(t, "warmstate", "push", "--key", key, pinned, dir)
+	}
+	deploy := filepath.Join(t.TempDir(), "deploy.yaml")
+	mustWrite(t, deploy, []byte(fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+spec:
+  template:
+    spec:
+      volumes:
+        - name: cache
+          csi:
+            driver: csi.bdnvol.dev
+            volumeAttributes: {ref: %q, warmstateKey: "engine=vllm,tp=1"}
+`, pinned)))
+	dry := mustRun(t, "gc", "--refs", deploy, "--drop-unused-warmstate", repo)
+	if strings.Count(dry.stdout, "WARMSTATE") != 1 || !strings.Contains(dry.stdout, "tp=2: unused") || len(warmLs(t, pinned)) != 2 {
+		t.Fatalf("dry run:\n%s", dry)
+	}
+	res := mustRun(t, "gc", "--refs", deploy, "--drop-unused-warmstate", "--apply", repo)
+	cs := warmLs(t, pinned)
+	if len(cs) != 1 || !sameKey(cs[0].Key, "engine=vllm,tp=1,gpu=H100,driver=550") || !strings.Contains(res.stdout, "deleted") {
+		t.Fatalf("after gc --apply: %+v\n%s", cs, res)
+	}
+}
