@@ -40,7 +40,8 @@ var bdnvolImageRE = regexp.MustCompile(`\S*bdnvol/bdnvol@sha256:[0-9a-f]{64}`)
 // renderDeploy returns deploy/kubernetes as applied in the cluster tests:
 // the bdnvol image made local (imported, not pulled), the DaemonSets on the
 // host's network (the test's registry listens on the host's loopback, and
-// the cluster has no pod network), the node plugin's linger shortened, and
+// the cluster has no pod network), the node plugin's linger shortened and
+// pods' warm state published (--warmstate-publish), and
 // node-driver-registrar, which this machine cannot pull, left out:
 // testRegistrar does its work. With caFile, the node plugin and the mounter
 // trust that CA (a hostPath volume and --ca-file), as an operator whose
@@ -121,8 +122,9 @@ func renderDaemonSet(t *testing.T, doc, caFile string, apiPort int) string {
 				lingerSet = true
 			}
 		}
-		// Signature keys from a ConfigMap, named by requireSignature.
-		ct.Args = append(ct.Args, "--key-dir=/etc/bdnvol/keys")
+		// Signature keys from a ConfigMap, named by requireSignature; pods'
+		// warm state published at unpublish when they ask (WarmState).
+		ct.Args = append(ct.Args, "--key-dir=/etc/bdnvol/keys", "--warmstate-publish")
 		ct.VolumeMounts = append(ct.VolumeMounts, corev1.VolumeMount{Name: "signature-keys", MountPath: "/etc/bdnvol/keys", ReadOnly: true})
 		keep = append(keep, ct)
 	}
@@ -343,6 +345,7 @@ func TestCluster(t *testing.T) {
 	}
 
 	t.Run("Peers", func(t *testing.T) { testClusterPeers(t, c, reg) })
+	t.Run("WarmState", func(t *testing.T) { testClusterWarmState(t, c, reg) })
 
 	t.Run("MissingTag", func(t *testing.T) {
 		c.apply(readerPod("missing-tag", reg.Host+"/team/vol:nope", "true"))

@@ -264,3 +264,189 @@ func TestCSIWarmStateSigned(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCSIWarmStateBounds: a companion's lower directory stays while a pod
+// uses it and is removed once none has for --warmstate-lower-ttl (the
+// next pod of the key pulls it again and loads); a pod whose layer holds
+// more than --warmstate-max-bytes publishes nothing.
+func TestCSIWarmStateBounds(t *testing.T) {
+	stub := enginestub(t)
+	n := startCSI(t, time.Minute)
+	ttl := 2 * time.Second
+	n.restartNodeWith("--warmstate-publish", "--warmstate-lower-ttl="+ttl.String(), "--warmstate-max-bytes=1MiB")
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/warmbounds"
+	v := pushJSON(t, repo+":v1", smallVolume(t, 1))
+	pinned := repo + "@" + v.Digest
+	args := []string{"-tp", "1"}
+	key := stubKey(t, stub, args...)
+	otherKey := strings.Replace(key, "driver=550", "driver=560", 1)
+	warm := func(p pod, key string, publish bool) {
+		t.Helper()
+		req := &csi.NodePublishVolumeRequest{
+			VolumeId: p.volumeID, TargetPath: p.target,
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			},
+			VolumeContext: map[string]string{"ref": pinned, "warmstateKey": key, "warmstatePublish": fmt.Sprint(publish),
+				"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e"},
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := n.Node.NodePublishVolume(ctx, req); err != nil {
+			t.Fatalf("publish %s: %v", p.name, err)
+		}
+	}
+	unpublish := func(p pod) {
+		t.Helper()
+		if err := n.unpublish(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The stand-in's 26 MB layer is over the node's 1 MiB bound: the
+	// unpublish publishes nothing.
+	big := n.newPod("big")
+	warm(big, key, true)
+	if s := runStub(t, stub, big.target, args...); s.Mode != "compiled" {
+		t.Fatalf("pod big: %+v", s)
+	}
+	unpublish(big)
+	if cs := warmLs(t, pinned); len(cs) != 0 {
+		t.Fatalf("a layer over --warmstate-max-bytes was published: %+v", cs)
+	}
+
+	// The companion pushed from outside; a pod of its key pulls it into a
+	// lower directory of the node.
+	root := t.TempDir()
+	runStub(t, stub, root, args...)
+	mustRun(t, "warmstate", "push", "--key", key, pinned, root)
+	companion := warmLs(t, pinned)[0].Digest
+	lower := filepath.Join(n.stateDir, "warm", "lower", strings.TrimPrefix(companion, "sha256:"))
+	exists := func() bool {
+		_, err := os.Stat(lower)
+		return err == nil
+	}
+	a, b := n.newPod("a"), n.newPod("b")
+	warm(a, key, false)
+	warm(b, key, false)
+	if !exists() {
+		t.Fatalf("no lower directory %s while pods use it", lower)
+	}
+	// Pod b still uses it past the TTL: an unpublish's sweep keeps it.
+	unpublish(a)
+	time.Sleep(ttl + 500*time.Millisecond)
+	c := n.newPod("c")
+	warm(c, otherKey, false)
+	unpublish(c)
+	if !exists() {
+		t.Fatal("the lower directory of a companion a pod uses was removed")
+	}
+	if s := runStub(t, stub, b.target, args...); s.Mode != "loaded" {
+		t.Fatalf("pod b: %+v", s)
+	}
+	// Unused for the TTL: the next sweep removes it.
+	unpublish(b)
+	time.Sleep(ttl + 500*time.Millisecond)
+	d := n.newPod("d")
+	warm(d, otherKey, false)
+	unpublish(d)
+	if exists() {
+		t.Fatalf("lower directory %s unused for more than the TTL is still there", lower)
+	}
+	// The next pod of the key pulls it again.
+	e := n.newPod("e")
+	warm(e, key, false)
+	if s := runStub(t, stub, e.target, args...); s.Mode != "loaded" || !exists() {
+		t.Fatalf("pod e after the sweep: %+v", s)
+	}
+	unpublish(e)
+}
+
+// TestCSIWarmStateWarmList: a warm list line `REF warmstate:KEY` makes
+// the node plugin pull the companion before any pod asks: the first pod
+// of the key loads it without a blob fetched from the registry, and the
+// listed companion's directory outlives the TTL until the line goes.
+func TestCSIWarmStateWarmList(t *testing.T) {
+	stub := enginestub(t)
+	n := startCSI(t, time.Minute)
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/warmlisted"
+	v := pushJSON(t, repo+":v1", smallVolume(t, 1))
+	pinned := repo + "@" + v.Digest
+	args := []string{"-tp", "1"}
+	key := stubKey(t, stub, args...)
+	root := t.TempDir()
+	runStub(t, stub, root, args...)
+	mustRun(t, "warmstate", "push", "--key", key, pinned, root)
+	companion := warmLs(t, pinned)[0].Digest
+	lower := filepath.Join(n.stateDir, "warm", "lower", strings.TrimPrefix(companion, "sha256:"))
+	list := filepath.Join(t.TempDir(), "warm-list")
+	// The version's own line is the mounter's; the node takes the companion's.
+	mustWrite(t, list, []byte(fmt.Sprintf("# warm list\n%s\n%s warmstate:%s\n", pinned, repo+":v1", key)))
+	ttl := time.Second
+	n.restartNodeWith("--warm-list", list, "--warm-list-interval=300ms", "--warmstate-lower-ttl="+ttl.String())
+	exists := func() bool {
+		_, err := os.Stat(lower)
+		return err == nil
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !exists() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the listed companion was not pulled into %s", lower)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	warm := func(p pod, key string) {
+		t.Helper()
+		req := &csi.NodePublishVolumeRequest{
+			VolumeId: p.volumeID, TargetPath: p.target,
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			},
+			VolumeContext: map[string]string{"ref": pinned, "warmstateKey": key,
+				"csi.storage.k8s.io/pod.name": p.name, "csi.storage.k8s.io/pod.namespace": "e2e"},
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := n.Node.NodePublishVolume(ctx, req); err != nil {
+			t.Fatalf("publish %s: %v", p.name, err)
+		}
+	}
+	blobs := func() int { return reg.Stats().Requests["GET blob"] }
+	before := blobs()
+	a := n.newPod("a")
+	warm(a, key)
+	if s := runStub(t, stub, a.target, args...); s.Mode != "loaded" {
+		t.Fatalf("pod a: %+v", s)
+	}
+	if got := blobs() - before; got != 0 {
+		t.Errorf("the first pod of a listed companion fetched %d blobs", got)
+	}
+	if err := n.unpublish(a); err != nil {
+		t.Fatal(err)
+	}
+	// Listed: kept past the TTL through a sweep.
+	time.Sleep(ttl + 500*time.Millisecond)
+	b := n.newPod("b")
+	warm(b, strings.Replace(key, "driver=550", "driver=560", 1))
+	if err := n.unpublish(b); err != nil {
+		t.Fatal(err)
+	}
+	if !exists() {
+		t.Fatal("a listed companion's directory was swept")
+	}
+	// Off the list: the next sweep after the TTL removes it.
+	mustWrite(t, list, []byte(pinned+"\n"))
+	time.Sleep(ttl + time.Second)
+	c := n.newPod("c")
+	warm(c, strings.Replace(key, "driver=550", "driver=560", 1))
+	if err := n.unpublish(c); err != nil {
+		t.Fatal(err)
+	}
+	if exists() {
+		t.Fatal("a companion taken off the warm list, unused past the TTL, is still on the node")
+	}
+}

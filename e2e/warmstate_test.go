@@ -295,3 +295,84 @@ func TestWarmStateMCV(t *testing.T) {
 		t.Fatalf("after an MCV round trip: %+v", again)
 	}
 }
+
+// TestWarmStateCopy: `bdnvol copy` of a version carries its warm-state
+// companions (referrers of the version, listed through the tag schema on
+// distribution) and their signatures: the copy's companion is found by
+// its key, passes --require-signature and loads; a copy into a layout
+// and back again keeps them too.
+func TestWarmStateCopy(t *testing.T) {
+	stub := enginestub(t)
+	reg := newDistribution(t)
+	v := pushJSON(t, reg.Host+"/models/warmsrc:v1", smallVolume(t, 1))
+	src := reg.Host + "/models/warmsrc@" + v.Digest
+	root := t.TempDir()
+	first := runStub(t, stub, root, "-tp", "2")
+	priv, pub := keyPair(t, t.TempDir(), "warm")
+	if r := signRun(t, "warmstate", "push", "--key", first.Key, "--sign-key", priv, src, root); r.code != 0 {
+		t.Fatalf("signed push:\n%s", r)
+	}
+	other := runStub(t, stub, t.TempDir(), "-tp", "4")
+	if other.Mode != "compiled" {
+		t.Fatalf("tp=4: %+v", other)
+	}
+
+	lay := "oci:" + filepath.Join(t.TempDir(), "lay")
+	for _, dst := range []string{reg.Host + "/models/warmdst", lay, reg.Host + "/models/warmback"} {
+		from := src
+		if dst == reg.Host+"/models/warmback" {
+			from = lay + "@" + v.Digest
+		}
+		mustRun(t, "copy", from, dst)
+		pinned := dst + "@" + v.Digest
+		cs := warmLs(t, pinned)
+		if len(cs) != 1 || !sameKey(cs[0].Key, first.Key) || cs[0].Error != "" {
+			t.Fatalf("companions of the copy in %s: %+v", dst, cs)
+		}
+		dir := t.TempDir()
+		mustRun(t, "warmstate", "pull", "--key", first.Key, "--require-signature", pub, pinned, dir)
+		if s := runStub(t, stub, dir, "-tp", "2"); s.Mode != "loaded" || s.Hash != first.Hash {
+			t.Fatalf("the stand-in on the copy's companion from %s: %+v", dst, s)
+		}
+		if r := run(t, "warmstate", "pull", "--key", other.Key, pinned, t.TempDir()); r.code == 0 {
+			t.Fatalf("pull of a key never pushed from %s:\n%s", dst, r)
+		}
+	}
+}
+
+// TestWarmStateGC: `gc --drop-unused-warmstate` with a deploy file as
+// references deletes the companion whose key no warm-state volume there
+// uses and keeps the one a volume uses (its key without the node's fields);
+// without --apply it only lists it.
+func TestWarmStateGC(t *testing.T) {
+	reg := newDistribution(t)
+	repo := reg.Host + "/models/warmgc"
+	v := pushJSON(t, repo+":v1", smallVolume(t, 1))
+	pinned := repo + "@" + v.Digest
+	for _, key := range []string{"engine=vllm,tp=1,gpu=H100,driver=550", "engine=vllm,tp=2,gpu=H100,driver=550"} {
+		dir := t.TempDir()
+		mustWrite(t, filepath.Join(dir, "kernel.bin"), []byte("kernel "+key))
+		mustRun(t, "warmstate", "push", "--key", key, pinned, dir)
+	}
+	deploy := filepath.Join(t.TempDir(), "deploy.yaml")
+	mustWrite(t, deploy, []byte(fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+spec:
+  template:
+    spec:
+      volumes:
+        - name: cache
+          csi:
+            driver: csi.bdnvol.dev
+            volumeAttributes: {ref: %q, warmstateKey: "engine=vllm,tp=1"}
+`, pinned)))
+	dry := mustRun(t, "gc", "--refs", deploy, "--drop-unused-warmstate", repo)
+	if strings.Count(dry.stdout, "WARMSTATE") != 1 || !strings.Contains(dry.stdout, "tp=2: unused") || len(warmLs(t, pinned)) != 2 {
+		t.Fatalf("dry run:\n%s", dry)
+	}
+	res := mustRun(t, "gc", "--refs", deploy, "--drop-unused-warmstate", "--apply", repo)
+	cs := warmLs(t, pinned)
+	if len(cs) != 1 || !sameKey(cs[0].Key, "engine=vllm,tp=1,gpu=H100,driver=550") || !strings.Contains(res.stdout, "deleted") {
+		t.Fatalf("after gc --apply: %+v\n%s", cs, res)
+	}
+}

@@ -98,6 +98,12 @@ type CSINodeCmd struct {
 	WarmstateField     []string `name:"warmstate-field" placeholder:"NAME=VALUE" help:"A warm-state key field of this node (gpu, cc, driver, …), added to every warmstateKey that lacks it; a key naming another value is refused (repeatable)."`
 	WarmstateNvidiaSMI bool     `name:"warmstate-nvidia-smi" help:"Take the node's gpu, cc and driver key fields from nvidia-smi at start."`
 	WarmstatePublish   bool     `name:"warmstate-publish" help:"Let a warm-state volume's warmstatePublish publish what its pod wrote, with this node's registry credentials: only where pods are trusted to write caches others run, or readers require signatures."`
+	// WarmstateLowerTTL and WarmstateMaxBytes bound the node's warm state.
+	WarmstateLowerTTL time.Duration `name:"warmstate-lower-ttl" default:"1h" help:"Remove a companion's directory on this node once no pod has used it for this long."`
+	WarmstateMaxBytes Size          `name:"warmstate-max-bytes" default:"64GiB" help:"Publish no pod layer holding more bytes than this (the pod's cache is dropped, logged)."`
+	// WarmList names warm-state companions to pull ahead of pods.
+	WarmList         string        `name:"warm-list" placeholder:"FILE" help:"Pull the warm-state companions FILE names ('REF warmstate:KEY' lines of the warm list) onto this node ahead of pods."`
+	WarmListInterval time.Duration `name:"warm-list-interval" default:"1m" help:"How often --warm-list is read and its companions looked up."`
 }
 
 // Run serves the CSI services until SIGTERM.
@@ -127,5 +133,7 @@ func (c *CSINodeCmd) Run(ctx context.Context, g *Globals) error {
 		Mounter: csi.NewMounterClient(c.MounterSocket), OCI: g.options(),
 		KeyDir: c.KeyDir, Logger: slog.New(slog.NewJSONHandler(g.stderr, nil)).With("component", "node"),
 		WarmstateFields: fields, WarmstatePublish: c.WarmstatePublish,
+		WarmstateLowerTTL: c.WarmstateLowerTTL, WarmstateMaxBytes: int64(c.WarmstateMaxBytes),
+		WarmList: c.WarmList, WarmListInterval: c.WarmListInterval,
 	})
 }

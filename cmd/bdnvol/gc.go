@@ -32,6 +32,7 @@ type GCCmd struct {
 	Purge         bool               `help:"Also delete for real the versions deleted more than --restore-window ago."`
 	RestoreWindow retention.Duration `name:"restore-window" default:"7d" help:"How long a deleted version stays restorable before --purge removes it."`
 	BlobGrace     retention.Duration `name:"blob-grace" default:"1h" help:"OCI layouts: leave unreachable blobs younger than this (a push may be running)."`
+	DropWarmstate bool               `name:"drop-unused-warmstate" help:"Also delete the warm-state companions of kept versions whose keys no warm-state volume in --refs uses."`
 }
 
 // Run plans and applies.
@@ -52,7 +53,7 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	rep, err := retention.GC(ctx, ref, g.options(), retention.GCOptions{
-		Policy: policy, Sources: sources, Apply: c.Apply, BlobGrace: time.Duration(c.BlobGrace),
+		Policy: policy, Sources: sources, Apply: c.Apply, BlobGrace: time.Duration(c.BlobGrace), DropUnusedCompanions: c.DropWarmstate,
 		Planned: func(plan *retention.Plan) {
 			if !c.JSON {
 				printPlan(g.stdout, plan)
@@ -74,6 +75,18 @@ func (c *GCCmd) Run(ctx context.Context, g *Globals) error {
 	})
 	if rep == nil {
 		return err
+	}
+	if !c.JSON {
+		for _, d := range rep.Companions {
+			state := "unused"
+			switch {
+			case d.Done:
+				state = "deleted"
+			case d.Error != "":
+				state = "not deleted: " + termsafe.Text(d.Error)
+			}
+			fmt.Fprintf(g.stdout, "WARMSTATE %s of %s key %s: %s\n", d.Companion, d.Version, termsafe.Text(d.Key), state)
+		}
 	}
 	if rep.Swept != nil {
 		fmt.Fprintf(g.stderr, "bdnvol: removed %d unreachable blobs, %s\n", rep.Swept.Blobs, units.Bytes(rep.Swept.Bytes))

@@ -58,6 +58,17 @@ type NodeOptions struct {
 	// trusted to write caches that others run (or readers require
 	// signatures). Off, such a volume is refused.
 	WarmstatePublish bool
+	// WarmstateLowerTTL is how long a companion's lower directory stays on
+	// the node after the last pod using it is gone (0: DefaultWarmstateLowerTTL).
+	WarmstateLowerTTL time.Duration
+	// WarmstateMaxBytes bounds what a pod's upper layer may hold to be
+	// published (0: DefaultWarmstateMaxBytes).
+	WarmstateMaxBytes int64
+	// WarmList is a warm list file whose `REF warmstate:KEY` lines name
+	// companions the node pulls ahead of pods ("" for none), read every
+	// WarmListInterval (0: DefaultWarmListInterval).
+	WarmList         string
+	WarmListInterval time.Duration
 }
 
 // Node is the CSI node plugin: the Identity and Node services.
@@ -74,6 +85,9 @@ type Node struct {
 	unmounting map[string]chan struct{} // mount keys the mounter is unmounting, closed when done
 	pending    map[string]int           // publishes in progress, by mount key
 	busy       map[string]bool          // target paths being worked on
+
+	listedMu sync.Mutex
+	listed   map[string]string // warm list companions: "REF\x00KEY" -> companion hex kept on the node
 }
 
 // mounterCallTimeout bounds every call to the mounter: one that does not
@@ -142,6 +156,7 @@ func NewNode(ctx context.Context, opt NodeOptions) (*Node, error) {
 	}
 	n.mu.Unlock()
 	n.log.Info("re-attached", "targets", len(n.ts.all()), "mounts", len(refs), "mounter_mounts", len(served))
+	n.sweepWarmLowers()
 	return n, nil
 }
 

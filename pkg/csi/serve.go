@@ -183,5 +183,8 @@ func ServeNode(ctx context.Context, endpoint string, opt NodeOptions) error {
 		return err
 	}
 	opt.Logger.Info("serving", "endpoint", endpoint, "node_id", opt.NodeID, "pid", os.Getpid())
+	if opt.WarmList != "" {
+		go n.keepCompanionsWarm(ctx)
+	}
 	return n.Serve(ctx, l)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/pull"
 	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/signature"
+	"github.com/bdnvol/bdnvol/pkg/warm"
 	"github.com/bdnvol/bdnvol/pkg/warmstate"
 )
 
@@ -39,6 +40,16 @@ const (
 
 // warmPublishTimeout bounds publishing a pod's cache at unpublish.
 var warmPublishTimeout = 10 * time.Minute
+
+// Defaults of the warm-state bounds (NodeOptions).
+const (
+	// DefaultWarmstateLowerTTL is how long an unused lower directory stays.
+	DefaultWarmstateLowerTTL = time.Hour
+	// DefaultWarmstateMaxBytes is the most a published upper layer holds.
+	DefaultWarmstateMaxBytes = 64 << 30
+	// maxUpperEntries bounds the entries of an upper layer published.
+	maxUpperEntries = 1 << 20
+)
 
 // warmTarget is a published warm-state volume: its record in the state
 // directory (apart from the version targets, which the mounter's
@@ -221,6 +232,9 @@ func (n *Node) warmLower(ctx context.Context, ref oci.Ref, opt oci.Options, c *w
 	mu.Lock()
 	defer mu.Unlock()
 	if st, err := os.Stat(dir); err == nil && st.IsDir() {
+		// Its time is its last use: sweepWarmLowers keeps it a TTL more.
+		now := time.Now()
+		os.Chtimes(dir, now, now)
 		return dir, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
@@ -237,10 +251,74 @@ func (n *Node) warmLower(ctx context.Context, ref oci.Ref, opt oci.Options, c *w
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", err
 	}
+	now := time.Now()
+	os.Chtimes(tmp, now, now)
 	if err := os.Rename(tmp, dir); err != nil {
 		return "", err
 	}
 	return dir, nil
+}
+
+// sweepWarmLowers removes the lower directories of companions (and the
+// staging directories of their pulls) that no warm-state volume mounted on
+// this node uses, the warm list does not name, and that none has used for
+// the lower TTL: a directory's
+// time is its last use (a publish, or the unpublish of a pod that used
+// it). A record that cannot be read stops the sweep: what it uses is not
+// known.
+func (n *Node) sweepWarmLowers() {
+	ttl := n.opt.WarmstateLowerTTL
+	if ttl <= 0 {
+		ttl = DefaultWarmstateLowerTTL
+	}
+	used := map[string]bool{}
+	recs, err := os.ReadDir(n.warmDir("targets"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		n.log.Warn("warm state: lower directories not swept", "error", err.Error())
+		return
+	}
+	for _, e := range recs {
+		var w warmTarget
+		b, err := os.ReadFile(n.warmDir("targets", e.Name()))
+		if err == nil {
+			err = json.Unmarshal(b, &w)
+		}
+		if err != nil {
+			n.log.Warn("warm state: lower directories not swept: a record is unreadable", "record", e.Name(), "error", err.Error())
+			return
+		}
+		if _, mounted := mountAt(w.Path); mounted && w.Companion != "" {
+			used[strings.TrimPrefix(w.Companion, "sha256:")] = true
+		}
+	}
+	n.listedMu.Lock()
+	for _, hex := range n.listed {
+		used[hex] = true
+	}
+	n.listedMu.Unlock()
+	lowers, err := os.ReadDir(n.warmDir("lower"))
+	if err != nil {
+		return
+	}
+	for _, e := range lowers {
+		hex := strings.TrimPrefix(e.Name(), ".pull-")
+		if used[hex] {
+			continue
+		}
+		mu := lowerLock(n.warmDir("lower", hex))
+		if !mu.TryLock() {
+			continue // being pulled or used now
+		}
+		dir := n.warmDir("lower", e.Name())
+		if st, err := os.Lstat(dir); err == nil && time.Since(st.ModTime()) > ttl {
+			if err := os.RemoveAll(dir); err != nil {
+				n.log.Warn("warm state: lower directory not removed", "dir", dir, "error", err.Error())
+			} else {
+				n.log.Info("warm state: removed an unused lower directory", "dir", dir, "unused_for", time.Since(st.ModTime()).Round(time.Second).String())
+			}
+		}
+		mu.Unlock()
+	}
 }
 
 // lowerLocks serialises pulls of one companion's lower directory.
@@ -269,8 +347,40 @@ func (n *Node) unpublishWarm(ctx context.Context, w warmTarget) error {
 	}
 	os.RemoveAll(w.Dir)
 	os.Remove(n.warmRecord(w.Path))
+	if w.Companion != "" {
+		// Its last use: the lower stays a TTL from now.
+		now := time.Now()
+		os.Chtimes(n.warmDir("lower", strings.TrimPrefix(w.Companion, "sha256:")), now, now)
+	}
 	n.log.Info("unpublished warm state", "volume_id", w.VolumeID, "target", w.Path, "key", w.Key)
+	n.sweepWarmLowers()
 	return nil
+}
+
+// upperSize returns the bytes of the regular files under upper, or an
+// error once they pass max bytes or maxUpperEntries entries.
+func upperSize(upper string, max int64) (int64, error) {
+	var size int64
+	entries := 0
+	err := filepath.WalkDir(upper, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if entries++; entries > maxUpperEntries {
+			return fmt.Errorf("more than %d entries", maxUpperEntries)
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			if size += fi.Size(); size > max {
+				return fmt.Errorf("more than %d bytes, the node's bound (--warmstate-max-bytes)", max)
+			}
+		}
+		return nil
+	})
+	return size, err
 }
 
 // publishUpper publishes the upper directory as the companion of w's key,
@@ -280,6 +390,13 @@ func (n *Node) publishUpper(ctx context.Context, w warmTarget, upper string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), warmPublishTimeout)
 	defer cancel()
 	err := func() error {
+		max := n.opt.WarmstateMaxBytes
+		if max <= 0 {
+			max = DefaultWarmstateMaxBytes
+		}
+		if _, err := upperSize(upper, max); err != nil {
+			return fmt.Errorf("the pod's layer: %w", err)
+		}
 		key, err := warmstate.ParseKey(w.Key)
 		if err != nil {
 			return err
@@ -321,4 +438,107 @@ func overlayOptions(lower, upper, work string) (string, error) {
 		}
 	}
 	return "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work, nil
+}
+
+// DefaultWarmListInterval is how often the node plugin reads its warm list.
+const DefaultWarmListInterval = time.Minute
+
+// keepCompanionsWarm pulls the companions the warm list names (`REF
+// warmstate:KEY`, the key completed with the node's fields) into their
+// lower directories, every WarmListInterval until ctx ends: the first pod
+// of the key on this node then finds its cache here. A listed companion's
+// directory is kept while it is listed; an entry that fails keeps the
+// directory it had.
+func (n *Node) keepCompanionsWarm(ctx context.Context) {
+	every := n.opt.WarmListInterval
+	if every <= 0 {
+		every = DefaultWarmListInterval
+	}
+	failed := map[string]string{} // entry -> the error last logged
+	for {
+		n.warmListRound(ctx, failed)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+func (n *Node) warmListRound(ctx context.Context, failed map[string]string) {
+	b, err := os.ReadFile(n.opt.WarmList)
+	var es []warm.CompanionEntry
+	if err == nil {
+		es, err = warm.ParseCompanions(b)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		n.log.Warn("warm list unreadable: its companions kept as they were", "list", n.opt.WarmList, "error", err.Error())
+		return
+	}
+	n.listedMu.Lock()
+	before := n.listed
+	n.listedMu.Unlock()
+	listed := map[string]string{}
+	for _, e := range es {
+		id := e.Ref + "\x00" + e.Key
+		hex, err := n.warmCompanion(ctx, e)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if failed[id] != err.Error() {
+				n.log.Warn("warm list companion not warmed", "ref", e.Ref, "key", e.Key, "error", err.Error())
+				failed[id] = err.Error()
+			}
+			if h, ok := before[id]; ok {
+				listed[id] = h
+			}
+			continue
+		}
+		if _, ok := failed[id]; ok || before[id] != hex {
+			n.log.Info("warm list companion on the node", "ref", e.Ref, "key", e.Key, "companion", "sha256:"+hex)
+		}
+		delete(failed, id)
+		listed[id] = hex
+	}
+	n.listedMu.Lock()
+	n.listed = listed
+	n.listedMu.Unlock()
+}
+
+// warmCompanion pulls the companion entry e names into its lower
+// directory (unless there) with the node's credentials and returns its
+// digest's hex. No signature policy applies here: a pod's publish checks
+// the companion against its own before mounting it.
+func (n *Node) warmCompanion(ctx context.Context, e warm.CompanionEntry) (string, error) {
+	key, err := warmstate.ParseKey(e.Key)
+	if err == nil {
+		key, err = key.Complete(n.opt.WarmstateFields)
+	}
+	if err != nil {
+		return "", err
+	}
+	ref, err := oci.ParseRef(e.Ref)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, warmPublishTimeout)
+	defer cancel()
+	opt := n.opt.OCI
+	repo, err := oci.Open(ctx, ref, opt)
+	if err != nil {
+		return "", err
+	}
+	desc, err := oci.Resolve(ctx, repo, ref)
+	if err != nil {
+		return "", err
+	}
+	c, err := warmstate.Find(ctx, repo, desc, key, signature.Policy{})
+	if err != nil {
+		return "", err
+	}
+	if _, err := n.warmLower(ctx, ref, opt, c); err != nil {
+		return "", err
+	}
+	return c.Desc.Digest.Encoded(), nil
 }

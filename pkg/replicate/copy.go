@@ -161,7 +161,9 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 		}
 	}
 	// The tags that keep the version and its signatures at the source go
-	// with it: its protective tags, and cosign's sha256-<hex>.sig/.att/.sbom.
+	// with it: its protective tags, and cosign's sha256-<hex>.sig/.att/.sbom
+	// of the version and of each referrer the copy carries (a warm-state
+	// companion's signature is about the companion, not the version).
 	srcTags, err := oci.ListTags(ctx, src.Target)
 	if err != nil {
 		return nil, fmt.Errorf("%s: list tags: %w", src.Ref.Repo(), err)
@@ -171,6 +173,9 @@ func Copy(ctx context.Context, src, dst Side, opt Options) (*Report, error) {
 	for _, t := range srcTags {
 		_, h, ok := oci.ParseProtectiveTag(t)
 		sig := strings.HasPrefix(t, root.Digest.Algorithm().String()+"-"+hex+".")
+		if subject, isSig := signatureSubject(t); isSig && strings.Contains(t, ".") && c.rooted[subject] {
+			sig = true
+		}
 		if !(ok && strings.HasPrefix(hex, h)) && !sig {
 			continue
 		}

@@ -3,6 +3,7 @@ package retention
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -17,6 +18,10 @@ type GCOptions struct {
 	// BlobGrace: with Apply and Policy.Purge, an OCI layout's unreachable
 	// blobs younger than this are left (a push may be running).
 	BlobGrace time.Duration
+	// DropUnusedCompanions also plans, and with Apply deletes, the
+	// warm-state companions of kept versions that no warm-state volume
+	// among the references uses (docs/warm-state.md).
+	DropUnusedCompanions bool
 	// Planned (if set) is told of the plan before any of it is carried out.
 	Planned func(*Plan)
 	// OnResult (if set) is told of each version and tombstone as it is
@@ -32,6 +37,9 @@ type GCReport struct {
 	Results    []Result    `json:"results,omitempty"`
 	Swept      *Swept      `json:"swept,omitempty"`
 	References []Reference `json:"references"`
+	// Companions are the unused warm-state companions of kept versions
+	// (DropUnusedCompanions).
+	Companions []CompanionDrop `json:"companions,omitempty"`
 }
 
 // GC plans the deletion of the versions of the repository ref names that
@@ -58,6 +66,11 @@ func GC(ctx context.Context, ref oci.Ref, ociOpt oci.Options, opt GCOptions) (*G
 	if rep.References == nil {
 		rep.References = []Reference{}
 	}
+	if opt.DropUnusedCompanions {
+		if rep.Companions, err = unusedCompanions(ctx, t, plan, in.References); err != nil {
+			return nil, err
+		}
+	}
 	if opt.Planned != nil {
 		opt.Planned(plan)
 	}
@@ -68,6 +81,22 @@ func GC(ctx context.Context, ref oci.Ref, ociOpt oci.Options, opt GCOptions) (*G
 	rep.Results = results
 	if rep.Results == nil {
 		rep.Results = []Result{}
+	}
+	if len(rep.Companions) > 0 && err == nil {
+		// The references read again: a volume of a key deployed since the
+		// plan keeps its companion.
+		refs, rerr := opt.Sources(ctx)
+		if rerr != nil {
+			return rep, rerr
+		}
+		again, rerr := unusedCompanions(ctx, t, plan, refs)
+		if rerr != nil {
+			return rep, rerr
+		}
+		rep.Companions = slices.DeleteFunc(rep.Companions, func(d CompanionDrop) bool {
+			return !slices.ContainsFunc(again, func(a CompanionDrop) bool { return a.Companion == d.Companion })
+		})
+		err = dropCompanions(ctx, t, rep.Companions)
 	}
 	if ref.Layout != "" && opt.Policy.Purge && err == nil {
 		sw, serr := SweepLayout(ctx, ref.Layout, opt.BlobGrace)

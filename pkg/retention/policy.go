@@ -37,6 +37,9 @@ type Reference struct {
 	Digest digest.Digest `json:"digest,omitempty"` // empty for a tag-only reference
 	Tag    string        `json:"tag,omitempty"`
 	Mount  bool          `json:"mount,omitempty"` // a bdnvol mount running on this machine
+	// WarmstateKey is the key of a warm-state volume (a CSI volume's
+	// warmstateKey beside its ref): the companions it uses.
+	WarmstateKey string `json:"warmstate_key,omitempty"`
 }
 
 // Policy says which versions to keep. The zero value keeps nothing but

@@ -24,7 +24,8 @@ var suffixRE = regexp.MustCompile(`^(?::([A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?(?:
 // the text, wherever it is (inside a longer string, in an escaped JSON
 // annotation, in a comment), and, through the YAML parser, string values
 // such as oci:relative/path@sha256:… that name the repository in another
-// spelling. A repository name is matched literally: localhost:5000 and
+// spelling; and each warm-state volume (a warmstateKey beside a ref of the
+// repository) once more, with its key. A repository name is matched literally: localhost:5000 and
 // 127.0.0.1:5000 are different registries.
 func Scan(repo oci.Ref, name string, b []byte) []Reference {
 	want := repo.Repo()
@@ -65,6 +66,7 @@ func Scan(repo oci.Ref, name string, b []byte) []Reference {
 	if err != nil {
 		return out // not YAML: the text scan is all there is
 	}
+	out = append(out, scanWarmKeys(repo, name, b)...)
 	for _, c := range cands {
 		r, err := oci.ParseRef(c.Value)
 		if err != nil || r.Repo() != want || strings.Contains(c.Value, want) {

@@ -77,3 +77,22 @@ func TestGCSkipsRecordsWithMalformedDigests(t *testing.T) {
 		t.Errorf("rm of a malformed record's ref: %v", err)
 	}
 }
+
+// TestParseCompanions: `REF warmstate:KEY` lines are the node plugin's:
+// ParseList leaves them out, ParseCompanions returns them in order, once
+// each; an empty key fails naming its line.
+func TestParseCompanions(t *testing.T) {
+	list := []byte("# list\nr/a:v1\nr/a:v1 warmstate:engine=vllm,tp=2\nr/b:v1 *.bin\nr/a:v1 warmstate:engine=vllm,tp=2\nr/a:v1 warmstate:engine=vllm,tp=4\n")
+	es, err := ParseList(list)
+	if err != nil || len(es) != 2 || es[0] != (ListEntry{Ref: "r/a:v1"}) || es[1] != (ListEntry{Ref: "r/b:v1", Patterns: "*.bin"}) {
+		t.Fatalf("ParseList: %+v, %v", es, err)
+	}
+	cs, err := ParseCompanions(list)
+	want := []CompanionEntry{{Ref: "r/a:v1", Key: "engine=vllm,tp=2"}, {Ref: "r/a:v1", Key: "engine=vllm,tp=4"}}
+	if err != nil || len(cs) != 2 || cs[0] != want[0] || cs[1] != want[1] {
+		t.Fatalf("ParseCompanions: %+v, %v", cs, err)
+	}
+	if _, err := ParseCompanions([]byte("r/a:v1\nr/a:v1 warmstate:\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Fatalf("an empty key: %v", err)
+	}
+}
