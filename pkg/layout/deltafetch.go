@@ -133,6 +133,7 @@ func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 	}()
 	base, local, berr := f.base(ctx, d, true)
 	wg.Wait()
+	defer func() { f.release(base, local) }()
 	if derr != nil {
 		return nil, fmt.Errorf("delta of chunk %s: %w", d.Chunk, derr)
 	}
@@ -157,7 +158,8 @@ func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 		if f.stats != nil {
 			f.stats.LocalBases--
 		}
-		if base, _, err = f.base(ctx, d, false); err != nil {
+		f.release(base, local)
+		if base, local, err = f.base(ctx, d, false); err != nil {
 			chunkBufs.Put(bp)
 			return nil, fmt.Errorf("base of chunk %s: %w", d.Chunk, err)
 		}
@@ -203,19 +205,34 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (b []byt
 		return nil, false, err
 	}
 	defer rc.Close()
-	b = make([]byte, bd.Size)
+	bp := chunkBufs.Get().(*[]byte)
+	if int64(cap(*bp)) < bd.Size {
+		*bp = make([]byte, bd.Size)
+	}
+	b = (*bp)[:bd.Size]
 	if n, err := io.ReadFull(rc, b); err == io.EOF || err == io.ErrUnexpectedEOF {
+		chunkBufs.Put(bp)
 		return nil, false, verify.Digest("base chunk", bd, "", int64(n))
 	} else if err != nil {
+		chunkBufs.Put(bp)
 		return nil, false, err
 	}
 	if n, _ := rc.Read(make([]byte, 1)); n > 0 {
-		return nil, false, verifyBytes("base chunk", append(b, 0), bd)
+		chunkBufs.Put(bp)
+		return nil, false, verify.Digest("base chunk", bd, "", bd.Size+1)
 	}
 	if f.stats != nil {
 		f.stats.BaseBytes += d.Size
 	}
 	return b, false, nil
+}
+
+// release returns a fetched base's buffer to the pool (a local base's is
+// the finder's).
+func (f *deltaSource) release(base []byte, local bool) {
+	if base != nil && !local {
+		chunkBufs.Put(&base)
+	}
 }
 
 // DeltaSource returns the fetcher of the chunks of x, whose delta chunks
