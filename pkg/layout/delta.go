@@ -166,46 +166,69 @@ func split(dst, a, b []byte, planes int) {
 	}
 }
 
-// join undoes split: dst = base XOR the planes x.
+// join undoes split: dst = base XOR the planes x. It copies base first,
+// then XORs in only the words of x that are not zero (most of them are, in
+// the delta of a small step), 8 elements of every plane at a time.
 func join(dst, x, base []byte, planes int) {
 	n := len(base)
+	dst, x = dst[:n], x[:n]
+	copy(dst, base)
 	if planes == PlanesRaw {
-		for i := range n {
-			dst[i] = x[i] ^ base[i]
+		i := 0
+		for ; i+8 <= n; i += 8 {
+			if w := binary.LittleEndian.Uint64(x[i:]); w != 0 {
+				binary.LittleEndian.PutUint64(dst[i:], w^binary.LittleEndian.Uint64(dst[i:]))
+			}
+		}
+		for ; i < n; i++ {
+			dst[i] ^= x[i]
 		}
 		return
 	}
 	m := n / planes
+	i := 0
 	switch planes {
 	case Planes16:
 		p0, p1 := x[:m], x[m:2*m]
-		i := 0
-		// Four elements at a time: the bytes of each plane spread to
-		// every other byte of a word.
+		// Eight elements at a time: the bytes of each plane spread to
+		// every other byte of two words.
 		for ; i+8 <= m; i += 8 {
-			a := binary.LittleEndian.Uint64(p0[i : i+8])
-			b := binary.LittleEndian.Uint64(p1[i : i+8])
-			d, bs := dst[2*i:2*i+16], base[2*i:2*i+16]
+			a := binary.LittleEndian.Uint64(p0[i:])
+			b := binary.LittleEndian.Uint64(p1[i:])
+			if a|b == 0 {
+				continue
+			}
+			d := dst[2*i : 2*i+16]
 			w0 := spread16(uint32(a)) | spread16(uint32(b))<<8
 			w1 := spread16(uint32(a>>32)) | spread16(uint32(b>>32))<<8
-			binary.LittleEndian.PutUint64(d[:8], w0^binary.LittleEndian.Uint64(bs[:8]))
-			binary.LittleEndian.PutUint64(d[8:], w1^binary.LittleEndian.Uint64(bs[8:]))
+			binary.LittleEndian.PutUint64(d[:8], w0^binary.LittleEndian.Uint64(d[:8]))
+			binary.LittleEndian.PutUint64(d[8:], w1^binary.LittleEndian.Uint64(d[8:]))
 		}
-		for ; i < m; i++ {
-			dst[2*i] = p0[i] ^ base[2*i]
-			dst[2*i+1] = p1[i] ^ base[2*i+1]
-		}
-	default:
-		for p := range planes {
-			s := x[p*m : (p+1)*m]
-			for i := range s {
-				j := i*planes + p
-				dst[j] = s[i] ^ base[j]
+	case Planes32:
+		p0, p1, p2, p3 := x[:m], x[m:2*m], x[2*m:3*m], x[3*m:4*m]
+		// Eight elements at a time; only a group with a changed byte is
+		// joined, a byte at a time.
+		for ; i+8 <= m; i += 8 {
+			if binary.LittleEndian.Uint64(p0[i:])|binary.LittleEndian.Uint64(p1[i:])|
+				binary.LittleEndian.Uint64(p2[i:])|binary.LittleEndian.Uint64(p3[i:]) == 0 {
+				continue
+			}
+			d := dst[4*i : 4*i+32]
+			for e := range 8 {
+				d[4*e] ^= p0[i+e]
+				d[4*e+1] ^= p1[i+e]
+				d[4*e+2] ^= p2[i+e]
+				d[4*e+3] ^= p3[i+e]
 			}
 		}
 	}
+	for ; i < m; i++ {
+		for p := range planes {
+			dst[i*planes+p] ^= x[p*m+i]
+		}
+	}
 	for j := m * planes; j < n; j++ {
-		dst[j] = x[j] ^ base[j]
+		dst[j] ^= x[j]
 	}
 }
 
@@ -222,6 +245,12 @@ func spread16(v uint32) uint64 {
 // holds more, or fewer, is refused with ErrDelta). The caller verifies the
 // result against the chunk's digest.
 func DecodeDelta(delta, base []byte, size int64) ([]byte, error) {
+	return DecodeDeltaTo(nil, delta, base, size)
+}
+
+// DecodeDeltaTo is DecodeDelta writing the chunk to dst's storage when it
+// holds size bytes (else to a new slice), which it returns.
+func DecodeDeltaTo(dst, delta, base []byte, size int64) ([]byte, error) {
 	if size <= 0 || size > MaxChunkBytes || int64(len(base)) != size {
 		return nil, fmt.Errorf("%w: a base of %d bytes for a chunk of %d", ErrDelta, len(base), size)
 	}
@@ -254,7 +283,11 @@ func DecodeDelta(delta, base []byte, size int64) ([]byte, error) {
 	case int64(len(x)) != size:
 		return nil, fmt.Errorf("%w: decodes to %d bytes, not %d", ErrDelta, len(x), size)
 	}
-	out := make([]byte, size)
+	out := dst[:0]
+	if int64(cap(out)) < size {
+		out = make([]byte, size)
+	}
+	out = out[:size]
 	join(out, x[:size], base, planes)
 	return out, nil
 }

@@ -303,8 +303,11 @@ func BenchmarkDecodeDelta(b *testing.B) {
 	// little about one core's throughput.
 	var r0, r1 syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
+	// Into a reused buffer, as the delta source's pooled ones.
+	var out []byte
 	for b.Loop() {
-		if _, err := DecodeDelta(d, base, int64(len(next))); err != nil {
+		var err error
+		if out, err = DecodeDeltaTo(out, d, base, int64(len(next))); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -346,5 +349,96 @@ func TestDeltaVersionMustListBases(t *testing.T) {
 		if _, err := Open(ctx, store, d); !errors.Is(err, ErrInvalidIndex) {
 			t.Errorf("%s: opened (%v)", name, err)
 		}
+	}
+}
+
+// joinBytes is join one byte at a time: the reference the word-wise join
+// must match.
+func joinBytes(x, base []byte, planes int) []byte {
+	n := len(base)
+	dst := make([]byte, n)
+	m := n / planes
+	for j := range n {
+		if j < m*planes {
+			dst[j] = base[j] ^ x[(j%planes)*m+j/planes]
+		} else {
+			dst[j] = base[j] ^ x[j]
+		}
+	}
+	return dst
+}
+
+// TestJoinMatchesBytewise: the word-wise join of every plane layout, over
+// lengths that are not whole words or whole elements and over sparse and
+// dense XORs, gives the bytes of the byte-at-a-time join.
+func TestJoinMatchesBytewise(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	for _, planes := range []int{PlanesRaw, Planes16, Planes32} {
+		for _, n := range []int{0, 1, 3, 7, 15, 16, 17, 63, 64, 65, 127, 1000, 4099} {
+			for _, density := range []float64{0, 0.01, 0.3, 1} {
+				base, x := make([]byte, n), make([]byte, n)
+				for i := range base {
+					base[i] = byte(r.Uint32())
+					if r.Float64() < density {
+						x[i] = byte(r.Uint32())
+					}
+				}
+				got := make([]byte, n)
+				for i := range got {
+					got[i] = 0xAA // join must overwrite every byte
+				}
+				join(got, x, base, planes)
+				if want := joinBytes(x, base, planes); !bytes.Equal(got, want) {
+					t.Fatalf("planes %d, %d bytes, density %v: join differs from the bytewise join", planes, n, density)
+				}
+			}
+		}
+	}
+}
+
+// TestDeltaDecodeHashesOnce: a delta chunk read cold is hashed once, as
+// the decoded chunk; its base is not hashed on the way (the chunk's digest
+// vouches for it), only when the chunk fails, to say which lied.
+func TestDeltaDecodeHashesOnce(t *testing.T) {
+	ctx := context.Background()
+	var hashed []string
+	old := verifyBytes
+	verifyBytes = func(what string, b []byte, desc ocispec.Descriptor) error {
+		hashed = append(hashed, what)
+		return old(what, b, desc)
+	}
+	t.Cleanup(func() { verifyBytes = old })
+	store, root, chunks, base := deltaVersion(t, func(plain, base []byte) []byte { return mustDelta(t, plain, base, Planes16) })
+	v, err := Open(ctx, store, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := v.ChunkSource(store).Fetch(ctx, v.Chunk(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck, ok := rc.(*verify.Checked); !ok || !ck.Vouches(v.Chunk(1)) {
+		t.Errorf("the decoded chunk does not come as verified (%T)", rc)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, chunks[1]) {
+		t.Fatalf("decode: %v, equal %v", err, bytes.Equal(got, chunks[1]))
+	}
+	if len(hashed) != 1 || hashed[0] != "chunk" {
+		t.Errorf("hashed %q, want the chunk once", hashed)
+	}
+	// A lying base: refused, and named as the base.
+	hashed = nil
+	other := bytes.Clone(base)
+	other[9] ^= 1
+	_, err = v.ChunkSource(lyingFetcher{store, digest.FromBytes(base), other}).Fetch(ctx, v.Chunk(1))
+	if !errors.Is(err, verify.ErrDigestMismatch) || !strings.Contains(err.Error(), "base") {
+		t.Fatalf("lying base: %v", err)
+	}
+	// A short base: refused.
+	_, err = v.ChunkSource(lyingFetcher{store, digest.FromBytes(base), base[:100]}).Fetch(ctx, v.Chunk(1))
+	if !errors.Is(err, verify.ErrDigestMismatch) {
+		t.Fatalf("short base: %v", err)
 	}
 }

@@ -42,10 +42,13 @@
 //	      each file wholly inside it written and renamed at once
 //	    else: streamed to its targets, its digest checked at the end
 //	    a delta chunk: its delta blob and its base (read in the directory
-//	      if it is there and verifies, else fetched) decoded and checked
-//	      against the chunk's digest before a byte is written; one whose
-//	      base is in the directory is fetched with the local copies, before
-//	      any file is renamed over that base
+//	      if it is there, else fetched; both at once) decoded and checked
+//	      against the chunk's digest before a byte is written, the one
+//	      hash of its bytes (the writer trusts the decoder's
+//	      verify.Checked; the base is hashed only when the chunk fails, and
+//	      a local base that lies is then fetched); one whose base is in the
+//	      directory is fetched with the local copies, before any file is
+//	      renamed over that base
 //	  when a file's last byte is written: finish it
 //
 //	finish f (optionally hash it whole first):
