@@ -199,10 +199,9 @@ func startPeers(ctx context.Context, c PeerConfig, cache *chunkcache.Cache, met 
 	return func(ref oci.Ref, src content.Fetcher) content.Fetcher {
 		f := peer.NewFetcher(ring, ref.Registry, ref.Repository, src, peer.Options{Client: client, Scheme: scheme, Stats: stats})
 		// This node fetches for its peers the chunks it owns of the
-		// versions the mount opened, until the mount ends (f.Close),
-		// through f: a peer that fetched one before (a hint) is asked
-		// before the registry.
-		f.OnClose(srv.Serve(ref.Repo(), f, f.Known))
+		// versions the mount opened, until the mount ends (f.Close): from
+		// the peer that fetched one before (a hint), else the registry.
+		f.OnClose(srv.Serve(ref.Repo(), f.ForPeers(), f.Known))
 		return f
 	}, nil
 }

@@ -236,20 +236,54 @@ func (f *Fetcher) fromPeers(ctx context.Context, desc ocispec.Descriptor, tries 
 		if err == nil {
 			return rc
 		}
-		if notHeld(err) {
-			f.opt.Stats.PeerMisses.Add(1)
-			continue
-		}
-		if ctx.Err() == nil {
-			f.opt.Stats.PeerFailures.Add(1)
-			if unreachable(err) {
-				f.ring.MarkUnreachable(p, f.opt.Cooldown)
-			} else {
-				f.ring.MarkDown(p, f.opt.Cooldown)
-			}
-		}
+		f.missed(ctx, p, err)
 	}
 	return nil
+}
+
+// missed counts peer p's answer err other than the chunk: a refusal (not
+// held, busy), or a failure, for which p is skipped a while.
+func (f *Fetcher) missed(ctx context.Context, p string, err error) {
+	if notHeld(err) {
+		f.opt.Stats.PeerMisses.Add(1)
+		return
+	}
+	if ctx.Err() == nil {
+		f.opt.Stats.PeerFailures.Add(1)
+		if unreachable(err) {
+			f.ring.MarkUnreachable(p, f.opt.Cooldown)
+		} else {
+			f.ring.MarkDown(p, f.opt.Cooldown)
+		}
+	}
+}
+
+// ForPeers returns the source this node fetches from when a peer asks it
+// for a chunk it owns and does not hold: the peer a hint names (Ring.Hint:
+// it fetched the chunk after this node refused it), else f's source. It
+// never asks the next owner, which would only refuse: the asking peer
+// asks it itself.
+func (f *Fetcher) ForPeers() content.Fetcher { return forPeers{f} }
+
+type forPeers struct{ f *Fetcher }
+
+func (p forPeers) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	f := p.f
+	if desc.MediaType == layout.MediaTypeChunk && desc.Size >= 0 && desc.Size <= layout.MaxChunkBytes && desc.Digest.Validate() == nil {
+		if h := f.ring.Hinted(desc.Digest); h != "" {
+			if f.asking.Add(1) <= int64(f.opt.MaxAsking) {
+				rc, err := f.get(ctx, h, desc, 0)
+				if err == nil {
+					return rc, nil // it gives its slot back when closed
+				}
+				f.missed(ctx, h, err)
+			}
+			f.asking.Add(-1)
+		}
+	}
+	f.opt.Stats.SourceHits.Add(1)
+	f.opt.Stats.SourceBytes.Add(desc.Size)
+	return f.src.Fetch(ctx, desc)
 }
 
 // unreachable reports whether err is a connection to a peer refused or

@@ -47,7 +47,7 @@ func TestOwnerAsksTheNodeThatFetchedFirst(t *testing.T) {
 	// also fetches for its peers.
 	open := func(nd *node) *Fetcher {
 		f := NewFetcher(nd.ring, testRegistry, testRepo, o, Options{Scheme: "http", Stats: nd.stats})
-		f.OnClose(nd.server.Serve(testOrigin, f, knows(descs)))
+		f.OnClose(nd.server.Serve(testOrigin, f.ForPeers(), knows(descs)))
 		t.Cleanup(func() { f.Close() })
 		return f
 	}

@@ -88,7 +88,7 @@ func Start(c Config, cache *chunkcache.Cache) (*Node, error) {
 // (Fetcher.Opened), until Fetcher.Close.
 func (n *Node) Fetcher(registry, repo string, src content.Fetcher) *Fetcher {
 	f := NewFetcher(n.Ring, registry, repo, src, Options{Client: n.client, Scheme: n.scheme, Stats: n.Stats})
-	f.OnClose(n.Server.Serve(registry+"/"+repo, f, f.Known))
+	f.OnClose(n.Server.Serve(registry+"/"+repo, f.ForPeers(), f.Known))
 	return f
 }
 
