@@ -65,7 +65,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	store := g.mountStore()
 	if c.Daemon && !mounts.IsDaemon() {
-		return c.daemonize(ctx, g, store, key)
+		return c.daemonize(ctx, g, store, key, targets)
 	}
 	ready, closeReady := mounts.Notifier()
 	defer closeReady()
@@ -123,11 +123,25 @@ func (m MirrorFlags) config(g *Globals) oci.MirrorConfig {
 
 // daemonize starts this command again, detached, and waits until it reports
 // that the mount is ready or fails.
-func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store, mp string) error {
+func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store, mp string, targets []mounts.Target) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
+	// While the daemon starts (a process of its own, tens of ms), this
+	// one fetches the manifests and indexes the daemon's Open reads first
+	// into the shared cache; it stops when the daemon is ready or failed.
+	// The daemon reports what goes wrong, so failing mirrors are not
+	// reported here.
+	pctx, stopPreload := context.WithCancel(ctx)
+	defer stopPreload()
+	go func() {
+		if cache, err := chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize)); err == nil {
+			mirrors := c.MirrorFlags.config(g)
+			mirrors.OnError = nil
+			mounts.Preload(pctx, targets, cache, mounts.OpenOptions{OCI: g.options(), Mirrors: mirrors})
+		}
+	}()
 	d, err := mounts.Daemonize(ctx, exe, os.Args[1:], store.LogPath(mp))
 	if err != nil {
 		return err

@@ -3,11 +3,13 @@ package mounts
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -125,3 +127,39 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 		return g.Err()
 	}, nil
 }
+
+// Preload fetches what opening each target reads first, its manifest and
+// its file index, into cache, the targets concurrently, so that an Open
+// through the same cache directory (another process: `mount --daemon`'s
+// daemon, started meanwhile) finds them there instead of waiting on the
+// link for them. Each target's policy is checked first, as Open checks it;
+// every byte is verified by the cache; only a bdnvol volume's index is
+// read (a ModelPack model is left to Open, which may read it whole).
+// Errors are dropped: Open meets them again and reports them. At most
+// maxPreloads targets load at once.
+func Preload(ctx context.Context, targets []Target, cache *chunkcache.Cache, opt OpenOptions) {
+	if cache == nil {
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxPreloads)
+	for _, t := range targets {
+		wg.Go(func() {
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-ctx.Done():
+				return
+			}
+			o, err := origin.Resolve(ctx, t.Ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: t.Policy, Preload: cache})
+			if err != nil {
+				return
+			}
+			_, _ = layout.Open(ctx, cache.For(o.Name()).Fetcher(o.Fetcher), o.Root)
+		})
+	}
+	wg.Wait()
+}
+
+// maxPreloads bounds the targets Preload loads at once.
+const maxPreloads = 8
