@@ -80,6 +80,9 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
+	// A daemon takes the roots its starting process resolved, their
+	// manifests and indexes in the cache by now (MountCmd.daemonize).
+	targets = mounts.Handoff(ctx, targets, handoffWait)
 	return mounts.Run(ctx, targets, mounts.RunOptions{
 		Open: mounts.OpenOptions{
 			OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: met.Wrap(),
@@ -103,6 +106,10 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 		},
 	})
 }
+
+// handoffWait bounds how long a daemon waits for the roots its starting
+// process resolves before it resolves them itself.
+const handoffWait = 30 * time.Second
 
 // MirrorFlags choose registry mirrors for content fetched by digest.
 type MirrorFlags struct {
@@ -129,20 +136,23 @@ func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store
 		return err
 	}
 	// While the daemon starts (a process of its own, tens of ms), this
-	// one fetches the manifests and indexes the daemon's Open reads first
-	// into the shared cache; it stops when the daemon is ready or failed.
-	// The daemon reports what goes wrong, so failing mirrors are not
-	// reported here.
+	// one resolves the references and fetches the manifests and indexes
+	// the daemon's Open reads first into the shared cache, then hands the
+	// daemon the roots resolved (mounts.Handoff); it stops when the daemon
+	// is ready or failed. The daemon reports what goes wrong, so failing
+	// mirrors are not reported here.
 	pctx, stopPreload := context.WithCancel(ctx)
 	defer stopPreload()
-	go func() {
-		if cache, err := chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize)); err == nil {
-			mirrors := c.MirrorFlags.config(g)
-			mirrors.OnError = nil
-			mounts.Preload(pctx, targets, cache, mounts.OpenOptions{OCI: g.options(), Mirrors: mirrors})
+	preload := func() []mounts.Target {
+		cache, err := chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize))
+		if err != nil {
+			return nil
 		}
-	}()
-	d, err := mounts.Daemonize(ctx, exe, os.Args[1:], store.LogPath(mp))
+		mirrors := c.MirrorFlags.config(g)
+		mirrors.OnError = nil
+		return mounts.Preload(pctx, targets, cache, mounts.OpenOptions{OCI: g.options(), Mirrors: mirrors})
+	}
+	d, err := mounts.Daemonize(ctx, exe, os.Args[1:], store.LogPath(mp), preload)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	ggcr "github.com/google/go-containerregistry/pkg/registry"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
@@ -139,5 +140,76 @@ func TestPreloadChecksPolicy(t *testing.T) {
 	}
 	if n := cache.Size(); n != 0 {
 		t.Errorf("the cache holds %d bytes after Preload of an unsigned version under a policy; want none", n)
+	}
+}
+
+// TestPreloadHandsOffRoot: with the root Preload resolved handed to it
+// (Target.Root, as `mount --daemon` hands it to its daemon), an Open by
+// another user of the cache directory asks the registry nothing before
+// it is ready; the policy is still checked, and a root that is not in the
+// cache, or is not the digest the reference pins, is resolved as ever.
+func TestPreloadHandsOffRoot(t *testing.T) {
+	ref, rl := pushedVersion(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	parent, err := chunkcache.Open(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := Preload(ctx, []Target{{Ref: ref, Mountpoint: "/m"}}, parent, OpenOptions{})
+	if len(loaded) != 1 || loaded[0].Root.Digest == "" || loaded[0].Mountpoint != "/m" {
+		t.Fatalf("Preload returned %+v; want the target with its root", loaded)
+	}
+	root := loaded[0].Root
+	rl.take()
+	daemon, err := chunkcache.Open(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol, pinned, err := Open(ctx, ref, OpenOptions{Cache: daemon, Known: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol.Close()
+	if got := rl.take(); len(got) > 0 {
+		t.Errorf("Open with the handed-off root asked the registry %v; want nothing", got)
+	}
+	if want := ref.Pinned(root.Digest); pinned != want {
+		t.Errorf("pinned %s, want %s", pinned, want)
+	}
+
+	// The policy is checked on the handed-off root too.
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := signature.NewVerifier(priv.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Open(ctx, ref, OpenOptions{Cache: daemon, Known: root, Policy: signature.Policy{Keys: []signature.Verifier{v}}}); err == nil {
+		t.Error("Open of an unsigned handed-off root under a policy succeeded")
+	}
+
+	// Not in this cache: resolved from the registry.
+	fresh, err := chunkcache.Open(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl.take()
+	vol, _, err = Open(ctx, ref, OpenOptions{Cache: fresh, Known: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol.Close()
+	if got := rl.take(); len(got) == 0 || !strings.Contains(got[0], "/manifests/v1") {
+		t.Errorf("Open with a root not in its cache asked %v; want the manifest by tag first", got)
+	}
+
+	// A reference pinning another digest ignores the handed-off root.
+	other := ref
+	other.Tag, other.Digest = "", digest.FromString("another version")
+	if _, _, err := Open(ctx, other, OpenOptions{Cache: daemon, Known: root}); err == nil {
+		t.Error("Open of a reference pinning a missing digest succeeded with another handed-off root")
 	}
 }
