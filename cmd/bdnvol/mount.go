@@ -65,7 +65,7 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	store := g.mountStore()
 	if c.Daemon && !mounts.IsDaemon() {
-		return c.daemonize(ctx, g, store, key)
+		return c.daemonize(ctx, g, store, key, targets)
 	}
 	ready, closeReady := mounts.Notifier()
 	defer closeReady()
@@ -80,6 +80,9 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
+	// A daemon takes the roots its starting process resolved, their
+	// manifests and indexes in the cache by now (MountCmd.daemonize).
+	targets = mounts.Handoff(ctx, targets, handoffWait)
 	return mounts.Run(ctx, targets, mounts.RunOptions{
 		Open: mounts.OpenOptions{
 			OCI: g.options(), Mirrors: c.MirrorFlags.config(g), Cache: cache, Jobs: c.Jobs, FetchTimeout: c.FetchTimeout, Wrap: met.Wrap(),
@@ -104,6 +107,10 @@ func (c *MountCmd) Run(ctx context.Context, g *Globals) error {
 	})
 }
 
+// handoffWait bounds how long a daemon waits for the roots its starting
+// process resolves before it resolves them itself.
+const handoffWait = 30 * time.Second
+
 // MirrorFlags choose registry mirrors for content fetched by digest.
 type MirrorFlags struct {
 	Mirror   []string `name:"mirror" sep:"none" placeholder:"URL" help:"Registry mirror to try first for chunks (repeatable, in order): a pull-through cache, Spegel, Dragonfly. Bytes are verified, so any mirror is safe; the registry is the fallback."`
@@ -123,12 +130,29 @@ func (m MirrorFlags) config(g *Globals) oci.MirrorConfig {
 
 // daemonize starts this command again, detached, and waits until it reports
 // that the mount is ready or fails.
-func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store, mp string) error {
+func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store, mp string, targets []mounts.Target) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	d, err := mounts.Daemonize(ctx, exe, os.Args[1:], store.LogPath(mp))
+	// While the daemon starts (a process of its own, tens of ms), this
+	// one resolves the references and fetches the manifests and indexes
+	// the daemon's Open reads first into the shared cache, then hands the
+	// daemon the roots resolved (mounts.Handoff); it stops when the daemon
+	// is ready or failed. The daemon reports what goes wrong, so failing
+	// mirrors are not reported here.
+	pctx, stopPreload := context.WithCancel(ctx)
+	defer stopPreload()
+	preload := func() []mounts.Target {
+		cache, err := chunkcache.Open(filepath.Join(g.cacheDir(), "chunks"), int64(c.CacheSize))
+		if err != nil {
+			return nil
+		}
+		mirrors := c.MirrorFlags.config(g)
+		mirrors.OnError = nil
+		return mounts.Preload(pctx, targets, cache, mounts.OpenOptions{OCI: g.options(), Mirrors: mirrors})
+	}
+	d, err := mounts.Daemonize(ctx, exe, os.Args[1:], store.LogPath(mp), preload)
 	if err != nil {
 		return err
 	}

@@ -3,11 +3,14 @@ package mounts
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/modelpack"
 	"github.com/bdnvol/bdnvol/pkg/oci"
@@ -47,12 +50,15 @@ type OpenOptions struct {
 	// Peers, when set, puts the cluster's peers in front of the registry
 	// (origin.Options.Peers).
 	Peers func(ref oci.Ref, src content.Fetcher) content.Fetcher
+	// Known is the root the reference resolved to in another process
+	// (origin.Options.Known); Run sets it from Target.Root.
+	Known ocispec.Descriptor
 }
 
 // Open resolves ref (a tag becomes a digest now) and opens the version it
 // names for lazy reading. It returns the volume and its pinned reference.
 func Open(ctx context.Context, ref oci.Ref, opt OpenOptions) (*lazy.Volume, string, error) {
-	o, err := origin.Resolve(ctx, ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy, Wrap: opt.Wrap, Preload: opt.Cache, Peers: opt.Peers})
+	o, err := origin.Resolve(ctx, ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: opt.Policy, Wrap: opt.Wrap, Preload: opt.Cache, Peers: opt.Peers, Known: opt.Known})
 	if err != nil {
 		return nil, "", err
 	}
@@ -125,3 +131,49 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 		return g.Err()
 	}, nil
 }
+
+// Preload fetches what opening each target reads first, its manifest and
+// its file index, into cache, the targets concurrently, so that an Open
+// through the same cache directory (another process: `mount --daemon`'s
+// daemon, started meanwhile) finds them there instead of waiting on the
+// link for them. Each target's policy is checked first, as Open checks it;
+// every byte is verified by the cache; only a bdnvol volume's index is
+// read (a ModelPack model is left to Open, which may read it whole).
+// Errors are dropped: Open meets them again and reports them. At most
+// maxPreloads targets load at once. It returns the targets whose version
+// was loaded, each with its Root set, for the daemon (Handoff).
+func Preload(ctx context.Context, targets []Target, cache *chunkcache.Cache, opt OpenOptions) []Target {
+	if cache == nil {
+		return nil
+	}
+	var mu sync.Mutex
+	var loaded []Target
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxPreloads)
+	for _, t := range targets {
+		wg.Go(func() {
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-ctx.Done():
+				return
+			}
+			o, err := origin.Resolve(ctx, t.Ref, origin.Options{OCI: opt.OCI, Mirrors: opt.Mirrors, Policy: t.Policy, Preload: cache})
+			if err != nil {
+				return
+			}
+			if _, err := layout.Open(ctx, cache.For(o.Name()).Fetcher(o.Fetcher), o.Root); err != nil {
+				return
+			}
+			t.Root = o.Root
+			mu.Lock()
+			loaded = append(loaded, t)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return loaded
+}
+
+// maxPreloads bounds the targets Preload loads at once.
+const maxPreloads = 8

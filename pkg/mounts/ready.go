@@ -3,15 +3,21 @@ package mounts
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
 )
 
 // ReadyFDEnv names the environment variable that tells a daemonised mount
@@ -67,7 +73,11 @@ func readReady(r io.Reader) ([]string, bool) {
 // Daemonize starts exe with args again, detached in its own session with
 // its output in logPath, and waits until it reports ready or exits. When it
 // exits first, the error is the last line of its log.
-func Daemonize(ctx context.Context, exe string, args []string, logPath string) (Daemon, error) {
+//
+// handoff, when not nil, is called in a goroutine while the daemon starts;
+// what it returns is written to the daemon on a pipe of its own
+// (HandoffFDEnv), for Handoff.
+func Daemonize(ctx context.Context, exe string, args []string, logPath string, handoff func() []Target) (Daemon, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return Daemon{}, fmt.Errorf("mount daemon log: %w", err)
 	}
@@ -85,12 +95,32 @@ func Daemonize(ctx context.Context, exe string, args []string, logPath string) (
 	cmd.Env = append(os.Environ(), ReadyFDEnv+"=3")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{pw}
+	var hw *os.File
+	if handoff != nil {
+		var hr *os.File
+		if hr, hw, err = os.Pipe(); err != nil {
+			pw.Close()
+			return Daemon{}, err
+		}
+		defer hr.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, hr)
+		cmd.Env = append(cmd.Env, HandoffFDEnv+"=4")
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		pw.Close()
+		if hw != nil {
+			hw.Close()
+		}
 		return Daemon{}, fmt.Errorf("start the mount daemon: %w", err)
 	}
 	pw.Close()
+	if hw != nil {
+		go func() {
+			defer hw.Close()
+			writeHandoff(hw, handoff())
+		}()
+	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	type ready struct {
@@ -124,4 +154,72 @@ func lastLogLine(logPath string) error {
 		return ErrNotReady
 	}
 	return errors.New(msg)
+}
+
+// HandoffFDEnv names the environment variable that tells a daemonised
+// mount the file descriptor on which the process that started it hands it
+// what it resolved (Handoff).
+const HandoffFDEnv = "BDNVOL_MOUNT_HANDOFF_FD"
+
+// maxHandoffBytes bounds what Handoff reads.
+const maxHandoffBytes = 4 << 20
+
+// handoffEntry is one target resolved by the starting process.
+type handoffEntry struct {
+	Ref        string             `json:"ref"`
+	Mountpoint string             `json:"mountpoint"`
+	Root       ocispec.Descriptor `json:"root"`
+}
+
+func writeHandoff(w io.Writer, targets []Target) {
+	var es []handoffEntry
+	for _, t := range targets {
+		if t.Root.Digest != "" {
+			es = append(es, handoffEntry{t.Ref.String(), t.Mountpoint, t.Root})
+		}
+	}
+	_ = json.NewEncoder(w).Encode(es)
+}
+
+// Handoff, in a process started by Daemonize with a handoff, waits (at most
+// wait, and not past ctx) for what the starting process resolved, and
+// returns targets with the Root of each it resolved set (the same
+// reference at the same mountpoint). Without a handoff, or when it does not
+// come in time or does not parse, targets are returned as they are: the
+// daemon resolves them itself.
+func Handoff(ctx context.Context, targets []Target, wait time.Duration) []Target {
+	fd, err := strconv.Atoi(os.Getenv(HandoffFDEnv))
+	if err != nil {
+		return targets
+	}
+	os.Unsetenv(HandoffFDEnv)
+	// Non-blocking, so that the read deadline below applies.
+	if unix.SetNonblock(fd, true) != nil {
+		unix.Close(fd)
+		return targets
+	}
+	f := os.NewFile(uintptr(fd), "handoff")
+	defer f.Close()
+	deadline := time.Now().Add(wait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if f.SetReadDeadline(deadline) != nil {
+		return targets
+	}
+	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
+	defer stop()
+	var es []handoffEntry
+	if err := json.NewDecoder(io.LimitReader(f, maxHandoffBytes)).Decode(&es); err != nil {
+		return targets
+	}
+	out := slices.Clone(targets)
+	for i, t := range out {
+		for _, e := range es {
+			if e.Ref == t.Ref.String() && e.Mountpoint == t.Mountpoint {
+				out[i].Root = e.Root
+			}
+		}
+	}
+	return out
 }

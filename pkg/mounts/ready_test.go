@@ -11,6 +11,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // helperEnv makes the test binary act as a mount daemon (see TestMain).
@@ -37,6 +42,74 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	case "silent":
 		os.Exit(1)
+	case "handoff":
+		// Report the root handed off for each of two targets, "none"
+		// for one without.
+		notify, closeFn := Notifier()
+		defer closeFn()
+		wait, _ := time.ParseDuration(os.Getenv(helperEnv + "_WAIT"))
+		got := Handoff(context.Background(), handoffTargets(), wait)
+		var roots []string
+		for _, t := range got {
+			if t.Root.Digest == "" {
+				roots = append(roots, "none")
+			} else {
+				roots = append(roots, t.Root.Digest.String())
+			}
+		}
+		notify(roots)
+		os.Exit(0)
+	}
+}
+
+// handoffTargets are the targets the "handoff" helper mounts.
+func handoffTargets() []Target {
+	a, _ := oci.ParseRef("r.example/a:v1")
+	b, _ := oci.ParseRef("r.example/b:v1")
+	return []Target{{Ref: a, Mountpoint: "/m/a"}, {Ref: b, Mountpoint: "/m/b"}}
+}
+
+// TestHandoff: a daemon started with a handoff gets the roots its starting
+// process resolved, each for its own reference and mountpoint; a root the
+// starter had not resolved by the daemon's deadline is not waited for
+// further (the daemon resolves it itself).
+func TestHandoff(t *testing.T) {
+	root := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromString("a"), Size: 1}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "handoff")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	t.Setenv(helperEnv+"_WAIT", "30s")
+	d, err := Daemonize(ctx, exe, nil, filepath.Join(t.TempDir(), "d.log"), func() []Target {
+		ts := handoffTargets()
+		ts[0].Root = root
+		ts[1].Mountpoint = "/elsewhere" // not the daemon's target
+		ts[1].Root = root
+		return ts
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{root.Digest.String(), "none"}; !reflect.DeepEqual(d.Pinned, want) {
+		t.Errorf("the daemon got %q; want %q", d.Pinned, want)
+	}
+
+	t.Setenv(helperEnv+"_WAIT", "100ms")
+	release := make(chan struct{})
+	defer close(release)
+	d, err = Daemonize(ctx, exe, nil, filepath.Join(t.TempDir(), "d.log"), func() []Target {
+		<-release
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"none", "none"}; !reflect.DeepEqual(d.Pinned, want) {
+		t.Errorf("the daemon got %q from a handoff that never came; want %q", d.Pinned, want)
 	}
 }
 
@@ -63,7 +136,7 @@ func daemonize(t *testing.T, mode string) (Daemon, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return Daemonize(ctx, exe, nil, filepath.Join(t.TempDir(), "logs", "d.log"))
+	return Daemonize(ctx, exe, nil, filepath.Join(t.TempDir(), "logs", "d.log"), nil)
 }
 
 func TestDaemonizeReady(t *testing.T) {

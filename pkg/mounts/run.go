@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
 	"github.com/bdnvol/bdnvol/internal/termsafe"
 	"github.com/bdnvol/bdnvol/pkg/deploy"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
@@ -20,6 +22,10 @@ type Target struct {
 	Ref        oci.Ref
 	Mountpoint string
 	Policy     signature.Policy
+	// Root, when its digest is set, is what Ref resolved to in the process
+	// that started this one (Handoff); Open reads its manifest from the
+	// cache (origin.Options.Known).
+	Root ocispec.Descriptor
 }
 
 // FromSpec reads the deploy file specFile and places its mounts under the
@@ -55,7 +61,7 @@ func FromSpec(specFile, root, defaultKey string, warn func(format string, args .
 		if !m.ReadOnly && warn != nil {
 			warn("%s: %s is mounted read-only (bdnvol mounts are always read-only)", specFile, m.Path)
 		}
-		out = append(out, Target{m.Ref, m.Mountpoint, policy})
+		out = append(out, Target{Ref: m.Ref, Mountpoint: m.Mountpoint, Policy: policy})
 	}
 	return out, nil
 }
@@ -157,6 +163,7 @@ func runOne(ctx context.Context, t Target, opt RunOptions) (*Served, error) {
 	}
 	o := opt.Open
 	o.Policy = t.Policy
+	o.Known = t.Root
 	vol, pinned, err := Open(ctx, t.Ref, o)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,8 @@ package origin
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -38,6 +40,13 @@ type Options struct {
 	// that fetcher is a Scoped, the caller tells it the version it opened
 	// and closes it when done with it.
 	Peers func(ref oci.Ref, src content.Fetcher) content.Fetcher
+	// Known, when its digest is set, is the root ref resolved to moments
+	// ago in another process (`mount --daemon`'s first process, see
+	// mounts.Preload). When Preload holds that manifest as delivered by
+	// ref's repository, Resolve reads it from there instead of asking the
+	// registry: the cache verifies its bytes against the digest, and the
+	// policy is checked as ever. Ignored when ref names another digest.
+	Known ocispec.Descriptor
 }
 
 // Scoped is a fetcher that serves one use of a version (a mount, a pull):
@@ -75,12 +84,16 @@ func Resolve(ctx context.Context, ref oci.Ref, opt Options) (*Origin, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The manifest comes with the resolution (one round trip, not two).
-	desc, b, err := signature.ResolveBytes(ctx, t, ref, opt.Policy, oci.MaxManifestBytes)
-	if err != nil {
+	desc, b, known := cachedRoot(ctx, ref, opt)
+	if known {
+		if err := opt.Policy.Check(ctx, t, desc); err != nil {
+			return nil, fmt.Errorf("%s: %w", ref.Pinned(desc.Digest), err)
+		}
+	} else if desc, b, err = signature.ResolveBytes(ctx, t, ref, opt.Policy, oci.MaxManifestBytes); err != nil {
+		// The manifest comes with the resolution (one round trip, not two).
 		return nil, err
 	}
-	if b != nil && opt.Preload != nil {
+	if b != nil && opt.Preload != nil && !known {
 		if ch, err := opt.Preload.For(ref.Repo()).Load(ctx, bytesFetcher(b), desc); err == nil {
 			ch.Close()
 		}
@@ -98,6 +111,36 @@ func Resolve(ctx context.Context, ref oci.Ref, opt Options) (*Origin, error) {
 	}
 	return &Origin{Ref: ref, Target: t, Root: desc, Fetcher: src, Mirrors: mirrors}, nil
 }
+
+// cachedRoot returns opt.Known and its manifest when opt.Preload holds it
+// as delivered by ref's repository (chunkcache's origin rule), verified.
+func cachedRoot(ctx context.Context, ref oci.Ref, opt Options) (ocispec.Descriptor, []byte, bool) {
+	k := opt.Known
+	if k.Digest == "" || opt.Preload == nil || k.Size <= 0 || k.Size > oci.MaxManifestBytes ||
+		(ref.Digest != "" && ref.Digest != k.Digest) || k.Digest.Validate() != nil {
+		return ocispec.Descriptor{}, nil, false
+	}
+	ch, err := opt.Preload.For(ref.Repo()).Load(ctx, notFetched{}, k)
+	if err != nil {
+		return ocispec.Descriptor{}, nil, false
+	}
+	defer ch.Close()
+	b := make([]byte, k.Size)
+	if _, err := ch.ReadAt(b, 0); err != nil {
+		return ocispec.Descriptor{}, nil, false
+	}
+	return k, b, true
+}
+
+// notFetched fetches nothing: a cache load through it serves only what is
+// cached.
+type notFetched struct{}
+
+func (notFetched) Fetch(context.Context, ocispec.Descriptor) (io.ReadCloser, error) {
+	return nil, errNotCached
+}
+
+var errNotCached = errors.New("not cached")
 
 // bytesFetcher serves one blob whose bytes are already here; the cache
 // verifies them against the descriptor it asks for.
