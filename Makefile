@@ -19,12 +19,12 @@ vet:
 # piece prefetch and metadata uploads), the stat cache, the chunk cache, the
 # lazy reader, mounts, warming, the CSI plugin, the transport, copies,
 # sources, versions, retention, jobs, ModelPack, oci-archives, metrics, the
-# peer tier, the cluster client and the progress and signal helpers. pkg/push alone takes about 4.5 minutes
+# peer tier, the cluster client, warm state and the progress and signal helpers. pkg/push alone takes about 4.5 minutes
 # and pkg/layout 1.5 on 2 shared cores (pkg/lazy 75-107 s).
 RACE_PKGS ?= ./pkg/push/... ./pkg/pull/... ./pkg/layout/... ./pkg/statcache/... ./pkg/chunkcache/... \
 	./pkg/lazy/... ./pkg/mounts/... ./pkg/warm/... ./pkg/csi/... ./pkg/oci/... ./pkg/replicate/... \
 	./pkg/source/... ./pkg/versions/... ./pkg/retention/... ./pkg/jobs/... ./pkg/modelpack/... \
-	./pkg/ociarchive/... ./pkg/metrics/... ./pkg/peer/... ./pkg/clusterpeers/... ./pkg/kubeclient/... ./pkg/kuberefs/... \
+	./pkg/ociarchive/... ./pkg/metrics/... ./pkg/peer/... ./pkg/clusterpeers/... ./pkg/warmstate/... ./pkg/kubeclient/... ./pkg/kuberefs/... \
 	./internal/progress/... ./internal/signals/...
 
 unit:
