@@ -15,6 +15,9 @@
 #   cold:     pull of rl into an empty directory: bytes fetched / version
 #             bytes; CPU (user+sys) and wall against the same version stored
 #             plain;
+#   mount:    through fresh `bdnvol mount --daemon`s with empty caches, the
+#             first mid-shard tensor (mount to its bytes) and a cold cat of
+#             every file, delta version against plain, median of 3 each;
 #   decode:   delta decode throughput on one core (go test -bench in
 #             pkg/layout, 16 MiB bf16 chunks, 2 % changed).
 # Prints a Markdown table on stdout; progress goes to stderr.
@@ -48,6 +51,8 @@ BDNVOL=$BIN/bdnvol
 TMP=$(mktemp -d "${BENCH_TMPDIR:-${TMPDIR:-/tmp}}/bdnvol-bench-delta.XXXXXX")
 REG_PID= PROXY_PID=
 cleanup() {
+	local mp
+	for mp in "$TMP"/mnt*; do mountpoint -q "$mp" 2>/dev/null && { "$BDNVOL" umount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null || true; }; done
 	[[ -n $PROXY_PID ]] && { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/null || true; }
 	[[ -n $REG_PID ]] && { kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; }
 	if [[ ${BENCH_KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
@@ -126,6 +131,56 @@ settle
 timed /dev/null "$BDNVOL" pull "$PHOST/bench/plain:rl" "$TMP/coldplain"
 PLAIN_F=$(($(served) - B0)) PLAIN_CPU=$CPU PLAIN_WALL=$WALL
 
+log "mounts: first mid-shard tensor and cold cat, delta vs plain, 3 fresh mounts each"
+# The largest tensor in the middle half of the last shard: "header-length offset length".
+SHARD=$(cd "$TMP/rl" && ls ./*.safetensors | sort | tail -1)
+read -r HLEN TOFF TLEN < <(python3 - "$TMP/rl/$SHARD" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    h = json.loads(f.read(n))
+offs = sorted(v["data_offsets"] for k, v in h.items() if k != "__metadata__")
+mid = offs[len(offs) // 4: 3 * len(offs) // 4] or offs
+b, e = max(mid, key=lambda o: o[1] - o[0])
+print(8 + n, 8 + n + b, e - b)
+PY
+)
+now() { date +%s%N; }
+median() { python3 -c 'import statistics,sys; print(f"{statistics.median(float(x) for x in sys.argv[1:]):.3f}")' "$@"; }
+# mount_runs REF NAME: FIRST (seconds from `mount --daemon` to the tensor's
+# bytes) and CAT (a cold cat of every file), median of 3 fresh mounts each,
+# every mount with an empty cache; the tensor is checked against the tree.
+M=0
+mount_runs() {
+	local ref=$1 firsts=() cats=() i mp t0 t1
+	for i in 1 2 3; do
+		M=$((M + 1)); mp=$TMP/mnt$M; mkdir -p "$mp"
+		settle
+		t0=$(now)
+		"$BDNVOL" --cache-dir "$TMP/mcache$M" mount --daemon --profile off "$ref" "$mp" >/dev/null 2>"$TMP/mount.err" || { cat "$TMP/mount.err" >&2; die "mount $ref failed"; }
+		dd if="$mp/$SHARD" of=/dev/null bs=1M iflag=count_bytes count="$HLEN" status=none
+		dd if="$mp/$SHARD" of="$TMP/tensor" bs=1M iflag=skip_bytes,count_bytes skip="$TOFF" count="$TLEN" status=none
+		t1=$(now)
+		cmp -s "$TMP/tensor" <(dd if="$TMP/rl/$SHARD" bs=1M iflag=skip_bytes,count_bytes skip="$TOFF" count="$TLEN" status=none) || die "$2: the tensor read through the mount differs"
+		firsts+=("$(python3 -c "print(($t1 - $t0) / 1e9)")")
+		"$BDNVOL" umount "$mp" >/dev/null 2>&1
+		M=$((M + 1)); mp=$TMP/mnt$M; mkdir -p "$mp"
+		"$BDNVOL" --cache-dir "$TMP/mcache$M" mount --daemon --profile off "$ref" "$mp" >/dev/null 2>"$TMP/mount.err" || { cat "$TMP/mount.err" >&2; die "mount $ref failed"; }
+		settle
+		t0=$(now)
+		find "$mp" -type f -exec cat {} + >/dev/null
+		t1=$(now)
+		cats+=("$(python3 -c "print(($t1 - $t0) / 1e9)")")
+		"$BDNVOL" umount "$mp" >/dev/null 2>&1
+	done
+	FIRST=$(median "${firsts[@]}") CAT=$(median "${cats[@]}")
+	FIRSTS_ALL="${firsts[*]}" CATS_ALL="${cats[*]}"
+}
+mount_runs "$R:rl" delta
+D_FIRST=$FIRST D_CAT=$CAT D_FIRSTS=$FIRSTS_ALL D_CATS=$CATS_ALL
+mount_runs "$PHOST/bench/plain:rl" plain
+P_FIRST=$FIRST P_CAT=$CAT P_FIRSTS=$FIRSTS_ALL P_CATS=$CATS_ALL
+
 log "decode throughput"
 DEC=$(cd "$ROOT" && GOMAXPROCS=1 go test ./pkg/layout -run '^$' -bench BenchmarkDecodeDelta -benchtime 20x 2>/dev/null | awk '/BenchmarkDecodeDelta/ {for (i=1;i<=NF;i++) if ($(i+1)=="MB/cpu-s") print $i}')
 
@@ -143,6 +198,8 @@ cat <<EOT
 | cold pull: bytes fetched / version bytes | <= 1.05 | $(ratio "$COLD_F" "$VBYTES") ($COLD_F; the plain version: $(ratio "$PLAIN_F" "$VBYTES")) | $(check "$(ratio "$COLD_F" "$VBYTES")" "<=" 1.05) |
 | cold pull CPU, delta vs plain (loopback) | <= 1.3x | ${COLD_CPU}s vs ${PLAIN_CPU}s: $(ratio "$COLD_CPU" "$PLAIN_CPU")x; wall ${COLD_WALL}s vs ${PLAIN_WALL}s: $(ratio "$COLD_WALL" "$PLAIN_WALL")x | $(check "$(ratio "$COLD_CPU" "$PLAIN_CPU")" "<=" 1.3) |
 | upgrade pull CPU / wall | | ${UP_CPU}s / ${UP_WALL}s | |
+| mount, first mid-shard tensor: delta vs plain (median of 3) | <= 1.2x | ${D_FIRST}s vs ${P_FIRST}s: $(ratio "$D_FIRST" "$P_FIRST")x (runs: $D_FIRSTS vs $P_FIRSTS) | $(check "$(ratio "$D_FIRST" "$P_FIRST")" "<=" 1.2) |
+| mount, cold cat of every file: delta vs plain (median of 3) | <= 1.2x | ${D_CAT}s vs ${P_CAT}s: $(ratio "$D_CAT" "$P_CAT")x (runs: $D_CATS vs $P_CATS) | $(check "$(ratio "$D_CAT" "$P_CAT")" "<=" 1.2) |
 | decode, one core (MB per CPU second) | >= 1000 | ${DEC:-?} | $(check "${DEC:-0}" ">=" 1000) |
 EOT
 if [[ ${BENCH_STRICT:-0} == 1 && $MISSED == 1 ]]; then exit 1; fi
