@@ -132,19 +132,8 @@ timed /dev/null "$BDNVOL" pull "$PHOST/bench/plain:rl" "$TMP/coldplain"
 PLAIN_F=$(($(served) - B0)) PLAIN_CPU=$CPU PLAIN_WALL=$WALL
 
 log "mounts: first mid-shard tensor and cold cat, delta vs plain, 3 fresh mounts each"
-# The largest tensor in the middle half of the last shard: "header-length offset length".
 SHARD=$(cd "$TMP/rl" && ls ./*.safetensors | sort | tail -1)
-read -r HLEN TOFF TLEN < <(python3 - "$TMP/rl/$SHARD" <<'PY'
-import json, struct, sys
-with open(sys.argv[1], "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    h = json.loads(f.read(n))
-offs = sorted(v["data_offsets"] for k, v in h.items() if k != "__metadata__")
-mid = offs[len(offs) // 4: 3 * len(offs) // 4] or offs
-b, e = max(mid, key=lambda o: o[1] - o[0])
-print(8 + n, 8 + n + b, e - b)
-PY
-)
+read -r HLEN TOFF TLEN < <(mid_tensor "$TMP/rl/$SHARD")
 now() { date +%s%N; }
 median() { python3 -c 'import statistics,sys; print(f"{statistics.median(float(x) for x in sys.argv[1:]):.3f}")' "$@"; }
 # mount_runs REF NAME: FIRST (seconds from `mount --daemon` to the tensor's

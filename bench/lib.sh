@@ -84,3 +84,18 @@ settle() {
 	fi
 	sleep 1
 }
+
+# mid_tensor FILE: the largest tensor in the middle half of a safetensors
+# file, as "header-length offset length" (bytes from the file's start).
+mid_tensor() {
+	python3 - "$1" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    h = json.loads(f.read(n))
+offs = sorted(v["data_offsets"] for k, v in h.items() if k != "__metadata__")
+mid = offs[len(offs) // 4: 3 * len(offs) // 4] or offs
+b, e = max(mid, key=lambda o: o[1] - o[0])
+print(8 + n, 8 + n + b, e - b)
+PY
+}

@@ -81,17 +81,7 @@ LOC=$(curl -s -D - -o /dev/null -X POST "http://$DIRECT/v2/raw/blobs/uploads/" |
 curl -sf -X PUT -H 'Content-Type: application/octet-stream' --data-binary "@$MODEL/$SHARD" "$LOC&digest=$SHARD_DIGEST" >/dev/null ||
 	die "uploading the shard blob failed"
 # The largest tensor in the middle half of the last shard: "header-length offset length".
-read -r HLEN TOFF TLEN < <(python3 - "$MODEL/$SHARD" <<'PY'
-import json, struct, sys
-with open(sys.argv[1], "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    h = json.loads(f.read(n))
-offs = sorted(v["data_offsets"] for k, v in h.items() if k != "__metadata__")
-mid = offs[len(offs) // 4: 3 * len(offs) // 4] or offs
-b, e = max(mid, key=lambda o: o[1] - o[0])
-print(8 + n, 8 + n + b, e - b)
-PY
-)
+read -r HLEN TOFF TLEN < <(mid_tensor "$MODEL/$SHARD")
 
 "$BIN/linkproxy" -log "$TMP/requests.log" -target "http://$DIRECT" -delay "${BENCH_DELAY:-20ms}" -rate "${BENCH_RATE:-50MB}" >"$TMP/linkproxy.addr" 2>"$TMP/linkproxy.log" &
 LINK_PID=$!
