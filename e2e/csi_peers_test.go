@@ -230,7 +230,7 @@ func TestPullPeers(t *testing.T) {
 			if res.code != 0 {
 				t.Errorf("pull %d:\n%s", i, res)
 			}
-			t.Logf("pull %d: %s", i, strings.TrimSpace(res.stdout))
+			t.Logf("pull %d: %s\n%s", i, strings.TrimSpace(res.stdout), res.stderr)
 		}()
 	}
 	wg.Wait()

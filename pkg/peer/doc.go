@@ -25,7 +25,12 @@
 //     the asker (Ring.Hint, from the request's Bdnvol-Peer-From header, a
 //     member only, bounded) and asks it first when it needs the chunk
 //     itself or fetches it for another peer, so pods that start seconds
-//     apart still cost the registry one fetch per chunk.
+//     apart still cost the registry one fetch per chunk. The nodes of a
+//     `bdnvol pull` fleet start within a few seconds of one another: for
+//     its first 3 s a node tries again a peer that refuses connections and
+//     has never answered (it is starting), and holds the requests for an
+//     origin it has not opened yet, rather than sending them on to the
+//     registry.
 //  4. A peer's chunk streams into the asker's cache as it arrives and is
 //     verified against its digest as it passes; a peer that fails, is slow
 //     or serves wrong bytes ends the stream with a

@@ -233,12 +233,30 @@ func (f *Fetcher) fromPeers(ctx context.Context, desc ocispec.Descriptor, tries 
 		}
 		asked++
 		rc, err := f.get(ctx, p, desc, tries-asked)
+		for err != nil && unreachable(err) && f.ring.starting(p) && sleep(ctx, startRetry) {
+			rc, err = f.get(ctx, p, desc, tries-asked)
+		}
 		if err == nil {
 			return rc
 		}
 		f.missed(ctx, p, err)
 	}
 	return nil
+}
+
+// startRetry is how often a peer still starting is tried again.
+const startRetry = 50 * time.Millisecond
+
+// sleep waits d, false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // missed counts peer p's answer err other than the chunk: a refusal (not

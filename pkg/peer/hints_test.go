@@ -5,10 +5,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
 )
 
 // TestOwnerAsksTheNodeThatFetchedFirst: one node reads a version before
@@ -111,3 +115,66 @@ func TestHintsBounded(t *testing.T) {
 }
 
 func digestOf(b [32]byte) digest.Digest { return digest.FromBytes(b[:]) }
+
+// TestFleetStartsApart: the nodes of a fleet told to start together (the
+// pulls of a rollout) start up to a few hundred milliseconds apart: one
+// node listens late, or has not read the version yet when its peers ask
+// it. Within the start window (Ring.AwaitStart, Server.AwaitUntil) its
+// peers try it again and it holds their requests, so the registry still
+// sends every chunk once. Without the window the nodes fetched the late
+// node's chunks themselves, and it fetched them again.
+func TestFleetStartsApart(t *testing.T) {
+	for _, late := range []string{"listens", "opens"} {
+		t.Run(late+" late", func(t *testing.T) {
+			o, descs := version(48, 16<<10)
+			o.latency = 40 * time.Millisecond // the early nodes still read when the late one comes
+			nodes := fleet(t, 3, o, descs)
+			until := time.Now().Add(3 * time.Second)
+			for _, nd := range nodes {
+				nd.ring.AwaitStart(until)
+				nd.server.AwaitUntil = until
+			}
+			last := nodes[2]
+			const delay = 400 * time.Millisecond
+			switch late {
+			case "listens":
+				addr := last.http.Listener.Addr().String()
+				last.http.Close()
+				time.AfterFunc(delay, func() {
+					l, err := net.Listen("tcp", addr)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					srv := &http.Server{Handler: last.server}
+					go srv.Serve(l)
+					t.Cleanup(func() { srv.Close() })
+				})
+			case "opens":
+				last.withdraw()
+				time.AfterFunc(delay, func() { last.server.Serve(testOrigin, o, knows(descs)) })
+			}
+			var g errgroup.Group
+			for i, nd := range nodes {
+				g.Go(func() error {
+					if i == 2 {
+						time.Sleep(delay)
+					}
+					return nd.readAll(context.Background(), o, descs)
+				})
+			}
+			if err := g.Wait(); err != nil {
+				t.Fatal(err)
+			}
+			more := 0
+			for _, d := range descs {
+				if o.gets[d.Digest] != 1 {
+					more++
+				}
+			}
+			if more > 0 {
+				t.Errorf("%d of %d chunks left the registry more than once: the nodes did not wait for the late one", more, len(descs))
+			}
+		})
+	}
+}

@@ -60,7 +60,13 @@ func Start(c Config, cache *chunkcache.Cache) (*Node, error) {
 	}
 	ring := NewRing(self)
 	ring.Set(c.Peers)
-	n := &Node{Ring: ring, Server: &Server{Cache: cache, Ring: ring}, Stats: new(Stats), scheme: "http"}
+	// Its peers start together: until it has read the version, it holds
+	// their requests rather than refusing them.
+	// So do the peers: until then one that refuses connections is
+	// starting, and asked again.
+	srv := &Server{Cache: cache, Ring: ring, AwaitUntil: time.Now().Add(openWait)}
+	ring.AwaitStart(srv.AwaitUntil)
+	n := &Node{Ring: ring, Server: srv, Stats: new(Stats), scheme: "http"}
 	tr := &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: time.Minute}
 	n.client = &http.Client{Transport: tr}
 	n.hs = &http.Server{Handler: n.Server, ReadHeaderTimeout: 10 * time.Second}

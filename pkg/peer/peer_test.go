@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -30,6 +31,8 @@ const (
 // origin is the registry of a test: it serves its blobs and counts what
 // it sent.
 type origin struct {
+	latency time.Duration // before each blob
+
 	mu    sync.Mutex
 	blobs map[digest.Digest][]byte
 	gets  map[digest.Digest]int
@@ -37,6 +40,7 @@ type origin struct {
 }
 
 func (o *origin) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	time.Sleep(o.latency)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	b, ok := o.blobs[desc.Digest]

@@ -20,13 +20,15 @@ type Ring struct {
 	peers     []string
 	downUntil map[string]time.Time
 	strikes   map[string]int // connections refused in a row, per peer
+	answered  map[string]bool
+	awaitTill time.Time // see AwaitStart
 	hints     map[digest.Digest]hint
 	hintOrder []digest.Digest // the hints' digests, oldest first
 }
 
 // NewRing returns a ring whose own address is self.
 func NewRing(self string) *Ring {
-	return &Ring{self: self, downUntil: map[string]time.Time{}, strikes: map[string]int{}}
+	return &Ring{self: self, downUntil: map[string]time.Time{}, strikes: map[string]int{}, answered: map[string]bool{}}
 }
 
 // Self returns this node's address.
@@ -85,12 +87,31 @@ func (r *Ring) MarkUnreachable(addr string, max time.Duration) {
 	r.downUntil[addr] = time.Now().Add(min(d, max))
 }
 
+// AwaitStart makes the peers that have not answered yet count as still
+// starting until the time given: a connection one refuses is tried again
+// shortly rather than skipped (nodes told to start together, as the pulls
+// of a fleet are, start within a few seconds of one another, and a chunk
+// fetched while its owner was starting would be fetched again by it).
+func (r *Ring) AwaitStart(until time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.awaitTill = until
+}
+
+// starting reports whether addr may still be starting (see AwaitStart).
+func (r *Ring) starting(addr string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.answered[addr] && time.Now().Before(r.awaitTill)
+}
+
 // MarkUp records that addr answered: its next refusal is skipped briefly
 // again.
 func (r *Ring) MarkUp(addr string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.strikes, addr)
+	r.answered[addr] = true
 }
 
 // Owners returns the members in the order they own d: rendezvous hashing

@@ -36,9 +36,15 @@ type Server struct {
 	// MaxServing bounds the requests served at once; <= 0 means
 	// DefaultMaxServing.
 	MaxServing int
+	// AwaitUntil, when set, is when this node stops holding a request for
+	// an origin that no mount serves yet until one does (a `bdnvol pull`
+	// that has just started: its peers ask before it has read the
+	// manifest); after it such a request is refused at once.
+	AwaitUntil time.Time
 
 	mu      sync.Mutex
 	origins map[string][]*served // origin -> its mounts' sources, while they are served
+	changed chan struct{}        // closed when a source is added
 
 	serving atomic.Int64
 	last    atomic.Int64 // time.Now().UnixNano() of the last request
@@ -86,6 +92,10 @@ func (s *Server) Serve(origin string, src content.Fetcher, known func(digest.Dig
 		s.origins = map[string][]*served{}
 	}
 	s.origins[origin] = append(s.origins[origin], e)
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -121,6 +131,39 @@ func (s *Server) source(origin string, d digest.Digest) content.Fetcher {
 	return nil
 }
 
+// awaitSource is source, except that until s.AwaitUntil a request for an
+// origin no mount serves yet waits for one (a node that has just started
+// is about to open the version its peers are reading).
+func (s *Server) awaitSource(ctx context.Context, origin string, d digest.Digest) content.Fetcher {
+	for {
+		if src := s.source(origin, d); src != nil {
+			return src
+		}
+		s.mu.Lock()
+		_, served := s.origins[origin]
+		wait := s.changed
+		if wait == nil {
+			wait = make(chan struct{})
+			s.changed = wait
+		}
+		s.mu.Unlock()
+		left := time.Until(s.AwaitUntil)
+		if served || left <= 0 {
+			return nil
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-wait:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
 // ServeHTTP answers one blob request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.last.Store(time.Now().UnixNano())
@@ -146,15 +189,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	view := s.Cache.For(origin)
 	var src content.Fetcher = absent{}
 	if !view.Contains(desc.Digest) {
+		from := r.Header.Get(HeaderFrom)
 		owners := s.Ring.Owners(desc.Digest)
 		if len(owners) == 0 || owners[0] != s.Ring.Self() {
 			s.refuse(w, http.StatusNotFound, "not held, and not its owner")
 			return
 		}
-		if src = s.source(origin, desc.Digest); src == nil {
+		if src = s.awaitSource(r.Context(), origin, desc.Digest); src == nil {
 			// The asker fetches it from its own source now: when this
 			// node needs it later, it asks the asker first.
-			s.Ring.Hint(desc.Digest, r.Header.Get(HeaderFrom))
+			s.Ring.Hint(desc.Digest, from)
 			s.refuse(w, http.StatusNotFound, "not held, and no mount here of a version of its origin that lists it")
 			return
 		}
