@@ -256,6 +256,7 @@ func FetchTo(ctx context.Context, src content.Fetcher, what string, desc ocispec
 // first byte.
 type Checked struct {
 	*bytes.Reader
+	b       []byte
 	desc    ocispec.Descriptor
 	release func()
 }
@@ -263,8 +264,13 @@ type Checked struct {
 // NewChecked returns a reader of b, verified to be desc's bytes; release
 // (when not nil) runs once at Close, after which b is not read.
 func NewChecked(b []byte, desc ocispec.Descriptor, release func()) *Checked {
-	return &Checked{Reader: bytes.NewReader(b), desc: desc, release: release}
+	return &Checked{Reader: bytes.NewReader(b), b: b, desc: desc, release: release}
 }
+
+// Bytes returns the verified bytes themselves (not a copy), for a consumer
+// that writes them out without reading them through a buffer; they are
+// valid until Close. Reads do not consume them.
+func (c *Checked) Bytes() []byte { return c.b }
 
 // Vouches reports whether c's bytes were verified to be desc's.
 func (c *Checked) Vouches(desc ocispec.Descriptor) bool {
@@ -277,6 +283,6 @@ func (c *Checked) Close() error {
 		c.release()
 		c.release = nil
 	}
-	c.Reader = bytes.NewReader(nil)
+	c.Reader, c.b = bytes.NewReader(nil), nil
 	return nil
 }
