@@ -272,6 +272,19 @@ func NewChecked(b []byte, desc ocispec.Descriptor, release func()) *Checked {
 // valid until Close. Reads do not consume them.
 func (c *Checked) Bytes() []byte { return c.b }
 
+// CheckedOf returns the Checked r is, or wraps (a wrapper that passes a
+// Checked's bytes through unchanged says so with a method Checked()
+// *Checked), nil if none.
+func CheckedOf(r any) *Checked {
+	switch c := r.(type) {
+	case *Checked:
+		return c
+	case interface{ Checked() *Checked }:
+		return c.Checked()
+	}
+	return nil
+}
+
 // Vouches reports whether c's bytes were verified to be desc's.
 func (c *Checked) Vouches(desc ocispec.Descriptor) bool {
 	return c != nil && c.desc.Digest == desc.Digest && c.desc.Size == desc.Size && c.Reader.Size() == desc.Size

@@ -177,32 +177,35 @@ func join(dst, x, base []byte, planes int) {
 }
 
 // xorPlanes XORs the planes x into dst (undoing split over dst's bytes; done
-// twice, it gives dst back). It XORs in only the words of x that are not
-// zero (most of them are, in the delta of a small step), 8 elements of
-// every plane at a time.
+// twice, it gives dst back).
 func xorPlanes(dst, x []byte, planes int) {
+	xorPlanesRange(dst, x, planes, 0, len(dst)/planes)
+}
+
+// xorPlanesRange is xorPlanes over elements lo to hi of dst only (lo a
+// multiple of 8; hi too unless it is the last element, len(dst)/planes,
+// when the bytes after the last whole element are XORed as well), so that
+// a reader can XOR in, and hash, a piece of the chunk while it is in the
+// processor's cache. It XORs in only the words of x that are not zero
+// (most of them are, in the delta of a small step), 8 elements of every
+// plane at a time.
+func xorPlanesRange(dst, x []byte, planes, lo, hi int) {
 	n := len(dst)
 	x = x[:n]
-	if planes == PlanesRaw {
-		i := 0
-		for ; i+8 <= n; i += 8 {
+	m := n / planes
+	i := lo
+	switch planes {
+	case PlanesRaw:
+		for ; i+8 <= hi; i += 8 {
 			if w := binary.LittleEndian.Uint64(x[i:]); w != 0 {
 				binary.LittleEndian.PutUint64(dst[i:], w^binary.LittleEndian.Uint64(dst[i:]))
 			}
 		}
-		for ; i < n; i++ {
-			dst[i] ^= x[i]
-		}
-		return
-	}
-	m := n / planes
-	i := 0
-	switch planes {
 	case Planes16:
 		p0, p1 := x[:m], x[m:2*m]
 		// Eight elements at a time: the bytes of each plane spread to
 		// every other byte of two words.
-		for ; i+8 <= m; i += 8 {
+		for ; i+8 <= hi; i += 8 {
 			a := binary.LittleEndian.Uint64(p0[i:])
 			b := binary.LittleEndian.Uint64(p1[i:])
 			if a|b == 0 {
@@ -218,7 +221,7 @@ func xorPlanes(dst, x []byte, planes int) {
 		p0, p1, p2, p3 := x[:m], x[m:2*m], x[2*m:3*m], x[3*m:4*m]
 		// Eight elements at a time; only a group with a changed byte is
 		// joined, a byte at a time.
-		for ; i+8 <= m; i += 8 {
+		for ; i+8 <= hi; i += 8 {
 			if binary.LittleEndian.Uint64(p0[i:])|binary.LittleEndian.Uint64(p1[i:])|
 				binary.LittleEndian.Uint64(p2[i:])|binary.LittleEndian.Uint64(p3[i:]) == 0 {
 				continue
@@ -232,13 +235,15 @@ func xorPlanes(dst, x []byte, planes int) {
 			}
 		}
 	}
-	for ; i < m; i++ {
+	for ; i < hi; i++ {
 		for p := range planes {
 			dst[i*planes+p] ^= x[p*m+i]
 		}
 	}
-	for j := m * planes; j < n; j++ {
-		dst[j] ^= x[j]
+	if hi == m {
+		for j := m * planes; j < n; j++ {
+			dst[j] ^= x[j]
+		}
 	}
 }
 

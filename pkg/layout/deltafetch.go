@@ -3,12 +3,14 @@ package layout
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
@@ -118,6 +120,35 @@ func (r *pooledReader) Close() error {
 // verifyBytes is verify.Bytes; tests count its calls.
 var verifyBytes = verify.Bytes
 
+// newChunkHash returns the hash a decoded chunk is verified with; tests
+// count what it hashes.
+var newChunkHash = sha256.New
+
+// decodeBlock is how many bytes of a chunk are XORed in, then hashed, at a
+// time: the hash finds them in the processor's cache.
+const decodeBlock = 256 << 10
+
+// xorHashed XORs the planes x into b, the base (b becomes the chunk), a
+// piece at a time, hashing each piece as soon as it is done, and verifies
+// the chunk against desc: the one hash of its bytes.
+func xorHashed(b, x []byte, planes int, desc ocispec.Descriptor) error {
+	h := newChunkHash()
+	m, step := len(b)/planes, decodeBlock/planes
+	for lo := 0; ; lo += step {
+		hi := min(lo+step, m)
+		xorPlanesRange(b, x, planes, lo, hi)
+		end := hi * planes
+		if hi == m {
+			end = len(b)
+		}
+		h.Write(b[lo*planes : end])
+		if hi == m {
+			break
+		}
+	}
+	return verify.Digest("chunk", desc, digest.NewDigest(digest.SHA256, h), int64(len(b)))
+}
+
 // plainDescriptor is the descriptor of the plain chunk d encodes.
 func (d Delta) plainDescriptor() ocispec.Descriptor {
 	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: d.Chunk, Size: d.Size}
@@ -160,8 +191,7 @@ func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 	}
 	defer putBuf(xp)
 	for {
-		xorPlanes(*bp, *xp, planes) // the chunk, in place of its base
-		err := verifyBytes("chunk", *bp, d.plainDescriptor())
+		err := xorHashed(*bp, *xp, planes, d.plainDescriptor()) // the chunk, in place of its base
 		if err == nil {
 			if local {
 				f.stats.add(1, d.DeltaSize, 0, 1)
@@ -220,6 +250,24 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]b
 	if src == nil {
 		src = f.src
 	}
+	// A cache of bases serves the bases it holds; one it does not hold is
+	// fetched from src past it and offered to it unverified, not hashed
+	// for it on the way (the cache hashes it when it is opened).
+	bc, keep := f.bases.(BaseCache)
+	cached := false
+	if keep {
+		rc, ok, err := bc.FetchCached(ctx, bd)
+		if err != nil {
+			putBuf(bp)
+			return nil, false, err
+		}
+		if ok {
+			keep, cached = false, true
+			src = fetched{rc}
+		} else {
+			src = f.src
+		}
+	}
 	rc, err := src.Fetch(ctx, bd)
 	if err != nil {
 		putBuf(bp)
@@ -237,9 +285,31 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]b
 		putBuf(bp)
 		return nil, false, verify.Digest("base chunk", bd, "", bd.Size+1)
 	}
-	f.stats.add(0, 0, d.Size, 0)
+	if !cached {
+		f.stats.add(0, 0, d.Size, 0)
+	}
+	if keep {
+		bc.Keep(bd, *bp) // before the chunk is decoded over it
+	}
 	return bp, false, nil
 }
+
+// BaseCache is a fetcher of base chunks that keeps them (a chunk cache in
+// front of a source): FetchCached serves a base it holds, verified, and
+// reports ok false, fetching nothing, when it holds none; Keep offers it
+// the bytes of a base fetched past it, not verified, which it must verify
+// before it serves them.
+type BaseCache interface {
+	content.Fetcher
+	FetchCached(ctx context.Context, desc ocispec.Descriptor) (rc io.ReadCloser, ok bool, err error)
+	Keep(desc ocispec.Descriptor, b []byte)
+}
+
+// fetched is a fetcher of one body already opened.
+type fetched struct{ rc io.ReadCloser }
+
+// Fetch returns the body.
+func (f fetched) Fetch(context.Context, ocispec.Descriptor) (io.ReadCloser, error) { return f.rc, nil }
 
 // DeltaSource returns the fetcher of the chunks of x, whose delta chunks
 // it decodes (fetching delta blobs from src and bases from bases, src when

@@ -622,7 +622,7 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 	open := &openFiles{files: files}
 	defer open.close()
 	// Bytes a decoder already verified (a delta chunk) are not hashed again.
-	checked, _ := rc.(*verify.Checked)
+	checked := verify.CheckedOf(rc)
 	vouched := checked.Vouches(desc)
 	var h hash.Hash = discard{}
 	if !vouched {
