@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -611,5 +612,69 @@ func TestXorPlanesRange(t *testing.T) {
 				t.Fatalf("planes %d, %d bytes: in pieces differs from whole", planes, n)
 			}
 		}
+	}
+}
+
+// rangeStore serves ranges of a memory store's blobs, counting whole
+// fetches and range requests by digest; noRanges makes every range
+// request fail as a source without ranges does.
+type rangeStore struct {
+	*memory.Store
+	noRanges bool
+	whole    map[digest.Digest]int
+	ranges   map[digest.Digest]int
+	mu       sync.Mutex
+}
+
+func (s *rangeStore) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	s.mu.Lock()
+	s.whole[desc.Digest]++
+	s.mu.Unlock()
+	return s.Store.Fetch(ctx, desc)
+}
+
+func (s *rangeStore) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	s.mu.Lock()
+	s.ranges[desc.Digest]++
+	s.mu.Unlock()
+	if s.noRanges {
+		return nil, fmt.Errorf("no ranges: %w", errors.ErrUnsupported)
+	}
+	b, err := content.FetchAll(ctx, s.Store, desc)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(bytes.NewReader(b[off : off+n])), nil
+}
+
+// TestDeltaBaseSplit: under WithBaseParts (a mount's read that waits for a
+// delta chunk), a large base is fetched as concurrent range requests of
+// about 2 MiB, not whole; without it, or from a source that serves no
+// ranges, whole; the chunk decodes right either way.
+func TestDeltaBaseSplit(t *testing.T) {
+	ctx := context.Background()
+	const size = 8 << 20
+	store, v, chunks := deltaChunksVersion(t, []int{size})
+	d, _ := v.Index.Delta(0)
+	for _, c := range []struct {
+		name              string
+		ctx               context.Context
+		noRanges          bool
+		wantWhole, ranges int
+	}{
+		{"split", WithBaseParts(ctx, 8), false, 0, 4},
+		{"no parts asked", ctx, false, 1, 0},
+		{"no ranges", WithBaseParts(ctx, 8), true, 1, -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src := &rangeStore{Store: store, noRanges: c.noRanges, whole: map[digest.Digest]int{}, ranges: map[digest.Digest]int{}}
+			got, err := verify.Fetch(c.ctx, v.ChunkSource(src), "chunk", v.Chunk(0))
+			if err != nil || !bytes.Equal(got, chunks[0]) {
+				t.Fatalf("decode: %v, equal %v", err, bytes.Equal(got, chunks[0]))
+			}
+			if src.whole[d.Base] != c.wantWhole || (c.ranges >= 0 && src.ranges[d.Base] != c.ranges) {
+				t.Errorf("the base fetched whole %d times, by %d ranges; want %d whole, %d ranges", src.whole[d.Base], src.ranges[d.Base], c.wantWhole, c.ranges)
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
@@ -268,6 +269,16 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]b
 			src = f.src
 		}
 	}
+	if parts, ok := ctx.Value(basePartsKey{}).(int); ok && !cached && parts > 1 && bd.Size >= splitBaseMin {
+		if rf, ok := src.(oci.RangeFetcher); ok && fetchRanges(ctx, rf, bd, *bp, parts) == nil {
+			f.stats.add(0, 0, d.Size, 0)
+			if keep {
+				bc.Keep(bd, *bp)
+			}
+			return bp, false, nil
+		}
+		// No ranges from src, or one failed: the base whole, below.
+	}
 	rc, err := src.Fetch(ctx, bd)
 	if err != nil {
 		putBuf(bp)
@@ -292,6 +303,55 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]b
 		bc.Keep(bd, *bp) // before the chunk is decoded over it
 	}
 	return bp, false, nil
+}
+
+type basePartsKey struct{}
+
+// WithBaseParts returns ctx under which the base of a delta chunk that
+// must be fetched, when it has at least 4 MiB and its source serves
+// ranges, is fetched as up to parts (at most 8) concurrent range requests
+// of about 2 MiB: for a reader that waits for the chunk, as a mount splits
+// a plain chunk. The bytes are checked as a whole base's are: by the
+// decoded chunk's digest.
+func WithBaseParts(ctx context.Context, parts int) context.Context {
+	return context.WithValue(ctx, basePartsKey{}, parts)
+}
+
+// splitBaseMin, splitBasePart and maxBaseParts shape a base fetched by
+// ranges: only a base of splitBaseMin bytes or more, in parts of about
+// splitBasePart, at most maxBaseParts of them.
+const (
+	splitBaseMin  = 4 << 20
+	splitBasePart = 2 << 20
+	maxBaseParts  = 8
+)
+
+// fetchRanges reads the bytes of desc into dst as up to parts concurrent
+// range requests of rf. It fails when a request fails or a range does not
+// have its length.
+func fetchRanges(ctx context.Context, rf oci.RangeFetcher, desc ocispec.Descriptor, dst []byte, parts int) error {
+	n := int(min(int64(min(parts, maxBaseParts)), (desc.Size+splitBasePart-1)/splitBasePart))
+	size := (desc.Size + int64(n) - 1) / int64(n)
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range n {
+		off := int64(i) * size
+		m := min(size, desc.Size-off)
+		g.Go(func() error {
+			rc, err := rf.FetchRange(gctx, desc, off, m)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			if _, err := io.ReadFull(rc, dst[off:off+m]); err != nil {
+				return err
+			}
+			if k, _ := rc.Read(make([]byte, 1)); k > 0 {
+				return fmt.Errorf("blob %s: range %d+%d has more bytes", desc.Digest, off, m)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 // BaseCache is a fetcher of base chunks that keeps them (a chunk cache in
