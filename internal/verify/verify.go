@@ -256,6 +256,7 @@ func FetchTo(ctx context.Context, src content.Fetcher, what string, desc ocispec
 // first byte.
 type Checked struct {
 	*bytes.Reader
+	b       []byte
 	desc    ocispec.Descriptor
 	release func()
 }
@@ -263,7 +264,25 @@ type Checked struct {
 // NewChecked returns a reader of b, verified to be desc's bytes; release
 // (when not nil) runs once at Close, after which b is not read.
 func NewChecked(b []byte, desc ocispec.Descriptor, release func()) *Checked {
-	return &Checked{Reader: bytes.NewReader(b), desc: desc, release: release}
+	return &Checked{Reader: bytes.NewReader(b), b: b, desc: desc, release: release}
+}
+
+// Bytes returns the verified bytes themselves (not a copy), for a consumer
+// that writes them out without reading them through a buffer; they are
+// valid until Close. Reads do not consume them.
+func (c *Checked) Bytes() []byte { return c.b }
+
+// CheckedOf returns the Checked r is, or wraps (a wrapper that passes a
+// Checked's bytes through unchanged says so with a method Checked()
+// *Checked), nil if none.
+func CheckedOf(r any) *Checked {
+	switch c := r.(type) {
+	case *Checked:
+		return c
+	case interface{ Checked() *Checked }:
+		return c.Checked()
+	}
+	return nil
 }
 
 // Vouches reports whether c's bytes were verified to be desc's.
@@ -277,6 +296,6 @@ func (c *Checked) Close() error {
 		c.release()
 		c.release = nil
 	}
-	c.Reader = bytes.NewReader(nil)
+	c.Reader, c.b = bytes.NewReader(nil), nil
 	return nil
 }

@@ -236,3 +236,28 @@ func TestFetchTo(t *testing.T) {
 		t.Fatalf("fetch of an absent blob: %v, want the fetcher's error", err)
 	}
 }
+
+// TestChecked: a Checked vouches only for its own descriptor, serves its
+// bytes as a reader and as the bytes themselves, and releases them once,
+// at Close.
+func TestChecked(t *testing.T) {
+	b := []byte("verified bytes")
+	desc := ocispec.Descriptor{Digest: digest.FromBytes(b), Size: int64(len(b))}
+	released := 0
+	c := NewChecked(b, desc, func() { released++ })
+	if !c.Vouches(desc) || c.Vouches(ocispec.Descriptor{Digest: digest.FromString("other"), Size: desc.Size}) {
+		t.Fatal("Vouches")
+	}
+	if &c.Bytes()[0] != &b[0] {
+		t.Error("Bytes is a copy")
+	}
+	got, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(got, b) || !bytes.Equal(c.Bytes(), b) {
+		t.Fatalf("read %q, %v; Bytes %q after the read", got, err, c.Bytes())
+	}
+	c.Close()
+	c.Close()
+	if released != 1 || c.Bytes() != nil || c.Vouches(desc) {
+		t.Errorf("after Close: released %d times, Bytes %q, vouches %v", released, c.Bytes(), c.Vouches(desc))
+	}
+}

@@ -57,7 +57,10 @@ type Stats struct {
 //
 // Layout: DIR/sha256/HEX holds a verified blob; DIR/tmp holds blobs being
 // written. Entries written by other processes are found on disk; the size
-// bound is kept by each process over the entries it knows about.
+// bound is kept by each process over the entries it knows about. An entry
+// is served only once verified: one no process vouched for (see vouch.go),
+// such as a delta chunk's base kept as it was fetched (Keep), is hashed
+// when it is first opened.
 //
 // A Cache from Open serves every entry to every caller. A view from For
 // serves an entry only once its origin has delivered those bytes (see
@@ -354,7 +357,7 @@ func (c *Cache) open(desc ocispec.Descriptor) (Chunk, error) {
 		checked = true // hashed when it was stored, unchanged since
 	}
 	if !checked {
-		h := sha256.New()
+		h := newHash()
 		if n, err := io.Copy(h, io.NewSectionReader(f, 0, desc.Size)); err != nil || verify.Digest("chunk", desc, digest.NewDigest(digest.SHA256, h), n) != nil {
 			f.Close()
 			c.corrupt.Add(1)
@@ -400,7 +403,7 @@ func (c *Cache) intact(f *os.File, st os.FileInfo, d digest.Digest) bool {
 	if !st.Mode().IsRegular() || st.Size() > layout.MaxChunkBytes {
 		return false
 	}
-	h := sha256.New()
+	h := newHash()
 	if _, err := io.Copy(h, io.NewSectionReader(f, 0, st.Size())); err != nil {
 		return false
 	}
@@ -526,12 +529,22 @@ func (c *Cache) fetchToFile(ctx context.Context, src content.Fetcher, desc ocisp
 		return nil, fmt.Errorf("chunk %s: %w", desc.Digest, err)
 	}
 	defer rc.Close()
-	n, got, err := copyHashed(f, rc, desc.Size)
-	if err != nil {
-		return nil, c.readError(desc, n, err)
-	}
-	if err := c.checkFetched(desc, rc, got); err != nil {
-		return nil, err
+	if ck := verify.CheckedOf(rc); ck.Vouches(desc) {
+		// Verified by a decoder (a delta chunk): stored as it is, not
+		// hashed again.
+		if _, err := f.Write(ck.Bytes()); err != nil {
+			return nil, &storeError{err}
+		}
+		c.fetches.Add(1)
+		c.fetchedBytes.Add(desc.Size)
+	} else {
+		n, got, err := copyHashed(f, rc, desc.Size)
+		if err != nil {
+			return nil, c.readError(desc, n, err)
+		}
+		if err := c.checkFetched(desc, rc, got); err != nil {
+			return nil, err
+		}
 	}
 	p := c.path(desc.Digest)
 	c.deliver(f, p)
@@ -552,7 +565,13 @@ func (c *Cache) fetchToMemory(ctx context.Context, src content.Fetcher, desc oci
 	}
 	defer rc.Close()
 	buf := make([]byte, desc.Size)
-	h := sha256.New()
+	if ck := verify.CheckedOf(rc); ck.Vouches(desc) {
+		copy(buf, ck.Bytes()) // verified by a decoder: not hashed again
+		c.fetches.Add(1)
+		c.fetchedBytes.Add(desc.Size)
+		return buf, nil
+	}
+	h := newHash()
 	n, err := io.ReadFull(io.TeeReader(rc, h), buf)
 	if err != nil {
 		return nil, c.readError(desc, int64(n), err)
@@ -589,6 +608,10 @@ func (c *Cache) checkFetched(desc ocispec.Descriptor, rc io.Reader, got digest.D
 	return nil
 }
 
+// newHash returns the hash fetched blobs and entries are verified with;
+// tests count what it hashes.
+var newHash = sha256.New
+
 // piece is the unit copyHashed reads, hashes and writes at once.
 const piece = 256 << 10
 
@@ -603,7 +626,7 @@ var pieces = sync.Pool{New: func() any { return new([piece]byte) }}
 func copyHashed(w io.Writer, r io.Reader, size int64) (int64, digest.Digest, error) {
 	b := pieces.Get().(*[piece]byte)
 	defer pieces.Put(b)
-	h := sha256.New()
+	h := newHash()
 	var n int64
 	for n < size {
 		k, err := io.ReadFull(r, b[:min(int64(piece), size-n)])
@@ -699,3 +722,67 @@ type chunkReadCloser struct {
 }
 
 func (r *chunkReadCloser) Close() error { return r.ch.Close() }
+
+// FetchCached returns the blob desc from the cache (verified, as Fetch
+// serves it) when the cache holds it, and ok false, fetching nothing, when
+// it does not.
+func (f *cachedFetcher) FetchCached(ctx context.Context, desc ocispec.Descriptor) (rc io.ReadCloser, ok bool, err error) {
+	if !cacheable(desc) {
+		return nil, false, nil
+	}
+	ch, err := f.c.open(desc)
+	if err != nil || ch == nil {
+		return nil, false, err
+	}
+	f.c.hits.Add(1)
+	f.c.hitBytes.Add(desc.Size)
+	return &chunkReadCloser{SectionReader: io.NewSectionReader(ch, 0, desc.Size), ch: ch}, true, nil
+}
+
+// Keep offers the cache b, the bytes of desc as the fetcher's source
+// delivered them, not verified: a base a delta chunk was decoded from,
+// which only the decoded chunk vouches for. The cache stores them without
+// hashing them, as an entry not vouched for, which the first open of it
+// (by any process) hashes, and drops if the bytes are not desc's. The
+// bytes are only an offer: failures are ignored, and an entry already
+// there is kept.
+func (f *cachedFetcher) Keep(desc ocispec.Descriptor, b []byte) { f.c.keep(desc, b) }
+
+// keep is Keep.
+func (c *Cache) keep(desc ocispec.Descriptor, b []byte) {
+	if !cacheable(desc) || int64(len(b)) != desc.Size || c.Contains(desc.Digest) {
+		return
+	}
+	f, err := os.CreateTemp(c.tmpDir(), desc.Digest.Encoded()+"-*")
+	if err != nil {
+		return
+	}
+	defer os.Remove(f.Name())
+	p := c.path(desc.Digest)
+	if reserve(f, desc.Size) == nil {
+		if _, err = f.Write(b); err == nil {
+			c.deliver(f, p)
+		}
+	} else {
+		err = errors.New("no room")
+	}
+	if cerr := f.Close(); err != nil || cerr != nil {
+		return
+	}
+	// A link, not a rename: an entry stored meanwhile (verified) stays.
+	if os.Link(f.Name(), p) != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Not verified, whatever an entry of the name gone since was: this
+	// process hashes it too when it opens it.
+	delete(c.verified, desc.Digest)
+	if _, ok := c.entries[desc.Digest]; ok {
+		return
+	}
+	el := c.lru.PushFront(&cacheEntry{d: desc.Digest, size: desc.Size})
+	c.entries[desc.Digest] = el
+	c.size += desc.Size
+	c.evictLocked(el)
+}

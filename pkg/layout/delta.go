@@ -99,8 +99,7 @@ var (
 	// decPools hold decoders by size class: class c decodes at most 2^c
 	// bytes, so a delta never makes a reader hold more than twice its
 	// chunk.
-	decPools  [29]sync.Pool
-	planeBufs = sync.Pool{New: func() any { return new([]byte) }}
+	decPools [29]sync.Pool
 )
 
 // decoderPool returns the pool of decoders of the size class of size (at
@@ -166,33 +165,47 @@ func split(dst, a, b []byte, planes int) {
 	}
 }
 
-// join undoes split: dst = base XOR the planes x. It copies base first,
-// then XORs in only the words of x that are not zero (most of them are, in
-// the delta of a small step), 8 elements of every plane at a time.
+// join undoes split: dst = base XOR the planes x (dst may be base: the
+// chunk is then decoded in place).
 func join(dst, x, base []byte, planes int) {
 	n := len(base)
-	dst, x = dst[:n], x[:n]
-	copy(dst, base)
-	if planes == PlanesRaw {
-		i := 0
-		for ; i+8 <= n; i += 8 {
+	dst = dst[:n]
+	if n > 0 && &dst[0] != &base[0] {
+		copy(dst, base)
+	}
+	xorPlanes(dst, x, planes)
+}
+
+// xorPlanes XORs the planes x into dst (undoing split over dst's bytes; done
+// twice, it gives dst back).
+func xorPlanes(dst, x []byte, planes int) {
+	xorPlanesRange(dst, x, planes, 0, len(dst)/planes)
+}
+
+// xorPlanesRange is xorPlanes over elements lo to hi of dst only (lo a
+// multiple of 8; hi too unless it is the last element, len(dst)/planes,
+// when the bytes after the last whole element are XORed as well), so that
+// a reader can XOR in, and hash, a piece of the chunk while it is in the
+// processor's cache. It XORs in only the words of x that are not zero
+// (most of them are, in the delta of a small step), 8 elements of every
+// plane at a time.
+func xorPlanesRange(dst, x []byte, planes, lo, hi int) {
+	n := len(dst)
+	x = x[:n]
+	m := n / planes
+	i := lo
+	switch planes {
+	case PlanesRaw:
+		for ; i+8 <= hi; i += 8 {
 			if w := binary.LittleEndian.Uint64(x[i:]); w != 0 {
 				binary.LittleEndian.PutUint64(dst[i:], w^binary.LittleEndian.Uint64(dst[i:]))
 			}
 		}
-		for ; i < n; i++ {
-			dst[i] ^= x[i]
-		}
-		return
-	}
-	m := n / planes
-	i := 0
-	switch planes {
 	case Planes16:
 		p0, p1 := x[:m], x[m:2*m]
 		// Eight elements at a time: the bytes of each plane spread to
 		// every other byte of two words.
-		for ; i+8 <= m; i += 8 {
+		for ; i+8 <= hi; i += 8 {
 			a := binary.LittleEndian.Uint64(p0[i:])
 			b := binary.LittleEndian.Uint64(p1[i:])
 			if a|b == 0 {
@@ -208,7 +221,7 @@ func join(dst, x, base []byte, planes int) {
 		p0, p1, p2, p3 := x[:m], x[m:2*m], x[2*m:3*m], x[3*m:4*m]
 		// Eight elements at a time; only a group with a changed byte is
 		// joined, a byte at a time.
-		for ; i+8 <= m; i += 8 {
+		for ; i+8 <= hi; i += 8 {
 			if binary.LittleEndian.Uint64(p0[i:])|binary.LittleEndian.Uint64(p1[i:])|
 				binary.LittleEndian.Uint64(p2[i:])|binary.LittleEndian.Uint64(p3[i:]) == 0 {
 				continue
@@ -222,13 +235,15 @@ func join(dst, x, base []byte, planes int) {
 			}
 		}
 	}
-	for ; i < m; i++ {
+	for ; i < hi; i++ {
 		for p := range planes {
 			dst[i*planes+p] ^= x[p*m+i]
 		}
 	}
-	for j := m * planes; j < n; j++ {
-		dst[j] ^= x[j]
+	if hi == m {
+		for j := m * planes; j < n; j++ {
+			dst[j] ^= x[j]
+		}
 	}
 }
 
@@ -249,47 +264,64 @@ func DecodeDelta(delta, base []byte, size int64) ([]byte, error) {
 }
 
 // DecodeDeltaTo is DecodeDelta writing the chunk to dst's storage when it
-// holds size bytes (else to a new slice), which it returns.
+// holds size bytes (else to a new slice), which it returns. dst may be
+// base itself: the chunk is then decoded in place, over the base.
 func DecodeDeltaTo(dst, delta, base []byte, size int64) ([]byte, error) {
-	if size <= 0 || size > MaxChunkBytes || int64(len(base)) != size {
+	if int64(len(base)) != size {
 		return nil, fmt.Errorf("%w: a base of %d bytes for a chunk of %d", ErrDelta, len(base), size)
 	}
+	xp, planes, err := decodePlanes(delta, size)
+	if err != nil {
+		return nil, err
+	}
+	defer putBuf(xp)
+	out := dst[:0]
+	if int64(cap(out)) < size {
+		out = make([]byte, size)
+	}
+	out = out[:size]
+	join(out, *xp, base, planes)
+	return out, nil
+}
+
+// decodePlanes decodes the frame of the delta blob delta of a chunk of
+// size bytes into a pooled buffer (putBuf it): the XOR of the chunk with
+// its base, in planes. It decodes at most size bytes: a frame that holds
+// more or fewer is refused with ErrDelta.
+func decodePlanes(delta []byte, size int64) (*[]byte, int, error) {
+	if size <= 0 || size > MaxChunkBytes {
+		return nil, 0, fmt.Errorf("%w: a chunk of %d bytes", ErrDelta, size)
+	}
 	if len(delta) < deltaHeader || !bytes.Equal(delta[:len(deltaMagic)], deltaMagic[:]) {
-		return nil, fmt.Errorf("%w: not a delta blob", ErrDelta)
+		return nil, 0, fmt.Errorf("%w: not a delta blob", ErrDelta)
 	}
 	planes := int(delta[len(deltaMagic)])
 	if planes != PlanesRaw && planes != Planes16 && planes != Planes32 {
-		return nil, fmt.Errorf("%w: %d planes", ErrDelta, planes)
+		return nil, 0, fmt.Errorf("%w: %d planes", ErrDelta, planes)
 	}
 	// The frame must say it holds size bytes; the decoder of its size
 	// class refuses to produce more than twice that, and anything but size
 	// bytes is refused after.
 	var h zstd.Header
 	if err := h.Decode(delta[deltaHeader:]); err != nil || !h.HasFCS || h.FrameContentSize != uint64(size) {
-		return nil, fmt.Errorf("%w: the frame does not hold %d bytes", ErrDelta, size)
+		return nil, 0, fmt.Errorf("%w: the frame does not hold %d bytes", ErrDelta, size)
 	}
 	pool := decoderPool(size)
 	dec := pool.Get().(*zstd.Decoder)
 	defer pool.Put(dec)
-	xp := planeBufs.Get().(*[]byte)
-	defer planeBufs.Put(xp)
+	// Into a buffer with room to spare past size: the decoder's fast path.
+	xp := getBuf(int(size) + planesSlack)
 	x, err := dec.DecodeAll(delta[deltaHeader:], (*xp)[:0])
-	if cap(x) > cap(*xp) {
-		*xp = x[:0]
-	}
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("%w: %v", ErrDelta, err)
+		putBuf(xp)
+		return nil, 0, fmt.Errorf("%w: %v", ErrDelta, err)
 	case int64(len(x)) != size:
-		return nil, fmt.Errorf("%w: decodes to %d bytes, not %d", ErrDelta, len(x), size)
+		putBuf(xp)
+		return nil, 0, fmt.Errorf("%w: decodes to %d bytes, not %d", ErrDelta, len(x), size)
 	}
-	out := dst[:0]
-	if int64(cap(out)) < size {
-		out = make([]byte, size)
-	}
-	out = out[:size]
-	join(out, x[:size], base, planes)
-	return out, nil
+	*xp = x
+	return xp, planes, nil
 }
 
 // encodeDeltaTable encodes the delta table of ds.

@@ -3,12 +3,16 @@ package layout
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/internal/verify"
@@ -16,10 +20,11 @@ import (
 )
 
 // LocalBases finds a base chunk where a reader already has it (a file of
-// the directory a pull upgrades): the bytes it returns are verified
-// against the base's digest before use, and the base is fetched instead
-// when they fail or it returns an error.
-type LocalBases func(ctx context.Context, desc ocispec.Descriptor) ([]byte, error)
+// the directory a pull upgrades) and reads its desc.Size bytes into dst:
+// they are not trusted (the decoded chunk's digest vouches for them, and
+// the base is fetched instead when they turn out wrong or it returns an
+// error).
+type LocalBases func(ctx context.Context, desc ocispec.Descriptor, dst []byte) error
 
 type localBasesKey struct{}
 
@@ -29,12 +34,23 @@ func WithLocalBases(ctx context.Context, find LocalBases) context.Context {
 	return context.WithValue(ctx, localBasesKey{}, find)
 }
 
-// DeltaStats count what a delta source fetched.
+// DeltaStats count what a delta source fetched (updated atomically).
 type DeltaStats struct {
 	Decoded    int64 // delta chunks decoded
 	DeltaBytes int64 // bytes of delta blobs fetched
 	BaseBytes  int64 // bytes of base chunks fetched (not found locally)
-	LocalBases int64 // base chunks found locally
+	LocalBases int64 // base chunks found locally (and right)
+}
+
+// add counts into s, when not nil.
+func (s *DeltaStats) add(decoded, deltaBytes, baseBytes, localBases int64) {
+	if s == nil {
+		return
+	}
+	atomic.AddInt64(&s.Decoded, decoded)
+	atomic.AddInt64(&s.DeltaBytes, deltaBytes)
+	atomic.AddInt64(&s.BaseBytes, baseBytes)
+	atomic.AddInt64(&s.LocalBases, localBases)
 }
 
 // deltaSource serves the chunks of a version with delta chunks: a plain
@@ -65,7 +81,7 @@ func (f *deltaSource) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Re
 	if err != nil {
 		return nil, err
 	}
-	return verify.NewChecked(*bp, d.plainDescriptor(), func() { chunkBufs.Put(bp) }), nil
+	return verify.NewChecked(*bp, d.plainDescriptor(), func() { putBuf(bp) }), nil
 }
 
 // fetchRange is FetchRange of a deltaRangeSource.
@@ -96,144 +112,264 @@ type pooledReader struct {
 // Close returns the buffer to the pool.
 func (r *pooledReader) Close() error {
 	if r.bp != nil {
-		chunkBufs.Put(r.bp)
+		putBuf(r.bp)
 		r.bp = nil
 	}
 	return nil
 }
 
-// chunkBufs hold the buffers decoded chunks are written to: reused, a
-// chunk's decode does not fault in fresh pages each time.
-var chunkBufs = sync.Pool{New: func() any { return new([]byte) }}
-
 // verifyBytes is verify.Bytes; tests count its calls.
 var verifyBytes = verify.Bytes
+
+// newChunkHash returns the hash a decoded chunk is verified with; tests
+// count what it hashes.
+var newChunkHash = sha256.New
+
+// decodeBlock is how many bytes of a chunk are XORed in, then hashed, at a
+// time: the hash finds them in the processor's cache.
+const decodeBlock = 256 << 10
+
+// xorHashed XORs the planes x into b, the base (b becomes the chunk), a
+// piece at a time, hashing each piece as soon as it is done, and verifies
+// the chunk against desc: the one hash of its bytes.
+func xorHashed(b, x []byte, planes int, desc ocispec.Descriptor) error {
+	h := newChunkHash()
+	m, step := len(b)/planes, decodeBlock/planes
+	for lo := 0; ; lo += step {
+		hi := min(lo+step, m)
+		xorPlanesRange(b, x, planes, lo, hi)
+		end := hi * planes
+		if hi == m {
+			end = len(b)
+		}
+		h.Write(b[lo*planes : end])
+		if hi == m {
+			break
+		}
+	}
+	return verify.Digest("chunk", desc, digest.NewDigest(digest.SHA256, h), int64(len(b)))
+}
 
 // plainDescriptor is the descriptor of the plain chunk d encodes.
 func (d Delta) plainDescriptor() ocispec.Descriptor {
 	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: d.Chunk, Size: d.Size}
 }
 
-// decode fetches the delta blob and the base of d (at once), decodes the
-// chunk into a pooled buffer and verifies it: the one hash of the chunk's
-// bytes. The base is not hashed on the way: the decoded chunk's digest
-// vouches for it. Only when the chunk does not verify is the base hashed,
-// to tell a lying base (a local one is then replaced by the fetched one)
-// from a lying delta.
+// decode fetches the delta blob and the base of d at once, decodes the
+// chunk in place over the base's buffer (pooled: putBuf it) and verifies
+// it: the one hash of the chunk's bytes. The base is not hashed on the way:
+// the decoded chunk's digest vouches for it. Only when the chunk does not
+// verify is the base restored (XORing the same planes in again) and
+// hashed, to tell a lying base (a local one is then replaced by the fetched
+// one) from a lying delta.
 func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 	var (
-		delta []byte
-		derr  error
-		wg    sync.WaitGroup
+		dp   *[]byte
+		derr error
+		wg   sync.WaitGroup
 	)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		delta, derr = verify.Fetch(ctx, f.src, "delta", d.Descriptor())
+		dp, derr = f.fetchDelta(ctx, d)
 	}()
-	base, local, berr := f.base(ctx, d, true)
+	bp, local, berr := f.base(ctx, d, true)
 	wg.Wait()
-	defer func() { f.release(base, local) }()
+	defer putBuf(dp)
 	if derr != nil {
+		putBuf(bp)
 		return nil, fmt.Errorf("delta of chunk %s: %w", d.Chunk, derr)
 	}
 	if berr != nil {
 		return nil, fmt.Errorf("base of chunk %s: %w", d.Chunk, berr)
 	}
-	bp := chunkBufs.Get().(*[]byte)
-	out, err := DecodeDeltaTo(*bp, delta, base, d.Size)
-	if err == nil {
-		*bp = out
-		err = verifyBytes("chunk", out, d.plainDescriptor())
-		if err != nil {
-			err = fmt.Errorf("decoded delta: %w", err)
-		}
+	// A delta blob that does not decode to size bytes lies, whatever the
+	// base: the base takes no part in that.
+	xp, planes, err := decodePlanes(*dp, d.Size)
+	if err != nil {
+		putBuf(bp)
+		return nil, fmt.Errorf("chunk %s: %w", d.Chunk, err)
 	}
-	if err != nil && verifyBytes("base", base, d.BaseDescriptor()) != nil {
-		if !local {
-			chunkBufs.Put(bp)
-			return nil, fmt.Errorf("base of chunk %s: %w", d.Chunk, verifyBytes("base chunk", base, d.BaseDescriptor()))
+	defer putBuf(xp)
+	for {
+		err := xorHashed(*bp, *xp, planes, d.plainDescriptor()) // the chunk, in place of its base
+		if err == nil {
+			if local {
+				f.stats.add(1, d.DeltaSize, 0, 1)
+			} else {
+				f.stats.add(1, d.DeltaSize, 0, 0)
+			}
+			return bp, nil
+		}
+		xorPlanes(*bp, *xp, planes) // the base again
+		berr := verifyBytes("base chunk", *bp, d.BaseDescriptor())
+		putBuf(bp)
+		switch {
+		case berr == nil:
+			return nil, fmt.Errorf("decoded delta: %w", err)
+		case !local:
+			return nil, fmt.Errorf("base of chunk %s: %w", d.Chunk, berr)
 		}
 		// A local base that lies: fetch the base, and decode again.
-		if f.stats != nil {
-			f.stats.LocalBases--
-		}
-		f.release(base, local)
-		if base, local, err = f.base(ctx, d, false); err != nil {
-			chunkBufs.Put(bp)
+		if bp, local, err = f.base(ctx, d, false); err != nil {
 			return nil, fmt.Errorf("base of chunk %s: %w", d.Chunk, err)
 		}
-		if out, err = DecodeDeltaTo(*bp, delta, base, d.Size); err == nil {
-			*bp = out
-			if err = verifyBytes("chunk", out, d.plainDescriptor()); err != nil {
-				err = fmt.Errorf("decoded delta: %w", err)
-			}
-		}
 	}
-	if err != nil {
-		chunkBufs.Put(bp)
-		if errors.Is(err, ErrDelta) {
-			return nil, fmt.Errorf("chunk %s: %w", d.Chunk, err)
-		}
-		return nil, err
-	}
-	if f.stats != nil {
-		f.stats.Decoded++
-		f.stats.DeltaBytes += d.DeltaSize
-	}
-	return bp, nil
 }
 
-// base returns the bytes of d's base, of its size but not yet verified:
-// found locally (when tryLocal; local reports it), else fetched.
-func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (b []byte, local bool, err error) {
+// fetchDelta fetches the delta blob of d, verified, into a pooled buffer.
+func (f *deltaSource) fetchDelta(ctx context.Context, d Delta) (*[]byte, error) {
+	desc := d.Descriptor()
+	rc, err := f.src.Fetch(ctx, desc)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	bp := getBuf(int(desc.Size))
+	vr := verify.Reader(rc, "delta", desc)
+	if _, err = io.ReadFull(vr, *bp); err == nil {
+		if _, err = vr.Read(nil); err == io.EOF { // the verdict, kept by vr
+			return bp, nil
+		}
+	}
+	putBuf(bp)
+	return nil, err
+}
+
+// base returns the bytes of d's base in a pooled buffer, of its size but
+// not yet verified: found locally (when tryLocal; local reports it), else
+// fetched.
+func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]byte, local bool, err error) {
 	bd := d.BaseDescriptor()
+	bp = getBuf(int(bd.Size))
 	if find, ok := ctx.Value(localBasesKey{}).(LocalBases); ok && find != nil && tryLocal {
-		if b, err := find(ctx, bd); err == nil && int64(len(b)) == bd.Size {
-			if f.stats != nil {
-				f.stats.LocalBases++
-			}
-			return b, true, nil
+		if find(ctx, bd, *bp) == nil {
+			return bp, true, nil
 		}
 	}
 	src := f.bases
 	if src == nil {
 		src = f.src
 	}
+	// A cache of bases serves the bases it holds; one it does not hold is
+	// fetched from src past it and offered to it unverified, not hashed
+	// for it on the way (the cache hashes it when it is opened).
+	bc, keep := f.bases.(BaseCache)
+	cached := false
+	if keep {
+		rc, ok, err := bc.FetchCached(ctx, bd)
+		if err != nil {
+			putBuf(bp)
+			return nil, false, err
+		}
+		if ok {
+			keep, cached = false, true
+			src = fetched{rc}
+		} else {
+			src = f.src
+		}
+	}
+	if parts, ok := ctx.Value(basePartsKey{}).(int); ok && !cached && parts > 1 && bd.Size >= splitBaseMin {
+		if rf, ok := src.(oci.RangeFetcher); ok && fetchRanges(ctx, rf, bd, *bp, parts) == nil {
+			f.stats.add(0, 0, d.Size, 0)
+			if keep {
+				bc.Keep(bd, *bp)
+			}
+			return bp, false, nil
+		}
+		// No ranges from src, or one failed: the base whole, below.
+	}
 	rc, err := src.Fetch(ctx, bd)
 	if err != nil {
+		putBuf(bp)
 		return nil, false, err
 	}
 	defer rc.Close()
-	bp := chunkBufs.Get().(*[]byte)
-	if int64(cap(*bp)) < bd.Size {
-		*bp = make([]byte, bd.Size)
-	}
-	b = (*bp)[:bd.Size]
-	if n, err := io.ReadFull(rc, b); err == io.EOF || err == io.ErrUnexpectedEOF {
-		chunkBufs.Put(bp)
+	if n, err := io.ReadFull(rc, *bp); err == io.EOF || err == io.ErrUnexpectedEOF {
+		putBuf(bp)
 		return nil, false, verify.Digest("base chunk", bd, "", int64(n))
 	} else if err != nil {
-		chunkBufs.Put(bp)
+		putBuf(bp)
 		return nil, false, err
 	}
-	if n, _ := rc.Read(make([]byte, 1)); n > 0 {
-		chunkBufs.Put(bp)
+	if verify.End("base chunk", bd, rc, bd.Digest, bd.Size) != nil {
+		putBuf(bp)
 		return nil, false, verify.Digest("base chunk", bd, "", bd.Size+1)
 	}
-	if f.stats != nil {
-		f.stats.BaseBytes += d.Size
+	if !cached {
+		f.stats.add(0, 0, d.Size, 0)
 	}
-	return b, false, nil
+	if keep {
+		bc.Keep(bd, *bp) // before the chunk is decoded over it
+	}
+	return bp, false, nil
 }
 
-// release returns a fetched base's buffer to the pool (a local base's is
-// the finder's).
-func (f *deltaSource) release(base []byte, local bool) {
-	if base != nil && !local {
-		chunkBufs.Put(&base)
-	}
+type basePartsKey struct{}
+
+// WithBaseParts returns ctx under which the base of a delta chunk that
+// must be fetched, when it has at least 4 MiB and its source serves
+// ranges, is fetched as up to parts (at most 8) concurrent range requests
+// of about 2 MiB: for a reader that waits for the chunk, as a mount splits
+// a plain chunk. The bytes are checked as a whole base's are: by the
+// decoded chunk's digest.
+func WithBaseParts(ctx context.Context, parts int) context.Context {
+	return context.WithValue(ctx, basePartsKey{}, parts)
 }
+
+// splitBaseMin, splitBasePart and maxBaseParts shape a base fetched by
+// ranges: only a base of splitBaseMin bytes or more, in parts of about
+// splitBasePart, at most maxBaseParts of them.
+const (
+	splitBaseMin  = 4 << 20
+	splitBasePart = 2 << 20
+	maxBaseParts  = 8
+)
+
+// fetchRanges reads the bytes of desc into dst as up to parts concurrent
+// range requests of rf. It fails when a request fails or a range does not
+// have its length.
+func fetchRanges(ctx context.Context, rf oci.RangeFetcher, desc ocispec.Descriptor, dst []byte, parts int) error {
+	n := int(min(int64(min(parts, maxBaseParts)), (desc.Size+splitBasePart-1)/splitBasePart))
+	size := (desc.Size + int64(n) - 1) / int64(n)
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range n {
+		off := int64(i) * size
+		m := min(size, desc.Size-off)
+		g.Go(func() error {
+			rc, err := rf.FetchRange(gctx, desc, off, m)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			if _, err := io.ReadFull(rc, dst[off:off+m]); err != nil {
+				return err
+			}
+			if k, _ := rc.Read(make([]byte, 1)); k > 0 {
+				return fmt.Errorf("blob %s: range %d+%d has more bytes", desc.Digest, off, m)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// BaseCache is a fetcher of base chunks that keeps them (a chunk cache in
+// front of a source): FetchCached serves a base it holds, verified, and
+// reports ok false, fetching nothing, when it holds none; Keep offers it
+// the bytes of a base fetched past it, not verified, which it must verify
+// before it serves them.
+type BaseCache interface {
+	content.Fetcher
+	FetchCached(ctx context.Context, desc ocispec.Descriptor) (rc io.ReadCloser, ok bool, err error)
+	Keep(desc ocispec.Descriptor, b []byte)
+}
+
+// fetched is a fetcher of one body already opened.
+type fetched struct{ rc io.ReadCloser }
+
+// Fetch returns the body.
+func (f fetched) Fetch(context.Context, ocispec.Descriptor) (io.ReadCloser, error) { return f.rc, nil }
 
 // DeltaSource returns the fetcher of the chunks of x, whose delta chunks
 // it decodes (fetching delta blobs from src and bases from bases, src when

@@ -7,6 +7,8 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
+
+	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
 // counted returns src counting its requests in v.fetches and v.fetching
@@ -74,6 +76,9 @@ func (b *countedBody) WriteTo(w io.Writer) (int64, error) {
 	}
 	return io.Copy(w, struct{ io.Reader }{b.ReadCloser})
 }
+
+// Checked returns the verified bytes the body passes through, if it does.
+func (b *countedBody) Checked() *verify.Checked { return verify.CheckedOf(b.ReadCloser) }
 
 func (b *countedBody) Close() error {
 	if b.done.CompareAndSwap(false, true) {

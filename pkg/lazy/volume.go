@@ -254,7 +254,12 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 		parts = 1 // a source whose chunks are each one range of a larger blob
 	}
 	if v.ver.IsDelta(k) {
-		parts = 1 // decoded whole from its delta: no range of its own
+		// Decoded whole from its delta: no range of its own. Its base,
+		// when it must be fetched, is split as the chunk would be.
+		if parts > 1 && ranged && v.splitFailures.Load() < maxEdgeFailures {
+			ctx = layout.WithBaseParts(ctx, parts)
+		}
+		parts = 1
 	}
 	if parts > 1 && ranged && desc.Size >= splitMin && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
 		// The cache verifies the whole chunk before serving any of it.

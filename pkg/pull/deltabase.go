@@ -66,20 +66,17 @@ func (p *puller) localBases() map[digest.Digest]localChunk {
 
 // baseFinder returns the finder of local bases of bases.
 func baseFinder(bases map[digest.Digest]localChunk) layout.LocalBases {
-	return func(ctx context.Context, desc ocispec.Descriptor) ([]byte, error) {
+	return func(ctx context.Context, desc ocispec.Descriptor, dst []byte) error {
 		loc, ok := bases[desc.Digest]
 		if !ok {
-			return nil, fmt.Errorf("base %s: not in the directory", desc.Digest)
+			return fmt.Errorf("base %s: not in the directory", desc.Digest)
 		}
 		rc, err := loc.Fetch(ctx, desc)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		defer rc.Close()
-		b := make([]byte, desc.Size)
-		if _, err := io.ReadFull(rc, b); err != nil {
-			return nil, err
-		}
-		return b, nil
+		_, err = io.ReadFull(rc, dst[:desc.Size])
+		return err
 	}
 }

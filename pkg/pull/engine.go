@@ -622,7 +622,7 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 	open := &openFiles{files: files}
 	defer open.close()
 	// Bytes a decoder already verified (a delta chunk) are not hashed again.
-	checked, _ := rc.(*verify.Checked)
+	checked := verify.CheckedOf(rc)
 	vouched := checked.Vouches(desc)
 	var h hash.Hash = discard{}
 	if !vouched {
@@ -630,9 +630,20 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 	}
 	var off int64
 	for off < desc.Size {
-		n, rerr := io.ReadFull(rc, buf[:min(int64(len(buf)), desc.Size-off)])
-		if n > 0 {
-			block := buf[:n]
+		var (
+			block []byte
+			rerr  error
+		)
+		if vouched {
+			// Written from the decoder's buffer itself, not copied
+			// through buf.
+			block = checked.Bytes()[off:min(off+int64(len(buf)), desc.Size)]
+		} else {
+			var n int
+			n, rerr = io.ReadFull(rc, buf[:min(int64(len(buf)), desc.Size-off)])
+			block = buf[:n]
+		}
+		if n := len(block); n > 0 {
 			h.Write(block)
 			var written int64
 			for _, t := range ts {

@@ -60,7 +60,7 @@ func fetchWhole(ctx context.Context, src content.Fetcher, desc ocispec.Descripto
 			break
 		}
 	}
-	if checked, _ := rc.(*verify.Checked); checked.Vouches(desc) {
+	if verify.CheckedOf(rc).Vouches(desc) {
 		return data, nil // verified by a decoder: not hashed again
 	}
 	h := newChunkHash()
