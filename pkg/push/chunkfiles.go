@@ -2,15 +2,14 @@ package push
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
-	"hash"
 	"io"
 	"runtime"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -88,7 +87,7 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	}
 	defer ra.Close()
 	fc := &fileCut{b: b, path: e.Path, ra: ra, submit: submit, cdc: true,
-		chunkHash: sha256.New(), cut: layout.NewCutter(b.opt.Params)}
+		sums: sha2x.New(), cut: layout.NewCutter(b.opt.Params)}
 	if cuts, ok := layout.FormatCuts(ra, e.Path, e.Size, b.opt.Params); ok {
 		// The header says where every tensor is: cut there, and at
 		// fixed offsets inside big tensors, with no rolling hash.
@@ -120,7 +119,7 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		return err
 	}
 	res := fc.res
-	fc.fileHash.Sum(res.sum[:0])
+	fc.sums.SumA(res.sum[:0])
 	b.results[i] = res
 	if b.read != nil {
 		b.read[i] = true // its stat record: b.freshRecords
@@ -130,10 +129,10 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 
 // fileCut is one large file being cut into chunks as its bytes are read.
 //
-// Each byte is hashed twice, for its chunk and for the file; the file's
-// hash starts as a copy of its first chunk's state (the same bytes from
-// the same start), and a chunk's head edge digest is the chunk's state
-// after EdgeBytes, so neither is hashed again.
+// Each byte is hashed twice, for its chunk and for the file, in one pass
+// (sha2x: the two SHA-256 computations interleaved), and a chunk's head
+// edge digest is the chunk's state after EdgeBytes, so it is not hashed
+// again.
 type fileCut struct {
 	b      *builder
 	path   string
@@ -142,8 +141,7 @@ type fileCut struct {
 	cuts   []int64 // forced cut offsets (tensor boundaries), ascending
 	cdc    bool    // cut by content where no forced cut is due
 
-	fileHash   hash.Hash // nil until the first chunk ends
-	chunkHash  hash.Hash
+	sums       *sha2x.Pair   // A: the file's SHA-256; B: the current chunk's
 	head       digest.Digest // of the current chunk, once it has EdgeBytes
 	cut        *layout.Cutter
 	pos, start int64 // bytes read; where the current chunk starts
@@ -168,9 +166,7 @@ func (fc *fileCut) feed(ctx context.Context, data []byte) error {
 		if fc.cdc {
 			k, end = fc.cut.Next(data[:lim])
 		}
-		if err := fc.hash(data[:k]); err != nil {
-			return err
-		}
+		fc.hash(data[:k])
 		if fc.b.buffer != nil {
 			fc.held = append(fc.held, data[:k]...)
 		}
@@ -188,24 +184,16 @@ func (fc *fileCut) feed(ctx context.Context, data []byte) error {
 // hash adds p, bytes of the current chunk, to the file's and the chunk's
 // hashes, and takes the head edge's digest where the chunk reaches
 // EdgeBytes.
-func (fc *fileCut) hash(p []byte) error {
-	if fc.fileHash != nil {
-		fc.fileHash.Write(p)
-	}
+func (fc *fileCut) hash(p []byte) {
 	in := fc.pos - fc.start
 	if in >= layout.EdgeBytes || in+int64(len(p)) < layout.EdgeBytes {
-		fc.chunkHash.Write(p)
-		return nil
+		fc.sums.Write(p)
+		return
 	}
 	h := int(layout.EdgeBytes - in)
-	fc.chunkHash.Write(p[:h])
-	hh, err := cloneHash(fc.chunkHash)
-	if err != nil {
-		return err
-	}
-	fc.head = digest.NewDigest(digest.SHA256, hh)
-	fc.chunkHash.Write(p[h:])
-	return nil
+	fc.sums.Write(p[:h])
+	fc.head = digest.NewDigestFromBytes(digest.SHA256, fc.sums.SumB(nil))
+	fc.sums.Write(p[h:])
 }
 
 // emit ends the current chunk (if it has bytes) and hands it on.
@@ -214,15 +202,8 @@ func (fc *fileCut) emit(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
-	if fc.fileHash == nil {
-		h, err := cloneHash(fc.chunkHash)
-		if err != nil {
-			return err
-		}
-		fc.fileHash = h
-	}
-	ch := layout.Chunk{Digest: digest.NewDigest(digest.SHA256, fc.chunkHash), Size: n}
-	fc.chunkHash.Reset()
+	ch := layout.Chunk{Digest: digest.NewDigestFromBytes(digest.SHA256, fc.sums.SumB(nil)), Size: n}
+	fc.sums.ResetB()
 	if n >= layout.EdgeMinChunk {
 		ch.Head = fc.head
 		tail, err := fc.tail(n)
@@ -262,13 +243,4 @@ func (fc *fileCut) tail(n int64) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", fc.path, err)
 	}
 	return tail, nil
-}
-
-// cloneHash returns a copy of h's state.
-func cloneHash(h hash.Hash) (hash.Hash, error) {
-	c, ok := h.(hash.Cloner)
-	if !ok {
-		return nil, fmt.Errorf("layout: %T cannot be cloned", h)
-	}
-	return c.Clone()
 }

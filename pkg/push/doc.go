@@ -19,7 +19,8 @@
 //	    else a trusted stat record lists its chunks: take them
 //	    else read it once: cut where its header puts tensors (safetensors,
 //	    GGUF), else content-defined (FastCDC); hash each chunk and the
-//	    file as the bytes pass; take each chunk's edge digests
+//	    file as the bytes pass (one pass: the two SHA-256 computations
+//	    interleaved, internal/sha2x); take each chunk's edge digests
 //	  small files: packed in path order, a pack ending where a file's
 //	    digest says (so a change moves only the pack around it); a pack
 //	    whose members' digests the stat cache or the version before knows
