@@ -29,8 +29,11 @@
 //
 //	upload, Jobs at a time: each distinct chunk once, unless the
 //	destination has it (or the version before, whose root is stored, holds
-//	it); its bytes read again from the source (a remote source's: held in
-//	memory, bounded) and checked against its digest
+//	it); a chunk of one local file goes as a run of that file, opened
+//	again and sent by the kernel (sendfile(2) over plain HTTP), not read
+//	through the process; a pack's bytes as read for it (held, bounded); a
+//	remote source's held in memory (bounded); the rest read again from
+//	the source; the destination checks each against its digest
 //	with a delta base (Options.DeltaBase): a chunk of a large file whose
 //	file at the same path in the base version has a whole chunk of the
 //	same size at the same offset holding the same tensors is XORed with
