@@ -1,15 +1,17 @@
-// Package sha2x computes two SHA-256 digests of one stream of bytes in one
-// pass: of the whole stream (A) and of the part of it since B was last
-// reset (a chunk of a file being cut). On x86-64 with the SHA extensions
-// the two are computed interleaved, two independent chains of rounds that
-// the processor overlaps, so both cost about what one costs; elsewhere
-// they are two crypto/sha256 hashes.
+// Package sha2x computes two SHA-256 digests at once. Pair hashes one
+// stream of bytes twice in one pass: the whole stream (A) and the part of
+// it since B was last reset (a chunk of a file being cut). Pairer hashes
+// the streams of goroutines that verify different chunks two at a time.
+// On x86-64 with the SHA extensions the two are computed interleaved, two
+// independent chains of rounds that the processor overlaps, so both cost
+// about what one costs; elsewhere they are two crypto/sha256 hashes.
 package sha2x
 
 import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
+	"sync"
 )
 
 // Size is the size of a SHA-256 digest in bytes.
@@ -42,15 +44,20 @@ func (p *Pair) Write(data []byte) {
 		p.hb.Write(data)
 		return
 	}
-	ra, rb := p.a.fill(data), p.b.fill(data)
+	write2(&p.a, &p.b, data, data)
+}
+
+// write2 adds pa to a and pb to b, the whole blocks both have interleaved.
+func write2(a, b *state, pa, pb []byte) {
+	ra, rb := a.fill(pa), b.fill(pb)
 	if n := min(len(ra), len(rb)) / blockSize; n > 0 {
-		block2(&p.a.h, &p.b.h, &ra[0], &rb[0], n)
+		block2(&a.h, &b.h, &ra[0], &rb[0], n)
 		ra, rb = ra[n*blockSize:], rb[n*blockSize:]
 	}
-	p.a.rest(ra)
-	p.b.rest(rb)
-	p.a.len += uint64(len(data))
-	p.b.len += uint64(len(data))
+	a.rest(ra)
+	b.rest(rb)
+	a.len += uint64(len(pa))
+	b.len += uint64(len(pb))
 }
 
 // SumA appends the digest of the whole stream to in; the state is kept.
@@ -148,4 +155,109 @@ func (s *state) sum(in []byte) []byte {
 func (s *state) write(data []byte) {
 	s.rest(s.fill(data))
 	s.len += uint64(len(data))
+}
+
+// Digest is one SHA-256 computation (a hash.Hash) that a Pairer can run
+// beside another goroutine's.
+type Digest struct {
+	fast bool
+	s    state     // fast
+	h    hash.Hash // otherwise
+}
+
+// NewDigest returns an empty Digest.
+func NewDigest() *Digest {
+	d := &Digest{fast: useBlock2}
+	if d.fast {
+		d.s.reset()
+	} else {
+		d.h = sha256.New()
+	}
+	return d
+}
+
+// Write adds p to the digest.
+func (d *Digest) Write(p []byte) (int, error) {
+	if !d.fast {
+		return d.h.Write(p)
+	}
+	d.s.write(p)
+	return len(p), nil
+}
+
+// Sum appends the digest to in; the state is kept.
+func (d *Digest) Sum(in []byte) []byte {
+	if !d.fast {
+		return d.h.Sum(in)
+	}
+	return d.s.sum(in)
+}
+
+// Reset empties the digest.
+func (d *Digest) Reset() {
+	if !d.fast {
+		d.h.Reset()
+		return
+	}
+	d.s.reset()
+}
+
+// Size is the digest's size in bytes.
+func (d *Digest) Size() int { return Size }
+
+// BlockSize is SHA-256's block size.
+func (d *Digest) BlockSize() int { return blockSize }
+
+// Pairer lets goroutines that hash independent streams hash two at a
+// time: each offers its next bytes, does other work (writes them out), and
+// collects; one that offers while another's offer waits hashes both,
+// interleaved. Without the SHA extensions an offer is hashed at once.
+type Pairer struct {
+	mu      sync.Mutex
+	waiting *Offer
+}
+
+// Offer is bytes offered to a Pairer, hashed by the time Collect returns.
+type Offer struct {
+	d    *Digest
+	p    []byte
+	done chan struct{} // closed once another goroutine hashed it
+}
+
+// Offer adds p to d, now together with a waiting offer, or later: p must
+// not change, nor d be used, until Collect(the offer returned) returns.
+func (pr *Pairer) Offer(d *Digest, p []byte) *Offer {
+	if !d.fast {
+		d.Write(p)
+		return nil
+	}
+	pr.mu.Lock()
+	if w := pr.waiting; w != nil {
+		pr.waiting = nil
+		pr.mu.Unlock()
+		write2(&w.d.s, &d.s, w.p, p)
+		close(w.done)
+		return nil
+	}
+	o := &Offer{d: d, p: p, done: make(chan struct{})}
+	pr.waiting = o
+	pr.mu.Unlock()
+	return o
+}
+
+// Collect returns once o (nil: nothing to wait for) is hashed: by now,
+// alone, if no other goroutine took it.
+func (pr *Pairer) Collect(o *Offer) {
+	if o == nil {
+		return
+	}
+	pr.mu.Lock()
+	if pr.waiting == o {
+		pr.waiting = nil
+		pr.mu.Unlock()
+		o.d.s.write(o.p)
+		return
+	}
+	pr.mu.Unlock()
+	<-o.done
 }

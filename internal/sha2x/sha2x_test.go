@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"math/rand/v2"
+	"sync"
 	"testing"
 )
 
@@ -91,5 +92,74 @@ func BenchmarkTwoSHA256(b *testing.B) {
 		p.Write(data[:1000])
 		p.ResetB()
 		p.Write(data[1000:])
+	}
+}
+
+// TestPairerMatchesSHA256 hashes streams on several goroutines through one
+// Pairer, each offering its pieces and collecting them, and checks every
+// digest against crypto/sha256.
+func TestPairerMatchesSHA256(t *testing.T) {
+	var pr Pairer
+	var wg sync.WaitGroup
+	paired := 0
+	var mu sync.Mutex
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			for range 20 {
+				data := make([]byte, rng.IntN(200000))
+				for i := range data {
+					data[i] = byte(rng.Uint32())
+				}
+				d := NewDigest()
+				buf := make([]byte, 70000)
+				for off := 0; off < len(data); {
+					n := copy(buf[:1+rng.IntN(len(buf)-1)], data[off:])
+					o := pr.Offer(d, buf[:n])
+					other := bytes.Clone(buf[:n]) // work between, as a write
+					_ = other
+					if o == nil {
+						mu.Lock()
+						paired++
+						mu.Unlock()
+					}
+					pr.Collect(o)
+					off += n
+				}
+				if want := sha256.Sum256(data); !bytes.Equal(d.Sum(nil), want[:]) {
+					t.Errorf("goroutine %d: digest of %d bytes differs", g, len(data))
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d offers hashed at once", paired)
+}
+
+// TestPairerPairs: an offer waiting when another goroutine offers is
+// hashed by that goroutine, with its own bytes, both digests right.
+func TestPairerPairs(t *testing.T) {
+	if !useBlock2 {
+		t.Skip("no SHA extensions: offers are hashed at once")
+	}
+	var pr Pairer
+	a, b := bytes.Repeat([]byte("a"), 100000), bytes.Repeat([]byte("bc"), 70001)
+	da, db := NewDigest(), NewDigest()
+	o := pr.Offer(da, a)
+	if o == nil {
+		t.Fatal("the first offer was not left waiting")
+	}
+	done := make(chan *Offer)
+	go func() { done <- pr.Offer(db, b) }()
+	if ob := <-done; ob != nil {
+		t.Fatal("the second offer did not take the waiting one")
+	}
+	pr.Collect(o)
+	wa, wb := sha256.Sum256(a), sha256.Sum256(b)
+	if !bytes.Equal(da.Sum(nil), wa[:]) || !bytes.Equal(db.Sum(nil), wb[:]) {
+		t.Fatal("paired digests differ")
 	}
 }
