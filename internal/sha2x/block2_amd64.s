@@ -108,6 +108,22 @@ GLOBL bswap<>(SB), RODATA|NOPTR, $16
 	PSHUFD      $0x0e, X0, X0; \
 	SHA256RNDS2 X0, S1, S0
 
+// ROUNDS2 runs four rounds of each stream, A (X1, X2) with MA and B (X7,
+// X8) with MB, alternating their instructions.
+#define ROUNDS2(MA, MB, KOFF) \
+	MOVO        MA, X13; \
+	PADDD       KOFF(AX), X13; \
+	MOVO        MB, X14; \
+	PADDD       KOFF(AX), X14; \
+	MOVO        X13, X0; \
+	SHA256RNDS2 X0, X1, X2; \
+	MOVO        X14, X0; \
+	SHA256RNDS2 X0, X7, X8; \
+	PSHUFD      $0x0e, X13, X0; \
+	SHA256RNDS2 X0, X2, X1; \
+	PSHUFD      $0x0e, X14, X0; \
+	SHA256RNDS2 X0, X8, X7
+
 // SCHED replaces M4, the words four groups back, with the next group's
 // words, from the three groups after it (M3 oldest, M1 newest).
 #define SCHED(M4, M3, M2, M1) \
@@ -139,73 +155,57 @@ loop:
 
 	// Groups 0-3: the message words as they are.
 	LOADMSG(0, SI, X3)
-	ROUNDS(X3, 0, X1, X2)
 	LOADMSG(0, DI, X9)
-	ROUNDS(X9, 0, X7, X8)
+	ROUNDS2(X3, X9, 0)
 	LOADMSG(16, SI, X4)
-	ROUNDS(X4, 16, X1, X2)
 	LOADMSG(16, DI, X10)
-	ROUNDS(X10, 16, X7, X8)
+	ROUNDS2(X4, X10, 16)
 	LOADMSG(32, SI, X5)
-	ROUNDS(X5, 32, X1, X2)
 	LOADMSG(32, DI, X11)
-	ROUNDS(X11, 32, X7, X8)
+	ROUNDS2(X5, X11, 32)
 	LOADMSG(48, SI, X6)
-	ROUNDS(X6, 48, X1, X2)
 	LOADMSG(48, DI, X12)
-	ROUNDS(X12, 48, X7, X8)
+	ROUNDS2(X6, X12, 48)
 
 	// Groups 4-15: the schedule, in the register four groups back.
 	SCHED(X3, X4, X5, X6)
-	ROUNDS(X3, 64, X1, X2)
 	SCHED(X9, X10, X11, X12)
-	ROUNDS(X9, 64, X7, X8)
+	ROUNDS2(X3, X9, 64)
 	SCHED(X4, X5, X6, X3)
-	ROUNDS(X4, 80, X1, X2)
 	SCHED(X10, X11, X12, X9)
-	ROUNDS(X10, 80, X7, X8)
+	ROUNDS2(X4, X10, 80)
 	SCHED(X5, X6, X3, X4)
-	ROUNDS(X5, 96, X1, X2)
 	SCHED(X11, X12, X9, X10)
-	ROUNDS(X11, 96, X7, X8)
+	ROUNDS2(X5, X11, 96)
 	SCHED(X6, X3, X4, X5)
-	ROUNDS(X6, 112, X1, X2)
 	SCHED(X12, X9, X10, X11)
-	ROUNDS(X12, 112, X7, X8)
+	ROUNDS2(X6, X12, 112)
 
 	SCHED(X3, X4, X5, X6)
-	ROUNDS(X3, 128, X1, X2)
 	SCHED(X9, X10, X11, X12)
-	ROUNDS(X9, 128, X7, X8)
+	ROUNDS2(X3, X9, 128)
 	SCHED(X4, X5, X6, X3)
-	ROUNDS(X4, 144, X1, X2)
 	SCHED(X10, X11, X12, X9)
-	ROUNDS(X10, 144, X7, X8)
+	ROUNDS2(X4, X10, 144)
 	SCHED(X5, X6, X3, X4)
-	ROUNDS(X5, 160, X1, X2)
 	SCHED(X11, X12, X9, X10)
-	ROUNDS(X11, 160, X7, X8)
+	ROUNDS2(X5, X11, 160)
 	SCHED(X6, X3, X4, X5)
-	ROUNDS(X6, 176, X1, X2)
 	SCHED(X12, X9, X10, X11)
-	ROUNDS(X12, 176, X7, X8)
+	ROUNDS2(X6, X12, 176)
 
 	SCHED(X3, X4, X5, X6)
-	ROUNDS(X3, 192, X1, X2)
 	SCHED(X9, X10, X11, X12)
-	ROUNDS(X9, 192, X7, X8)
+	ROUNDS2(X3, X9, 192)
 	SCHED(X4, X5, X6, X3)
-	ROUNDS(X4, 208, X1, X2)
 	SCHED(X10, X11, X12, X9)
-	ROUNDS(X10, 208, X7, X8)
+	ROUNDS2(X4, X10, 208)
 	SCHED(X5, X6, X3, X4)
-	ROUNDS(X5, 224, X1, X2)
 	SCHED(X11, X12, X9, X10)
-	ROUNDS(X11, 224, X7, X8)
+	ROUNDS2(X5, X11, 224)
 	SCHED(X6, X3, X4, X5)
-	ROUNDS(X6, 240, X1, X2)
 	SCHED(X12, X9, X10, X11)
-	ROUNDS(X12, 240, X7, X8)
+	ROUNDS2(X6, X12, 240)
 
 	MOVOU 0(SP), X13
 	PADDD X13, X1
