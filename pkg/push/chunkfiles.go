@@ -2,12 +2,16 @@ package push
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
+	"runtime/debug"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -93,6 +97,12 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 		// fixed offsets inside big tensors, with no rolling hash.
 		fc.cuts, fc.cdc = cuts, false
 	}
+	if mapped, err := b.feedMapped(ctx, fc, ra, e.Path, e.Size); mapped {
+		if err != nil {
+			return err
+		}
+		return b.cutDone(ctx, i, fc, e.Path, e.Size)
+	}
 	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
 	for {
 		if err := ctx.Err(); err != nil {
@@ -112,8 +122,13 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 			return fmt.Errorf("read %s: %w", e.Path, rerr)
 		}
 	}
-	if fc.pos != e.Size {
-		return fmt.Errorf("%s: %w (size %d, read %d)", e.Path, ErrFileChanged, e.Size, fc.pos)
+	return b.cutDone(ctx, i, fc, e.Path, e.Size)
+}
+
+// cutDone ends the cut of entry i once its size bytes were fed.
+func (b *builder) cutDone(ctx context.Context, i int, fc *fileCut, path string, size int64) error {
+	if fc.pos != size {
+		return fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, size, fc.pos)
 	}
 	if err := fc.emit(ctx); err != nil {
 		return err
@@ -243,4 +258,74 @@ func (fc *fileCut) tail(n int64) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", fc.path, err)
 	}
 	return tail, nil
+}
+
+// feedMapped feeds a local file's size bytes to fc from read-only
+// mappings of it, a window at a time, so they are hashed where the page
+// cache holds them, not copied into a buffer first (and the process maps
+// at most one window of each file). mapped is false, and nothing fed,
+// when ra cannot be mapped; a file cut short meanwhile (a fault on the
+// mapping) or grown is ErrFileChanged.
+func (b *builder) feedMapped(ctx context.Context, fc *fileCut, ra ReadAtCloser, path string, size int64) (mapped bool, err error) {
+	f, ok := ra.(*os.File)
+	if !ok || b.buffer != nil || size <= 0 {
+		return false, nil
+	}
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return false, nil
+	}
+	for off := int64(0); off < size; off += mapWindow {
+		if err := ctx.Err(); err != nil {
+			return off > 0, err
+		}
+		var m []byte
+		var merr error
+		if err := sc.Control(func(fd uintptr) {
+			m, merr = unix.Mmap(int(fd), off, int(min(mapWindow, size-off)), unix.PROT_READ, unix.MAP_SHARED)
+		}); err != nil || merr != nil {
+			if off == 0 {
+				return false, nil // not mappable: read it
+			}
+			return true, fmt.Errorf("map %s: %w", path, errors.Join(err, merr))
+		}
+		err := b.feedWindow(ctx, fc, m, path)
+		unix.Munmap(m)
+		if err != nil {
+			return true, err
+		}
+	}
+	if fi, err := f.Stat(); err != nil {
+		return true, err
+	} else if fi.Size() != size {
+		return true, fmt.Errorf("%s: %w (size %d, now %d)", path, ErrFileChanged, size, fi.Size())
+	}
+	return true, nil
+}
+
+// mapWindow is how much of a file feedMapped maps at once.
+const mapWindow = 16 << 20
+
+// feedWindow feeds the mapped bytes m to fc, a fault on them (the file cut
+// short) returned as ErrFileChanged.
+func (b *builder) feedWindow(ctx context.Context, fc *fileCut, m []byte, path string) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("%s: %w (it was cut short while read)", path, ErrFileChanged)
+		}
+	}()
+	_ = unix.Madvise(m, unix.MADV_SEQUENTIAL)
+	const step = 1 << 20
+	for off := 0; off < len(m); off += step {
+		p := m[off:min(off+step, len(m))]
+		if err := fc.feed(ctx, p); err != nil {
+			return err
+		}
+		b.opt.Counters.Processed.Add(int64(len(p)))
+	}
+	return nil
 }

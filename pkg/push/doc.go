@@ -17,8 +17,10 @@
 //	    the version before (Options.Previous) holds a file of the digest
 //	    the source states, alone in whole chunks: take its chunk list
 //	    else a trusted stat record lists its chunks: take them
-//	    else read it once: cut where its header puts tensors (safetensors,
-//	    GGUF), else content-defined (FastCDC); hash each chunk and the
+//	    else read it once (a local file through read-only mappings, 16 MiB
+//	    at a time: hashed in the page cache, not copied): cut where its
+//	    header puts tensors (safetensors, GGUF), else content-defined
+//	    (FastCDC); hash each chunk and the
 //	    file as the bytes pass (one pass: the two SHA-256 computations
 //	    interleaved, internal/sha2x); take each chunk's edge digests
 //	  small files: packed in path order, a pack ending where a file's

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -97,5 +98,39 @@ func TestLocalChunkFileShrunk(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(path); !bytes.Equal(data, big[:1000]) {
 		t.Fatal("the source was changed by more than the test")
+	}
+}
+
+// shrinkingSource is a directory whose files are cut to 1000 bytes as they
+// are opened, after the walk saw them whole.
+type shrinkingSource struct {
+	Source
+	root string
+}
+
+func (s shrinkingSource) Open(ctx context.Context, p string) (ReadAtCloser, error) {
+	f, err := s.Source.Open(ctx, p)
+	if err == nil {
+		if err := os.Truncate(filepath.Join(s.root, p), 1000); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return f, err
+}
+
+// A large file cut short after the walk, while it is read through its
+// mapping (a fault past the new end), fails the push with ErrFileChanged,
+// not a crash.
+func TestLocalFileShrunkWhileMapped(t *testing.T) {
+	src := t.TempDir()
+	testutil.WriteTree(t, src, map[string][]byte{"big.bin": testutil.RandBytes(5, 40<<20)})
+	p := layout.Params{Min: 256 << 10, Avg: 512 << 10, Max: 1 << 20}
+	_, err := Push(context.Background(), memory.New(), shrinkingSource{DirSource(src), src}, Options{Params: p})
+	if !errors.Is(err, ErrFileChanged) {
+		t.Fatalf("push of a file cut short while read: %v, want ErrFileChanged", err)
+	}
+	if !strings.Contains(err.Error(), "cut short while read") {
+		t.Errorf("error %q: want the fault on the mapping named", err)
 	}
 }
