@@ -8,10 +8,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -83,13 +85,18 @@ type sourceReaderAt struct {
 func (s *sourceReaderAt) ReadAt(p []byte, off int64) (int, error) {
 	n, err := s.r.ReadAt(p, off)
 	if err != nil && !(err == io.EOF && n == len(p)) {
-		s.mu.Lock()
-		if s.err == nil {
-			s.err = err
-		}
-		s.mu.Unlock()
+		s.fail(err)
 	}
 	return n, err
+}
+
+// fail records err as the source's failure, unless one is recorded.
+func (s *sourceReaderAt) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
 }
 
 func (s *sourceReaderAt) failure() error {
@@ -288,18 +295,93 @@ func (r *repository) location(resp *http.Response, reqURL string) (string, error
 }
 
 // bodyRequest builds a request whose body is bytes [off, off+n) of ra and
-// can be replayed, so retries and token refreshes resend it.
+// can be replayed, so retries and token refreshes resend it. When the
+// blob's content is a FileOpener that opens those bytes as a file, the body
+// is that file: over plain HTTP the connection sends its pages with
+// sendfile(2), the bytes never copied through the process.
 func bodyRequest(ctx context.Context, method, u string, ra io.ReaderAt, off, n int64) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, method, u, io.NewSectionReader(ra, off, n))
+	open := func() (io.ReadCloser, error) {
+		return io.NopCloser(io.NewSectionReader(ra, off, n)), nil
+	}
+	if s, ok := ra.(*sourceReaderAt); ok {
+		if fo, ok := s.r.(FileOpener); ok {
+			open = func() (io.ReadCloser, error) {
+				f, err := fo.OpenRange(off, n)
+				if err != nil {
+					s.fail(err)
+					return nil, err
+				}
+				if f == nil {
+					return io.NopCloser(io.NewSectionReader(ra, off, n)), nil
+				}
+				pos, err := f.Seek(0, io.SeekCurrent)
+				if err != nil {
+					f.Close()
+					s.fail(err)
+					return nil, err
+				}
+				return &fileBody{f: f, pos: pos, end: pos + n}, nil
+			}
+		}
+	}
+	body, err := open()
 	if err != nil {
 		return nil, err
 	}
-	req.ContentLength = n
-	req.GetBody = func() (io.ReadCloser, error) {
-		return io.NopCloser(io.NewSectionReader(ra, off, n)), nil
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		body.Close()
+		return nil, err
 	}
+	req.ContentLength = n
+	req.GetBody = open
 	return req, nil
 }
+
+// FileOpener is implemented by blob content (an io.ReaderAt) whose bytes
+// are a run of a file: an upload opens the file rather than reading the
+// bytes with ReadAt, and over plain HTTP the kernel sends them.
+type FileOpener interface {
+	// OpenRange opens the file holding bytes [off, off+n) of the content,
+	// its offset set to the first of them, for the caller to read and
+	// close; nil and no error when no one file holds them (they are read
+	// with ReadAt then). An error fails the upload as the source's.
+	OpenRange(off, n int64) (*os.File, error)
+}
+
+// fileBody is a request body read from a file: the connection's ReadFrom
+// finds the file by SyscallConn and sends it with sendfile(2) (the
+// request's Content-Length bounds it); TLS connections Read it.
+type fileBody struct {
+	f        *os.File
+	pos, end int64 // the file's offset and the body's end in the file
+	moved    bool  // sendfile may have moved the offset: pos is stale
+}
+
+func (b *fileBody) Read(p []byte) (int, error) {
+	if b.moved {
+		pos, err := b.f.Seek(0, io.SeekCurrent)
+		if err != nil {
+			return 0, err
+		}
+		b.pos, b.moved = pos, false
+	}
+	if b.pos >= b.end {
+		return 0, io.EOF
+	}
+	n, err := b.f.Read(p[:min(int64(len(p)), b.end-b.pos)])
+	b.pos += int64(n)
+	return n, err
+}
+
+// SyscallConn gives the file's descriptor to sendfile(2).
+func (b *fileBody) SyscallConn() (syscall.RawConn, error) {
+	b.moved = true
+	return b.f.SyscallConn()
+}
+
+// Close closes the file.
+func (b *fileBody) Close() error { return b.f.Close() }
 
 func answerError(op string, resp *http.Response) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))

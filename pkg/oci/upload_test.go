@@ -8,6 +8,8 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,5 +250,86 @@ func TestUploadSourceFailureIsNotRetried(t *testing.T) {
 	}
 	if n := l.sessions.Load(); n != 1 {
 		t.Errorf("%d sessions for a failing source, want 1", n)
+	}
+}
+
+// fileContent is blob content in a file that offers it as such
+// (FileOpener), counting the bytes read through ReadAt.
+type fileContent struct {
+	path    string
+	data    []byte
+	readAt  atomic.Int64
+	opens   atomic.Int64
+	openErr error
+}
+
+func (c *fileContent) ReadAt(p []byte, off int64) (int, error) {
+	n := copy(p, c.data[min(off, int64(len(c.data))):])
+	c.readAt.Add(int64(n))
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func (c *fileContent) Read([]byte) (int, error) { return 0, errors.New("Read: want ReadAt") }
+
+func (c *fileContent) OpenRange(off, n int64) (*os.File, error) {
+	c.opens.Add(1)
+	if c.openErr != nil {
+		return nil, c.openErr
+	}
+	f, err := os.Open(c.path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// Content that opens as a file is uploaded from the file (whole, and in
+// parts at their offsets), never read through ReadAt.
+func TestUploadFromFile(t *testing.T) {
+	data := make([]byte, 3<<20+123)
+	for i := range data {
+		data[i] = byte(i * 7 / 5)
+	}
+	path := filepath.Join(t.TempDir(), "blob")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, part := range []int64{0, 1 << 20} {
+		c := &fileContent{path: path, data: data}
+		tg := openTest(t, quietRegistry(), Options{PartSize: part})
+		ctx := context.Background()
+		desc := content.NewDescriptorFromBytes("application/vnd.bdnvol.chunk.v1", data)
+		if err := tg.Push(ctx, desc, c); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := content.FetchAll(ctx, tg, desc); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("part size %d: fetched %d bytes (%v), want the %d pushed", part, len(got), err, len(data))
+		}
+		if n := c.readAt.Load(); n != 0 {
+			t.Errorf("part size %d: %d bytes read through ReadAt, want none (the file sent)", part, n)
+		}
+		if c.opens.Load() == 0 {
+			t.Errorf("part size %d: the file was never opened", part)
+		}
+	}
+
+	// A file that cannot be opened fails the upload as the source's
+	// failure, in one session.
+	c := &fileContent{path: path, data: data, openErr: errSourceGone}
+	l := &lostSession{next: quietRegistry()}
+	tg := openTest(t, l, Options{Retry: RetryPolicy{Base: 1}})
+	desc := content.NewDescriptorFromBytes("application/vnd.bdnvol.chunk.v1", data)
+	if err := tg.Push(context.Background(), desc, c); !errors.Is(err, errSourceGone) {
+		t.Fatalf("push from a file that cannot be opened: %v; want its error", err)
+	}
+	if n := l.sessions.Load(); n != 1 {
+		t.Errorf("%d sessions, want 1", n)
 	}
 }

@@ -40,7 +40,10 @@
 //	  fetch each other chunk, retried a bounded number of times:
 //	    packed (several files, small): whole into memory (bounded), checked,
 //	      each file wholly inside it written and renamed at once
-//	    else: streamed to its targets, its digest checked at the end
+//	    else: streamed to its targets, its digest checked at the end (its
+//	      halves hashed beside another streamed chunk's, the two SHA-256
+//	      computations interleaved, when one is offered meanwhile:
+//	      internal/sha2x)
 //	    a delta chunk: its delta blob and its base (read in the directory
 //	      if it is there, else fetched; both at once) decoded and checked
 //	      against the chunk's digest before a byte is written, the one

@@ -2,7 +2,6 @@ package pull
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"hash"
@@ -18,6 +17,7 @@ import (
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/internal/progress"
+	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/statcache"
@@ -82,8 +82,9 @@ type puller struct {
 	g    *errgroup.Group // the fetches
 	gctx context.Context
 
-	bufs     sync.Pool // 1 MiB buffers for streamed chunks
-	packBufs sync.Pool // buffers for chunks fetched whole
+	bufs     sync.Pool    // 1 MiB buffers for streamed chunks
+	pairs    sha2x.Pairer // streamed chunks are hashed two at a time
+	packBufs sync.Pool    // buffers for chunks fetched whole
 	packSem  *semaphore.Weighted
 
 	copiedChunks, copiedBytes, fetchedChunks, fetchedBytes, vouchedChunks, localMisses atomic.Int64
@@ -325,7 +326,7 @@ func (p *puller) copyLocal(ctx context.Context, k int, loc localChunk, desc ocis
 	defer p.bufs.Put(buf)
 	err := loc.copyVouched(ctx, desc, ts, p.files, p.opt.Counters, &p.credited[k])
 	if errors.Is(err, errNotVouched) {
-		err = streamChunk(ctx, loc, desc, ts, p.files, *buf, p.opt.Counters, &p.credited[k])
+		err = streamChunk(ctx, loc, desc, ts, p.files, *buf, p.opt.Counters, &p.credited[k], &p.pairs)
 	} else if err == nil {
 		p.vouchedChunks.Add(1)
 	}
@@ -373,7 +374,7 @@ func (p *puller) fetchChunk(k int) error {
 		// Bytes written by a failed attempt sit in temporary files only;
 		// the next attempt writes all of them again.
 		err := p.retry(func() error {
-			return streamChunk(p.gctx, p.src, desc, ts, p.files, *buf, p.opt.Counters, &p.credited[k])
+			return streamChunk(p.gctx, p.src, desc, ts, p.files, *buf, p.opt.Counters, &p.credited[k], &p.pairs)
 		})
 		if err != nil {
 			return p.chunkError(desc, ts, err)
@@ -613,7 +614,7 @@ func (o *openFiles) close() error {
 // renamed into place unless this returns nil, so unverified bytes are never
 // visible under a final name. File bytes written count as processed once:
 // credited is how far into the chunk earlier attempts counted.
-func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files *pullSet, buf []byte, c *progress.Counters, credited *int64) error {
+func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files *pullSet, buf []byte, c *progress.Counters, credited *int64, pairs *sha2x.Pairer) error {
 	rc, err := src.Fetch(ctx, desc)
 	if err != nil {
 		return err
@@ -628,8 +629,15 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 	if !vouched {
 		h = newChunkHash()
 	}
+	// Each half of buf in turn: a half is hashed beside another
+	// goroutine's chunk while it is written and the other half read, when
+	// one is offered meanwhile (else alone, before the next is offered).
+	d, _ := h.(*sha2x.Digest)
+	var offer *sha2x.Offer
+	defer func() { pairs.Collect(offer) }() // nothing hashes buf after a return
+	halves := [2][]byte{buf[:len(buf)/2], buf[len(buf)/2:]}
 	var off int64
-	for off < desc.Size {
+	for k := 0; off < desc.Size; k ^= 1 {
 		var (
 			block []byte
 			rerr  error
@@ -639,32 +647,22 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 			// through buf.
 			block = checked.Bytes()[off:min(off+int64(len(buf)), desc.Size)]
 		} else {
+			half := halves[k]
 			var n int
-			n, rerr = io.ReadFull(rc, buf[:min(int64(len(buf)), desc.Size-off)])
-			block = buf[:n]
+			n, rerr = io.ReadFull(rc, half[:min(int64(len(half)), desc.Size-off)])
+			block = half[:n]
 		}
 		if n := len(block); n > 0 {
-			h.Write(block)
-			var written int64
-			for _, t := range ts {
-				lo, hi := max(off, t.chunkOff), min(off+int64(n), t.chunkOff+t.n)
-				if lo >= hi {
-					continue
-				}
-				f, err := open.get(t.file)
-				if err != nil {
-					return writeError{err}
-				}
-				mu := files.at(t.file).writing()
-				mu.Lock()
-				_, err = f.WriteAt(block[lo-off:hi-off], t.fileOff+lo-t.chunkOff)
-				mu.Unlock()
-				if err != nil {
-					return writeError{err}
-				}
-				if hi > *credited {
-					written += hi - max(lo, *credited)
-				}
+			pairs.Collect(offer)
+			offer = nil
+			if d != nil {
+				offer = pairs.Offer(d, block)
+			} else {
+				h.Write(block)
+			}
+			written, err := writeBlock(block, off, ts, files, open, *credited)
+			if err != nil {
+				return err
 			}
 			off += int64(n)
 			*credited = max(*credited, off)
@@ -678,6 +676,8 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 			break
 		}
 	}
+	pairs.Collect(offer)
+	offer = nil
 	if !vouched {
 		if err := verify.End("chunk", desc, rc, digest.NewDigest(digest.SHA256, h), off); err != nil {
 			return err
@@ -689,9 +689,38 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 	return nil
 }
 
+// writeBlock writes block, bytes [off, off+len(block)) of a chunk, to the
+// chunk's targets ts, and returns how many of them are beyond credited
+// (not counted as processed before).
+func writeBlock(block []byte, off int64, ts []target, files *pullSet, open *openFiles, credited int64) (int64, error) {
+	var written int64
+	for _, t := range ts {
+		lo, hi := max(off, t.chunkOff), min(off+int64(len(block)), t.chunkOff+t.n)
+		if lo >= hi {
+			continue
+		}
+		f, err := open.get(t.file)
+		if err != nil {
+			return written, writeError{err}
+		}
+		mu := files.at(t.file).writing()
+		mu.Lock()
+		_, err = f.WriteAt(block[lo-off:hi-off], t.fileOff+lo-t.chunkOff)
+		mu.Unlock()
+		if err != nil {
+			return written, writeError{err}
+		}
+		if hi > credited {
+			written += hi - max(lo, credited)
+		}
+	}
+	return written, nil
+}
+
 // newChunkHash returns the hash a fetched chunk is verified with as it is
-// written; tests count what it hashes.
-var newChunkHash = sha256.New
+// written (a sha2x.Digest: streamed chunks are hashed two at a time);
+// tests count what it hashes.
+var newChunkHash = func() hash.Hash { return sha2x.NewDigest() }
 
 // discard is the hash of bytes that need none: it hashes nothing.
 type discard struct{}

@@ -2,15 +2,18 @@ package push
 
 import (
 	"context"
-	"crypto/sha256"
+	"errors"
 	"fmt"
-	"hash"
 	"io"
+	"os"
 	"runtime"
+	"runtime/debug"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
+	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -88,11 +91,17 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 	}
 	defer ra.Close()
 	fc := &fileCut{b: b, path: e.Path, ra: ra, submit: submit, cdc: true,
-		chunkHash: sha256.New(), cut: layout.NewCutter(b.opt.Params)}
+		sums: sha2x.New(), cut: layout.NewCutter(b.opt.Params)}
 	if cuts, ok := layout.FormatCuts(ra, e.Path, e.Size, b.opt.Params); ok {
 		// The header says where every tensor is: cut there, and at
 		// fixed offsets inside big tensors, with no rolling hash.
 		fc.cuts, fc.cdc = cuts, false
+	}
+	if mapped, err := b.feedMapped(ctx, fc, ra, e.Path, e.Size); mapped {
+		if err != nil {
+			return err
+		}
+		return b.cutDone(ctx, i, fc, e.Path, e.Size)
 	}
 	f := io.NewSectionReader(ra, 0, e.Size+1) // one byte more shows growth
 	for {
@@ -113,14 +122,19 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 			return fmt.Errorf("read %s: %w", e.Path, rerr)
 		}
 	}
-	if fc.pos != e.Size {
-		return fmt.Errorf("%s: %w (size %d, read %d)", e.Path, ErrFileChanged, e.Size, fc.pos)
+	return b.cutDone(ctx, i, fc, e.Path, e.Size)
+}
+
+// cutDone ends the cut of entry i once its size bytes were fed.
+func (b *builder) cutDone(ctx context.Context, i int, fc *fileCut, path string, size int64) error {
+	if fc.pos != size {
+		return fmt.Errorf("%s: %w (size %d, read %d)", path, ErrFileChanged, size, fc.pos)
 	}
 	if err := fc.emit(ctx); err != nil {
 		return err
 	}
 	res := fc.res
-	fc.fileHash.Sum(res.sum[:0])
+	fc.sums.SumA(res.sum[:0])
 	b.results[i] = res
 	if b.read != nil {
 		b.read[i] = true // its stat record: b.freshRecords
@@ -130,10 +144,10 @@ func (b *builder) chunkFile(ctx context.Context, i int, buf []byte, submit func(
 
 // fileCut is one large file being cut into chunks as its bytes are read.
 //
-// Each byte is hashed twice, for its chunk and for the file; the file's
-// hash starts as a copy of its first chunk's state (the same bytes from
-// the same start), and a chunk's head edge digest is the chunk's state
-// after EdgeBytes, so neither is hashed again.
+// Each byte is hashed twice, for its chunk and for the file, in one pass
+// (sha2x: the two SHA-256 computations interleaved), and a chunk's head
+// edge digest is the chunk's state after EdgeBytes, so it is not hashed
+// again.
 type fileCut struct {
 	b      *builder
 	path   string
@@ -142,8 +156,7 @@ type fileCut struct {
 	cuts   []int64 // forced cut offsets (tensor boundaries), ascending
 	cdc    bool    // cut by content where no forced cut is due
 
-	fileHash   hash.Hash // nil until the first chunk ends
-	chunkHash  hash.Hash
+	sums       *sha2x.Pair   // A: the file's SHA-256; B: the current chunk's
 	head       digest.Digest // of the current chunk, once it has EdgeBytes
 	cut        *layout.Cutter
 	pos, start int64 // bytes read; where the current chunk starts
@@ -168,9 +181,7 @@ func (fc *fileCut) feed(ctx context.Context, data []byte) error {
 		if fc.cdc {
 			k, end = fc.cut.Next(data[:lim])
 		}
-		if err := fc.hash(data[:k]); err != nil {
-			return err
-		}
+		fc.hash(data[:k])
 		if fc.b.buffer != nil {
 			fc.held = append(fc.held, data[:k]...)
 		}
@@ -188,24 +199,16 @@ func (fc *fileCut) feed(ctx context.Context, data []byte) error {
 // hash adds p, bytes of the current chunk, to the file's and the chunk's
 // hashes, and takes the head edge's digest where the chunk reaches
 // EdgeBytes.
-func (fc *fileCut) hash(p []byte) error {
-	if fc.fileHash != nil {
-		fc.fileHash.Write(p)
-	}
+func (fc *fileCut) hash(p []byte) {
 	in := fc.pos - fc.start
 	if in >= layout.EdgeBytes || in+int64(len(p)) < layout.EdgeBytes {
-		fc.chunkHash.Write(p)
-		return nil
+		fc.sums.Write(p)
+		return
 	}
 	h := int(layout.EdgeBytes - in)
-	fc.chunkHash.Write(p[:h])
-	hh, err := cloneHash(fc.chunkHash)
-	if err != nil {
-		return err
-	}
-	fc.head = digest.NewDigest(digest.SHA256, hh)
-	fc.chunkHash.Write(p[h:])
-	return nil
+	fc.sums.Write(p[:h])
+	fc.head = digest.NewDigestFromBytes(digest.SHA256, fc.sums.SumB(nil))
+	fc.sums.Write(p[h:])
 }
 
 // emit ends the current chunk (if it has bytes) and hands it on.
@@ -214,15 +217,8 @@ func (fc *fileCut) emit(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
-	if fc.fileHash == nil {
-		h, err := cloneHash(fc.chunkHash)
-		if err != nil {
-			return err
-		}
-		fc.fileHash = h
-	}
-	ch := layout.Chunk{Digest: digest.NewDigest(digest.SHA256, fc.chunkHash), Size: n}
-	fc.chunkHash.Reset()
+	ch := layout.Chunk{Digest: digest.NewDigestFromBytes(digest.SHA256, fc.sums.SumB(nil)), Size: n}
+	fc.sums.ResetB()
 	if n >= layout.EdgeMinChunk {
 		ch.Head = fc.head
 		tail, err := fc.tail(n)
@@ -264,11 +260,72 @@ func (fc *fileCut) tail(n int64) ([]byte, error) {
 	return tail, nil
 }
 
-// cloneHash returns a copy of h's state.
-func cloneHash(h hash.Hash) (hash.Hash, error) {
-	c, ok := h.(hash.Cloner)
-	if !ok {
-		return nil, fmt.Errorf("layout: %T cannot be cloned", h)
+// feedMapped feeds a local file's size bytes to fc from read-only
+// mappings of it, a window at a time, so they are hashed where the page
+// cache holds them, not copied into a buffer first (and the process maps
+// at most one window of each file). mapped is false, and nothing fed,
+// when ra cannot be mapped; a file cut short meanwhile (a fault on the
+// mapping) or grown is ErrFileChanged.
+func (b *builder) feedMapped(ctx context.Context, fc *fileCut, ra ReadAtCloser, path string, size int64) (mapped bool, err error) {
+	f, ok := ra.(*os.File)
+	if !ok || b.buffer != nil || size <= 0 {
+		return false, nil
 	}
-	return c.Clone()
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return false, nil
+	}
+	for off := int64(0); off < size; off += mapWindow {
+		if err := ctx.Err(); err != nil {
+			return off > 0, err
+		}
+		var m []byte
+		var merr error
+		if err := sc.Control(func(fd uintptr) {
+			m, merr = unix.Mmap(int(fd), off, int(min(mapWindow, size-off)), unix.PROT_READ, unix.MAP_SHARED)
+		}); err != nil || merr != nil {
+			if off == 0 {
+				return false, nil // not mappable: read it
+			}
+			return true, fmt.Errorf("map %s: %w", path, errors.Join(err, merr))
+		}
+		err := b.feedWindow(ctx, fc, m, path)
+		unix.Munmap(m)
+		if err != nil {
+			return true, err
+		}
+	}
+	if fi, err := f.Stat(); err != nil {
+		return true, err
+	} else if fi.Size() != size {
+		return true, fmt.Errorf("%s: %w (size %d, now %d)", path, ErrFileChanged, size, fi.Size())
+	}
+	return true, nil
+}
+
+// mapWindow is how much of a file feedMapped maps at once.
+const mapWindow = 16 << 20
+
+// feedWindow feeds the mapped bytes m to fc, a fault on them (the file cut
+// short) returned as ErrFileChanged.
+func (b *builder) feedWindow(ctx context.Context, fc *fileCut, m []byte, path string) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("%s: %w (it was cut short while read)", path, ErrFileChanged)
+		}
+	}()
+	_ = unix.Madvise(m, unix.MADV_SEQUENTIAL)
+	const step = 1 << 20
+	for off := 0; off < len(m); off += step {
+		p := m[off:min(off+step, len(m))]
+		if err := fc.feed(ctx, p); err != nil {
+			return err
+		}
+		b.opt.Counters.Processed.Add(int64(len(p)))
+	}
+	return nil
 }

@@ -17,9 +17,12 @@
 //	    the version before (Options.Previous) holds a file of the digest
 //	    the source states, alone in whole chunks: take its chunk list
 //	    else a trusted stat record lists its chunks: take them
-//	    else read it once: cut where its header puts tensors (safetensors,
-//	    GGUF), else content-defined (FastCDC); hash each chunk and the
-//	    file as the bytes pass; take each chunk's edge digests
+//	    else read it once (a local file through read-only mappings, 16 MiB
+//	    at a time: hashed in the page cache, not copied): cut where its
+//	    header puts tensors (safetensors, GGUF), else content-defined
+//	    (FastCDC); hash each chunk and the
+//	    file as the bytes pass (one pass: the two SHA-256 computations
+//	    interleaved, internal/sha2x); take each chunk's edge digests
 //	  small files: packed in path order, a pack ending where a file's
 //	    digest says (so a change moves only the pack around it); a pack
 //	    whose members' digests the stat cache or the version before knows
@@ -28,8 +31,11 @@
 //
 //	upload, Jobs at a time: each distinct chunk once, unless the
 //	destination has it (or the version before, whose root is stored, holds
-//	it); its bytes read again from the source (a remote source's: held in
-//	memory, bounded) and checked against its digest
+//	it); a chunk of one local file goes as a run of that file, opened
+//	again and sent by the kernel (sendfile(2) over plain HTTP), not read
+//	through the process; a pack's bytes as read for it (held, bounded); a
+//	remote source's held in memory (bounded); the rest read again from
+//	the source; the destination checks each against its digest
 //	with a delta base (Options.DeltaBase): a chunk of a large file whose
 //	file at the same path in the base version has a whole chunk of the
 //	same size at the same offset holding the same tensors is XORed with

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -100,14 +101,15 @@ func (u *uploader) store(ctx context.Context, j chunkJob) error {
 	var ra io.ReaderAt
 	sa := &sectionsAt{src: u.src, secs: j.src}
 	defer sa.Close()
+	body := &uploadBody{sent: &u.counters.Sent}
 	if j.data != nil {
 		ra = bytes.NewReader(j.data)
 	} else {
-		ra = sa
+		ra, body.sa = sa, sa
 	}
 	// An io.ReaderAt body lets the transport retry, resume and start the
 	// upload over; the layout does not retry on top of it.
-	body := io.NewSectionReader(countingReaderAt{ra, &u.counters.Sent}, 0, j.Size)
+	body.SectionReader = io.NewSectionReader(countingReaderAt{ra, &u.counters.Sent}, 0, j.Size)
 	err = u.dst.Push(ctx, desc, body)
 	if err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
 		if serr := sa.failure(); serr != nil {
@@ -196,6 +198,73 @@ func (s *sectionsAt) Close() error {
 		return s.f.Close()
 	}
 	return nil
+}
+
+// uploadBody is a chunk's bytes as the destination reads them: at any
+// offset (counted for progress) and, when they are one run of a local
+// file, opened as that file (oci.FileOpener), so that an upload sends the
+// file's pages and the bytes the chunking pass read are not read through
+// the process again.
+type uploadBody struct {
+	*io.SectionReader
+	sa   *sectionsAt // nil when the bytes are in memory
+	sent *atomic.Int64
+}
+
+// OpenRange opens the file holding bytes [off, off+n) of the chunk at the
+// first of them, or returns nil when the chunk is not one run of a local
+// file.
+func (b *uploadBody) OpenRange(off, n int64) (*os.File, error) {
+	if b.sa == nil {
+		return nil, nil
+	}
+	f, err := b.sa.openRange(off, n)
+	if f != nil {
+		b.sent.Add(n)
+	}
+	return f, err
+}
+
+// openRange opens the file of a run of one section at [off, off+n) of
+// it, after checking the file still holds those bytes; nil when the run
+// has more sections or the source's files are not *os.File.
+func (s *sectionsAt) openRange(off, n int64) (*os.File, error) {
+	if len(s.secs) != 1 || off < 0 || n < 0 || off+n > s.secs[0].n {
+		return nil, nil
+	}
+	sec := s.secs[0]
+	rc, err := s.src.Open(context.Background(), sec.path)
+	if err != nil {
+		s.fail(err)
+		return nil, err
+	}
+	f, ok := rc.(*os.File)
+	if !ok {
+		rc.Close()
+		return nil, nil
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() < sec.off+off+n {
+		err = fmt.Errorf("%s: %w", sec.path, ErrFileChanged)
+	}
+	if err == nil {
+		_, err = f.Seek(sec.off+off, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		s.fail(err)
+		return nil, err
+	}
+	return f, nil
+}
+
+// fail records err as the run's failure, unless one is recorded.
+func (s *sectionsAt) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = err
+	}
 }
 
 // countingReaderAt counts the bytes read, for progress.
