@@ -51,6 +51,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzExtract -fuzztime=3000x -fuzzminimizetime=50x ./pkg/ociarchive
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLayout -fuzztime=1200x -fuzzminimizetime=50x ./pkg/layout
 	$(GO) test -run='^$$' -fuzz='^FuzzPullLayout$$' -fuzztime=1200x -fuzzminimizetime=50x ./pkg/pull
+	$(GO) test -run='^$$' -fuzz=FuzzSHA2x -fuzztime=20000x -fuzzminimizetime=50x ./internal/sha2x
 
 # The cosign CLI the signature e2e tests run against, installed once into a
 # cache directory that later runs reuse (keep COSIGN_VERSION in step with

@@ -163,3 +163,37 @@ func TestPairerPairs(t *testing.T) {
 		t.Fatal("paired digests differ")
 	}
 }
+
+// FuzzSHA2x checks the interleaved rounds against crypto/sha256 on the
+// fuzzer's bytes: a Pair over a with B reset at cut, and two Digests of
+// different streams (a and b, from different offsets of their blocks)
+// hashed together by a Pairer.
+func FuzzSHA2x(f *testing.F) {
+	f.Add([]byte("abc"), []byte(""), uint16(1), uint16(0))
+	f.Add(bytes.Repeat([]byte{7}, 300), bytes.Repeat([]byte{9}, 1000), uint16(64), uint16(5))
+	f.Fuzz(func(t *testing.T, a, b []byte, cut, skew uint16) {
+		c := int(cut) % (len(a) + 1)
+		p := New()
+		p.Write(a[:c])
+		p.ResetB()
+		p.Write(a[c:])
+		wa, wb := sha256.Sum256(a), sha256.Sum256(a[c:])
+		if !bytes.Equal(p.SumA(nil), wa[:]) || !bytes.Equal(p.SumB(nil), wb[:]) {
+			t.Fatalf("Pair of %d bytes cut at %d: digests differ", len(a), c)
+		}
+		// b starts skew bytes in, so the two streams' blocks do not line up.
+		s := int(skew) % (len(b) + 1)
+		var pr Pairer
+		da, db := NewDigest(), NewDigest()
+		db.Write(b[:s])
+		o := pr.Offer(da, a)
+		if o2 := pr.Offer(db, b[s:]); o2 != nil {
+			pr.Collect(o2)
+		}
+		pr.Collect(o)
+		wb = sha256.Sum256(b)
+		if !bytes.Equal(da.Sum(nil), wa[:]) || !bytes.Equal(db.Sum(nil), wb[:]) {
+			t.Fatalf("paired digests of %d and %d bytes (skew %d) differ", len(a), len(b), s)
+		}
+	})
+}
