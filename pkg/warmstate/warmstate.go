@@ -217,10 +217,19 @@ func pushBytes(ctx context.Context, t oci.Target, d ocispec.Descriptor, b []byte
 	if ok, err := t.Exists(ctx, d); err == nil && ok {
 		return nil
 	}
-	if err := t.Push(ctx, d, strings.NewReader(string(b))); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) {
+	if err := t.Push(ctx, d, strings.NewReader(string(b))); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) && !danglingIndexGone(err) {
 		return fmt.Errorf("push %s %s: %w", d.MediaType, d.Digest, err)
 	}
 	return nil
+}
+
+// danglingIndexGone reports whether err is only the referrers tag
+// schema's clean-up failing because another publisher removed the old
+// referrers index first: the manifest and the new index are stored and
+// tagged by then (two ranks publishing companions of one version at once).
+func danglingIndexGone(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "failed to delete dangling referrers index") && strings.HasSuffix(msg, "not found")
 }
 
 // Attach stores the companion index of tree (already stored in t) for the
