@@ -3,7 +3,6 @@ package chunkcache
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"hash"
 	"io"
@@ -13,27 +12,17 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
-
-// countingHash counts the bytes a hash is given.
-type countingHash struct {
-	hash.Hash
-	n *atomic.Int64
-}
-
-func (h countingHash) Write(p []byte) (int, error) {
-	h.n.Add(int64(len(p)))
-	return h.Hash.Write(p)
-}
 
 // countHashing makes the cache's fetch hash count into the returned
 // counter for the rest of the test.
 func countHashing(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
 	old := newHash
-	newHash = func() hash.Hash { return countingHash{sha256.New(), &n} }
+	newHash = func() hash.Hash { return testutil.NewCountingHash(&n) }
 	t.Cleanup(func() { newHash = old })
 	return &n
 }

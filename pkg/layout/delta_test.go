@@ -3,7 +3,6 @@ package layout
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -26,6 +25,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/internal/verify"
 )
 
@@ -453,7 +453,7 @@ func TestDeltaDecodeHashesOnce(t *testing.T) {
 	t.Cleanup(func() { verifyBytes = old })
 	var chunkHashed atomic.Int64
 	oldHash := newChunkHash
-	newChunkHash = func() hash.Hash { return countingHash{sha256.New(), &chunkHashed} }
+	newChunkHash = func() hash.Hash { return testutil.NewCountingHash(&chunkHashed) }
 	t.Cleanup(func() { newChunkHash = oldHash })
 	store, root, chunks, base := deltaVersion(t, func(plain, base []byte) []byte { return mustDelta(t, plain, base, Planes16) })
 	v, err := Open(ctx, store, root)
@@ -573,17 +573,6 @@ func TestDeltaDecodeInPlace(t *testing.T) {
 	if n := m1.TotalAlloc - m0.TotalAlloc; n > 5*size/2 {
 		t.Errorf("a cold decode of a %d-byte chunk allocated %d bytes, want at most %d (base and planes)", size, n, 5*size/2)
 	}
-}
-
-// countingHash counts the bytes a hash is given.
-type countingHash struct {
-	hash.Hash
-	n *atomic.Int64
-}
-
-func (h countingHash) Write(p []byte) (int, error) {
-	h.n.Add(int64(len(p)))
-	return h.Hash.Write(p)
 }
 
 // TestXorPlanesRange: XORing the planes in pieces, as a reader does to

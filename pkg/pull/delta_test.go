@@ -3,7 +3,6 @@ package pull
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"hash"
 	"math/rand/v2"
@@ -16,27 +15,17 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
-
-// countingHash counts the bytes a hash is given.
-type countingHash struct {
-	hash.Hash
-	n *atomic.Int64
-}
-
-func (h countingHash) Write(p []byte) (int, error) {
-	h.n.Add(int64(len(p)))
-	return h.Hash.Write(p)
-}
 
 // countChunkHashing makes the pull's chunk hash count into the returned
 // counter for the rest of the test.
 func countChunkHashing(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
 	old := newChunkHash
-	newChunkHash = func() hash.Hash { return countingHash{sha256.New(), &n} }
+	newChunkHash = func() hash.Hash { return testutil.NewCountingHash(&n) }
 	t.Cleanup(func() { newChunkHash = old })
 	return &n
 }
