@@ -139,18 +139,19 @@ func (s *Server) awaitSource(ctx context.Context, origin string, d digest.Digest
 		if src := s.source(origin, d); src != nil {
 			return src
 		}
+		left := time.Until(s.AwaitUntil)
 		s.mu.Lock()
 		_, served := s.origins[origin]
+		if served || left <= 0 {
+			s.mu.Unlock()
+			return nil
+		}
 		wait := s.changed
 		if wait == nil {
 			wait = make(chan struct{})
 			s.changed = wait
 		}
 		s.mu.Unlock()
-		left := time.Until(s.AwaitUntil)
-		if served || left <= 0 {
-			return nil
-		}
 		t := time.NewTimer(left)
 		select {
 		case <-wait:
@@ -189,7 +190,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	view := s.Cache.For(origin)
 	var src content.Fetcher = absent{}
 	if !view.Contains(desc.Digest) {
-		from := r.Header.Get(HeaderFrom)
 		owners := s.Ring.Owners(desc.Digest)
 		if len(owners) == 0 || owners[0] != s.Ring.Self() {
 			s.refuse(w, http.StatusNotFound, "not held, and not its owner")
@@ -198,7 +198,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if src = s.awaitSource(r.Context(), origin, desc.Digest); src == nil {
 			// The asker fetches it from its own source now: when this
 			// node needs it later, it asks the asker first.
-			s.Ring.Hint(desc.Digest, from)
+			s.Ring.Hint(desc.Digest, r.Header.Get(HeaderFrom))
 			s.refuse(w, http.StatusNotFound, "not held, and no mount here of a version of its origin that lists it")
 			return
 		}
