@@ -19,10 +19,17 @@
 #             first mid-shard tensor (mount to its bytes) and a cold cat of
 #             every file, delta version against plain, median of 3 each;
 #   decode:   delta decode throughput on one core (go test -bench in
-#             pkg/layout, 16 MiB bf16 chunks, 2 % changed).
+#             pkg/layout, 16 MiB bf16 chunks, 2 % changed);
+#   link:     the same pulls through a second proxy that emulates an
+#             object-store link (BENCH_DELAY, 20ms a request; BENCH_RATE,
+#             50MB a second per request and for all requests together):
+#             cold pull and pull into a directory holding v1, each of the
+#             delta version against the same version stored plain, wall
+#             and CPU (BENCH_LINK=0 leaves these out).
 # Prints a Markdown table on stdout; progress goes to stderr.
 #
-# Environment: BENCH_SIZE (256MiB), BENCH_SHARDS (4), BENCH_TOOLS,
+# Environment: BENCH_SIZE (256MiB), BENCH_SHARDS (4), BENCH_LINK (1),
+# BENCH_DELAY (20ms), BENCH_RATE (50MB), BENCH_TOOLS,
 # BENCH_TMPDIR, BENCH_KEEP=1, BENCH_STRICT=1 (exit 1 when a target is
 # missed).
 set -euo pipefail
@@ -49,11 +56,12 @@ log "building synth, bdnvol and linkproxy"
 BDNVOL=$BIN/bdnvol
 
 TMP=$(mktemp -d "${BENCH_TMPDIR:-${TMPDIR:-/tmp}}/bdnvol-bench-delta.XXXXXX")
-REG_PID= PROXY_PID=
+REG_PID= PROXY_PID= LINK_PID=
 cleanup() {
 	local mp
 	for mp in "$TMP"/mnt*; do mountpoint -q "$mp" 2>/dev/null && { "$BDNVOL" umount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null || true; }; done
 	[[ -n $PROXY_PID ]] && { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/null || true; }
+	[[ -n $LINK_PID ]] && { kill "$LINK_PID" 2>/dev/null || true; wait "$LINK_PID" 2>/dev/null || true; }
 	[[ -n $REG_PID ]] && { kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; }
 	if [[ ${BENCH_KEEP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
 }
@@ -170,6 +178,37 @@ D_FIRST=$FIRST D_CAT=$CAT D_FIRSTS=$FIRSTS_ALL D_CATS=$CATS_ALL
 mount_runs "$PHOST/bench/plain:rl" plain
 P_FIRST=$FIRST P_CAT=$CAT P_FIRSTS=$FIRSTS_ALL P_CATS=$CATS_ALL
 
+LINK=${BENCH_LINK:-1} LINKROWS=
+if [[ $LINK == 1 ]]; then
+	DELAY=${BENCH_DELAY:-20ms} RATE=${BENCH_RATE:-50MB}
+	log "pulls on the emulated link ($DELAY a request, $RATE/s)"
+	"$BIN/linkproxy" -listen 127.0.0.1:0 -target "http://$HOST" -delay "$DELAY" -rate "$RATE" -total "$RATE" >"$TMP/link.addr" 2>"$TMP/link.err" &
+	LINK_PID=$!
+	for _ in $(seq 1 100); do [[ -s $TMP/link.addr ]] && break; sleep 0.1; done
+	LHOST=$(head -1 "$TMP/link.addr" | sed 's#^http://##')
+	[[ -n $LHOST ]] || die "the link proxy did not start"
+	# link_pull NAME REF DIR [BASEDIR]: pull REF into DIR (a copy of BASEDIR
+	# first, when given) on the link, with an empty chunk cache; sets
+	# $NAME_CPU and $NAME_WALL.
+	link_pull() {
+		local name=$1 ref=$2 dir=$3
+		rm -rf "$dir" "$TMP/lcache"
+		if [[ -n ${4:-} ]]; then cp -a "$4" "$dir"; fi
+		settle
+		timed /dev/null "$BDNVOL" --cache-dir "$TMP/lcache" pull "$ref" "$dir"
+		diff -r "$TMP/rl" "$dir" >/dev/null || die "$name: the pulled directory differs from the RL step"
+		printf -v "${name}_CPU" %s "$CPU"
+		printf -v "${name}_WALL" %s "$WALL"
+	}
+	link_pull LD "$LHOST/bench/delta:rl" "$TMP/lcold"
+	link_pull LP "$LHOST/bench/plain:rl" "$TMP/lcold"
+	link_pull LUD "$LHOST/bench/delta:rl" "$TMP/lup" "$V1"
+	link_pull LUP "$LHOST/bench/plain:rl" "$TMP/lup" "$V1"
+	rm -rf "$TMP/lcold" "$TMP/lup" "$TMP/lcache"
+	LINKROWS="| cold pull on the link ($DELAY, $RATE/s): delta vs plain, wall / CPU | wall <= 1.0x, CPU <= 1.3x | ${LD_WALL}s vs ${LP_WALL}s: $(ratio "$LD_WALL" "$LP_WALL")x; CPU ${LD_CPU}s vs ${LP_CPU}s: $(ratio "$LD_CPU" "$LP_CPU")x | $(check "$(ratio "$LD_CPU" "$LP_CPU")" "<=" 1.3) |
+| pull into a directory holding v1, on the link: delta vs plain, wall / CPU | faster | ${LUD_WALL}s vs ${LUP_WALL}s: $(ratio "$LUD_WALL" "$LUP_WALL")x; CPU ${LUD_CPU}s vs ${LUP_CPU}s: $(ratio "$LUD_CPU" "$LUP_CPU")x | $(check "$LUD_WALL" "<" "$LUP_WALL") |"
+fi
+
 log "decode throughput"
 DEC=$(cd "$ROOT" && GOMAXPROCS=1 go test ./pkg/layout -run '^$' -bench BenchmarkDecodeDelta -benchtime 20x 2>/dev/null | awk '/BenchmarkDecodeDelta/ {for (i=1;i<=NF;i++) if ($(i+1)=="MB/cpu-s") print $i}')
 
@@ -191,4 +230,5 @@ cat <<EOT
 | mount, cold cat of every file: delta vs plain (median of 3) | <= 1.2x | ${D_CAT}s vs ${P_CAT}s: $(ratio "$D_CAT" "$P_CAT")x (runs: $D_CATS vs $P_CATS) | $(check "$(ratio "$D_CAT" "$P_CAT")" "<=" 1.2) |
 | decode, one core (MB per CPU second) | >= 1000 | ${DEC:-?} | $(check "${DEC:-0}" ">=" 1000) |
 EOT
+if [[ -n $LINKROWS ]]; then printf '%s\n' "$LINKROWS"; fi
 if [[ ${BENCH_STRICT:-0} == 1 && $MISSED == 1 ]]; then exit 1; fi
