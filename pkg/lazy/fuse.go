@@ -7,6 +7,7 @@ import (
 	"log"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -302,10 +303,15 @@ var (
 )
 
 func (r *rootNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	if attr != XattrDigest {
+	var val string
+	switch attr {
+	case XattrDigest:
+		val = r.t.v.Root().Digest.String()
+	case XattrFUSEReads:
+		val = strconv.FormatInt(r.t.v.reads.Load(), 10)
+	default:
 		return 0, fs.ENOATTR
 	}
-	val := r.t.v.Root().Digest.String()
 	if len(dest) < len(val) {
 		return uint32(len(val)), syscall.ERANGE
 	}
@@ -313,7 +319,7 @@ func (r *rootNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint
 }
 
 func (r *rootNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	list := XattrDigest + "\x00"
+	list := XattrDigest + "\x00" + XattrFUSEReads + "\x00"
 	if len(dest) < len(list) {
 		return uint32(len(list)), syscall.ERANGE
 	}

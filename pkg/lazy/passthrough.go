@@ -36,8 +36,10 @@ import (
 // goes through FUSE as before.
 
 // XattrFUSEReads names the extended attribute of a regular file that holds
-// how many FUSE READ requests this mount has served for it (a debug
-// counter: 0 after reads served by passthrough).
+// how many FUSE READ requests this mount has served for it while the
+// kernel held its inode, and of the mount's root that holds how many it
+// has served for all its files (debug counters: they stay put for reads
+// served by passthrough).
 const XattrFUSEReads = "user.bdnvol.fuse-reads"
 
 // openState is what a file node tracks of its opens.

@@ -117,9 +117,18 @@ func TestPassthroughServesWarmFile(t *testing.T) {
 	if before == 0 {
 		t.Fatal("the first read was not served through FUSE")
 	}
+	// The root counts the mount's FUSE READs of all its files, whichever
+	// inodes the kernel has since forgotten.
+	all := fuseReads(t, mnt)
+	if all < before {
+		t.Fatalf("the root counts %d FUSE READ requests, fewer than big.bin's %d", all, before)
+	}
 	readThrough(t, p, want)
 	if after := fuseReads(t, p); after != before {
 		t.Fatalf("%d FUSE READ requests for a file served by passthrough, want 0", after-before)
+	}
+	if after := fuseReads(t, mnt); after != all {
+		t.Fatalf("the root counts %d FUSE READ requests after a read served by passthrough, want %d", after, all)
 	}
 	if s := v.opt.Cache.Stats(); s.BackingsOpened < 2 {
 		t.Fatalf("stats %+v, want the backing file opened again", s)
