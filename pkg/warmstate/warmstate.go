@@ -1,12 +1,15 @@
 package warmstate
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -244,13 +247,80 @@ func Attach(ctx context.Context, t oci.Target, subject, tree ocispec.Descriptor,
 	d.ArtifactType = ArtifactType
 	// Asking first keeps the push from also writing the tag-schema index
 	// where the registry lists referrers itself.
-	if _, err := oci.ServesReferrers(ctx, t, subject); err != nil {
+	served, err := oci.ServesReferrers(ctx, t, subject)
+	if err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("companion of %s: %w", subject.Digest, err)
 	}
+	start := time.Now()
 	if err := pushBytes(ctx, t, d, b); err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("companion of %s: %w", subject.Digest, err)
 	}
+	if !served {
+		if err := keepListed(ctx, t, subject, d, b, time.Since(start)); err != nil {
+			return ocispec.Descriptor{}, err
+		}
+	}
 	return d, nil
+}
+
+// relistTries bounds how often keepListed pushes a companion again.
+const relistTries = 8
+
+// keepListed makes sure subject's referrers list the companion d (its
+// bytes b), which took took to push. Under the referrers tag schema each
+// publisher reads the one referrers index, adds its own and writes it
+// back, so two publishing at once (the ranks of one start) can each write
+// an index without the other's companion; pushing the manifest again adds
+// it back. It is listed when two listings, a push's time apart or more,
+// both show it: a write begun before the first has landed by the second.
+func keepListed(ctx context.Context, t oci.Target, subject, d ocispec.Descriptor, b []byte, took time.Duration) error {
+	wait := 10 * time.Millisecond
+	gap := max(2*took, 20*time.Millisecond)
+	seen := 0
+	for try := 1; ; {
+		listed := false
+		err := oci.EachReferrer(ctx, t, subject, "", func(r ocispec.Descriptor) error {
+			listed = listed || r.Digest == d.Digest
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if listed {
+			if seen++; seen == 2 {
+				return nil
+			}
+			if err := sleep(ctx, gap); err != nil {
+				return err
+			}
+			continue
+		}
+		seen = 0
+		if try == relistTries {
+			return fmt.Errorf("companion %s of %s: stored, but not listed among its referrers after %d pushes (others rewriting the referrers tag at once)", d.Digest, subject.Digest, try)
+		}
+		try++
+		// Apart from the others' next writes: a random wait, doubling.
+		if err := sleep(ctx, wait+rand.N(wait)); err != nil {
+			return err
+		}
+		wait *= 2
+		start := time.Now()
+		if err := t.Push(ctx, d, bytes.NewReader(b)); err != nil && !errors.Is(err, errdef.ErrAlreadyExists) && !danglingIndexGone(err) {
+			return fmt.Errorf("push %s %s: %w", d.MediaType, d.Digest, err)
+		}
+		gap = max(gap, 2*time.Since(start))
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
 }
 
 // Delete deletes the companion c (its index, by digest) and its

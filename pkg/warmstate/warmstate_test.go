@@ -36,7 +36,12 @@ var targets = []string{"referrers", "tag-schema", "layout"}
 
 func openTarget(t *testing.T, kind string) oci.Target {
 	t.Helper()
-	ctx := context.Background()
+	return openRef(t, targetRef(t, kind))
+}
+
+// targetRef starts a store of kind and returns its reference.
+func targetRef(t *testing.T, kind string) oci.Ref {
+	t.Helper()
 	var ref oci.Ref
 	var err error
 	if kind == "layout" {
@@ -49,7 +54,13 @@ func openTarget(t *testing.T, kind string) oci.Target {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg, err := oci.Open(ctx, ref, oci.Options{CreateLayout: true})
+	return ref
+}
+
+// openRef opens ref as a client of its own, as another process would.
+func openRef(t *testing.T, ref oci.Ref) oci.Target {
+	t.Helper()
+	tg, err := oci.Open(context.Background(), ref, oci.Options{CreateLayout: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,5 +426,55 @@ func TestNvidiaSMI(t *testing.T) {
 	}
 	if _, err := NvidiaSMI(context.Background(), fake(`NVIDIA H100 80GB HBM3, 9.0, 550.54.15\nNVIDIA A100-SXM4-40GB, 8.0, 550.54.15\n`)); err == nil {
 		t.Fatal("mixed GPUs accepted")
+	}
+}
+
+// Publishers of different keys of one version at once (the ranks of one
+// start, each its own client) each find their companion listed afterwards,
+// also under the referrers tag schema, where each rewrites the one
+// referrers index and two at once can each write one that lacks the
+// other's companion.
+func TestPublishKeysAtOnceAllListed(t *testing.T) {
+	for _, kind := range targets {
+		if kind == "layout" {
+			continue // one process's store: its writes are serialised
+		}
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			ref := targetRef(t, kind)
+			tg := openRef(t, ref)
+			v, _ := pushTree(t, tg, map[string][]byte{"w": []byte("weights")})
+			const ranks = 6
+			for round := range 3 {
+				keys := make([]Key, ranks)
+				dirs := make([]string, ranks)
+				for i := range ranks {
+					keys[i] = mustKey(t, fmt.Sprintf("engine=vllm,tp=%d,rank=%d,round=%d", ranks, i, round))
+					dirs[i] = cacheTree(t, fmt.Sprint("r", round, "-", i))
+				}
+				var wg sync.WaitGroup
+				errs := make([]error, ranks)
+				for i := range ranks {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						_, errs[i] = Publish(ctx, openRef(t, ref), v, keys[i], push.DirSource(dirs[i]), PublishOptions{Holder: fmt.Sprint("pod-", i)})
+					}()
+				}
+				wg.Wait()
+				cs, err := List(ctx, tg, v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range ranks {
+					if errs[i] != nil {
+						t.Fatalf("round %d rank %d: %v", round, i, errs[i])
+					}
+					if n := len(Matches(cs, keys[i])); n != 1 {
+						t.Errorf("round %d rank %d: %d companions of its key listed, want 1", round, i, n)
+					}
+				}
+			}
+		})
 	}
 }
