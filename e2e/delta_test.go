@@ -29,6 +29,9 @@ type deltaPush struct {
 	DeltaChunks     int     `json:"delta_chunks"`
 	DeltaChunkBytes int64   `json:"delta_chunk_bytes"`
 	DeltaRatio      float64 `json:"delta_ratio"`
+
+	BaseBytesLocal   int64 `json:"base_bytes_local"`
+	BaseBytesFetched int64 `json:"base_bytes_fetched"`
 }
 
 func pushDelta(t testing.TB, ref, dir string, flags ...string) deltaPush {
@@ -287,4 +290,75 @@ func TestDeltaSurvivesGC(t *testing.T) {
 	t.Run("oci-layout", func(t *testing.T) {
 		check(t, "oci:"+filepath.Join(t.TempDir(), "rl"), nil)
 	})
+}
+
+// push --base-dir: the bases of the deltas come from a local copy of the
+// base version where they verify, so a push with deltas downloads almost
+// nothing; the version is the one a push without it makes.
+func TestDeltaPushBaseDir(t *testing.T) {
+	reg := newDistribution(t)
+	v1, v2 := rlStep(t, 24<<20)
+	v3 := filepath.Join(t.TempDir(), "v3")
+	if _, err := synth.Perturb(v2, v3, synth.PerturbOptions{Fraction: 0.02, Seed: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"vols/local", "vols/fetched"} {
+		pushDelta(t, reg.Host+"/"+name+":v1", v1)
+	}
+	fetched := pushDelta(t, reg.Host+"/vols/fetched:v2", v2)
+
+	reg.ResetStats()
+	local := pushDelta(t, reg.Host+"/vols/local:v2", v2, "--base-dir", v1)
+	out := reg.Stats().BlobBytesOut
+	if local.Digest != fetched.Digest || local.DeltaChunks == 0 {
+		t.Fatalf("with --base-dir: %s with %d delta chunks, want %s (as without it)", local.Digest, local.DeltaChunks, fetched.Digest)
+	}
+	if local.BaseBytesFetched != 0 || local.BaseBytesLocal < local.DeltaChunkBytes || out > local.Bytes/100 {
+		t.Errorf("with --base-dir: %d base bytes read locally, %d fetched, %d blob bytes served; want the %d bytes of bases all local", local.BaseBytesLocal, local.BaseBytesFetched, out, local.DeltaChunkBytes)
+	}
+	if fetched.BaseBytesFetched < fetched.DeltaChunkBytes {
+		t.Errorf("without --base-dir: %d base bytes fetched, want the %d of the bases", fetched.BaseBytesFetched, fetched.DeltaChunkBytes)
+	}
+
+	// The next step against v2, whose chunks are deltas of v1's: v2's
+	// files and its small deltas give back v1's chunks, the bases.
+	reg.ResetStats()
+	next := pushDelta(t, reg.Host+"/vols/local:v3", v3, "--base-dir", v2)
+	if next.DeltaChunks == 0 || next.BaseBytesLocal == 0 {
+		t.Fatalf("v3 against v2 with --base-dir: %+v", next)
+	}
+	if out := reg.Stats().BlobBytesOut; out > 2*local.BytesAsDeltas+next.Bytes/100 {
+		t.Errorf("v3 with --base-dir %s: the registry served %d bytes, want about v2's deltas (%d)", v2, out, local.BytesAsDeltas)
+	}
+
+	// A local copy changed since is not trusted: the changed chunks'
+	// bases are fetched, and the version is still the same one.
+	lying := filepath.Join(t.TempDir(), "lying")
+	if err := synth.Generate(lying, synth.Options{TargetBytes: 24 << 20, Shards: 2, Seed: 43}); err != nil {
+		t.Fatal(err)
+	}
+	compareTrees(t, v1, lying)
+	shards, _ := filepath.Glob(filepath.Join(lying, "*.safetensors"))
+	if len(shards) == 0 {
+		t.Fatal("no shard in the checkpoint")
+	}
+	f, err := os.OpenFile(shards[len(shards)-1], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := f.Stat()
+	for _, off := range []int64{st.Size() / 3, st.Size() * 2 / 3} {
+		if _, err := f.WriteAt([]byte{0xff, 0x00, 0xff}, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	pushDelta(t, reg.Host+"/vols/lying:v1", v1)
+	got := pushDelta(t, reg.Host+"/vols/lying:v2", v2, "--base-dir", lying)
+	if got.Digest != fetched.Digest || got.BaseBytesFetched == 0 || got.BaseBytesLocal == 0 {
+		t.Errorf("with a changed local copy: %s, %d base bytes local, %d fetched; want %s, some of each", got.Digest, got.BaseBytesLocal, got.BaseBytesFetched, fetched.Digest)
+	}
+	cold := filepath.Join(t.TempDir(), "cold")
+	pull(t, reg.Host+"/vols/lying@"+got.Digest, cold)
+	compareTrees(t, v2, cold)
 }

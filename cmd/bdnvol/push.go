@@ -27,6 +27,7 @@ type PushCmd struct {
 	MaxLayers int      `name:"max-layers" hidden:"" help:"Layers per manifest before splitting into parts."`
 	Delta     string   `name:"delta" enum:"off,auto" default:"auto" help:"Store chunks that changed a little as deltas against the base version (auto), or every chunk whole (off)."`
 	Base      string   `name:"base" help:"Base version of the deltas: a tag or digest of the repository (default: the version TAG points at, else the newest sealed one)."`
+	BaseDir   string   `name:"base-dir" type:"existingdir" help:"A local copy of the base version (the directory it was pushed from, say): bases are read from it where they verify instead of downloaded."`
 	RateFlags `embed:""`
 }
 
@@ -48,6 +49,13 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return usageError{err}
 	}
+	var baseDir push.Source
+	if c.BaseDir != "" {
+		if c.Delta != "auto" {
+			return usageError{fmt.Errorf("--base-dir needs --delta auto")}
+		}
+		baseDir = push.DirSource(c.BaseDir)
+	}
 	counters := &progress.Counters{}
 	stop := startProgress(g.stderr, "push", counters)
 	res, err := versions.Publish(ctx, t, push.DirSource(c.Dir), versions.PublishOptions{
@@ -56,12 +64,13 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 		Delta: c.Delta == "auto",
 		Base:  c.Base,
 		Push: push.Options{
-			Params:      params,
-			MaxLayers:   c.MaxLayers,
-			Jobs:        c.Jobs,
-			Cache:       statcache.Open(g.cacheDir(), c.Dir, params),
-			Counters:    counters,
-			Destination: ref.Repo(),
+			Params:       params,
+			MaxLayers:    c.MaxLayers,
+			Jobs:         c.Jobs,
+			Cache:        statcache.Open(g.cacheDir(), c.Dir, params),
+			Counters:     counters,
+			Destination:  ref.Repo(),
+			DeltaBaseDir: baseDir,
 		},
 	})
 	stop()
@@ -76,8 +85,8 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Fprintf(g.stderr, "sealed %d files, %s in %d chunks; uploaded %d chunks, %s in %.1fs\n",
 		out.Files, units.Bytes(out.Bytes), out.Chunks, out.ChunksUploaded, units.Bytes(out.BytesUploaded), out.Seconds)
 	if out.DeltaChunks > 0 {
-		fmt.Fprintf(g.stderr, "%d chunks (%s) stored as deltas of %s (%.3f)\n",
-			out.DeltaChunks, units.Bytes(out.DeltaChunkBytes), units.Bytes(out.BytesAsDeltas), out.DeltaRatio)
+		fmt.Fprintf(g.stderr, "%d chunks (%s) stored as deltas of %s (%.3f); bases: %s read locally, %s downloaded\n",
+			out.DeltaChunks, units.Bytes(out.DeltaChunkBytes), units.Bytes(out.BytesAsDeltas), out.DeltaRatio, units.Bytes(out.BaseBytesLocal), units.Bytes(out.BaseBytesFetched))
 	}
 	fmt.Fprintln(g.stdout, out.Reference)
 	return nil

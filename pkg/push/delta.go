@@ -28,7 +28,9 @@ import (
 // stored as its XOR with that chunk, in byte planes by dtype, compressed,
 // when that is at most MaxDeltaRatio of it. A base chunk is always stored
 // plain: when the base version's chunk is itself a delta, its own base is
-// the base. The delta's base is fetched from the destination (verified).
+// the base. The delta's base is read from a local copy of the base version
+// (Options.DeltaBaseDir) where its bytes verify, else fetched from the
+// destination (verified).
 
 // MaxDeltaRatio is the largest delta kept, as a fraction of its chunk.
 const MaxDeltaRatio = 0.7
@@ -43,10 +45,16 @@ type baseKey struct {
 	off  int64
 }
 
-// baseChunk is a chunk of the base version, stored plain.
+// baseChunk is the base of a chunk: a chunk of the base version, stored
+// plain.
 type baseChunk struct {
 	digest digest.Digest
 	size   int64
+	// own is the base version's chunk at the place (its plain digest):
+	// the base itself, or when via is set, the chunk that delta encodes
+	// against the base.
+	own digest.Digest
+	via *layout.Delta
 }
 
 // deltaBase is the base version as a push reads it.
@@ -54,6 +62,7 @@ type deltaBase struct {
 	x      *layout.Index
 	dst    content.Storage
 	src    Source
+	local  Source // a copy of the base version's tree, or nil
 	chunks map[baseKey]baseChunk
 	sem    *semaphore.Weighted
 	sizeOf func(p string) int64 // of a file of the source
@@ -64,12 +73,14 @@ type deltaBase struct {
 
 	plainBytes atomic.Int64 // bytes of chunks the deltas stand for
 	deltaBytes atomic.Int64 // bytes of delta blobs uploaded
+	baseLocal  atomic.Int64 // bytes of base chunks read from local
+	baseRead   atomic.Int64 // bytes fetched from the destination to make deltas
 }
 
 // newDeltaBase indexes the whole chunks of x's large files by path and
 // offset (a delta chunk by its base, which is plain).
-func newDeltaBase(x *layout.Index, dst content.Storage, src Source, min int64, sizeOf func(string) int64) *deltaBase {
-	b := &deltaBase{x: x, dst: dst, src: src, sizeOf: sizeOf, chunks: map[baseKey]baseChunk{}, sem: semaphore.NewWeighted(deltaJobs),
+func newDeltaBase(x *layout.Index, dst content.Storage, src, local Source, min int64, sizeOf func(string) int64) *deltaBase {
+	b := &deltaBase{x: x, dst: dst, src: src, local: local, sizeOf: sizeOf, chunks: map[baseKey]baseChunk{}, sem: semaphore.NewWeighted(deltaJobs),
 		deltas: map[digest.Digest]layout.Delta{}, headers: map[string]*headerCall{}}
 	for i := range x.Len() {
 		f := x.File(i)
@@ -81,8 +92,9 @@ func newDeltaBase(x *layout.Index, dst content.Storage, src Source, min int64, s
 			size := x.ChunkSize(e.Chunk)
 			if e.Offset == 0 && e.Length == size {
 				c := baseChunk{digest: x.ChunkDigest(e.Chunk), size: size}
+				c.own = c.digest
 				if d, ok := x.Delta(e.Chunk); ok {
-					c.digest = d.Base
+					c.digest, c.via = d.Base, &d
 				}
 				b.chunks[baseKey{f.Path, off}] = c
 			}
@@ -225,11 +237,18 @@ func (r *baseFileReader) ReadAt(p []byte, off int64) (int, error) {
 		}
 		if r.buf == nil || r.last != e.Chunk {
 			desc := r.b.x.ChunkDescriptor(e.Chunk)
-			var err error
-			src := layout.DeltaSource(r.b.dst, nil, r.b.x, nil)
-			if r.buf, err = verify.Fetch(r.ctx, src, "chunk", desc); err != nil {
-				r.buf = nil
-				return done, err
+			r.buf = nil
+			if e.Offset == 0 && e.Length == desc.Size {
+				r.buf = r.b.localChunk(r.ctx, r.f.Path, pos, desc)
+			}
+			if r.buf == nil {
+				var err error
+				src := layout.DeltaSource(r.b.dst, nil, r.b.x, nil)
+				if r.buf, err = verify.Fetch(r.ctx, src, "chunk", desc); err != nil {
+					r.buf = nil
+					return done, err
+				}
+				r.b.baseRead.Add(desc.Size)
 			}
 			r.last = e.Chunk
 		}
@@ -354,8 +373,7 @@ func (b *deltaBase) tryDelta(ctx context.Context, u *uploader, j chunkJob) (bool
 	if err := verify.Bytes("chunk", plain, desc); err != nil {
 		return false, fmt.Errorf("%s: %w: %w", sec.path, ErrFileChanged, err)
 	}
-	bd := ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: bc.digest, Size: bc.size}
-	base, err := verify.Fetch(ctx, b.dst, "base chunk", bd)
+	base, err := b.baseBytes(ctx, sec.path, sec.off, bc)
 	if err != nil {
 		return false, nil // stored plain
 	}
@@ -383,6 +401,55 @@ func (b *deltaBase) tryDelta(ctx context.Context, u *uploader, j chunkJob) (bool
 	b.deltas[j.Digest] = d
 	b.mu.Unlock()
 	return true, nil
+}
+
+// localChunk returns the chunk desc read from the local copy of the base
+// version, at off of its file p, when those bytes are desc's; else nil.
+func (b *deltaBase) localChunk(ctx context.Context, p string, off int64, desc ocispec.Descriptor) []byte {
+	if b.local == nil {
+		return nil
+	}
+	f, err := b.local.Open(ctx, p)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	buf := make([]byte, desc.Size)
+	if n, err := f.ReadAt(buf, off); n < len(buf) || err != nil && err != io.EOF {
+		return nil
+	}
+	if verify.Bytes("base chunk", buf, desc) != nil {
+		return nil
+	}
+	b.baseLocal.Add(desc.Size)
+	return buf
+}
+
+// baseBytes returns the bytes of bc, the base of the chunk at off of file
+// p, verified: read from the local copy of the base version where its
+// chunk there is bc (or, when that chunk is itself a delta, decoded back
+// to bc from that delta, which is a small fetch), else fetched.
+func (b *deltaBase) baseBytes(ctx context.Context, p string, off int64, bc baseChunk) ([]byte, error) {
+	bd := ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: bc.digest, Size: bc.size}
+	own := ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: bc.own, Size: bc.size}
+	if buf := b.localChunk(ctx, p, off, own); buf != nil {
+		if bc.via == nil {
+			return buf, nil
+		}
+		// The delta of the base version's chunk against bc, XORed with
+		// that chunk, is bc.
+		if delta, err := verify.Fetch(ctx, b.dst, "delta", bc.via.Descriptor()); err == nil {
+			b.baseRead.Add(int64(len(delta)))
+			if base, err := layout.DecodeDeltaTo(buf, delta, buf, bc.size); err == nil && verify.Bytes("base chunk", base, bd) == nil {
+				return base, nil
+			}
+		}
+	}
+	base, err := verify.Fetch(ctx, b.dst, "base chunk", bd)
+	if err == nil {
+		b.baseRead.Add(bc.size)
+	}
+	return base, err
 }
 
 func errdefAlreadyExists(err error) bool { return errors.Is(err, errdef.ErrAlreadyExists) }

@@ -49,10 +49,15 @@ type Options struct {
 	Destination string
 	// DeltaBase is the version chunks may be stored as deltas against (see
 	// MaxDeltaRatio), opened from the destination; nil stores every chunk
-	// plain. It is used by a push that reads files (not one whose every
-	// file the stat cache knows) and only in format version 2, which such a
-	// version then upgrades to version 3.
+	// plain. It is used only in format version 2, which such a version
+	// then upgrades to version 3. A push whose every file the stat cache
+	// knows reads files for deltas only when the destination lacks the
+	// version it seals without them.
 	DeltaBase *layout.Index
+	// DeltaBaseDir is a local copy of DeltaBase's tree (the directory it
+	// was pushed from, say): the bases of deltas are read from its files
+	// where they verify, not fetched. Optional.
+	DeltaBaseDir Source
 }
 
 // Result describes a pushed version.
@@ -78,6 +83,10 @@ type Result struct {
 	// bytes and DeltaBytes the bytes of their delta blobs uploaded.
 	DeltaChunks                 int
 	DeltaPlainBytes, DeltaBytes int64
+	// BaseBytesLocal are the base version's bytes read from
+	// Options.DeltaBaseDir to make deltas, BaseBytesFetched those fetched
+	// from the destination.
+	BaseBytesLocal, BaseBytesFetched int64
 	// ChunkBytesUploaded are the bytes of chunks uploaded plain.
 	ChunkBytesUploaded int64
 }
@@ -189,7 +198,7 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 	}
 	if !allHit {
 		if opt.DeltaBase != nil && opt.FormatVersion == layout.FormatVersion {
-			up.delta = newDeltaBase(opt.DeltaBase, dst, src, opt.Params.Min, func(p string) int64 {
+			up.delta = newDeltaBase(opt.DeltaBase, dst, src, opt.DeltaBaseDir, opt.Params.Min, func(p string) int64 {
 				if i := entries.find(p); i >= 0 {
 					return entries.size[i]
 				}
@@ -211,22 +220,24 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 		return nil, err
 	}
 	b.collect = false
-	s, err := b.sealed()
+	s0, err := b.sealed()
 	if err != nil {
 		return nil, err
 	}
+	s := s0
 	var kept map[digest.Digest]layout.Delta
-	if opt.DeltaBase != nil && opt.FormatVersion == layout.FormatVersion {
-		// Nothing is read here, so no delta is made: a chunk the base
-		// version stores as a delta stays that delta (a re-push of the
-		// tree seals the version it sealed before).
+	deltas := opt.DeltaBase != nil && opt.FormatVersion == layout.FormatVersion
+	if deltas {
+		// Nothing was read to seal, so no delta was made: a chunk the
+		// base version stores as a delta stays that delta (a re-push of
+		// the tree seals the version it sealed before).
 		kept = map[digest.Digest]layout.Delta{}
 		for _, c := range s.Chunks {
 			if d, ok := opt.DeltaBase.DeltaOf(c.Digest); ok {
 				kept[c.Digest] = d
 			}
 		}
-		if s, err = s.WithDeltas(kept, opt.MaxLayers, opt.Annotations); err != nil {
+		if s, err = s0.WithDeltas(kept, opt.MaxLayers, opt.Annotations); err != nil {
 			return nil, err
 		}
 	}
@@ -236,6 +247,16 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 			return nil, fmt.Errorf("save stat cache: %w", err)
 		}
 		return b.result(s, up, 0, true), nil
+	}
+	if deltas {
+		// Not stored (another repository, another base): the chunks the
+		// destination lacks may still be stored as deltas, read now.
+		up.delta = newDeltaBase(opt.DeltaBase, dst, src, opt.DeltaBaseDir, opt.Params.Min, func(p string) int64 {
+			if i := entries.find(p); i >= 0 {
+				return entries.size[i]
+			}
+			return -1
+		})
 	}
 	err = up.run(ctx, opt.Jobs, func(ctx context.Context, submit func(chunkJob) error) error {
 		for _, j := range b.pending {
@@ -250,6 +271,14 @@ func Push(ctx context.Context, dst content.Storage, src Source, opt Options) (*R
 	})
 	if err != nil {
 		return nil, err
+	}
+	if up.delta != nil && len(up.delta.deltas) > 0 {
+		for c, d := range kept {
+			up.delta.deltas[c] = d
+		}
+		if s, err = s0.WithDeltas(up.delta.deltas, opt.MaxLayers, opt.Annotations); err != nil {
+			return nil, err
+		}
 	}
 	return b.store(ctx, dst, s, up)
 }
@@ -417,6 +446,7 @@ func (b *builder) result(s *layout.Sealed, up *uploader, metaBytes int64, existe
 	}
 	if up.delta != nil {
 		r.DeltaBytes = up.delta.deltaBytes.Load()
+		r.BaseBytesLocal, r.BaseBytesFetched = up.delta.baseLocal.Load(), up.delta.baseRead.Load()
 	}
 	r.ChunkBytesUploaded = up.bytes.Load() - r.DeltaBytes
 	return r

@@ -26,7 +26,12 @@ type PublishReport struct {
 	DeltaChunks     int     `json:"delta_chunks"`
 	DeltaChunkBytes int64   `json:"delta_chunk_bytes"`
 	DeltaRatio      float64 `json:"delta_ratio"`
-	Seconds         float64 `json:"seconds"`
+	// BaseBytesLocal are the base version's bytes a push with deltas read
+	// from a local copy of it (push --base-dir), BaseBytesFetched those
+	// it fetched from the repository to make the deltas.
+	BaseBytesLocal   int64   `json:"base_bytes_local"`
+	BaseBytesFetched int64   `json:"base_bytes_fetched"`
+	Seconds          float64 `json:"seconds"`
 }
 
 // Report returns p, published in the repository ref names, as push and
@@ -47,6 +52,9 @@ func (p *Published) Report(ref oci.Ref) PublishReport {
 		BytesAsDeltas:   p.DeltaBytes,
 		DeltaChunks:     p.DeltaChunks,
 		DeltaChunkBytes: p.DeltaPlainBytes,
+
+		BaseBytesLocal:   p.BaseBytesLocal,
+		BaseBytesFetched: p.BaseBytesFetched,
 	}
 	if p.DeltaPlainBytes > 0 {
 		r.DeltaRatio = float64(p.DeltaBytes) / float64(p.DeltaPlainBytes)
