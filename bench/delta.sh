@@ -25,7 +25,9 @@
 #             50MB a second per request and for all requests together):
 #             cold pull and pull into a directory holding v1, each of the
 #             delta version against the same version stored plain, wall
-#             and CPU (BENCH_LINK=0 leaves these out).
+#             and CPU; push of the RL step plain, with deltas whose bases
+#             are downloaded, and with --base-dir (BENCH_LINK=0 leaves
+#             these out).
 # Prints a Markdown table on stdout; progress goes to stderr.
 #
 # Environment: BENCH_SIZE (256MiB), BENCH_SHARDS (4), BENCH_LINK (1),
@@ -205,8 +207,27 @@ if [[ $LINK == 1 ]]; then
 	link_pull LUD "$LHOST/bench/delta:rl" "$TMP/lup" "$V1"
 	link_pull LUP "$LHOST/bench/plain:rl" "$TMP/lup" "$V1"
 	rm -rf "$TMP/lcold" "$TMP/lup" "$TMP/lcache"
+	# Pushes of the RL step on the link: plain into a new repository,
+	# and with deltas into one holding v1 (pushed there on loopback),
+	# the bases downloaded or read from v1's directory (--base-dir).
+	log "pushes on the emulated link"
+	settle
+	timed "$TMP/lpp.json" "$BDNVOL" push --json --delta off "$LHOST/bench/linkplain:rl" "$TMP/rl"
+	LPP_CPU=$CPU LPP_WALL=$WALL
+	for r in linkdelta linkdir; do
+		"$BDNVOL" push "$PHOST/bench/$r:v1" "$V1" >/dev/null 2>"$TMP/push.err" || { cat "$TMP/push.err" >&2; die "push v1 to $r failed"; }
+	done
+	settle
+	timed "$TMP/lpd.json" "$BDNVOL" push --json "$LHOST/bench/linkdelta:rl" "$TMP/rl"
+	LPD_CPU=$CPU LPD_WALL=$WALL LPD=$(cat "$TMP/lpd.json")
+	settle
+	timed "$TMP/lpl.json" "$BDNVOL" push --json --base-dir "$V1" "$LHOST/bench/linkdir:rl" "$TMP/rl"
+	LPL_CPU=$CPU LPL_WALL=$WALL LPL=$(cat "$TMP/lpl.json")
+	[[ $(field "$LPD" digest) == $(field "$LPL" digest) ]] || die "the pushes with and without --base-dir sealed different versions"
 	LINKROWS="| cold pull on the link ($DELAY, $RATE/s): delta vs plain, wall / CPU | wall <= 1.0x, CPU <= 1.3x | ${LD_WALL}s vs ${LP_WALL}s: $(ratio "$LD_WALL" "$LP_WALL")x; CPU ${LD_CPU}s vs ${LP_CPU}s: $(ratio "$LD_CPU" "$LP_CPU")x | $(check "$(ratio "$LD_CPU" "$LP_CPU")" "<=" 1.3) |
-| pull into a directory holding v1, on the link: delta vs plain, wall / CPU | faster | ${LUD_WALL}s vs ${LUP_WALL}s: $(ratio "$LUD_WALL" "$LUP_WALL")x; CPU ${LUD_CPU}s vs ${LUP_CPU}s: $(ratio "$LUD_CPU" "$LUP_CPU")x | $(check "$LUD_WALL" "<" "$LUP_WALL") |"
+| pull into a directory holding v1, on the link: delta vs plain, wall / CPU | faster | ${LUD_WALL}s vs ${LUP_WALL}s: $(ratio "$LUD_WALL" "$LUP_WALL")x; CPU ${LUD_CPU}s vs ${LUP_CPU}s: $(ratio "$LUD_CPU" "$LUP_CPU")x | $(check "$LUD_WALL" "<" "$LUP_WALL") |
+| push of the RL step on the link, deltas with bases downloaded vs plain: wall / CPU | | ${LPD_WALL}s vs ${LPP_WALL}s: $(ratio "$LPD_WALL" "$LPP_WALL")x; CPU ${LPD_CPU}s vs ${LPP_CPU}s ($(field "$LPD" base_bytes_fetched) base bytes downloaded) | |
+| push of the RL step on the link, deltas with --base-dir v1 vs plain: wall / CPU | faster | ${LPL_WALL}s vs ${LPP_WALL}s: $(ratio "$LPL_WALL" "$LPP_WALL")x; CPU ${LPL_CPU}s vs ${LPP_CPU}s ($(field "$LPL" base_bytes_local) base bytes read locally, $(field "$LPL" base_bytes_fetched) downloaded) | $(check "$LPL_WALL" "<" "$LPP_WALL") |"
 fi
 
 log "decode throughput"

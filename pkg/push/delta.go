@@ -355,31 +355,9 @@ func (b *deltaBase) tryDelta(ctx context.Context, u *uploader, j chunkJob) (bool
 	if !ok || bc.digest == j.Digest {
 		return false, nil
 	}
-	if err := b.sem.Acquire(ctx, 1); err != nil {
+	delta, ok, err := b.makeDelta(ctx, u, j, sec, bc, planes)
+	if err != nil || !ok {
 		return false, err
-	}
-	defer b.sem.Release(1)
-	plain := j.data
-	if plain == nil {
-		plain = make([]byte, j.Size)
-		sa := &sectionsAt{src: u.src, secs: j.src}
-		_, err := sa.ReadAt(plain, 0)
-		sa.Close()
-		if err != nil {
-			return false, fmt.Errorf("chunk %s: %w", j.Digest, err)
-		}
-	}
-	desc := j.Chunk.Descriptor()
-	if err := verify.Bytes("chunk", plain, desc); err != nil {
-		return false, fmt.Errorf("%s: %w: %w", sec.path, ErrFileChanged, err)
-	}
-	base, err := b.baseBytes(ctx, sec.path, sec.off, bc)
-	if err != nil {
-		return false, nil // stored plain
-	}
-	delta, err := layout.EncodeDelta(plain, base, planes)
-	if err != nil || float64(len(delta)) > MaxDeltaRatio*float64(j.Size) {
-		return false, nil
 	}
 	d := layout.Delta{Chunk: j.Digest, Size: j.Size, Digest: digest.FromBytes(delta), DeltaSize: int64(len(delta)), Base: bc.digest}
 	dd := d.Descriptor()
@@ -401,6 +379,41 @@ func (b *deltaBase) tryDelta(ctx context.Context, u *uploader, j chunkJob) (bool
 	b.deltas[j.Digest] = d
 	b.mu.Unlock()
 	return true, nil
+}
+
+// makeDelta computes the delta of chunk j (at sec) against its base bc,
+// and reports whether it is small enough to keep. At most deltaJobs run at
+// once (each holds a chunk, its base and the delta); the upload that
+// follows does not hold a place, so that uploads of deltas overlap as
+// those of chunks do.
+func (b *deltaBase) makeDelta(ctx context.Context, u *uploader, j chunkJob, sec section, bc baseChunk, planes int) ([]byte, bool, error) {
+	if err := b.sem.Acquire(ctx, 1); err != nil {
+		return nil, false, err
+	}
+	defer b.sem.Release(1)
+	plain := j.data
+	if plain == nil {
+		plain = make([]byte, j.Size)
+		sa := &sectionsAt{src: u.src, secs: j.src}
+		_, err := sa.ReadAt(plain, 0)
+		sa.Close()
+		if err != nil {
+			return nil, false, fmt.Errorf("chunk %s: %w", j.Digest, err)
+		}
+	}
+	desc := j.Chunk.Descriptor()
+	if err := verify.Bytes("chunk", plain, desc); err != nil {
+		return nil, false, fmt.Errorf("%s: %w: %w", sec.path, ErrFileChanged, err)
+	}
+	base, err := b.baseBytes(ctx, sec.path, sec.off, bc)
+	if err != nil {
+		return nil, false, nil // stored plain
+	}
+	delta, err := layout.EncodeDelta(plain, base, planes)
+	if err != nil || float64(len(delta)) > MaxDeltaRatio*float64(j.Size) {
+		return nil, false, nil
+	}
+	return delta, true, nil
 }
 
 // localChunk returns the chunk desc read from the local copy of the base

@@ -2,9 +2,14 @@ package push
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
@@ -109,5 +114,55 @@ func TestDeltaBaseDir(t *testing.T) {
 	got := pushInto(t, store3, v2, base3, Options{DeltaBaseDir: DirSource(changed)})
 	if got.Root.Digest != fetched.Root.Digest || got.BaseBytesFetched == 0 || got.BaseBytesLocal == 0 {
 		t.Errorf("with a changed copy: %s, bases %d fetched, %d local; want %s, some of each", got.Root.Digest, got.BaseBytesFetched, got.BaseBytesLocal, fetched.Root.Digest)
+	}
+}
+
+// gatedDeltas is a store whose pushes of delta blobs wait until want of
+// them are in flight (or a while has passed), and that records the most
+// in flight at once.
+type gatedDeltas struct {
+	content.Storage
+	want    int
+	mu      sync.Mutex
+	now     int
+	most    int
+	reached chan struct{}
+}
+
+func (g *gatedDeltas) Push(ctx context.Context, d ocispec.Descriptor, r io.Reader) error {
+	if d.MediaType != layout.MediaTypeChunkDelta {
+		return g.Storage.Push(ctx, d, r)
+	}
+	g.mu.Lock()
+	g.now++
+	g.most = max(g.most, g.now)
+	if g.now == g.want {
+		close(g.reached)
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.reached:
+	case <-time.After(2 * time.Second):
+	}
+	g.mu.Lock()
+	g.now--
+	g.mu.Unlock()
+	return g.Storage.Push(ctx, d, r)
+}
+
+// Uploads of deltas overlap as uploads of chunks do: computing a delta
+// takes one of a few places, its upload none (on a link, uploads of two
+// at a time made a push with deltas slower than one without).
+func TestDeltaUploadsOverlap(t *testing.T) {
+	v1, v2 := deltaTrees(t)
+	mem := memory.New()
+	base := openIndex(t, mem, pushInto(t, mem, v1, nil, Options{}))
+	g := &gatedDeltas{Storage: mem, want: deltaJobs + 1, reached: make(chan struct{})}
+	res := pushInto(t, g, v2, base, Options{Jobs: 8})
+	if res.DeltaChunks < g.want {
+		t.Fatalf("%d delta chunks, want %d or more for this test", res.DeltaChunks, g.want)
+	}
+	if g.most < g.want {
+		t.Errorf("at most %d delta uploads in flight at once, want %d", g.most, g.want)
 	}
 }
