@@ -36,7 +36,7 @@ import (
 const MaxDeltaRatio = 0.7
 
 // deltaJobs bounds the deltas computed at once (each holds a chunk, its
-// base and the delta: up to some 50 MiB).
+// base and the delta: up to some 50 MiB), and the bases got meanwhile.
 const deltaJobs = 2
 
 // baseKey names a chunk of the base version by where it is.
@@ -64,8 +64,11 @@ type deltaBase struct {
 	src    Source
 	local  Source // a copy of the base version's tree, or nil
 	chunks map[baseKey]baseChunk
-	sem    *semaphore.Weighted
-	sizeOf func(p string) int64 // of a file of the source
+	sem    *semaphore.Weighted // computing deltas
+	// fetchSem bounds the bases being got (read or fetched) or waiting
+	// for a place in sem.
+	fetchSem *semaphore.Weighted
+	sizeOf   func(p string) int64 // of a file of the source
 
 	mu      sync.Mutex
 	deltas  map[digest.Digest]layout.Delta
@@ -80,7 +83,7 @@ type deltaBase struct {
 // newDeltaBase indexes the whole chunks of x's large files by path and
 // offset (a delta chunk by its base, which is plain).
 func newDeltaBase(x *layout.Index, dst content.Storage, src, local Source, min int64, sizeOf func(string) int64) *deltaBase {
-	b := &deltaBase{x: x, dst: dst, src: src, local: local, sizeOf: sizeOf, chunks: map[baseKey]baseChunk{}, sem: semaphore.NewWeighted(deltaJobs),
+	b := &deltaBase{x: x, dst: dst, src: src, local: local, sizeOf: sizeOf, chunks: map[baseKey]baseChunk{}, sem: semaphore.NewWeighted(deltaJobs), fetchSem: semaphore.NewWeighted(deltaJobs),
 		deltas: map[digest.Digest]layout.Delta{}, headers: map[string]*headerCall{}}
 	for i := range x.Len() {
 		f := x.File(i)
@@ -382,12 +385,24 @@ func (b *deltaBase) tryDelta(ctx context.Context, u *uploader, j chunkJob) (bool
 }
 
 // makeDelta computes the delta of chunk j (at sec) against its base bc,
-// and reports whether it is small enough to keep. At most deltaJobs run at
-// once (each holds a chunk, its base and the delta); the upload that
-// follows does not hold a place, so that uploads of deltas overlap as
-// those of chunks do.
+// and reports whether it is small enough to keep. At most deltaJobs
+// compute at once (each holds a chunk, its base and the delta) and
+// deltaJobs more get their bases meanwhile; the upload that follows holds
+// no place, so that uploads of deltas overlap as those of chunks do.
 func (b *deltaBase) makeDelta(ctx context.Context, u *uploader, j chunkJob, sec section, bc baseChunk, planes int) ([]byte, bool, error) {
-	if err := b.sem.Acquire(ctx, 1); err != nil {
+	// The base first, under a place of its own, so that fetching the
+	// next bases overlaps computing deltas.
+	if err := b.fetchSem.Acquire(ctx, 1); err != nil {
+		return nil, false, err
+	}
+	base, err := b.baseBytes(ctx, sec.path, sec.off, bc)
+	if err != nil {
+		b.fetchSem.Release(1)
+		return nil, false, nil // stored plain
+	}
+	err = b.sem.Acquire(ctx, 1)
+	b.fetchSem.Release(1)
+	if err != nil {
 		return nil, false, err
 	}
 	defer b.sem.Release(1)
@@ -404,10 +419,6 @@ func (b *deltaBase) makeDelta(ctx context.Context, u *uploader, j chunkJob, sec 
 	desc := j.Chunk.Descriptor()
 	if err := verify.Bytes("chunk", plain, desc); err != nil {
 		return nil, false, fmt.Errorf("%s: %w: %w", sec.path, ErrFileChanged, err)
-	}
-	base, err := b.baseBytes(ctx, sec.path, sec.off, bc)
-	if err != nil {
-		return nil, false, nil // stored plain
 	}
 	delta, err := layout.EncodeDelta(plain, base, planes)
 	if err != nil || float64(len(delta)) > MaxDeltaRatio*float64(j.Size) {
