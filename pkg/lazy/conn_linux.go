@@ -129,9 +129,6 @@ func MountConn(dir string, v *Volume, opt ConnOptions) (*Conn, error) {
 		return nil, err
 	}
 	askNoPoll(dir)
-	if err := raiseReadahead(dir, connMaxWrite); err != nil && opt.Logger != nil {
-		opt.Logger.Printf("lazy: %v (reads reach the server in requests of the kernel's default readahead)", err)
-	}
 	return c, nil
 }
 

@@ -46,14 +46,6 @@ type MountOptions struct {
 	onFlush          func() // told of every FLUSH request (tests)
 }
 
-// mountReadahead is the largest read the kernel sends a mount, and its
-// readahead (raiseReadahead): a sequential reader's bytes come in requests
-// of about 1 MiB. Two pages under 1 MiB, so that go-fuse can splice a
-// read's reply from the cache (it wants the reply and a page more in one
-// pipe, and a pipe holds at most 1 MiB by default); a larger read is
-// copied through the process, and go-fuse logs each one.
-var mountReadahead = 1<<20 - 2*os.Getpagesize()
-
 // Mount serves v read-only at dir and returns once the mount is ready.
 // Unmount it with the server's Unmount; Wait returns when it is gone.
 func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
@@ -63,8 +55,8 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 		Name:         FsType,
 		Options:      []string{"ro", "default_permissions"},
 		AllowOther:   opt.AllowOther,
-		MaxReadAhead: mountReadahead,
-		MaxWrite:     mountReadahead,
+		MaxReadAhead: 1 << 20,
+		MaxWrite:     1 << 20,
 		// Plain READDIR: with READDIRPLUS the kernel looks up (and holds a
 		// node for) every entry listed, a million for `ls -R` of a
 		// dataset; without, only what is opened or stat'ed.
@@ -91,9 +83,6 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 	})
 	if err != nil {
 		return nil, err
-	}
-	if err := raiseReadahead(dir, mountReadahead); err != nil && opt.Logger != nil {
-		opt.Logger.Printf("lazy: %v (reads reach the server in requests of the kernel's default readahead)", err)
 	}
 	granted := srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && mo.DisabledCapabilities&fuse.CAP_PASSTHROUGH == 0
 	root.t.pass.Store(granted || opt.forcePassthrough)
