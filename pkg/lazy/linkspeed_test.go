@@ -613,11 +613,11 @@ func TestReadaheadCarriesAcrossFiles(t *testing.T) {
 }
 
 // TestReadaheadStreamsWhenFirstReadsSwap reads a safetensors file from its
-// start in requests of about 1 MiB, as the kernel sends a mount's
-// sequential reader, with the first two requests served in the other
-// order (the kernel sends readahead requests concurrently): the run still
-// began in the header, so the reader reads the file through and the
-// window goes past the first tensor, as it does when they come in order.
+// start in requests of 128 KiB, as the kernel sends a mount's sequential
+// reader, with the first two requests served in the other order (the
+// kernel sends readahead requests concurrently): the run still began in
+// the header, so the reader reads the file through and the window goes
+// past the first tensor, as it does when they come in order.
 func TestReadaheadStreamsWhenFirstReadsSwap(t *testing.T) {
 	const mib = 1 << 20
 	dir := t.TempDir()
@@ -631,7 +631,7 @@ func TestReadaheadStreamsWhenFirstReadsSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const req = mib - 8<<10 // the kernel's read requests on a mount
+	const req = 128 << 10 // the kernel's read requests on a mount
 	for _, swap := range []bool{false, true} {
 		ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
 		v, err := New(ver, ff, Options{Cache: mustCache(t), Jobs: 4})
@@ -642,9 +642,12 @@ func TestReadaheadStreamsWhenFirstReadsSwap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		offs := []int64{0, req, 2 * req}
+		var offs []int64 // 2 MiB from the start
+		for i := range int64(16) {
+			offs = append(offs, i*req)
+		}
 		if swap {
-			offs = []int64{req, 0, 2 * req}
+			offs[0], offs[1] = offs[1], offs[0]
 		}
 		buf := make([]byte, req)
 		for _, off := range offs {
