@@ -171,8 +171,12 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 		f.streaming = false
 	}
 	if seq {
-		f.run += max(0, end-f.next)
+		// A read before the run's start (the kernel sends a sequential
+		// reader's requests concurrently, and they may be served in
+		// another order) moves the start back: the run began there.
+		from := min(off, f.next-f.run)
 		f.next = max(end, f.next)
+		f.run = f.next - from
 	} else {
 		f.run, f.next = n, end
 	}

@@ -611,3 +611,69 @@ func TestReadaheadCarriesAcrossFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestReadaheadStreamsWhenFirstReadsSwap reads a safetensors file from its
+// start in requests of 128 KiB, as the kernel sends a mount's sequential
+// reader, with the first two requests served in the other order (the
+// kernel sends readahead requests concurrently): the run still began in
+// the header, so the reader reads the file through and the window goes
+// past the first tensor, as it does when they come in order.
+func TestReadaheadStreamsWhenFirstReadsSwap(t *testing.T) {
+	const mib = 1 << 20
+	dir := t.TempDir()
+	data := safetensors(t, 31, 6*mib, 3*mib, 3*mib, 3*mib, 3*mib, 3*mib, 3*mib)
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	first := int64(8+binary.LittleEndian.Uint64(data)) + 6*mib // the first tensor's end
+	px := newFixtureStore(t, dir, layout.Params{Min: 512 << 10, Avg: mib, Max: mib})
+	ver, err := layout.Open(context.Background(), px.store, px.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const req = 128 << 10 // the kernel's read requests on a mount
+	for _, swap := range []bool{false, true} {
+		ff := &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}
+		v, err := New(ver, ff, Options{Cache: mustCache(t), Jobs: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := v.Open("model.safetensors")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var offs []int64 // 2 MiB from the start
+		for i := range int64(16) {
+			offs = append(offs, i*req)
+		}
+		if swap {
+			offs[0], offs[1] = offs[1], offs[0]
+		}
+		buf := make([]byte, req)
+		for _, off := range offs {
+			if _, err := f.ReadAt(buf, off); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			v.mu.Lock()
+			busy := len(v.pending)
+			v.mu.Unlock()
+			if busy == 0 {
+				break
+			}
+		}
+		v.Close()
+		past := 0 // chunks wholly past the first tensor and the page after it
+		var off int64
+		for _, x := range f.e.Extents {
+			if off >= first+pageSize && ff.fetches[ver.Chunk(x.Chunk).Digest] > 0 {
+				past++
+			}
+			off += x.Length
+		}
+		if past == 0 {
+			t.Errorf("first two reads swapped=%v: the readahead fetched nothing past the first tensor (at %d), want a window going on into the file", swap, first)
+		}
+	}
+}

@@ -3,15 +3,19 @@ package lazy
 import (
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
+	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
 // orderFetcher notes the digests it is asked for, in order.
@@ -95,5 +99,83 @@ func TestLoadChunksInOrder(t *testing.T) {
 	of.got = nil
 	if err := v.LoadChunks(context.Background(), ks); err != nil || len(of.got) != 0 {
 		t.Fatalf("second LoadChunks fetched %d blobs (%v)", len(of.got), err)
+	}
+}
+
+// countingRanges is a rangeFake that counts the requests open at once.
+type countingRanges struct {
+	*rangeFake
+	mu       sync.Mutex
+	in, most int
+}
+
+func (c *countingRanges) enter() {
+	c.mu.Lock()
+	c.in++
+	c.most = max(c.most, c.in)
+	c.mu.Unlock()
+	time.Sleep(2 * time.Millisecond) // let concurrent requests overlap
+}
+
+func (c *countingRanges) exit() {
+	c.mu.Lock()
+	c.in--
+	c.mu.Unlock()
+}
+
+func (c *countingRanges) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+	c.enter()
+	defer c.exit()
+	return c.rangeFake.Fetch(ctx, d)
+}
+
+func (c *countingRanges) FetchRange(ctx context.Context, d ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	c.enter()
+	defer c.exit()
+	return c.rangeFake.FetchRange(ctx, d, off, n)
+}
+
+// TestLoadChunksSplitsTheHead replays a profile of large chunks: the
+// first (what a reader starting now waits for first) come as range
+// requests, the rest whole, and never more than Jobs requests at once.
+func TestLoadChunksSplitsTheHead(t *testing.T) {
+	const mib = 1 << 20
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "big.bin"), randBytes(41, 60*mib), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	px := newFixtureStore(t, dir, layout.Params{Min: 4 * mib, Avg: 5 * mib, Max: 6 * mib})
+	ver, err := layout.Open(context.Background(), px.store, px.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &countingRanges{rangeFake: &rangeFake{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}}}
+	const jobs = 4
+	v, err := New(ver, src, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	n := ver.NumChunks()
+	if n < 8 {
+		t.Fatalf("the fixture has %d chunks, want at least 8", n)
+	}
+	var ks []int // not in index order; the file's short tail chunk last
+	for k := n - 2; k >= 0; k-- {
+		ks = append(ks, k)
+	}
+	ks = append(ks, n-1)
+	if err := v.LoadChunks(context.Background(), ks); err != nil {
+		t.Fatal(err)
+	}
+	first, last := ver.Chunk(ks[0]), ver.Chunk(ks[n-1])
+	if whole, rb := src.blobStats(first.Digest); whole != 0 || rb != first.Size {
+		t.Errorf("the first chunk of the order was fetched whole %d times and as %d bytes of ranges, want only ranges of its %d bytes", whole, rb, first.Size)
+	}
+	if whole, rb := src.blobStats(last.Digest); whole != 1 || rb != 0 {
+		t.Errorf("the last chunk of the order was fetched whole %d times and as %d bytes of ranges, want once whole", whole, rb)
+	}
+	if src.most > jobs {
+		t.Errorf("%d requests were open at once, want at most Jobs (%d)", src.most, jobs)
 	}
 }
