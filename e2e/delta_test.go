@@ -302,8 +302,15 @@ func TestDeltaPushBaseDir(t *testing.T) {
 	if _, err := synth.Perturb(v2, v3, synth.PerturbOptions{Fraction: 0.02, Seed: 2}); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"vols/local", "vols/fetched"} {
-		pushDelta(t, reg.Host+"/"+name+":v1", v1)
+	pushDelta(t, reg.Host+"/vols/local:v1", v1)
+	// v1 of vols/fetched from a copy gone since: no local base is known.
+	gone := filepath.Join(t.TempDir(), "gone")
+	if err := synth.Generate(gone, synth.Options{TargetBytes: 24 << 20, Shards: 2, Seed: 43}); err != nil {
+		t.Fatal(err)
+	}
+	pushDelta(t, reg.Host+"/vols/fetched:v1", gone)
+	if err := os.RemoveAll(gone); err != nil {
+		t.Fatal(err)
 	}
 	fetched := pushDelta(t, reg.Host+"/vols/fetched:v2", v2)
 
@@ -361,4 +368,22 @@ func TestDeltaPushBaseDir(t *testing.T) {
 	cold := filepath.Join(t.TempDir(), "cold")
 	pull(t, reg.Host+"/vols/lying@"+got.Digest, cold)
 	compareTrees(t, v2, cold)
+
+	// Without --base-dir: the directory this node last pushed to the
+	// repository, when that push was the base version.
+	pushDelta(t, reg.Host+"/vols/auto:v1", v1)
+	auto := pushDelta(t, reg.Host+"/vols/auto:v2", v2)
+	if auto.Digest != fetched.Digest || auto.BaseBytesFetched != 0 || auto.BaseBytesLocal < auto.DeltaChunkBytes {
+		t.Errorf("after pushing v1 from its directory: %s, bases %d local, %d fetched; want %s, all local", auto.Digest, auto.BaseBytesLocal, auto.BaseBytesFetched, fetched.Digest)
+	}
+	if next := pushDelta(t, reg.Host+"/vols/auto:v3", v3); next.BaseBytesLocal == 0 {
+		t.Errorf("v3 after pushing v2 from its directory: no base read locally: %+v", next)
+	}
+	// When the last push to the repository was not the base version,
+	// its directory is not read.
+	pushDelta(t, reg.Host+"/vols/other:v1", v1)
+	pushDelta(t, reg.Host+"/vols/other:v3", v3, "--delta", "off")
+	if o := pushDelta(t, reg.Host+"/vols/other:v2", v2, "--base", "v1"); o.BaseBytesLocal != 0 || o.BaseBytesFetched == 0 || o.Digest != fetched.Digest {
+		t.Errorf("the last push to the repository was v3: %s, bases %d local, %d fetched; want %s, all fetched", o.Digest, o.BaseBytesLocal, o.BaseBytesFetched, fetched.Digest)
+	}
 }

@@ -3,7 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 
 	"github.com/bdnvol/bdnvol/internal/progress"
 	"github.com/bdnvol/bdnvol/internal/units"
@@ -27,8 +31,25 @@ type PushCmd struct {
 	MaxLayers int      `name:"max-layers" hidden:"" help:"Layers per manifest before splitting into parts."`
 	Delta     string   `name:"delta" enum:"off,auto" default:"auto" help:"Store chunks that changed a little as deltas against the base version (auto), or every chunk whole (off)."`
 	Base      string   `name:"base" help:"Base version of the deltas: a tag or digest of the repository (default: the version TAG points at, else the newest sealed one)."`
-	BaseDir   string   `name:"base-dir" type:"existingdir" help:"A local copy of the base version (the directory it was pushed from, say): bases are read from it where they verify instead of downloaded."`
+	BaseDir   string   `name:"base-dir" type:"existingdir" help:"A local copy of the base version: bases are read from it where they verify instead of downloaded (default: the directory this node last pushed to the repository, when that push was the base version)."`
 	RateFlags `embed:""`
+}
+
+// lastPushedDir returns the directory this node last pushed to repo when
+// that push sealed base and the directory is another than dir (a tree
+// overwritten in place holds the new version, not the base); else nil.
+func lastPushedDir(cacheDir, repo, dir string, base digest.Digest) push.Source {
+	l, ok := statcache.LoadLastPush(cacheDir, repo)
+	if !ok || l.Digest != base {
+		return nil
+	}
+	if abs, err := filepath.Abs(dir); err == nil && abs == l.Dir {
+		return nil
+	}
+	if st, err := os.Stat(l.Dir); err != nil || !st.IsDir() {
+		return nil
+	}
+	return push.DirSource(l.Dir)
 }
 
 // Run pushes the directory.
@@ -58,11 +79,13 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	counters := &progress.Counters{}
 	stop := startProgress(g.stderr, "push", counters)
+	cacheDir := g.cacheDir()
 	res, err := versions.Publish(ctx, t, push.DirSource(c.Dir), versions.PublishOptions{
-		Tag:   ref.Tag,
-		Extra: c.Tag,
-		Delta: c.Delta == "auto",
-		Base:  c.Base,
+		Tag:       ref.Tag,
+		Extra:     c.Tag,
+		Delta:     c.Delta == "auto",
+		Base:      c.Base,
+		LocalBase: func(d digest.Digest) push.Source { return lastPushedDir(cacheDir, ref.Repo(), c.Dir, d) },
 		Push: push.Options{
 			Params:       params,
 			MaxLayers:    c.MaxLayers,
@@ -76,6 +99,9 @@ func (c *PushCmd) Run(ctx context.Context, g *Globals) error {
 	stop()
 	if err != nil {
 		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	if err := statcache.SaveLastPush(cacheDir, ref.Repo(), c.Dir, res.Root.Digest); err != nil {
+		fmt.Fprintf(g.stderr, "bdnvol: warning: recording the push for the next one's deltas: %v\n", err)
 	}
 	out := res.Report(ref)
 	out.Seconds = time.Since(start).Seconds()

@@ -11,7 +11,10 @@
 //     settled or marked racy when saved;
 //   - the index pieces of the version the last whole pull wrote
 //     (TakePulledPieces), and the piece memo of the last push (LoadMemo,
-//     SaveMemo): what lets a re-pull or re-push skip the unchanged pieces.
+//     SaveMemo): what lets a re-pull or re-push skip the unchanged pieces;
+//   - the last push to each repository (LoadLastPush, SaveLastPush): the
+//     directory and version, where the next push's delta bases may be
+//     read.
 //
 // The records are one file, mapped and read by path, merged with new ones
 // record by record when saved; a torn or corrupt file is refused and

@@ -36,6 +36,9 @@ type PublishOptions struct {
 	// every chunk is stored plain.
 	Delta bool
 	Base  string
+	// LocalBase, when set and Push.DeltaBaseDir is not, returns a local
+	// copy of the base version of digest d (nil: none known).
+	LocalBase func(d digest.Digest) push.Source
 }
 
 // Published is what Publish sealed and tagged.
@@ -57,11 +60,16 @@ func Publish(ctx context.Context, t oci.Target, src push.Source, opt PublishOpti
 		opt.Push.Destination = "" // Check needs the whole index, which reused pieces are not in
 	}
 	if opt.Delta && opt.Push.DeltaBase == nil {
-		base, err := DeltaBase(ctx, t, opt.Tag, opt.Base)
+		base, err := deltaBase(ctx, t, opt.Tag, opt.Base)
 		if err != nil {
 			return nil, err
 		}
-		opt.Push.DeltaBase = base
+		if base != nil {
+			opt.Push.DeltaBase = base.Index
+			if opt.Push.DeltaBaseDir == nil && opt.LocalBase != nil {
+				opt.Push.DeltaBaseDir = opt.LocalBase(base.Root.Digest)
+			}
+		}
 	}
 	res, err := push.Push(ctx, t, src, opt.Push)
 	if err != nil {
@@ -132,6 +140,15 @@ func previousTargets(ctx context.Context, t oci.Target, tags []string) map[strin
 // newest sealed version; nil when there is none (a first push). An
 // explicit base that cannot be opened is an error.
 func DeltaBase(ctx context.Context, t oci.Target, tag, base string) (*layout.Index, error) {
+	v, err := deltaBase(ctx, t, tag, base)
+	if v == nil {
+		return nil, err
+	}
+	return v.Index, err
+}
+
+// deltaBase is DeltaBase, returning the version.
+func deltaBase(ctx context.Context, t oci.Target, tag, base string) (*layout.Version, error) {
 	candidates := []string{}
 	switch {
 	case base != "":
@@ -149,7 +166,7 @@ func DeltaBase(ctx context.Context, t oci.Target, tag, base string) (*layout.Ind
 		if err == nil {
 			var v *layout.Version
 			if v, err = layout.OpenWith(ctx, t, desc, layout.OpenOptions{SkipEdges: true}); err == nil {
-				return v.Index, nil
+				return v, nil
 			}
 		}
 		if base != "" {
