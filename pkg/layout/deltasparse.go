@@ -13,11 +13,12 @@ import (
 // each byte plane of the XOR of a chunk with its base as its own zstd
 // frame, in one of two forms the encoder picks per plane, whichever is
 // smaller: dense (the plane's bytes, as in a "BDX1" blob) or sparse (a
-// bitmap of the plane's nonzero bytes, then those bytes). The XOR of a
-// small training step is mostly zero bytes: zstd decodes the sparse form,
-// about an eighth of the bytes, several times faster than it rebuilds
-// the long runs of zeros of the dense one, and the reader XORs in only the
-// bytes the bitmap marks.
+// bitmap of the plane's nonzero bytes, itself stored as a bitmap of its
+// nonzero bytes and those bytes, then the plane's nonzero bytes). The XOR
+// of a small training step is mostly zero bytes: zstd decodes the sparse
+// form, a few hundredths of the plane and hardly any zero runs, several
+// times faster than it rebuilds the long runs of zeros of the dense one,
+// and the reader XORs in only the bytes the bitmap marks.
 
 // sparseMagic starts a delta blob of the sparse encoding.
 var sparseMagic = [4]byte{'B', 'D', 'X', '2'}
@@ -25,7 +26,7 @@ var sparseMagic = [4]byte{'B', 'D', 'X', '2'}
 // Forms of a plane in a sparse delta blob.
 const (
 	formDense  = 0 // the plane's bytes
-	formSparse = 1 // a bitmap of its nonzero bytes, then those bytes
+	formSparse = 1 // sparseForm's
 )
 
 // sparseMaxDensity is the share of nonzero bytes past which the encoder
@@ -61,19 +62,20 @@ func encodeSparse(enc *zstd.Encoder, x []byte, planes int) []byte {
 	m := n / planes
 	var (
 		form   [4]byte
-		count  [4]int
+		count  [4]int // nonzero bytes of the plane
+		marks  [4]int // nonzero bytes of its bitmap
 		frames [4][]byte
 		sparse bool
 	)
 	for p := range planes {
 		pl := x[p*m : (p+1)*m]
 		k := nonzero(pl)
-		sp := sparseForm(pl, k)
+		sp, marked := sparseForm(pl, k)
 		frames[p] = enc.EncodeAll(sp, nil)
-		form[p], count[p] = formSparse, k
+		form[p], count[p], marks[p] = formSparse, k, marked
 		if float64(k) > sparseMaxDensity*float64(m) {
 			if d := enc.EncodeAll(pl, nil); len(d) < len(frames[p]) {
-				frames[p], form[p], count[p] = d, formDense, 0
+				frames[p], form[p] = d, formDense
 			}
 		}
 		sparse = sparse || form[p] == formSparse
@@ -85,7 +87,7 @@ func encodeSparse(enc *zstd.Encoder, x []byte, planes int) []byte {
 	for p := range planes {
 		size += 1 + 4 + len(frames[p])
 		if form[p] == formSparse {
-			size += 4
+			size += 8
 		}
 	}
 	out := make([]byte, 0, size)
@@ -94,6 +96,7 @@ func encodeSparse(enc *zstd.Encoder, x []byte, planes int) []byte {
 	for p := range planes {
 		out = append(out, form[p])
 		if form[p] == formSparse {
+			out = binary.LittleEndian.AppendUint32(out, uint32(marks[p]))
 			out = binary.LittleEndian.AppendUint32(out, uint32(count[p]))
 		}
 		out = binary.LittleEndian.AppendUint32(out, uint32(len(frames[p])))
@@ -127,34 +130,50 @@ func nonzero(b []byte) int {
 }
 
 // sparseForm returns the sparse form of plane pl, which has k nonzero
-// bytes: a bitmap of ⌈len(pl)/8⌉ bytes (bit i mod 8 of byte i/8 set when
-// byte i is not zero), then the k nonzero bytes in order.
-func sparseForm(pl []byte, k int) []byte {
+// bytes, and the number of nonzero bytes of its bitmap, marked. The bitmap
+// B of the plane has ⌈len(pl)/8⌉ bytes (bit i mod 8 of byte i/8 set when
+// byte i of pl is not zero); the form is the bitmap of B's nonzero bytes
+// (⌈len(B)/8⌉ bytes, the same way), B's nonzero bytes (marked of them),
+// then pl's nonzero bytes (k), each in order.
+func sparseForm(pl []byte, k int) (out []byte, marked int) {
 	nb := (len(pl) + 7) / 8
-	out := make([]byte, nb+k)
-	bm, vals := out[:nb], out[nb:nb]
-	i := 0
-	for ; i+8 <= len(pl); i += 8 {
-		w := binary.LittleEndian.Uint64(pl[i:])
+	b := make([]byte, nb)
+	for i := 0; i < len(pl); i += 8 {
+		var w uint64
+		if i+8 <= len(pl) {
+			w = binary.LittleEndian.Uint64(pl[i:])
+		} else {
+			for e, c := range pl[i:] {
+				w |= uint64(c) << (8 * e)
+			}
+		}
 		if w == 0 {
 			continue
 		}
-		var b byte
+		var c byte
 		for e := range 8 {
-			if c := byte(w >> (8 * e)); c != 0 {
-				b |= 1 << e
-				vals = append(vals, c)
+			if byte(w>>(8*e)) != 0 {
+				c |= 1 << e
 			}
 		}
-		bm[i/8] = b
+		b[i/8] = c
+		marked++
 	}
-	for ; i < len(pl); i++ {
-		if pl[i] != 0 {
-			bm[i/8] |= 1 << (i % 8)
-			vals = append(vals, pl[i])
+	n1 := (nb + 7) / 8
+	out = make([]byte, n1+marked+k)
+	l1, l0, vals := out[:n1], out[n1:n1], out[n1+marked:n1+marked]
+	for j, c := range b {
+		if c != 0 {
+			l1[j/8] |= 1 << (j % 8)
+			l0 = append(l0, c)
 		}
 	}
-	return out
+	for _, c := range pl {
+		if c != 0 {
+			vals = append(vals, c)
+		}
+	}
+	return out, marked
 }
 
 // xdelta is a decoded delta blob: the XOR of a chunk of size bytes with
@@ -173,9 +192,10 @@ type xdelta struct {
 type xplane struct {
 	form   byte
 	dense  []byte // formDense: the plane
-	bitmap []byte // formSparse: which bytes are nonzero
+	marks  []byte // formSparse: which bytes of the bitmap are nonzero
+	bitmap []byte // formSparse: the nonzero bytes of the bitmap
 	vals   []byte // formSparse: the nonzero bytes
-	k      int    // values before element next
+	c, k   int    // bitmap bytes and values before element next
 }
 
 // release returns the buffer to its pool; d must not be used after.
@@ -203,7 +223,8 @@ func (d *xdelta) xorRange(dst []byte, lo, hi int) {
 	if lo != d.next {
 		for p := range d.planes {
 			if pl := &d.pl[p]; pl.form == formSparse {
-				pl.k = popcount(pl.bitmap[:lo/8])
+				pl.c = popcountBits(pl.marks, lo/8)
+				pl.k = popcount(pl.bitmap[:pl.c])
 			}
 		}
 	}
@@ -212,7 +233,7 @@ func (d *xdelta) xorRange(dst []byte, lo, hi int) {
 		if pl.form == formDense {
 			xorDense(dst, pl.dense, d.planes, p, lo, hi)
 		} else {
-			pl.k = scatter(dst, pl.bitmap, pl.vals, pl.k, d.planes, p, lo, hi)
+			pl.c, pl.k = scatter(dst, pl, d.planes, p, lo, hi)
 		}
 	}
 	d.next = hi
@@ -236,32 +257,50 @@ func popcount(b []byte) int {
 	return k
 }
 
-// scatter XORs the nonzero bytes vals of plane p, from vals[k] on, into
-// the elements lo to hi of dst (planes bytes each) that bitmap marks, 64
-// elements a word, a word without a mark skipped; it returns the index of
-// the next value.
-func scatter(dst, bitmap, vals []byte, k, planes, p, lo, hi int) int {
-	for w := lo; w < hi; w += 64 {
-		b := bitmap[w/8:]
+// popcountBits counts the set bits among the first n bits of b.
+func popcountBits(b []byte, n int) int {
+	k := popcount(b[:n/8])
+	if r := n % 8; r != 0 {
+		k += bits.OnesCount8(b[n/8] & (1<<r - 1))
+	}
+	return k
+}
+
+// scatter XORs the nonzero bytes of the sparse plane pl (byte p of every
+// element of planes bytes) into the elements lo to hi of dst that its
+// bitmap marks, from its bitmap byte pl.c and value pl.k on, and returns
+// where they are after hi. It goes 64 bitmap bytes (512 elements) a word
+// of marks, a word without a mark skipped.
+func scatter(dst []byte, pl *xplane, planes, p, lo, hi int) (int, int) {
+	marks, bitmap, vals, c, k := pl.marks, pl.bitmap, pl.vals, pl.c, pl.k
+	jlo, jhi := lo/8, (hi+7)/8 // the bitmap bytes of the elements
+	for w := jlo &^ 63; w < jhi; w += 64 {
+		b := marks[w/8:]
 		var v uint64
 		if len(b) >= 8 {
 			v = binary.LittleEndian.Uint64(b)
 		} else {
-			for i, c := range b {
-				v |= uint64(c) << (8 * i)
+			for i, x := range b {
+				v |= uint64(x) << (8 * i)
 			}
 		}
-		if n := hi - w; n < 64 {
+		if w < jlo {
+			v &^= 1<<(jlo-w) - 1
+		}
+		if n := jhi - w; n < 64 {
 			v &= 1<<n - 1
 		}
 		for v != 0 {
-			i := w + bits.TrailingZeros64(v)
-			dst[i*planes+p] ^= vals[k]
-			k++
+			e := (w + bits.TrailingZeros64(v)) * 8
+			for m := bitmap[c]; m != 0; m &= m - 1 {
+				dst[(e+bits.TrailingZeros8(m))*planes+p] ^= vals[k]
+				k++
+			}
+			c++
 			v &= v - 1
 		}
 	}
-	return k
+	return c, k
 }
 
 // xorDense XORs elements lo to hi of the dense plane pl, byte p of every
@@ -337,16 +376,16 @@ func decodeSparse(delta []byte, size int64) (*xdelta, error) {
 		switch pl.form {
 		case formDense:
 		case formSparse:
-			if len(h) < 4 {
+			if len(h) < 8 {
 				return nil, fmt.Errorf("%w: a truncated sparse delta header", ErrDelta)
 			}
-			k := int64(binary.LittleEndian.Uint32(h))
-			h = h[4:]
-			if k > int64(d.m) {
-				return nil, fmt.Errorf("%w: plane %d: %d nonzero bytes in a plane of %d", ErrDelta, p, k, d.m)
+			c, k := int64(binary.LittleEndian.Uint32(h)), int64(binary.LittleEndian.Uint32(h[4:]))
+			h = h[8:]
+			if k > int64(d.m) || c > k || k > 8*c {
+				return nil, fmt.Errorf("%w: plane %d: %d nonzero bytes, %d of its bitmap, in a plane of %d", ErrDelta, p, k, c, d.m)
 			}
-			pl.k = int(k) // the count, until decoded
-			want = (d.m+7)/8 + int(k)
+			pl.c, pl.k = int(c), int(k) // the counts, until decoded
+			want = sparseLen(d.m) + int(c) + int(k)
 		default:
 			return nil, fmt.Errorf("%w: plane %d of form %d", ErrDelta, p, pl.form)
 		}
@@ -374,7 +413,7 @@ func decodeSparse(delta []byte, size int64) (*xdelta, error) {
 		pl := &d.pl[p]
 		want := d.m
 		if pl.form == formSparse {
-			want = (d.m+7)/8 + pl.k
+			want = sparseLen(d.m) + pl.c + pl.k
 		}
 		sec, err := decodeFrame(h[:lens[p]], buf[off:off:len(buf)], want)
 		if err != nil {
@@ -387,19 +426,49 @@ func decodeSparse(delta []byte, size int64) (*xdelta, error) {
 			pl.dense, pl.k = sec, 0
 			continue
 		}
-		nb := (d.m + 7) / 8
-		pl.bitmap, pl.vals = sec[:nb], sec[nb:]
-		if r := d.m % 8; r != 0 && pl.bitmap[nb-1]>>r != 0 {
+		n1 := sparseLen(d.m)
+		pl.marks, pl.bitmap, pl.vals = sec[:n1], sec[n1:n1+pl.c], sec[n1+pl.c:]
+		if err := pl.check(d.m); err != nil {
 			d.release()
-			return nil, fmt.Errorf("%w: plane %d: the bitmap marks bytes past the plane's %d", ErrDelta, p, d.m)
+			return nil, fmt.Errorf("%w: plane %d: %v", ErrDelta, p, err)
 		}
-		if c := popcount(pl.bitmap); c != pl.k {
-			d.release()
-			return nil, fmt.Errorf("%w: plane %d: the bitmap marks %d bytes, the header counts %d", ErrDelta, p, c, pl.k)
-		}
-		pl.k = 0
+		pl.c, pl.k = 0, 0
 	}
 	return d, nil
+}
+
+// sparseLen is the length of the marks of the bitmap of a plane of m
+// bytes: one bit per byte of the bitmap, one bit of which per byte of the
+// plane.
+func sparseLen(m int) int { return ((m+7)/8 + 7) / 8 }
+
+// check checks the decoded sparse plane pl, of m bytes (pl.c and pl.k the
+// counts its header gives): the marks mark pl.c bytes of the bitmap, none
+// past its end; no marked byte is zero; the bitmap marks pl.k bytes, none
+// past the plane's end.
+func (pl *xplane) check(m int) error {
+	nb := (m + 7) / 8
+	if r := nb % 8; r != 0 && pl.marks[len(pl.marks)-1]>>r != 0 {
+		return fmt.Errorf("the marks go past the bitmap's %d bytes", nb)
+	}
+	if c := popcount(pl.marks); c != pl.c {
+		return fmt.Errorf("%d bitmap bytes marked, the header counts %d", c, pl.c)
+	}
+	k := 0
+	for _, b := range pl.bitmap {
+		if b == 0 {
+			return fmt.Errorf("a marked bitmap byte is zero")
+		}
+		k += bits.OnesCount8(b)
+	}
+	if k != pl.k {
+		return fmt.Errorf("the bitmap marks %d bytes, the header counts %d", k, pl.k)
+	}
+	// The last byte of the bitmap, when marked, is the last marked one.
+	if r := m % 8; r != 0 && nb > 0 && pl.marks[(nb-1)/8]&(1<<((nb-1)%8)) != 0 && pl.bitmap[len(pl.bitmap)-1]>>r != 0 {
+		return fmt.Errorf("the bitmap marks bytes past the plane's %d", m)
+	}
+	return nil
 }
 
 // decodeFrame decodes the zstd frame f, which must hold exactly want

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -26,7 +27,7 @@ func sparseForms(t *testing.T, b []byte) []byte {
 		forms = append(forms, h[0])
 		h = h[5:]
 		if forms[len(forms)-1] == formSparse {
-			h = h[4:]
+			h = h[8:]
 		}
 	}
 	return forms
@@ -123,8 +124,9 @@ func TestSparseXorRangeAnyOrder(t *testing.T) {
 }
 
 // sparseBlob assembles a "BDX2" blob by hand: planes, per plane its form,
-// its count (sparse) and its decoded section, and the tail.
-func sparseBlob(t *testing.T, planes int, forms []byte, counts []uint32, secs [][]byte, tail []byte) []byte {
+// its counts (sparse: of bitmap bytes and of values) and its decoded
+// section, and the tail.
+func sparseBlob(t *testing.T, planes int, forms []byte, counts [][2]uint32, secs [][]byte, tail []byte) []byte {
 	t.Helper()
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1))
 	if err != nil {
@@ -135,7 +137,8 @@ func sparseBlob(t *testing.T, planes int, forms []byte, counts []uint32, secs []
 	for p := range planes {
 		out = append(out, forms[p])
 		if forms[p] == formSparse {
-			out = binary.LittleEndian.AppendUint32(out, counts[p])
+			out = binary.LittleEndian.AppendUint32(out, counts[p][0])
+			out = binary.LittleEndian.AppendUint32(out, counts[p][1])
 		}
 		f := enc.EncodeAll(secs[p], nil)
 		out = binary.LittleEndian.AppendUint32(out, uint32(len(f)))
@@ -146,52 +149,68 @@ func sparseBlob(t *testing.T, planes int, forms []byte, counts []uint32, secs []
 
 // TestSparseDeltaHostile: a sparse delta whose header is truncated or
 // does not add up, whose frames hold other sizes than their planes, whose
-// bitmap marks another number of bytes than its count or bytes past its
-// plane, is refused with ErrDelta, and so is a sparse delta where format 3
-// is read; a right hand-made one decodes.
+// bitmaps mark another number of bytes than the header counts, mark bytes
+// past their plane, or mark a zero byte, is refused with ErrDelta, and so
+// is a sparse delta where format 3 is read; a right hand-made one decodes.
 func TestSparseDeltaHostile(t *testing.T) {
 	const size = 4096 + 2 // two planes of 2049 and no tail
 	base := make([]byte, size)
-	m := size / 2
-	nb := (m + 7) / 8
-	bitmap := make([]byte, nb)
-	bitmap[0], bitmap[10] = 0x81, 0x04 // elements 0, 7, 82
-	vals := []byte{1, 2, 3}
+	m := size / 2 // 2049: a bitmap of 257 bytes, its marks 33
+	n1 := sparseLen(m)
+	// Plane 0: elements 0, 7 and 82 are 1, 2, 3: bitmap bytes 0 (0x81) and
+	// 10 (0x04), marked by bit 0 of marks byte 0 and bit 2 of byte 1.
+	sec := func(marks map[int]byte, bitmap, vals []byte) []byte {
+		b := make([]byte, n1)
+		for i, v := range marks {
+			b[i] = v
+		}
+		return append(append(b, bitmap...), vals...)
+	}
+	right := map[int]byte{0: 0x01, 1: 0x04}
 	dense := make([]byte, m)
 	dense[5] = 9
-	good := func() []byte {
-		return sparseBlob(t, 2, []byte{formSparse, formDense}, []uint32{3, 0}, [][]byte{append(bytes.Clone(bitmap), vals...), dense}, nil)
+	blob := func(c, k uint32, s []byte, d []byte) []byte {
+		return sparseBlob(t, 2, []byte{formSparse, formDense}, [][2]uint32{{c, k}, {}}, [][]byte{s, d}, nil)
 	}
+	g := blob(2, 3, sec(right, []byte{0x81, 0x04}, []byte{1, 2, 3}), dense)
 	want := make([]byte, size)
 	want[0], want[14], want[164], want[11] = 1, 2, 3, 9
-	if got, err := DecodeDelta(good(), base, size); err != nil || !bytes.Equal(got, want) {
+	if got, err := DecodeDelta(g, base, size); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("a right sparse delta: %v", err)
 	}
 	bad := map[string][]byte{}
-	g := good()
-	for _, n := range []int{4, 5, 6, 9, 13, 14, 20, len(g) - 1} {
-		bad["truncated to "+string(rune('0'+n%10))+"…"] = g[:n]
+	for _, n := range []int{4, 5, 6, 9, 13, 17, 18, 22, 26, len(g) - 1} {
+		bad[fmt.Sprintf("truncated to %d bytes", n)] = g[:n]
 	}
 	bad["trailing bytes"] = append(bytes.Clone(g), 0)
-	bad["a count past the plane"] = sparseBlob(t, 2, []byte{formSparse, formDense}, []uint32{uint32(m + 1), 0}, [][]byte{append(bytes.Clone(bitmap), vals...), dense}, nil)
-	bad["a count the bitmap does not mark"] = sparseBlob(t, 2, []byte{formSparse, formDense}, []uint32{4, 0}, [][]byte{append(bytes.Clone(bitmap), 1, 2, 3, 4), dense}, nil)
-	fewer := bytes.Clone(bitmap)
-	fewer[10] = 0
-	bad["a bitmap marking fewer bytes than its count"] = sparseBlob(t, 2, []byte{formSparse, formDense}, []uint32{3, 0}, [][]byte{append(fewer, vals...), dense}, nil)
-	past := bytes.Clone(bitmap)
-	past[nb-1] = 0x02 // element 2049: past the plane of 2049
-	bad["a bitmap marking bytes past the plane"] = sparseBlob(t, 2, []byte{formSparse, formDense}, []uint32{4, 0}, [][]byte{append(past, 1, 2, 3, 4), dense}, nil)
-	bad["a frame of fewer bytes than its plane"] = sparseBlob(t, 2, []byte{formSparse, formDense}, []uint32{3, 0}, [][]byte{append(bytes.Clone(bitmap), vals...), dense[:m-1]}, nil)
-	bad["a frame of more bytes than its plane"] = sparseBlob(t, 2, []byte{formSparse, formDense}, []uint32{3, 0}, [][]byte{append(bytes.Clone(bitmap), vals...), append(bytes.Clone(dense), 0)}, nil)
-	bad["an unknown form"] = sparseBlob(t, 2, []byte{formSparse, 7}, []uint32{3, 0}, [][]byte{append(bytes.Clone(bitmap), vals...), dense}, nil)
+	bad["a count past the plane"] = blob(2, uint32(m+1), sec(right, []byte{0x81, 0x04}, make([]byte, m+1)), dense)
+	bad["more values than bitmap bytes can mark"] = blob(2, 17, sec(right, []byte{0x81, 0x04}, make([]byte, 17)), dense)
+	bad["a value count the bitmap does not mark"] = blob(2, 4, sec(right, []byte{0x81, 0x04}, []byte{1, 2, 3, 4}), dense)
+	bad["a bitmap byte count the marks do not mark"] = blob(3, 3, sec(right, []byte{0x81, 0x04, 0x01}, []byte{1, 2, 3}), dense)
+	bad["a marked bitmap byte that is zero"] = blob(3, 3, sec(map[int]byte{0: 0x01, 1: 0x0c}, []byte{0x81, 0x04, 0}, []byte{1, 2, 3}), dense)
+	bad["marks past the bitmap"] = blob(3, 4, sec(map[int]byte{0: 0x01, 1: 0x04, 32: 0x02}, []byte{0x81, 0x04, 0x01}, []byte{1, 2, 3, 4}), dense)
+	bad["a bitmap marking bytes past the plane"] = blob(3, 4, sec(map[int]byte{0: 0x01, 1: 0x04, 32: 0x01}, []byte{0x81, 0x04, 0x02}, []byte{1, 2, 3, 4}), dense)
+	bad["a frame of fewer bytes than its plane"] = blob(2, 3, sec(right, []byte{0x81, 0x04}, []byte{1, 2, 3}), dense[:m-1])
+	bad["a frame of more bytes than its plane"] = blob(2, 3, sec(right, []byte{0x81, 0x04}, []byte{1, 2, 3}), append(bytes.Clone(dense), 0))
+	bad["a sparse frame of more bytes than its counts"] = blob(2, 3, sec(right, []byte{0x81, 0x04}, []byte{1, 2, 3, 4}), dense)
+	bad["an unknown form"] = sparseBlob(t, 2, []byte{formSparse, 7}, [][2]uint32{{2, 3}, {}}, [][]byte{sec(right, []byte{0x81, 0x04}, []byte{1, 2, 3}), dense}, nil)
 	bad["3 planes"] = sparseBlob(t, 3, []byte{formDense, formDense, formDense}, nil, [][]byte{dense, dense, dense}, nil)
 	huge := bytes.Clone(g)
-	binary.LittleEndian.PutUint32(huge[10:], 1<<31) // the frame length of plane 0
+	binary.LittleEndian.PutUint32(huge[14:], 1<<31) // the frame length of plane 0
 	bad["a frame longer than the blob"] = huge
 	for name, b := range bad {
 		if out, err := DecodeDelta(b, base, size); !errors.Is(err, ErrDelta) || out != nil {
 			t.Errorf("%s: got %v", name, err)
+		} else {
+			t.Logf("%s: %v", name, err)
 		}
+	}
+	// The last bitmap byte, marked, may hold element 2048, the plane's
+	// last: that one decodes.
+	last := blob(3, 4, sec(map[int]byte{0: 0x01, 1: 0x04, 32: 0x01}, []byte{0x81, 0x04, 0x01}, []byte{1, 2, 3, 4}), dense)
+	want[2*2048] = 4
+	if got, err := DecodeDelta(last, base, size); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the plane's last byte: %v", err)
 	}
 	// A sparse delta where the version's format is 3 (whose readers cannot
 	// read it) is refused and says so.
