@@ -103,7 +103,7 @@ var (
 	}}
 	// decPools hold decoders by size class: class c decodes at most 2^c
 	// bytes, so a delta never makes a reader hold more than twice what it
-	// decodes (a chunk, or a sparse plane of at most 9/8 of it).
+	// decodes (a chunk, or a sparse plane of at most 1.15 times it).
 	decPools [30]sync.Pool
 )
 

@@ -346,9 +346,10 @@ func xorDense(dst, pl []byte, planes, p, lo, hi int) {
 
 // decodeSparse decodes the "BDX2" blob delta of a chunk of size bytes
 // (its magic checked) into a pooled buffer. It decodes at most the bytes
-// the header promises (at most 9/8 of size): a header that does not add
-// up, a frame that holds more or fewer bytes than its plane, a bitmap that
-// marks another number of bytes than its count, are refused with ErrDelta.
+// the header promises (at most 1.15 times size: a plane, its bitmap and
+// the bitmap's marks): a header that does not add up, a frame that holds
+// more or fewer bytes than its plane, a bitmap that marks another number
+// of bytes than its count, are refused with ErrDelta.
 func decodeSparse(delta []byte, size int64) (*xdelta, error) {
 	h := delta[len(sparseMagic):]
 	if len(h) < 1 {
