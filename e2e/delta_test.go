@@ -142,7 +142,8 @@ func TestDeltaRoundTrip(t *testing.T) {
 	pull(t, ref, lying)
 	compareTrees(t, v2, lying)
 
-	// inspect names the deltas and their bases.
+	// inspect names the deltas and their bases, and format 4 (the sparse
+	// delta encoding).
 	var ins struct {
 		FormatVersion int `json:"format_version"`
 		Deltas        []struct {
@@ -150,7 +151,7 @@ func TestDeltaRoundTrip(t *testing.T) {
 		} `json:"deltas"`
 	}
 	mustJSON(t, []byte(mustRun(t, "inspect", "--json", ref).stdout), &ins)
-	if ins.FormatVersion != 3 || len(ins.Deltas) != p.DeltaChunks || ins.Deltas[0].Base == "" {
+	if ins.FormatVersion != 4 || len(ins.Deltas) != p.DeltaChunks || ins.Deltas[0].Base == "" {
 		t.Errorf("inspect --json: format %d, %d deltas (want %d)", ins.FormatVersion, len(ins.Deltas), p.DeltaChunks)
 	}
 	if out := mustRun(t, "inspect", ref).stdout; !strings.Contains(out, "deltas:") || !strings.Contains(out, "base sha256:") {

@@ -50,6 +50,11 @@ type Delta struct {
 	Digest    digest.Digest `json:"digest"`    // the delta blob
 	DeltaSize int64         `json:"deltaSize"` // the delta blob's size
 	Base      digest.Digest `json:"base"`      // the base chunk, stored plain
+	// Format is the format version the delta blob needs, not part of the
+	// delta table: FormatVersion3 for a "BDX1" blob, FormatVersion4 (or 0)
+	// for one that may be of the sparse encoding. A writer sets it with
+	// DeltaFormat; a reader sets it to its index's format version.
+	Format int `json:"-"`
 }
 
 // Descriptor returns the descriptor of the delta blob, a layer of the
@@ -97,13 +102,13 @@ var (
 		return e
 	}}
 	// decPools hold decoders by size class: class c decodes at most 2^c
-	// bytes, so a delta never makes a reader hold more than twice its
-	// chunk.
-	decPools [29]sync.Pool
+	// bytes, so a delta never makes a reader hold more than twice what it
+	// decodes (a chunk, or a sparse plane of at most 1.15 times it).
+	decPools [30]sync.Pool
 )
 
 // decoderPool returns the pool of decoders of the size class of size (at
-// least 1 MiB, at most MaxChunkBytes).
+// least 1 MiB, at most 2 × MaxChunkBytes).
 func decoderPool(size int64) *sync.Pool {
 	c := 20
 	for int64(1)<<c < size {
@@ -123,8 +128,15 @@ func init() {
 }
 
 // EncodeDelta returns the delta blob of plain against base (of the same
-// length), its XOR split into planes (PlanesRaw, Planes16 or Planes32).
+// length), its XOR split into planes (PlanesRaw, Planes16 or Planes32):
+// of the sparse encoding ("BDX2", format version 4) when a plane is
+// smaller in sparse form, else a "BDX1" blob (DeltaFormat tells which).
 func EncodeDelta(plain, base []byte, planes int) ([]byte, error) {
+	return encodeDelta(plain, base, planes, true)
+}
+
+// encodeDelta is EncodeDelta; without sparse it writes a "BDX1" blob.
+func encodeDelta(plain, base []byte, planes int, sparse bool) ([]byte, error) {
 	if len(plain) != len(base) {
 		return nil, fmt.Errorf("layout: delta of %d bytes against a base of %d", len(plain), len(base))
 	}
@@ -135,6 +147,11 @@ func EncodeDelta(plain, base []byte, planes int) ([]byte, error) {
 	split(x, plain, base, planes)
 	enc := encPool.Get().(*zstd.Encoder)
 	defer encPool.Put(enc)
+	if sparse {
+		if out := encodeSparse(enc, x, planes); out != nil {
+			return out, nil
+		}
+	}
 	out := make([]byte, deltaHeader, deltaHeader+len(plain)/8)
 	copy(out, deltaMagic[:])
 	out[len(deltaMagic)] = byte(planes)
@@ -270,18 +287,42 @@ func DecodeDeltaTo(dst, delta, base []byte, size int64) ([]byte, error) {
 	if int64(len(base)) != size {
 		return nil, fmt.Errorf("%w: a base of %d bytes for a chunk of %d", ErrDelta, len(base), size)
 	}
-	xp, planes, err := decodePlanes(delta, size)
+	xd, err := decodeX(delta, size, true)
 	if err != nil {
 		return nil, err
 	}
-	defer putBuf(xp)
+	defer xd.release()
 	out := dst[:0]
 	if int64(cap(out)) < size {
 		out = make([]byte, size)
 	}
 	out = out[:size]
-	join(out, *xp, base, planes)
+	if &out[0] != &base[0] {
+		copy(out, base)
+	}
+	xd.xorAll(out)
 	return out, nil
+}
+
+// decodeX decodes the delta blob delta of a chunk of size bytes, into a
+// pooled buffer (release it): a "BDX1" blob, or when sparse (the blob is
+// of a version of format 4) a "BDX2" one. Anything else is refused with
+// ErrDelta.
+func decodeX(delta []byte, size int64, sparse bool) (*xdelta, error) {
+	if size <= 0 || size > MaxChunkBytes {
+		return nil, fmt.Errorf("%w: a chunk of %d bytes", ErrDelta, size)
+	}
+	if DeltaFormat(delta) == FormatVersion4 {
+		if !sparse {
+			return nil, fmt.Errorf("%w: a delta of the sparse encoding (format version 4) in a version of format 3", ErrDelta)
+		}
+		return decodeSparse(delta, size)
+	}
+	xp, planes, err := decodePlanes(delta, size)
+	if err != nil {
+		return nil, err
+	}
+	return &xdelta{size: int(size), planes: planes, m: int(size) / planes, buf: xp, flat: *xp}, nil
 }
 
 // decodePlanes decodes the frame of the delta blob delta of a chunk of
@@ -356,6 +397,30 @@ func checkDelta(d Delta, size int64, baseIsDelta bool) error {
 		return invalid("delta of chunk %s: its base %s is a delta (a base is stored plain)", d.Chunk, d.Base)
 	}
 	return nil
+}
+
+// indexMediaType returns the media type of a top-level index of format
+// version v (2, 3 or 4).
+func indexMediaType(v int) string {
+	switch v {
+	case FormatVersion3:
+		return MediaTypeIndexV3
+	case FormatVersion4:
+		return MediaTypeIndexV4
+	}
+	return MediaTypeIndexV2
+}
+
+// FormatVersion returns the format version of the version x was read
+// from: its index's version, or 3 or 4 for one with delta chunks.
+func (x *Index) FormatVersion() int {
+	if len(x.deltas) > 0 && x.deltas[0].Format != 0 {
+		return x.deltas[0].Format
+	}
+	if len(x.deltas) > 0 {
+		return FormatVersion4
+	}
+	return x.Version
 }
 
 // Delta returns the delta chunk k is stored as, if it is one.
@@ -481,7 +546,14 @@ func (s *Sealed) WithDeltas(ds map[digest.Digest]Delta, maxLayers int, extra map
 		return nil, err
 	}
 	table := blobOf(MediaTypeDeltas, tb)
+	// Format 3 when every delta blob is of the first encoding: a reader of
+	// format 3 reads it; else 4, which such a reader refuses.
 	t.Version = FormatVersion3
+	for _, d := range list {
+		if d.Format != FormatVersion3 {
+			t.Version = FormatVersion4
+		}
+	}
 	t.Deltas = &DeltaRef{Digest: table.Desc.Digest, Size: table.Desc.Size, Count: int64(len(list))}
 	top, err := encodeTop(&t)
 	if err != nil {
@@ -492,7 +564,7 @@ func (s *Sealed) WithDeltas(ds map[digest.Digest]Delta, maxLayers int, extra map
 	}
 	n := &Sealed{Index: s.Index, pieceEnds: s.pieceEnds, pieceRefs: s.pieceRefs, reused: s.reused, files: s.files, bytes: s.bytes}
 	// Blobs: top-level index, pieces, delta table, empty config.
-	n.Blobs = append([]Blob{blobOf(MediaTypeIndexV3, top)}, s.Blobs[1:len(s.Blobs)-1]...)
+	n.Blobs = append([]Blob{blobOf(indexMediaType(t.Version), top)}, s.Blobs[1:len(s.Blobs)-1]...)
 	n.Blobs = append(n.Blobs, table, s.Blobs[len(s.Blobs)-1])
 	layers := make([]ocispec.Descriptor, 0, len(n.Blobs)+len(s.Chunks))
 	layers = append(layers, n.Blobs[0].Desc)

@@ -45,6 +45,20 @@ func bf16Step(n int, frac float64, seed uint64) (base, next []byte) {
 	return base, next
 }
 
+// bf16Tune returns n bytes of bf16 weights and the same weights after a
+// full fine-tune: every element moved by a relative amount of about rel.
+func bf16Tune(n int, rel float64, seed uint64) (base, next []byte) {
+	r := rand.New(rand.NewPCG(seed, 1))
+	base, next = make([]byte, n), make([]byte, n)
+	for i := 0; i+1 < n; i += 2 {
+		v := uint16(math.Float32bits(float32(r.NormFloat64()*0.02)) >> 16)
+		binary.LittleEndian.PutUint16(base[i:], v)
+		w := math.Float32frombits(uint32(v)<<16) * float32(1+rel*r.NormFloat64())
+		binary.LittleEndian.PutUint16(next[i:], uint16(math.Float32bits(w)>>16))
+	}
+	return base, next
+}
+
 func TestDeltaCodecRoundTrip(t *testing.T) {
 	base, next := bf16Step(1<<20, 0.02, 1)
 	for _, planes := range []int{PlanesRaw, Planes16, Planes32} {
@@ -100,19 +114,49 @@ func TestDeltaDecodeBounded(t *testing.T) {
 	}
 }
 
+// FuzzDecodeDelta: any blob, of either encoding, decodes to its size or
+// is refused with ErrDelta, without a panic; one that decodes gives the
+// same bytes XORed in a range at a time.
 func FuzzDecodeDelta(f *testing.F) {
 	base, next := bf16Step(4096, 0.05, 3)
-	d, _ := EncodeDelta(next, base, Planes16)
+	d, _ := encodeDelta(next, base, Planes16, false)
 	f.Add(d, int64(4096))
 	f.Add(d[:20], int64(4096))
+	for _, planes := range []int{PlanesRaw, Planes16, Planes32} {
+		s, _ := EncodeDelta(next, base, planes)
+		f.Add(s, int64(4096))
+		f.Add(s[:len(s)/2], int64(4096))
+		f.Add(s, int64(4097))
+	}
+	ftBase, ftNext := bf16Tune(4098, 0.01, 3)
+	s, _ := EncodeDelta(ftNext, ftBase, Planes32)
+	f.Add(s, int64(4098))
 	f.Fuzz(func(t *testing.T, delta []byte, size int64) {
 		if size <= 0 || size > 1<<20 {
 			return
 		}
 		b := make([]byte, size)
 		out, err := DecodeDelta(delta, b, size)
-		if err == nil && int64(len(out)) != size {
+		if err != nil {
+			if !errors.Is(err, ErrDelta) || out != nil {
+				t.Fatalf("refused with %v", err)
+			}
+			return
+		}
+		if int64(len(out)) != size {
 			t.Fatalf("decoded %d bytes for %d", len(out), size)
+		}
+		xd, err := decodeX(delta, size, true)
+		if err != nil {
+			t.Fatalf("decodes once, not twice: %v", err)
+		}
+		defer xd.release()
+		got := make([]byte, size)
+		mid := xd.m / 16 * 8
+		xd.xorRange(got, mid, xd.m)
+		xd.xorRange(got, 0, mid)
+		if !bytes.Equal(got, out) {
+			t.Fatal("ranges out of order decode other bytes")
 		}
 	})
 }
@@ -122,6 +166,13 @@ func FuzzDecodeDelta(f *testing.F) {
 // of another version, and returns the store, the version's root and the
 // plain chunks.
 func deltaVersion(t *testing.T, mk func(plain, base []byte) []byte) (*memory.Store, ocispec.Descriptor, [][]byte, []byte) {
+	t.Helper()
+	return deltaVersionAs(t, mk, 0)
+}
+
+// deltaVersionAs is deltaVersion with the delta's Format set to format
+// (when not 0; else as a writer sets it, with DeltaFormat).
+func deltaVersionAs(t *testing.T, mk func(plain, base []byte) []byte, format int) (*memory.Store, ocispec.Descriptor, [][]byte, []byte) {
 	t.Helper()
 	ctx := context.Background()
 	store := memory.New()
@@ -152,7 +203,10 @@ func deltaVersion(t *testing.T, mk func(plain, base []byte) []byte) (*memory.Sto
 		t.Fatal(err)
 	}
 	delta := mk(next, base)
-	d := Delta{Chunk: x.Chunks[1].Digest, Size: 1 << 20, Digest: digest.FromBytes(delta), DeltaSize: int64(len(delta)), Base: bd.Digest}
+	d := Delta{Chunk: x.Chunks[1].Digest, Size: 1 << 20, Digest: digest.FromBytes(delta), DeltaSize: int64(len(delta)), Base: bd.Digest, Format: DeltaFormat(delta)}
+	if format != 0 {
+		d.Format = format
+	}
 	if err := store.Push(ctx, d.Descriptor(), bytes.NewReader(delta)); err != nil {
 		t.Fatal(err)
 	}
@@ -319,8 +373,8 @@ func (f countingFetcher) Fetch(ctx context.Context, desc ocispec.Descriptor) (io
 func TestNewerFormatRefused(t *testing.T) {
 	ctx := context.Background()
 	store := memory.New()
-	top := []byte(`{"version":4}`)
-	td := content.NewDescriptorFromBytes("application/vnd.bdnvol.index.v4+json", top)
+	top := []byte(`{"version":5}`)
+	td := content.NewDescriptorFromBytes("application/vnd.bdnvol.index.v5+json", top)
 	if err := store.Push(ctx, td, bytes.NewReader(top)); err != nil {
 		t.Fatal(err)
 	}
@@ -333,9 +387,42 @@ func TestNewerFormatRefused(t *testing.T) {
 	}
 }
 
+// BenchmarkDecodeDelta decodes the delta of a 16 MiB bf16 chunk after an
+// RL-like step (2 % of the elements moved). bench/delta.sh reports it.
 func BenchmarkDecodeDelta(b *testing.B) {
 	base, next := bf16Step(16<<20, 0.02, 5)
 	d, _ := EncodeDelta(next, base, Planes16)
+	benchDecode(b, d, base, next)
+}
+
+// BenchmarkDenseDecode is BenchmarkDecodeDelta for the "BDX1" blob of the
+// same chunk (format version 3's encoding).
+func BenchmarkDenseDecode(b *testing.B) {
+	base, next := bf16Step(16<<20, 0.02, 5)
+	d, _ := encodeDelta(next, base, Planes16, false)
+	benchDecode(b, d, base, next)
+}
+
+// BenchmarkFinetuneDecode decodes the delta of a 16 MiB bf16 chunk of a
+// full fine-tune (every element moved by about 1 %).
+func BenchmarkFinetuneDecode(b *testing.B) {
+	base, next := bf16Tune(16<<20, 0.01, 5)
+	d, _ := EncodeDelta(next, base, Planes16)
+	benchDecode(b, d, base, next)
+}
+
+// BenchmarkFinetuneDenseDecode is BenchmarkFinetuneDecode for the "BDX1"
+// blob of the same chunk.
+func BenchmarkFinetuneDenseDecode(b *testing.B) {
+	base, next := bf16Tune(16<<20, 0.01, 5)
+	d, _ := encodeDelta(next, base, Planes16, false)
+	benchDecode(b, d, base, next)
+}
+
+// benchDecode decodes delta d of next over base, in place as the delta
+// source does, reporting MB per CPU second and the delta's size.
+func benchDecode(b *testing.B, d, base, next []byte) {
+	b.ReportMetric(float64(len(d))/float64(len(next)), "delta/chunk")
 	b.SetBytes(int64(len(next)))
 	b.ReportAllocs()
 	// CPU time as well as wall: on a loaded machine the wall time says
@@ -347,12 +434,12 @@ func BenchmarkDecodeDelta(b *testing.B) {
 	// not the hash of the chunk, which a plain chunk costs too.
 	buf := bytes.Clone(base)
 	for b.Loop() {
-		xp, planes, err := decodePlanes(d, int64(len(next)))
+		xd, err := decodeX(d, int64(len(next)), true)
 		if err != nil {
 			b.Fatal(err)
 		}
-		xorPlanes(buf, *xp, planes)
-		putBuf(xp)
+		xd.xorAll(buf)
+		xd.release()
 	}
 	syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
 	cpu := time.Duration(r1.Utime.Nano() + r1.Stime.Nano() - r0.Utime.Nano() - r0.Stime.Nano())

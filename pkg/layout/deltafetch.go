@@ -129,15 +129,16 @@ var newChunkHash = sha256.New
 // time: the hash finds them in the processor's cache.
 const decodeBlock = 256 << 10
 
-// xorHashed XORs the planes x into b, the base (b becomes the chunk), a
+// xorHashed XORs the delta x into b, the base (b becomes the chunk), a
 // piece at a time, hashing each piece as soon as it is done, and verifies
 // the chunk against desc: the one hash of its bytes.
-func xorHashed(b, x []byte, planes int, desc ocispec.Descriptor) error {
+func xorHashed(b []byte, x *xdelta, desc ocispec.Descriptor) error {
 	h := newChunkHash()
+	planes := x.planes
 	m, step := len(b)/planes, decodeBlock/planes
 	for lo := 0; ; lo += step {
 		hi := min(lo+step, m)
-		xorPlanesRange(b, x, planes, lo, hi)
+		x.xorRange(b, lo, hi)
 		end := hi * planes
 		if hi == m {
 			end = len(b)
@@ -185,14 +186,14 @@ func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 	}
 	// A delta blob that does not decode to size bytes lies, whatever the
 	// base: the base takes no part in that.
-	xp, planes, err := decodePlanes(*dp, d.Size)
+	xd, err := decodeX(*dp, d.Size, d.Format != FormatVersion3)
 	if err != nil {
 		putBuf(bp)
 		return nil, fmt.Errorf("chunk %s: %w", d.Chunk, err)
 	}
-	defer putBuf(xp)
+	defer xd.release()
 	for {
-		err := xorHashed(*bp, *xp, planes, d.plainDescriptor()) // the chunk, in place of its base
+		err := xorHashed(*bp, xd, d.plainDescriptor()) // the chunk, in place of its base
 		if err == nil {
 			if local {
 				f.stats.add(1, d.DeltaSize, 0, 1)
@@ -201,7 +202,7 @@ func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 			}
 			return bp, nil
 		}
-		xorPlanes(*bp, *xp, planes) // the base again
+		xd.xorAll(*bp) // the base again
 		berr := verifyBytes("base chunk", *bp, d.BaseDescriptor())
 		putBuf(bp)
 		switch {

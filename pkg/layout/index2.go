@@ -333,13 +333,13 @@ func decodeTop(b []byte) (*topIndex, error) {
 	}
 	switch {
 	case t.Version == FormatVersion && t.Deltas == nil:
-	case t.Version == FormatVersion3 && t.Deltas != nil:
+	case (t.Version == FormatVersion3 || t.Version == FormatVersion4) && t.Deltas != nil:
 		d := t.Deltas
 		if !IsSHA256(d.Digest) || d.Size <= 0 || d.Size > MaxDeltaTableBytes || d.Count <= 0 || d.Count > t.Chunks {
 			return nil, invalid("top-level index: bad delta table reference (%d bytes, %d deltas)", d.Size, d.Count)
 		}
-	case t.Version > FormatVersion3:
-		return nil, invalid("top-level index of format version %d, newer than this bdnvol reads (up to %d): upgrade bdnvol", t.Version, FormatVersion3)
+	case t.Version > FormatVersion4:
+		return nil, invalid("top-level index of format version %d, newer than this bdnvol reads (up to %d): upgrade bdnvol", t.Version, FormatVersion4)
 	default:
 		return nil, invalid("top-level index of version %d", t.Version)
 	}

@@ -45,7 +45,7 @@ type pieceSlot struct {
 // startPieces starts fetching the piece layers of first; nil (which takes
 // nothing) when first does not start with a version 2 index.
 func startPieces(ctx context.Context, src content.Fetcher, first *manifestOrIndex) *pieceAhead {
-	if first == nil || first.NumLayers < 2 || (first.First.MediaType != MediaTypeIndexV2 && first.First.MediaType != MediaTypeIndexV3) {
+	if first == nil || first.NumLayers < 2 || (first.First.MediaType != MediaTypeIndexV2 && first.First.MediaType != MediaTypeIndexV3 && first.First.MediaType != MediaTypeIndexV4) {
 		return nil
 	}
 	a := &pieceAhead{tokens: make(chan struct{}, piecesAhead)}

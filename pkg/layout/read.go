@@ -171,13 +171,13 @@ func (v *Version) readIndex(ctx context.Context, src content.Fetcher, first *man
 	desc := v.Root
 	ix := first.First
 	if first.NumLayers > 0 && strings.HasPrefix(ix.MediaType, "application/vnd.bdnvol.index.v") &&
-		ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2 && ix.MediaType != MediaTypeIndexV3 {
+		ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2 && ix.MediaType != MediaTypeIndexV3 && ix.MediaType != MediaTypeIndexV4 {
 		return nil, nil, fmt.Errorf("%s: %w: file index of media type %q, a format newer than this bdnvol reads: upgrade bdnvol", desc.Digest, ErrInvalidIndex, ix.MediaType)
 	}
-	if first.NumLayers == 0 || (ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2 && ix.MediaType != MediaTypeIndexV3) {
+	if first.NumLayers == 0 || (ix.MediaType != MediaTypeIndex && ix.MediaType != MediaTypeIndexV2 && ix.MediaType != MediaTypeIndexV3 && ix.MediaType != MediaTypeIndexV4) {
 		return nil, nil, fmt.Errorf("%s: %w: first layer is not a file index", desc.Digest, ErrNotVolume)
 	}
-	v2 := ix.MediaType == MediaTypeIndexV2 || ix.MediaType == MediaTypeIndexV3
+	v2 := ix.MediaType == MediaTypeIndexV2 || ix.MediaType == MediaTypeIndexV3 || ix.MediaType == MediaTypeIndexV4
 	limit := int64(MaxIndexBytes)
 	if v2 {
 		limit = MaxTopIndexBytes
@@ -201,7 +201,7 @@ func (v *Version) readIndex(ctx context.Context, src content.Fetcher, first *man
 	if err != nil {
 		return nil, nil, fmt.Errorf("file index %s of %s: %w", ix.Digest, desc.Digest, err)
 	}
-	if (top.Deltas != nil) != (ix.MediaType == MediaTypeIndexV3) {
+	if ix.MediaType != indexMediaType(top.Version) {
 		return nil, nil, fmt.Errorf("file index %s of %s: %w: format version %d under media type %q", ix.Digest, desc.Digest, ErrInvalidIndex, top.Version, ix.MediaType)
 	}
 	rd := newV2Reader(top, skipEdges)
@@ -307,6 +307,9 @@ func (m *layerCheck) readDeltas(ctx context.Context, l ocispec.Descriptor) error
 		if err := checkDelta(d, x.ChunkSize(at[i]), isDelta[d.Base]); err != nil {
 			return fmt.Errorf("%s: %w", desc.Digest, err)
 		}
+	}
+	for i := range t.Deltas {
+		t.Deltas[i].Format = rd.top.Version
 	}
 	x.setDeltas(t.Deltas, at)
 	m.bases = x.Bases()

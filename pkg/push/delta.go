@@ -362,7 +362,7 @@ func (b *deltaBase) tryDelta(ctx context.Context, u *uploader, j chunkJob) (bool
 	if err != nil || !ok {
 		return false, err
 	}
-	d := layout.Delta{Chunk: j.Digest, Size: j.Size, Digest: digest.FromBytes(delta), DeltaSize: int64(len(delta)), Base: bc.digest}
+	d := layout.Delta{Chunk: j.Digest, Size: j.Size, Digest: digest.FromBytes(delta), DeltaSize: int64(len(delta)), Base: bc.digest, Format: layout.DeltaFormat(delta)}
 	dd := d.Descriptor()
 	has, err := u.dst.Exists(ctx, dd)
 	if err != nil {

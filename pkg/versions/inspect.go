@@ -71,7 +71,7 @@ func Inspect(ctx context.Context, t oci.Target, desc ocispec.Descriptor) (*Detai
 	}
 	d.Chunks, d.UniqueBytes = uniqueChunks(v.Index)
 	if d.Deltas = v.Index.Deltas(); len(d.Deltas) > 0 {
-		d.FormatVersion = layout.FormatVersion3
+		d.FormatVersion = v.Index.FormatVersion()
 		for _, x := range d.Deltas {
 			d.DeltaBytes += x.DeltaSize
 		}
