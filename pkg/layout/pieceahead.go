@@ -21,7 +21,8 @@ const (
 var errNotAhead = errors.New("piece not fetched ahead")
 
 // pieceAhead fetches, in the background and in parallel, the index piece
-// layers that follow a version 2 top-level index in its manifest, so that
+// layers that follow a version 2 top-level index in its manifest (and the
+// delta table that follows them in version 3 and 4), so that
 // opening a version costs the round trips of the manifest and of the
 // top-level index and pieces together, not one after another. Each piece
 // is verified against its layer's descriptor as it is fetched; match still
@@ -54,10 +55,13 @@ func startPieces(ctx context.Context, src content.Fetcher, first *manifestOrInde
 			return nil
 		}
 		d := l.desc()
-		if d.MediaType != MediaTypePiece || d.Size <= 0 || d.Size > pieceAheadBytes {
+		if (d.MediaType != MediaTypePiece && d.MediaType != MediaTypeDeltas) || d.Size <= 0 || d.Size > pieceAheadBytes {
 			return errNotAhead // the pieces come first; stop at the first that is not one
 		}
 		a.slots = append(a.slots, &pieceSlot{desc: d, done: make(chan struct{})})
+		if d.MediaType == MediaTypeDeltas {
+			return errNotAhead // the delta table follows the pieces: the last one ahead
+		}
 		return nil
 	})
 	if len(a.slots) == 0 {

@@ -123,3 +123,61 @@ func TestOpenPiecesAheadStopped(t *testing.T) {
 		t.Errorf("%d piece fetches still running after Open returned", f.inFlight)
 	}
 }
+
+// deltaTableFetcher records whether the delta table's fetch began while
+// the top-level index was being fetched (the top's fetch waits up to a
+// second for it to, as a slow link would), and how often each blob is
+// fetched.
+type deltaTableFetcher struct {
+	content.Fetcher
+	mu         sync.Mutex
+	count      map[digest.Digest]int
+	started    chan struct{}
+	once       sync.Once
+	overlapped bool
+}
+
+func (f *deltaTableFetcher) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+	f.mu.Lock()
+	f.count[d.Digest]++
+	f.mu.Unlock()
+	switch d.MediaType {
+	case MediaTypeIndexV3, MediaTypeIndexV4:
+		select {
+		case <-f.started:
+			f.mu.Lock()
+			f.overlapped = true
+			f.mu.Unlock()
+		case <-time.After(time.Second):
+		}
+	case MediaTypeDeltas:
+		f.once.Do(func() { close(f.started) })
+	}
+	return f.Fetcher.Fetch(ctx, d)
+}
+
+// TestOpenFetchesDeltaTableAhead: opening a version with deltas fetches
+// its delta table while the top-level index is fetched, once, not one
+// round trip after the pieces.
+func TestOpenFetchesDeltaTableAhead(t *testing.T) {
+	store, root, _, _ := deltaVersion(t, func(plain, base []byte) []byte {
+		d, _ := EncodeDelta(plain, base, Planes16)
+		return d
+	})
+	f := &deltaTableFetcher{Fetcher: store, count: map[digest.Digest]int{}, started: make(chan struct{})}
+	v, err := Open(context.Background(), f, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Index.Deltas()) != 1 {
+		t.Fatalf("%d deltas read, want 1", len(v.Index.Deltas()))
+	}
+	if !f.overlapped {
+		t.Error("the delta table was not fetched while the top-level index was")
+	}
+	for d, n := range f.count {
+		if n != 1 {
+			t.Errorf("blob %s fetched %d times, want 1", d, n)
+		}
+	}
+}

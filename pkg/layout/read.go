@@ -278,7 +278,10 @@ func (m *layerCheck) readDeltas(ctx context.Context, l ocispec.Descriptor) error
 	if l.MediaType != MediaTypeDeltas || l.Digest != ref.Digest || l.Size != ref.Size {
 		return fmt.Errorf("%s: %w: layer %s is not the delta table %s", desc.Digest, ErrInvalidIndex, l.Digest, ref.Digest)
 	}
-	b, err := fetchAll(ctx, m.src, l)
+	b, err := m.ahead.take(ctx, l)
+	if errors.Is(err, errNotAhead) {
+		b, err = fetchAll(ctx, m.src, l)
+	}
 	if err != nil {
 		return fmt.Errorf("delta table %s of %s: %w", l.Digest, desc.Digest, err)
 	}
