@@ -121,6 +121,9 @@ mount_load() {
 	settle "$MODEL" "$BIN"
 	t0=$(now)
 	"$BDNVOL" --cache-dir "$TMP/cache$N" mount --daemon "$@" "$REF" "$mp" >/dev/null 2>"$TMP/mount.err" || { cat "$TMP/mount.err" >&2; die "mount failed"; }
+	# When the mount started and was ready (ns since the epoch, as the
+	# linkproxy -log's seconds), for reading the request log.
+	echo "$N $LOADER_MODE $t0 $(now) $*" >>"$TMP/mounts.log"
 	"$LOADER" -mode "$LOADER_MODE" -pause "$PAUSE" "$mp" >/dev/null || die "loader failed"
 	WALL=$(secs "$t0" "$(now)")
 	CPU=$(cpu "$(daemon_pid)")
@@ -214,5 +217,6 @@ echo
 echo "Loading the pulled copy alone took ${LOAD_LOCAL}s (page cache warm from the pull)."
 echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 if [[ ${BENCH_KEEP:-0} == 1 ]]; then
-	echo "Request timeline (linkproxy -log): $TMP/requests.log."
+	echo "Request timeline (linkproxy -log): $TMP/requests.log; when each mount started: $TMP/mounts.log."
+	echo "The replay's start: \`python3 bench/replay_start.py $TMP\`."
 fi

@@ -139,7 +139,10 @@ func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store
 	// one resolves the references and fetches the manifests and indexes
 	// the daemon's Open reads first into the shared cache, then hands the
 	// daemon the roots resolved (mounts.Handoff); it stops when the daemon
-	// is ready or failed. The daemon reports what goes wrong, so failing
+	// is ready or failed. With --profile auto it also looks for each
+	// version's profile referrer once the root is known, and hands the
+	// outcome after the roots (the daemon replays it without asking the
+	// registry). The daemon reports what goes wrong, so failing
 	// mirrors are not reported here.
 	pctx, stopPreload := context.WithCancel(ctx)
 	defer stopPreload()
@@ -150,7 +153,8 @@ func (c *MountCmd) daemonize(ctx context.Context, g *Globals, store mounts.Store
 		}
 		mirrors := c.MirrorFlags.config(g)
 		mirrors.OnError = nil
-		return mounts.Preload(pctx, targets, cache, mounts.OpenOptions{OCI: g.options(), Mirrors: mirrors})
+		prof := profile.Options{Mode: c.Profile, Store: profile.StoreIn(cache.Dir())}
+		return mounts.Preload(pctx, targets, cache, mounts.OpenOptions{OCI: g.options(), Mirrors: mirrors, Profile: prof})
 	}
 	d, err := mounts.Daemonize(ctx, exe, os.Args[1:], store.LogPath(mp), preload)
 	if err != nil {

@@ -142,6 +142,12 @@ func Prefetcher(s string) (func(context.Context, *lazy.Volume) error, error) {
 // Errors are dropped: Open meets them again and reports them. At most
 // maxPreloads targets load at once. It returns the targets whose version
 // was loaded, each with its Root set, for the daemon (Handoff).
+//
+// In opt.Profile's auto mode, each version's profile referrer is looked
+// for as soon as its root is known, beside the index (profile.Look), when
+// the node's store has no profile of it: the Profile of a returned target
+// waits for that lookup, which goes on after Preload returns, until it is
+// done or ctx ends.
 func Preload(ctx context.Context, targets []Target, cache *chunkcache.Cache, opt OpenOptions) []Target {
 	if cache == nil {
 		return nil
@@ -150,6 +156,7 @@ func Preload(ctx context.Context, targets []Target, cache *chunkcache.Cache, opt
 	var loaded []Target
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxPreloads)
+	lookSem := make(chan struct{}, maxPreloads)
 	for _, t := range targets {
 		wg.Go(func() {
 			select {
@@ -162,10 +169,12 @@ func Preload(ctx context.Context, targets []Target, cache *chunkcache.Cache, opt
 			if err != nil {
 				return
 			}
+			look := lookProfile(ctx, o.Target, o.Root, opt.Profile, lookSem)
 			if _, err := layout.Open(ctx, cache.For(o.Name()).Fetcher(o.Fetcher), o.Root); err != nil {
 				return
 			}
 			t.Root = o.Root
+			t.Profile = look
 			mu.Lock()
 			loaded = append(loaded, t)
 			mu.Unlock()
@@ -173,6 +182,42 @@ func Preload(ctx context.Context, targets []Target, cache *chunkcache.Cache, opt
 	}
 	wg.Wait()
 	return loaded
+}
+
+// lookProfile starts looking for the profile referrer of the version
+// whose root is root in t (profile.Look), at most cap(sem) at once, when
+// opt asks for one from a referrer; it returns what waits for the outcome
+// (nil: nothing is looked for).
+func lookProfile(ctx context.Context, t oci.Target, root ocispec.Descriptor, opt profile.Options, sem chan struct{}) func(context.Context) (profile.Lookup, bool) {
+	if opt.Mode != profile.ModeAuto || t == nil {
+		return nil
+	}
+	if opt.Store.Dir != "" {
+		if _, err := opt.Store.Load(root.Digest); err == nil {
+			return nil // the daemon replays the node's own
+		}
+	}
+	var l profile.Lookup
+	var ok bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case sem <- struct{}{}:
+			defer func() { <-sem }()
+		case <-ctx.Done():
+			return
+		}
+		l, ok = profile.Look(ctx, t, root)
+	}()
+	return func(wctx context.Context) (profile.Lookup, bool) {
+		select {
+		case <-done:
+			return l, ok
+		case <-wctx.Done():
+			return profile.Lookup{}, false
+		}
+	}
 }
 
 // maxPreloads bounds the targets Preload loads at once.

@@ -5,10 +5,13 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +22,7 @@ import (
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/profile"
 	"github.com/bdnvol/bdnvol/pkg/push"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
@@ -211,5 +215,134 @@ func TestPreloadHandsOffRoot(t *testing.T) {
 	other.Tag, other.Digest = "", digest.FromString("another version")
 	if _, _, err := Open(ctx, other, OpenOptions{Cache: daemon, Known: root}); err == nil {
 		t.Error("Open of a reference pinning a missing digest succeeded with another handed-off root")
+	}
+}
+
+// TestPreloadHandsOffProfile: with the profile lookup Preload did handed
+// to it (Target.Profile, as `mount --daemon` hands it to its daemon), a
+// mount asks the registry nothing to find its profile: after the roots, its
+// first requests are the replay's chunks. A failed lookup handed off is
+// reported as the mount reports its own, and the mount mounts without a
+// profile; a lookup for another version is not used (the mount looks
+// itself).
+func TestPreloadHandsOffProfile(t *testing.T) {
+	ref, rl := pushedVersion(t)
+	ctx := context.Background()
+	tg, err := oci.Open(ctx, ref, oci.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	parent, err := chunkcache.Open(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The profile lists the version's chunks, last first.
+	loaded := Preload(ctx, []Target{{Ref: ref, Mountpoint: "/m"}}, parent, OpenOptions{})
+	if len(loaded) != 1 {
+		t.Fatalf("Preload returned %+v", loaded)
+	}
+	root := loaded[0].Root
+	pc, err := chunkcache.Open(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe, _, err := Open(ctx, ref, OpenOptions{Cache: pc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := probe.Version().Index
+	n := x.NumChunks()
+	probe.Close()
+	var chunks []digest.Digest
+	for k := n - 1; k >= 0; k-- {
+		chunks = append(chunks, x.ChunkDigest(k))
+	}
+	p := profile.New(root.Digest, chunks)
+	md, err := profile.Push(ctx, tg, root, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auto := profile.Options{Mode: profile.ModeAuto}
+	loaded = Preload(ctx, []Target{{Ref: ref, Mountpoint: "/m"}}, parent, OpenOptions{Profile: auto})
+	if len(loaded) != 1 || loaded[0].Profile == nil {
+		t.Fatalf("Preload in auto mode returned %+v; want the target with its profile lookup", loaded)
+	}
+	if _, ok := loaded[0].Profile(ctx); !ok {
+		t.Fatal("Preload's profile lookup handed off nothing")
+	}
+	rl.take()
+
+	// mount opens a fresh cache in dir (the daemon's) with what was handed
+	// off, and returns its log once the profile was replayed or not used.
+	mount := func(handed func(context.Context) (profile.Lookup, bool)) []string {
+		t.Helper()
+		daemon, err := chunkcache.Open(dir, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var logs []string
+		done := make(chan struct{}, 1)
+		opt := auto
+		opt.Handed = handed
+		opt.Logf = func(format string, args ...any) {
+			mu.Lock()
+			logs = append(logs, fmt.Sprintf(format, args...))
+			mu.Unlock()
+			done <- struct{}{}
+		}
+		vol, _, err := Open(ctx, ref, OpenOptions{Cache: daemon, Known: root, Profile: opt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		vol.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		return logs
+	}
+
+	logs := mount(loaded[0].Profile)
+	if len(logs) != 1 || !strings.Contains(logs[0], fmt.Sprintf("from referrer: %d chunks fetched", n)) {
+		t.Errorf("the mount logged %q; want the referrer's %d chunks replayed", logs, n)
+	}
+	var want []string
+	for _, d := range p.Chunks {
+		want = append(want, "GET /v2/"+ref.Repository+"/blobs/"+d.String())
+	}
+	got := rl.take()
+	slices.Sort(want)
+	slices.Sort(got)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("the mount with the handed-off lookup asked %q; want the profile's chunks alone, %q", got, want)
+	}
+
+	// A failed lookup: reported as the mount's own; nothing replayed.
+	logs = mount(func(context.Context) (profile.Lookup, bool) {
+		return profile.Lookup{Version: root.Digest, Err: "referrers of x: 500 boom"}, true
+	})
+	if want := fmt.Sprintf("profile of %s not used: referrers of x: 500 boom", root.Digest); len(logs) != 1 || logs[0] != want {
+		t.Errorf("the mount logged %q; want %q", logs, want)
+	}
+	if got := rl.take(); len(got) != 0 {
+		t.Errorf("the mount with a failed handed-off lookup asked %q; want nothing", got)
+	}
+
+	// A lookup for another version: the mount looks for its own.
+	logs = mount(func(context.Context) (profile.Lookup, bool) {
+		return profile.Lookup{Version: digest.FromString("another version"), Doc: profile.New(digest.FromString("another version"), nil).Encode()}, true
+	})
+	if len(logs) != 1 || !strings.Contains(logs[0], "from referrer:") {
+		t.Errorf("the mount logged %q; want its own referrer replayed", logs)
+	}
+	asked := false
+	for _, r := range rl.take() {
+		if strings.Contains(r, md.Digest.String()) {
+			asked = true
+		}
+	}
+	if !asked {
+		t.Error("the mount given another version's lookup did not fetch its own profile's manifest")
 	}
 }

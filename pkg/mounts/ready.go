@@ -18,6 +18,8 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/bdnvol/bdnvol/pkg/profile"
 )
 
 // ReadyFDEnv names the environment variable that tells a daemonised mount
@@ -76,7 +78,9 @@ func readReady(r io.Reader) ([]string, bool) {
 //
 // handoff, when not nil, is called in a goroutine while the daemon starts;
 // what it returns is written to the daemon on a pipe of its own
-// (HandoffFDEnv), for Handoff.
+// (HandoffFDEnv), for Handoff. Once the daemon is ready, Daemonize still
+// waits (at most handoffLinger, and not past ctx) until the handoff is
+// written: its last part, the profile lookups, may come after the roots.
 func Daemonize(ctx context.Context, exe string, args []string, logPath string, handoff func() []Target) (Daemon, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return Daemon{}, fmt.Errorf("mount daemon log: %w", err)
@@ -115,11 +119,15 @@ func Daemonize(ctx context.Context, exe string, args []string, logPath string, h
 		return Daemon{}, fmt.Errorf("start the mount daemon: %w", err)
 	}
 	pw.Close()
+	written := make(chan struct{})
 	if hw != nil {
 		go func() {
+			defer close(written)
 			defer hw.Close()
 			writeHandoff(hw, handoff())
 		}()
+	} else {
+		close(written)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
@@ -135,6 +143,15 @@ func Daemonize(ctx context.Context, exe string, args []string, logPath string, h
 	select {
 	case r := <-line:
 		if r.ok {
+			// The daemon may still wait for the profile lookups, the
+			// handoff's last part: the caller's context (which they
+			// use) ends when this returns.
+			select {
+			case <-written:
+			case <-exited:
+			case <-ctx.Done():
+			case <-time.After(handoffLinger):
+			}
 			return Daemon{PID: cmd.Process.Pid, Pinned: r.pinned, Log: logPath}, nil
 		}
 	case <-ctx.Done():
@@ -161,7 +178,11 @@ func lastLogLine(logPath string) error {
 // what it resolved (Handoff).
 const HandoffFDEnv = "BDNVOL_MOUNT_HANDOFF_FD"
 
-// maxHandoffBytes bounds what Handoff reads.
+// handoffLinger bounds how long Daemonize, once the daemon is ready, waits
+// for the handoff to be written.
+var handoffLinger = 5 * time.Second
+
+// maxHandoffBytes bounds what Handoff reads of the roots.
 const maxHandoffBytes = 4 << 20
 
 // handoffEntry is one target resolved by the starting process.
@@ -171,6 +192,16 @@ type handoffEntry struct {
 	Root       ocispec.Descriptor `json:"root"`
 }
 
+// handoffProfile is the profile lookup the starting process did for one
+// target, written after every root (a second JSON value).
+type handoffProfile struct {
+	Ref        string         `json:"ref"`
+	Mountpoint string         `json:"mountpoint"`
+	Lookup     profile.Lookup `json:"lookup"`
+}
+
+// writeHandoff writes the roots of targets, then, once every lookup is
+// done, their profile lookups.
 func writeHandoff(w io.Writer, targets []Target) {
 	var es []handoffEntry
 	for _, t := range targets {
@@ -178,7 +209,19 @@ func writeHandoff(w io.Writer, targets []Target) {
 			es = append(es, handoffEntry{t.Ref.String(), t.Mountpoint, t.Root})
 		}
 	}
-	_ = json.NewEncoder(w).Encode(es)
+	if json.NewEncoder(w).Encode(es) != nil {
+		return
+	}
+	var ps []handoffProfile
+	for _, t := range targets {
+		if t.Root.Digest == "" || t.Profile == nil {
+			continue
+		}
+		if l, ok := t.Profile(context.Background()); ok {
+			ps = append(ps, handoffProfile{t.Ref.String(), t.Mountpoint, l})
+		}
+	}
+	_ = json.NewEncoder(w).Encode(ps)
 }
 
 // Handoff, in a process started by Daemonize with a handoff, waits (at most
@@ -187,6 +230,10 @@ func writeHandoff(w io.Writer, targets []Target) {
 // reference at the same mountpoint). Without a handoff, or when it does not
 // come in time or does not parse, targets are returned as they are: the
 // daemon resolves them itself.
+//
+// Each target given a Root also gets a Profile that waits (at most wait
+// again, and not past ctx or its own context) for the profile lookup the
+// starting process writes after the roots; false when none comes.
 func Handoff(ctx context.Context, targets []Target, wait time.Duration) []Target {
 	fd, err := strconv.Atoi(os.Getenv(HandoffFDEnv))
 	if err != nil {
@@ -199,26 +246,62 @@ func Handoff(ctx context.Context, targets []Target, wait time.Duration) []Target
 		return targets
 	}
 	f := os.NewFile(uintptr(fd), "handoff")
-	defer f.Close()
 	deadline := time.Now().Add(wait)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 	if f.SetReadDeadline(deadline) != nil {
+		f.Close()
 		return targets
 	}
 	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
-	defer stop()
+	lr := &io.LimitedReader{R: f, N: maxHandoffBytes}
+	dec := json.NewDecoder(lr)
 	var es []handoffEntry
-	if err := json.NewDecoder(io.LimitReader(f, maxHandoffBytes)).Decode(&es); err != nil {
+	if err := dec.Decode(&es); err != nil {
+		stop()
+		f.Close()
 		return targets
 	}
+	var ps []handoffProfile
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer f.Close()
+		defer stop()
+		if f.SetReadDeadline(time.Now().Add(wait)) != nil || ctx.Err() != nil {
+			return
+		}
+		// A profile document is at most profile.MaxBytes, a third more
+		// in JSON's base64.
+		lr.N += int64(len(es)) * (profile.MaxBytes/3*4 + 4<<10)
+		var got []handoffProfile
+		if dec.Decode(&got) == nil {
+			ps = got
+		}
+	}()
 	out := slices.Clone(targets)
 	for i, t := range out {
 		for _, e := range es {
 			if e.Ref == t.Ref.String() && e.Mountpoint == t.Mountpoint {
 				out[i].Root = e.Root
 			}
+		}
+		if out[i].Root.Digest == "" {
+			continue
+		}
+		out[i].Profile = func(wctx context.Context) (profile.Lookup, bool) {
+			select {
+			case <-done:
+			case <-wctx.Done():
+				return profile.Lookup{}, false
+			}
+			for _, p := range ps {
+				if p.Ref == t.Ref.String() && p.Mountpoint == t.Mountpoint {
+					return p.Lookup, true
+				}
+			}
+			return profile.Lookup{}, false
 		}
 	}
 	return out

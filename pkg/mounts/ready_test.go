@@ -16,6 +16,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/profile"
 )
 
 // helperEnv makes the test binary act as a mount daemon (see TestMain).
@@ -58,6 +59,34 @@ func TestMain(m *testing.M) {
 			}
 		}
 		notify(roots)
+		os.Exit(0)
+	case "handoff-profile":
+		// Report, for each target, the profile lookup handed off after
+		// the roots: "VERSION:CHUNKS", "VERSION:err:MESSAGE", or "none".
+		notify, closeFn := Notifier()
+		defer closeFn()
+		got := Handoff(context.Background(), handoffTargets(), 30*time.Second)
+		var out []string
+		for _, t := range got {
+			l, ok := profile.Lookup{}, false
+			if t.Profile != nil {
+				l, ok = t.Profile(context.Background())
+			}
+			switch {
+			case !ok:
+				out = append(out, "none")
+			case l.Err != "":
+				out = append(out, l.Version.String()+":err:"+strings.ReplaceAll(l.Err, " ", "_"))
+			default:
+				p, err := profile.Parse(l.Doc)
+				if err != nil {
+					out = append(out, "unparsed")
+					continue
+				}
+				out = append(out, fmt.Sprintf("%s:%d", l.Version, len(p.Chunks)))
+			}
+		}
+		notify(out)
 		os.Exit(0)
 	}
 }
@@ -110,6 +139,44 @@ func TestHandoff(t *testing.T) {
 	}
 	if want := []string{"none", "none"}; !reflect.DeepEqual(d.Pinned, want) {
 		t.Errorf("the daemon got %q from a handoff that never came; want %q", d.Pinned, want)
+	}
+}
+
+// TestHandoffProfile: the profile lookups the starting process hands off
+// after the roots reach the daemon, each for its own reference and
+// mountpoint, the document and a failure alike, though they come after
+// the roots (the daemon's Open does not wait for them) and a lookup is
+// still going on when the daemon is ready.
+func TestHandoffProfile(t *testing.T) {
+	root := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromString("a"), Size: 1}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "handoff-profile")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	doc := profile.New(root.Digest, []digest.Digest{digest.FromString("c1"), digest.FromString("c2")}).Encode()
+	slow := make(chan struct{})
+	d, err := Daemonize(ctx, exe, nil, filepath.Join(t.TempDir(), "d.log"), func() []Target {
+		ts := handoffTargets()
+		ts[0].Root = root
+		ts[0].Profile = func(context.Context) (profile.Lookup, bool) {
+			<-slow // handed off after the roots
+			return profile.Lookup{Version: root.Digest, Doc: doc}, true
+		}
+		ts[1].Root = root
+		ts[1].Profile = func(context.Context) (profile.Lookup, bool) {
+			return profile.Lookup{Version: root.Digest, Err: "registry says no"}, true
+		}
+		time.AfterFunc(200*time.Millisecond, func() { close(slow) })
+		return ts
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{root.Digest.String() + ":2", root.Digest.String() + ":err:registry_says_no"}; !reflect.DeepEqual(d.Pinned, want) {
+		t.Errorf("the daemon got %q; want %q", d.Pinned, want)
 	}
 }
 

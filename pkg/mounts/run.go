@@ -14,6 +14,7 @@ import (
 	"github.com/bdnvol/bdnvol/pkg/deploy"
 	"github.com/bdnvol/bdnvol/pkg/lazy"
 	"github.com/bdnvol/bdnvol/pkg/oci"
+	"github.com/bdnvol/bdnvol/pkg/profile"
 	"github.com/bdnvol/bdnvol/pkg/signature"
 )
 
@@ -26,6 +27,10 @@ type Target struct {
 	// that started this one (Handoff); Open reads its manifest from the
 	// cache (origin.Options.Known).
 	Root ocispec.Descriptor
+	// Profile, when set, waits for the startup profile lookup the
+	// process that started this one did for Root (profile.Options.Handed);
+	// false when it has none to hand.
+	Profile func(context.Context) (profile.Lookup, bool)
 }
 
 // FromSpec reads the deploy file specFile and places its mounts under the
@@ -164,6 +169,9 @@ func runOne(ctx context.Context, t Target, opt RunOptions) (*Served, error) {
 	o := opt.Open
 	o.Policy = t.Policy
 	o.Known = t.Root
+	if t.Profile != nil {
+		o.Profile.Handed = t.Profile
+	}
 	vol, pinned, err := Open(ctx, t.Ref, o)
 	if err != nil {
 		return nil, err

@@ -216,5 +216,6 @@ func (r *repository) ServesReferrers(ctx context.Context, subject ocispec.Descri
 	if err := r.Repository.SetReferrersCapability(ok); err != nil && !errors.Is(err, remote.ErrReferrersCapabilityAlreadySet) {
 		return ok, err
 	}
+	r.refsKnown.Store(true)
 	return ok, nil
 }

@@ -40,6 +40,9 @@ type repository struct {
 	client   *auth.Client
 	base     string       // scheme://host
 	partSize atomic.Int64 // 0: whole-body uploads
+	// refsKnown: whether the registry serves the referrers API is known
+	// (Referrers).
+	refsKnown atomic.Bool
 }
 
 // Push stores a blob or manifest. A blob whose content is an io.ReaderAt

@@ -80,7 +80,9 @@ func pushIfMissing(ctx context.Context, t oci.Target, d ocispec.Descriptor, b []
 // Parse's bounds.
 func Fetch(ctx context.Context, t oci.Target, subject ocispec.Descriptor) (*Profile, error) {
 	var refs []ocispec.Descriptor
-	err := oci.EachReferrer(ctx, t, subject, MediaType, func(d ocispec.Descriptor) error {
+	// A mount waits for this: ask the referrers API and the tag schema
+	// at once.
+	err := oci.EachReferrer(oci.WithEagerReferrers(ctx), t, subject, MediaType, func(d ocispec.Descriptor) error {
 		refs = append(refs, d)
 		if len(refs) == maxReferrers {
 			return oci.StopListing

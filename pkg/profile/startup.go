@@ -33,6 +33,10 @@ type Options struct {
 	Record Window
 	// Logf (if set) is told what was replayed or recorded.
 	Logf func(format string, args ...any)
+	// Handed (if set) waits for the referrer lookup another process
+	// did for this mount (Look), which auto mode then uses instead of
+	// asking the registry; false when there is none (the mount asks).
+	Handed func(ctx context.Context) (Lookup, bool)
 }
 
 // CheckMode refuses a profile mode that is neither off, auto nor a
@@ -68,6 +72,12 @@ func Find(ctx context.Context, t oci.Target, root ocispec.Descriptor, opt Option
 	}
 	if t == nil {
 		return nil, "", ErrNotFound
+	}
+	if opt.Handed != nil {
+		if l, ok := opt.Handed(ctx); ok && l.Version == root.Digest {
+			p, err := l.result(root.Digest)
+			return p, "referrer", err
+		}
 	}
 	p, err := Fetch(ctx, t, root)
 	return p, "referrer", err
