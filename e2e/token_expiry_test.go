@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -114,6 +115,17 @@ func TestTokenExpiry(t *testing.T) {
 	if mres.code != 0 {
 		t.Fatalf("mount:\n%s", mres)
 	}
+	// One read first, so that the daemon holds a token (the starting
+	// process asked for the manifest, index and profile), then one that
+	// needs other chunks once that token is stale.
+	f, err := os.Open(filepath.Join(mp, "weights.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Read(make([]byte, 4096)); err != nil {
+		t.Fatalf("first read through the mount: %v", err)
+	}
+	f.Close()
 	time.Sleep(exp.maxAge + time.Second) // the mount's token is stale now
 	before := exp.rejected.Load()
 	if eio := readThroughMount(t, src, mp); len(eio) > 0 {
