@@ -126,6 +126,7 @@ type gatedDeltas struct {
 	mu      sync.Mutex
 	now     int
 	most    int
+	closed  bool
 	reached chan struct{}
 }
 
@@ -136,7 +137,8 @@ func (g *gatedDeltas) Push(ctx context.Context, d ocispec.Descriptor, r io.Reade
 	g.mu.Lock()
 	g.now++
 	g.most = max(g.most, g.now)
-	if g.now == g.want {
+	if g.now == g.want && !g.closed {
+		g.closed = true
 		close(g.reached)
 	}
 	g.mu.Unlock()
