@@ -242,7 +242,9 @@ func (r *baseFileReader) ReadAt(p []byte, off int64) (int, error) {
 			desc := r.b.x.ChunkDescriptor(e.Chunk)
 			r.buf = nil
 			if e.Offset == 0 && e.Length == desc.Size {
-				r.buf = r.b.localChunk(r.ctx, r.f.Path, pos, desc)
+				if r.buf = r.b.localChunk(r.ctx, r.f.Path, pos, desc); r.buf != nil {
+					r.b.baseLocal.Add(desc.Size)
+				}
 			}
 			if r.buf == nil {
 				var err error
@@ -445,7 +447,6 @@ func (b *deltaBase) localChunk(ctx context.Context, p string, off int64, desc oc
 	if verify.Bytes("base chunk", buf, desc) != nil {
 		return nil
 	}
-	b.baseLocal.Add(desc.Size)
 	return buf
 }
 
@@ -458,6 +459,7 @@ func (b *deltaBase) baseBytes(ctx context.Context, p string, off int64, bc baseC
 	own := ocispec.Descriptor{MediaType: layout.MediaTypeChunk, Digest: bc.own, Size: bc.size}
 	if buf := b.localChunk(ctx, p, off, own); buf != nil {
 		if bc.via == nil {
+			b.baseLocal.Add(bc.size)
 			return buf, nil
 		}
 		// The delta of the base version's chunk against bc, XORed with
@@ -465,6 +467,7 @@ func (b *deltaBase) baseBytes(ctx context.Context, p string, off int64, bc baseC
 		if delta, err := verify.Fetch(ctx, b.dst, "delta", bc.via.Descriptor()); err == nil {
 			b.baseRead.Add(int64(len(delta)))
 			if base, err := layout.DecodeDeltaTo(buf, delta, buf, bc.size); err == nil && verify.Bytes("base chunk", base, bd) == nil {
+				b.baseLocal.Add(bc.size)
 				return base, nil
 			}
 		}
