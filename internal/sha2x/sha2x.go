@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"hash"
 	"sync"
+	"sync/atomic"
 )
 
 // Size is the size of a SHA-256 digest in bytes.
@@ -215,7 +216,11 @@ func (d *Digest) BlockSize() int { return blockSize }
 type Pairer struct {
 	mu      sync.Mutex
 	waiting *Offer
+	paired  atomic.Int64
 }
+
+// Paired returns how many offers were hashed beside another, in pairs.
+func (pr *Pairer) Paired() int64 { return pr.paired.Load() }
 
 // Offer is bytes offered to a Pairer, hashed by the time Collect returns.
 type Offer struct {
@@ -236,6 +241,7 @@ func (pr *Pairer) Offer(d *Digest, p []byte) *Offer {
 		pr.waiting = nil
 		pr.mu.Unlock()
 		write2(&w.d.s, &d.s, w.p, p)
+		pr.paired.Add(1)
 		close(w.done)
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
@@ -75,6 +77,8 @@ type Cache struct {
 type store struct {
 	dir string
 	max int64
+
+	pairs sha2x.Pairer // chunks fetched at once are hashed two at a time
 
 	mu       sync.Mutex
 	lru      *list.List // of *cacheEntry, most recently used at the front
@@ -538,7 +542,7 @@ func (c *Cache) fetchToFile(ctx context.Context, src content.Fetcher, desc ocisp
 		c.fetches.Add(1)
 		c.fetchedBytes.Add(desc.Size)
 	} else {
-		n, got, err := copyHashed(f, rc, desc.Size)
+		n, got, err := copyHashed(f, rc, desc.Size, &c.pairs)
 		if err != nil {
 			return nil, c.readError(desc, n, err)
 		}
@@ -615,25 +619,42 @@ var newHash = sha256.New
 // piece is the unit copyHashed reads, hashes and writes at once.
 const piece = 256 << 10
 
-var pieces = sync.Pool{New: func() any { return new([piece]byte) }}
+var pieces = sync.Pool{New: func() any { return new([2 * piece]byte) }}
+
+// newFetchHash returns the hash a fetched chunk is verified with as it is
+// stored (a sha2x.Digest, hashed beside other fetches); tests count what it
+// hashes.
+var newFetchHash = func() hash.Hash { return sha2x.NewDigest() }
 
 // copyHashed copies size bytes from r to w and returns the SHA-256 of what
-// it read. Each piece is read, hashed and written in turn by the calling
-// goroutine: a fetch's pieces arrive slower than they are hashed and
-// stored, and background fetches run several at a time, so handing pieces
-// between goroutines would only add context switches. A write failure is
-// returned as a *storeError.
-func copyHashed(w io.Writer, r io.Reader, size int64) (int64, digest.Digest, error) {
-	b := pieces.Get().(*[piece]byte)
+// it read. Each piece is read, hashed and written by the calling goroutine:
+// a fetch's pieces arrive slower than they are hashed and stored, and
+// background fetches run several at a time, so handing pieces between
+// goroutines would only add context switches. Two pieces alternate: one is
+// offered to pairs, to be hashed beside another fetch's piece (SHA-256
+// twice for about the cost of once), while it is written and the next one
+// read. A write failure is returned as a *storeError.
+func copyHashed(w io.Writer, r io.Reader, size int64, pairs *sha2x.Pairer) (int64, digest.Digest, error) {
+	b := pieces.Get().(*[2 * piece]byte)
 	defer pieces.Put(b)
-	h := newHash()
+	h := newFetchHash()
+	d, _ := h.(*sha2x.Digest)
+	var offer *sha2x.Offer
+	defer func() { pairs.Collect(offer) }() // nothing hashes b after a return
 	var n int64
-	for n < size {
-		k, err := io.ReadFull(r, b[:min(int64(piece), size-n)])
-		n += int64(k)
-		if k > 0 {
-			h.Write(b[:k])
-			if _, werr := w.Write(b[:k]); werr != nil {
+	for k := 0; n < size; k ^= 1 {
+		half := b[k*piece : (k+1)*piece]
+		got, err := io.ReadFull(r, half[:min(int64(piece), size-n)])
+		n += int64(got)
+		if got > 0 {
+			pairs.Collect(offer)
+			offer = nil
+			if d != nil && pairs != nil {
+				offer = pairs.Offer(d, half[:got])
+			} else {
+				h.Write(half[:got])
+			}
+			if _, werr := w.Write(half[:got]); werr != nil {
 				return n, "", &storeError{werr}
 			}
 		}
@@ -644,6 +665,8 @@ func copyHashed(w io.Writer, r io.Reader, size int64) (int64, digest.Digest, err
 			return n, "", err
 		}
 	}
+	pairs.Collect(offer)
+	offer = nil
 	return n, digest.NewDigest(digest.SHA256, h), nil
 }
 

@@ -21,9 +21,10 @@ import (
 // counter for the rest of the test.
 func countHashing(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
-	old := newHash
+	old, oldFetch := newHash, newFetchHash
 	newHash = func() hash.Hash { return testutil.NewCountingHash(&n) }
-	t.Cleanup(func() { newHash = old })
+	newFetchHash = newHash
+	t.Cleanup(func() { newHash, newFetchHash = old, oldFetch })
 	return &n
 }
 

@@ -25,6 +25,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/internal/verify"
 )
@@ -752,5 +753,46 @@ func TestDeltaBaseSplit(t *testing.T) {
 				t.Errorf("the base fetched whole %d times, by %d ranges; want %d whole, %d ranges", src.whole[d.Base], src.ranges[d.Base], c.wantWhole, c.ranges)
 			}
 		})
+	}
+}
+
+// TestDeltaDecodeHashesInPairs: under WithHashPairs a decoded chunk's
+// pieces are offered to the pairer, so a stream waiting there (another
+// chunk, streamed) is hashed beside the chunk's first piece; both digests
+// come out right. Without SHA extensions an offer is hashed at once and
+// nothing pairs: then only the digests are checked.
+func TestDeltaDecodeHashesInPairs(t *testing.T) {
+	ctx := context.Background()
+	store, root, chunks, base := deltaVersion(t, func(plain, base []byte) []byte { return mustDelta(t, plain, base, Planes16) })
+	v, err := Open(ctx, store, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pairs sha2x.Pairer
+	other := sha2x.NewDigest()
+	waiting := bytes.Repeat([]byte("another chunk streamed "), 1<<14)
+	o := pairs.Offer(other, waiting)
+	rc, err := v.ChunkSource(store).Fetch(WithHashPairs(ctx, &pairs), v.Chunk(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, chunks[1]) {
+		t.Fatalf("decode: %v, equal %v", err, bytes.Equal(got, chunks[1]))
+	}
+	pairs.Collect(o)
+	if got, want := digest.NewDigest(digest.SHA256, other), digest.FromBytes(waiting); got != want {
+		t.Errorf("the waiting stream hashed to %s, want %s", got, want)
+	}
+	if o != nil && pairs.Paired() != 1 {
+		t.Errorf("%d offers hashed in pairs, want 1: the decode did not take the waiting stream", pairs.Paired())
+	}
+	// A lying base is still refused under pairs, and named as the base.
+	bad := bytes.Clone(base)
+	bad[3] ^= 1
+	_, err = v.ChunkSource(lyingFetcher{store, digest.FromBytes(base), bad}).Fetch(WithHashPairs(ctx, &pairs), v.Chunk(1))
+	if !errors.Is(err, verify.ErrDigestMismatch) || !strings.Contains(err.Error(), "base") {
+		t.Errorf("a lying base under pairs: %v, want a digest mismatch of the base", err)
 	}
 }

@@ -3,9 +3,9 @@ package layout
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/oci"
 )
@@ -121,9 +122,20 @@ func (r *pooledReader) Close() error {
 // verifyBytes is verify.Bytes; tests count its calls.
 var verifyBytes = verify.Bytes
 
-// newChunkHash returns the hash a decoded chunk is verified with; tests
+// newChunkHash returns the hash a decoded chunk is verified with (a
+// sha2x.Digest, hashed beside other streams under WithHashPairs); tests
 // count what it hashes.
-var newChunkHash = sha256.New
+var newChunkHash = func() hash.Hash { return sha2x.NewDigest() }
+
+type hashPairsKey struct{}
+
+// WithHashPairs returns ctx under which a delta chunk decoded is hashed
+// through pairs: two at a time with the other streams offered to it (other
+// chunks decoded, or streamed by the caller), each piece hashed while the
+// next is XORed in.
+func WithHashPairs(ctx context.Context, pairs *sha2x.Pairer) context.Context {
+	return context.WithValue(ctx, hashPairsKey{}, pairs)
+}
 
 // decodeBlock is how many bytes of a chunk are XORed in, then hashed, at a
 // time: the hash finds them in the processor's cache.
@@ -132,22 +144,38 @@ const decodeBlock = 256 << 10
 // xorHashed XORs the delta x into b, the base (b becomes the chunk), a
 // piece at a time, hashing each piece as soon as it is done, and verifies
 // the chunk against desc: the one hash of its bytes.
-func xorHashed(b []byte, x *xdelta, desc ocispec.Descriptor) error {
+// Under pairs (not nil) a piece is offered to it, to be hashed beside
+// another stream's bytes, while the next piece is XORed in.
+func xorHashed(b []byte, x *xdelta, desc ocispec.Descriptor, pairs *sha2x.Pairer) error {
 	h := newChunkHash()
+	d, _ := h.(*sha2x.Digest)
+	if pairs == nil {
+		d = nil
+	}
+	var offer *sha2x.Offer
+	defer func() { pairs.Collect(offer) }() // nothing hashes b after a return
 	planes := x.planes
 	m, step := len(b)/planes, decodeBlock/planes
 	for lo := 0; ; lo += step {
 		hi := min(lo+step, m)
-		x.xorRange(b, lo, hi)
+		x.xorRange(b, lo, hi) // bytes no offer holds
 		end := hi * planes
 		if hi == m {
 			end = len(b)
 		}
-		h.Write(b[lo*planes : end])
+		pairs.Collect(offer)
+		offer = nil
+		if d != nil {
+			offer = pairs.Offer(d, b[lo*planes:end])
+		} else {
+			h.Write(b[lo*planes : end])
+		}
 		if hi == m {
 			break
 		}
 	}
+	pairs.Collect(offer)
+	offer = nil
 	return verify.Digest("chunk", desc, digest.NewDigest(digest.SHA256, h), int64(len(b)))
 }
 
@@ -192,8 +220,9 @@ func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 		return nil, fmt.Errorf("chunk %s: %w", d.Chunk, err)
 	}
 	defer xd.release()
+	pairs, _ := ctx.Value(hashPairsKey{}).(*sha2x.Pairer)
 	for {
-		err := xorHashed(*bp, xd, d.plainDescriptor()) // the chunk, in place of its base
+		err := xorHashed(*bp, xd, d.plainDescriptor(), pairs) // the chunk, in place of its base
 		if err == nil {
 			if local {
 				f.stats.add(1, d.DeltaSize, 0, 1)

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"oras.land/oras-go/v2/content"
 
+	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 	"github.com/bdnvol/bdnvol/pkg/origin"
@@ -88,6 +89,7 @@ type Volume struct {
 	edgeFailures  atomic.Int32 // edges that failed verification in a row; edges stop at maxEdgeFailures
 	splitFailures atomic.Int32 // split fetches that failed in a row; splitting stops at maxEdgeFailures
 	rangesOK      atomic.Bool  // the source has served a split fetch
+	pairs         sha2x.Pairer // delta chunks decoded at once are hashed two at a time
 	autoAhead     bool         // Readahead was 0: read ahead by Jobs chunks
 
 	// fetches counts the requests to the source started, fetching those
@@ -259,6 +261,7 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 		if parts > 1 && ranged && v.splitFailures.Load() < maxEdgeFailures {
 			ctx = layout.WithBaseParts(ctx, parts)
 		}
+		ctx = layout.WithHashPairs(ctx, &v.pairs)
 		parts = 1
 	}
 	if parts > 1 && ranged && desc.Size >= splitMin && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {

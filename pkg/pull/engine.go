@@ -615,7 +615,8 @@ func (o *openFiles) close() error {
 // visible under a final name. File bytes written count as processed once:
 // credited is how far into the chunk earlier attempts counted.
 func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files *pullSet, buf []byte, c *progress.Counters, credited *int64, pairs *sha2x.Pairer) error {
-	rc, err := src.Fetch(ctx, desc)
+	// A delta chunk's decoded bytes are hashed two at a time too.
+	rc, err := src.Fetch(layout.WithHashPairs(ctx, pairs), desc)
 	if err != nil {
 		return err
 	}
