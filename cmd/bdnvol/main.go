@@ -172,6 +172,9 @@ func limitMemory(args []string) {
 func main() {
 	limitMemory(os.Args[1:])
 	if p := os.Getenv("BDNVOL_CPUPROFILE"); p != "" {
+		if mounts.IsDaemon() {
+			p += ".daemon" // not over the starting process's profile
+		}
 		if f, err := os.Create(p); err == nil {
 			if pprof.StartCPUProfile(f) == nil {
 				code := run(os.Args[1:], os.Stdout, os.Stderr)
