@@ -184,6 +184,12 @@ func (v *Volume) assembleAsync(i int) {
 		if !v.waitQuiet() {
 			return
 		}
+		// Reads hold it back for assemblyMaxWait at most; past that it
+		// copies and hashes the whole file beside them, so only on CPU
+		// time nothing else wants (a cold start's loader keeps reading
+		// for longer than that on a large model).
+		_ = idleThread()
+		onBackgroundAssembly()
 		b, err := v.assemble(v.bg, i, d)
 		if err == nil {
 			b.Close() // on disk now; the next open finds it
@@ -223,6 +229,10 @@ func (v *Volume) waitQuiet() bool {
 	}
 	return true
 }
+
+// onBackgroundAssembly is called as a backing file starts being made in
+// the background, on its thread (tests).
+var onBackgroundAssembly = func() {}
 
 // assemblyQuiet is how long a volume must fetch nothing and serve no read
 // before a backing file is made in the background.

@@ -283,3 +283,30 @@ func mountPassthrough(t *testing.T, v *Volume) (string, string) {
 	}
 	return mnt, filepath.Join(mnt, "big.bin")
 }
+
+// TestBackgroundAssemblyRunsIdle: a backing file made in the background
+// is made on a thread of the idle scheduling class, so that it takes no
+// CPU from reads and fetches.
+func TestBackgroundAssemblyRunsIdle(t *testing.T) {
+	policy := make(chan int, 4)
+	old := onBackgroundAssembly
+	onBackgroundAssembly = func() {
+		attr, err := unix.SchedGetAttr(0, 0)
+		if err != nil {
+			t.Errorf("sched_getattr: %v", err)
+			policy <- -1
+			return
+		}
+		policy <- int(attr.Policy)
+	}
+	t.Cleanup(func() { onBackgroundAssembly = old })
+	mountWarm(t, MountOptions{}, true)
+	select {
+	case p := <-policy:
+		if p != unix.SCHED_IDLE {
+			t.Fatalf("the backing file was made under scheduling policy %d, want SCHED_IDLE (%d)", p, unix.SCHED_IDLE)
+		}
+	default:
+		t.Fatal("no backing file was made in the background")
+	}
+}
