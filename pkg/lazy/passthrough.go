@@ -250,7 +250,7 @@ var assemblyMaxWait = 5 * time.Second
 func (v *Volume) assembleNow(i int) *chunkcache.Backing {
 	d, ok := v.fileDesc(i)
 	if !ok || v.coldStart() || !v.allCached(i) || !v.startAssembly(i) {
-		// While the volume fetches, or fetched within coldWindow (a cold
+		// While the volume fetches, or once it has fetched (a cold
 		// start, a profile replayed), the open is served through FUSE
 		// at once rather than made to wait for a copy of the file,
 		// which is made once the volume is quiet (assembleAsync). A

@@ -110,14 +110,14 @@ type Volume struct {
 // touch records a fetch starting or ending now (see fetched).
 func (v *Volume) touch() { v.fetched.Store(time.Now().UnixNano()) }
 
-// coldStart reports whether the volume is fetching or fetched within
-// coldWindow: a start in progress, which an open should not hold up.
+// coldStart reports whether the volume is fetching or has fetched from its
+// source since it was opened: a start (cold, or a profile replayed), whose
+// opens should not wait while a backing file is copied, however long ago
+// its last fetch (a loader reaches a large model's last shards well after
+// the replay ends), rather than a warm mount, which fetches nothing.
 func (v *Volume) coldStart() bool {
-	return v.fetching.Load() > 0 || time.Now().UnixNano()-v.fetched.Load() < int64(coldWindow)
+	return v.fetching.Load() > 0 || v.fetched.Load() != 0
 }
-
-// coldWindow is how long after its last fetch a volume counts as starting.
-var coldWindow = 2 * time.Second
 
 type handle struct {
 	ch   chunkcache.Chunk
