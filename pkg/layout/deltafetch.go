@@ -85,29 +85,10 @@ func (f *deltaSource) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.Re
 	if !ok || desc.Size != d.Size {
 		return f.src.Fetch(ctx, desc)
 	}
-	getBase := func() (*[]byte, bool, error) { return f.base(ctx, d, true) }
 	if f.streams(ctx, d) {
-		// A local base is decoded over, whole; without one the chunk is
-		// streamed.
-		find, ok := ctx.Value(localBasesKey{}).(LocalBases)
-		var bp *[]byte
-		if ok && find != nil {
-			bp = getBuf(int(d.Size))
-			if find(ctx, d.BaseDescriptor(), *bp) != nil {
-				putBuf(bp)
-				bp = nil
-			}
-		}
-		if bp == nil {
-			if _, again := f.streamed.LoadOrStore(d.Chunk, true); !again {
-				return f.stream(ctx, d)
-			}
-			getBase = func() (*[]byte, bool, error) { return f.base(ctx, d, false) }
-		} else {
-			getBase = func() (*[]byte, bool, error) { return bp, true, nil }
-		}
+		return f.fetchStreamed(ctx, d)
 	}
-	bp, err := f.decode(ctx, d, getBase)
+	bp, err := f.decode(ctx, d)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +101,7 @@ func (f *deltaSource) fetchRange(ctx context.Context, desc ocispec.Descriptor, o
 		if off < 0 || n < 0 || off+n > d.Size {
 			return nil, fmt.Errorf("range %d+%d of chunk %s of %d bytes", off, n, d.Chunk, d.Size)
 		}
-		bp, err := f.decode(ctx, d, func() (*[]byte, bool, error) { return f.base(ctx, d, true) })
+		bp, err := f.decode(ctx, d)
 		if err != nil {
 			return nil, err
 		}
@@ -213,15 +194,28 @@ func (d Delta) plainDescriptor() ocispec.Descriptor {
 	return ocispec.Descriptor{MediaType: MediaTypeChunk, Digest: d.Chunk, Size: d.Size}
 }
 
-// decode fetches the delta blob and the base of d at once (getBase: f.base
-// or a base already found), decodes the chunk in place over the base's
-// buffer (pooled: putBuf it) and verifies it: the one hash of the chunk's
-// bytes. The base is not hashed on the way:
-// the decoded chunk's digest vouches for it. Only when the chunk does not
-// verify is the base restored (XORing the same planes in again) and
-// hashed, to tell a lying base (a local one is then replaced by the fetched
-// one) from a lying delta.
-func (f *deltaSource) decode(ctx context.Context, d Delta, getBase func() (*[]byte, bool, error)) (*[]byte, error) {
+// decode fetches the delta blob and the base of d at once, decodes the
+// chunk in place over the base's buffer (pooled: putBuf it) and verifies
+// it: the one hash of the chunk's bytes (decodeOver).
+func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
+	var (
+		bp    *[]byte
+		local bool
+	)
+	xd, err := f.withDelta(ctx, d, func() (err error) {
+		bp, local, err = f.base(ctx, d, true)
+		return err
+	}, func() { putBuf(bp) })
+	if err != nil {
+		return nil, err
+	}
+	return f.decodeOver(ctx, d, xd, bp, local)
+}
+
+// withDelta fetches the delta blob of d and decodes it while getBase runs
+// (it gets the base, or opens its body), and returns the decoded delta
+// (release it). When either fails, undo releases what getBase got.
+func (f *deltaSource) withDelta(ctx context.Context, d Delta, getBase func() error, undo func()) (*xdelta, error) {
 	var (
 		dp   *[]byte
 		derr error
@@ -232,11 +226,13 @@ func (f *deltaSource) decode(ctx context.Context, d Delta, getBase func() (*[]by
 		defer wg.Done()
 		dp, derr = f.fetchDelta(ctx, d)
 	}()
-	bp, local, berr := getBase()
+	berr := getBase()
 	wg.Wait()
 	defer putBuf(dp)
 	if derr != nil {
-		putBuf(bp)
+		if berr == nil {
+			undo()
+		}
 		return nil, fmt.Errorf("delta of chunk %s: %w", d.Chunk, derr)
 	}
 	if berr != nil {
@@ -246,9 +242,20 @@ func (f *deltaSource) decode(ctx context.Context, d Delta, getBase func() (*[]by
 	// base: the base takes no part in that.
 	xd, err := decodeX(*dp, d.Size, d.Format != FormatVersion3)
 	if err != nil {
-		putBuf(bp)
+		undo()
 		return nil, fmt.Errorf("chunk %s: %w", d.Chunk, err)
 	}
+	return xd, nil
+}
+
+// decodeOver decodes the chunk of d in place over bp, its base's bytes
+// (found locally when local), with the decoded delta xd, which it
+// releases, and verifies it. The base is not hashed on the way: the
+// decoded chunk's digest vouches for it. Only when the chunk does not
+// verify is the base restored (XORing the same planes in again) and
+// hashed, to tell a lying base (a local one is then replaced by the
+// fetched one) from a lying delta.
+func (f *deltaSource) decodeOver(ctx context.Context, d Delta, xd *xdelta, bp *[]byte, local bool) (*[]byte, error) {
 	defer xd.release()
 	pairs, _ := ctx.Value(hashPairsKey{}).(*sha2x.Pairer)
 	for {
@@ -301,12 +308,12 @@ func (f *deltaSource) fetchDelta(ctx context.Context, d Delta) (*[]byte, error) 
 // fetched.
 func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]byte, local bool, err error) {
 	bd := d.BaseDescriptor()
-	bp = getBuf(int(bd.Size))
-	if find, ok := ctx.Value(localBasesKey{}).(LocalBases); ok && find != nil && tryLocal {
-		if find(ctx, bd, *bp) == nil {
+	if tryLocal {
+		if bp := findLocal(ctx, bd); bp != nil {
 			return bp, true, nil
 		}
 	}
+	bp = getBuf(int(bd.Size))
 	src := f.bases
 	if src == nil {
 		src = f.src
@@ -363,6 +370,21 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]b
 		bc.Keep(bd, *bp) // before the chunk is decoded over it
 	}
 	return bp, false, nil
+}
+
+// findLocal returns the bytes of the base bd in a pooled buffer, not
+// verified, when the LocalBases of ctx find it; else nil.
+func findLocal(ctx context.Context, bd ocispec.Descriptor) *[]byte {
+	find, ok := ctx.Value(localBasesKey{}).(LocalBases)
+	if !ok || find == nil {
+		return nil
+	}
+	bp := getBuf(int(bd.Size))
+	if find(ctx, bd, *bp) != nil {
+		putBuf(bp)
+		return nil
+	}
+	return bp
 }
 
 type basePartsKey struct{}
@@ -499,39 +521,46 @@ func (f *deltaSource) baseSource() content.Fetcher {
 	return f.src
 }
 
-// stream fetches the delta blob of d and decodes it, opening its base's
-// body meanwhile, and returns the reader of the chunk that XORs each piece
-// of the base read into the chunk's bytes (not verified).
-func (f *deltaSource) stream(ctx context.Context, d Delta) (io.ReadCloser, error) {
+// fetchStreamed serves the delta chunk d under WithStreamedDeltas: its
+// delta blob is fetched and decoded while its base is found locally (the
+// chunk is then decoded over it, whole and verified) or, on the chunk's
+// first fetch, its base's body opened: the reader returned XORs each piece
+// of the base read into the chunk's bytes (not verified). A later fetch
+// decodes the chunk whole.
+func (f *deltaSource) fetchStreamed(ctx context.Context, d Delta) (io.ReadCloser, error) {
 	var (
-		dp   *[]byte
-		derr error
-		wg   sync.WaitGroup
+		bp    *[]byte
+		local bool
+		rc    io.ReadCloser
 	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		dp, derr = f.fetchDelta(ctx, d)
-	}()
-	rc, berr := f.baseSource().Fetch(ctx, d.BaseDescriptor())
-	wg.Wait()
-	defer putBuf(dp)
-	if derr != nil {
-		if berr == nil {
+	xd, err := f.withDelta(ctx, d, func() (err error) {
+		if bp = findLocal(ctx, d.BaseDescriptor()); bp != nil {
+			local = true
+			return nil
+		}
+		if _, again := f.streamed.LoadOrStore(d.Chunk, true); again {
+			bp, local, err = f.base(ctx, d, false)
+			return err
+		}
+		rc, err = f.baseSource().Fetch(ctx, d.BaseDescriptor())
+		return err
+	}, func() {
+		putBuf(bp)
+		if rc != nil {
 			rc.Close()
 		}
-		return nil, fmt.Errorf("delta of chunk %s: %w", d.Chunk, derr)
-	}
-	if berr != nil {
-		return nil, fmt.Errorf("base of chunk %s: %w", d.Chunk, berr)
-	}
-	xd, err := decodeX(*dp, d.Size, d.Format != FormatVersion3)
+	})
 	if err != nil {
-		rc.Close()
-		return nil, fmt.Errorf("chunk %s: %w", d.Chunk, err)
+		return nil, err
 	}
-	f.stats.addStreamed()
-	return &streamedDelta{ctx: ctx, f: f, d: d, base: rc, xd: xd}, nil
+	if rc != nil {
+		f.stats.addStreamed()
+		return &streamedDelta{ctx: ctx, f: f, d: d, base: rc, xd: xd}, nil
+	}
+	if bp, err = f.decodeOver(ctx, d, xd, bp, local); err != nil {
+		return nil, err
+	}
+	return verify.NewChecked(*bp, d.plainDescriptor(), func() { putBuf(bp) }), nil
 }
 
 // addStreamed counts a chunk streamed into s, when not nil.
