@@ -203,19 +203,33 @@ func xorPlanes(dst, x []byte, planes int) {
 // multiple of 8; hi too unless it is the last element, len(dst)/planes,
 // when the bytes after the last whole element are XORed as well), so that
 // a reader can XOR in, and hash, a piece of the chunk while it is in the
-// processor's cache. It XORs in only the words of x that are not zero
-// (most of them are, in the delta of a small step), 8 elements of every
-// plane at a time.
+// processor's cache.
 func xorPlanesRange(dst, x []byte, planes, lo, hi int) {
 	n := len(dst)
-	x = x[:n]
+	end := hi * planes
+	if hi == n/planes {
+		end = n
+	}
+	xorPlanesWindow(dst[lo*planes:end], x[:n], planes, lo, hi)
+}
+
+// xorPlanesWindow XORs elements lo to hi of the planes x (of a whole
+// chunk of len(x) bytes) into win, which holds those elements only (win[0]
+// is byte 0 of element lo), and the bytes after the last whole element
+// when hi is the last element; lo is a multiple of 8, hi too unless it is
+// the last element. It XORs in only the words of x that are not zero (most
+// of them are, in the delta of a small step), 8 elements of every plane at
+// a time.
+func xorPlanesWindow(win, x []byte, planes, lo, hi int) {
+	n := len(x)
 	m := n / planes
 	i := lo
 	switch planes {
 	case PlanesRaw:
 		for ; i+8 <= hi; i += 8 {
 			if w := binary.LittleEndian.Uint64(x[i:]); w != 0 {
-				binary.LittleEndian.PutUint64(dst[i:], w^binary.LittleEndian.Uint64(dst[i:]))
+				d := win[i-lo : i-lo+8]
+				binary.LittleEndian.PutUint64(d, w^binary.LittleEndian.Uint64(d))
 			}
 		}
 	case Planes16:
@@ -228,7 +242,7 @@ func xorPlanesRange(dst, x []byte, planes, lo, hi int) {
 			if a|b == 0 {
 				continue
 			}
-			d := dst[2*i : 2*i+16]
+			d := win[2*(i-lo) : 2*(i-lo)+16]
 			w0 := spread16(uint32(a)) | spread16(uint32(b))<<8
 			w1 := spread16(uint32(a>>32)) | spread16(uint32(b>>32))<<8
 			binary.LittleEndian.PutUint64(d[:8], w0^binary.LittleEndian.Uint64(d[:8]))
@@ -243,7 +257,7 @@ func xorPlanesRange(dst, x []byte, planes, lo, hi int) {
 				binary.LittleEndian.Uint64(p2[i:])|binary.LittleEndian.Uint64(p3[i:]) == 0 {
 				continue
 			}
-			d := dst[4*i : 4*i+32]
+			d := win[4*(i-lo) : 4*(i-lo)+32]
 			for e := range 8 {
 				d[4*e] ^= p0[i+e]
 				d[4*e+1] ^= p1[i+e]
@@ -254,12 +268,12 @@ func xorPlanesRange(dst, x []byte, planes, lo, hi int) {
 	}
 	for ; i < hi; i++ {
 		for p := range planes {
-			dst[i*planes+p] ^= x[p*m+i]
+			win[(i-lo)*planes+p] ^= x[p*m+i]
 		}
 	}
 	if hi == m {
 		for j := m * planes; j < n; j++ {
-			dst[j] ^= x[j]
+			win[j-lo*planes] ^= x[j]
 		}
 	}
 }

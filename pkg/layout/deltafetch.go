@@ -41,6 +41,10 @@ type DeltaStats struct {
 	DeltaBytes int64 // bytes of delta blobs fetched
 	BaseBytes  int64 // bytes of base chunks fetched (not found locally)
 	LocalBases int64 // base chunks found locally (and right)
+	// Streamed are delta chunks served as their base streamed in, for
+	// the reader to verify (WithStreamedDeltas); one read to its end
+	// counts in Decoded as well.
+	Streamed int64
 }
 
 // add counts into s, when not nil.
@@ -62,6 +66,7 @@ type deltaSource struct {
 	src, bases content.Fetcher
 	x          *Index
 	stats      *DeltaStats
+	streamed   sync.Map // digest.Digest: the delta chunks streamed once
 }
 
 // Local reports whether the wrapped source reads local files.
@@ -72,11 +77,16 @@ func (f *deltaSource) Local() bool {
 
 // Fetch returns the bytes of chunk desc. Those of a delta chunk come
 // decoded and verified, in a *verify.Checked: a consumer need not hash
-// them again.
+// them again; under WithStreamedDeltas, the first fetch of a delta chunk
+// whose base is fetched whole from the source comes decoded as the base
+// streams in, not verified (see WithStreamedDeltas).
 func (f *deltaSource) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
 	d, ok := f.x.DeltaOf(desc.Digest)
 	if !ok || desc.Size != d.Size {
 		return f.src.Fetch(ctx, desc)
+	}
+	if f.streams(ctx, d) {
+		return f.fetchStreamed(ctx, d)
 	}
 	bp, err := f.decode(ctx, d)
 	if err != nil {
@@ -186,12 +196,26 @@ func (d Delta) plainDescriptor() ocispec.Descriptor {
 
 // decode fetches the delta blob and the base of d at once, decodes the
 // chunk in place over the base's buffer (pooled: putBuf it) and verifies
-// it: the one hash of the chunk's bytes. The base is not hashed on the way:
-// the decoded chunk's digest vouches for it. Only when the chunk does not
-// verify is the base restored (XORing the same planes in again) and
-// hashed, to tell a lying base (a local one is then replaced by the fetched
-// one) from a lying delta.
+// it: the one hash of the chunk's bytes (decodeOver).
 func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
+	var (
+		bp    *[]byte
+		local bool
+	)
+	xd, err := f.withDelta(ctx, d, func() (err error) {
+		bp, local, err = f.base(ctx, d, true)
+		return err
+	}, func() { putBuf(bp) })
+	if err != nil {
+		return nil, err
+	}
+	return f.decodeOver(ctx, d, xd, bp, local)
+}
+
+// withDelta fetches the delta blob of d and decodes it while getBase runs
+// (it gets the base, or opens its body), and returns the decoded delta
+// (release it). When either fails, undo releases what getBase got.
+func (f *deltaSource) withDelta(ctx context.Context, d Delta, getBase func() error, undo func()) (*xdelta, error) {
 	var (
 		dp   *[]byte
 		derr error
@@ -202,11 +226,13 @@ func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 		defer wg.Done()
 		dp, derr = f.fetchDelta(ctx, d)
 	}()
-	bp, local, berr := f.base(ctx, d, true)
+	berr := getBase()
 	wg.Wait()
 	defer putBuf(dp)
 	if derr != nil {
-		putBuf(bp)
+		if berr == nil {
+			undo()
+		}
 		return nil, fmt.Errorf("delta of chunk %s: %w", d.Chunk, derr)
 	}
 	if berr != nil {
@@ -216,9 +242,20 @@ func (f *deltaSource) decode(ctx context.Context, d Delta) (*[]byte, error) {
 	// base: the base takes no part in that.
 	xd, err := decodeX(*dp, d.Size, d.Format != FormatVersion3)
 	if err != nil {
-		putBuf(bp)
+		undo()
 		return nil, fmt.Errorf("chunk %s: %w", d.Chunk, err)
 	}
+	return xd, nil
+}
+
+// decodeOver decodes the chunk of d in place over bp, its base's bytes
+// (found locally when local), with the decoded delta xd, which it
+// releases, and verifies it. The base is not hashed on the way: the
+// decoded chunk's digest vouches for it. Only when the chunk does not
+// verify is the base restored (XORing the same planes in again) and
+// hashed, to tell a lying base (a local one is then replaced by the
+// fetched one) from a lying delta.
+func (f *deltaSource) decodeOver(ctx context.Context, d Delta, xd *xdelta, bp *[]byte, local bool) (*[]byte, error) {
 	defer xd.release()
 	pairs, _ := ctx.Value(hashPairsKey{}).(*sha2x.Pairer)
 	for {
@@ -271,12 +308,12 @@ func (f *deltaSource) fetchDelta(ctx context.Context, d Delta) (*[]byte, error) 
 // fetched.
 func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]byte, local bool, err error) {
 	bd := d.BaseDescriptor()
-	bp = getBuf(int(bd.Size))
-	if find, ok := ctx.Value(localBasesKey{}).(LocalBases); ok && find != nil && tryLocal {
-		if find(ctx, bd, *bp) == nil {
+	if tryLocal {
+		if bp := findLocal(ctx, bd); bp != nil {
 			return bp, true, nil
 		}
 	}
+	bp = getBuf(int(bd.Size))
 	src := f.bases
 	if src == nil {
 		src = f.src
@@ -333,6 +370,21 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]b
 		bc.Keep(bd, *bp) // before the chunk is decoded over it
 	}
 	return bp, false, nil
+}
+
+// findLocal returns the bytes of the base bd in a pooled buffer, not
+// verified, when the LocalBases of ctx find it; else nil.
+func findLocal(ctx context.Context, bd ocispec.Descriptor) *[]byte {
+	find, ok := ctx.Value(localBasesKey{}).(LocalBases)
+	if !ok || find == nil {
+		return nil
+	}
+	bp := getBuf(int(bd.Size))
+	if find(ctx, bd, *bp) != nil {
+		putBuf(bp)
+		return nil
+	}
+	return bp
 }
 
 type basePartsKey struct{}
@@ -423,4 +475,203 @@ type deltaRangeSource struct{ *deltaSource }
 // as oci.RangeFetcher's).
 func (f *deltaRangeSource) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
 	return f.fetchRange(ctx, desc, off, n)
+}
+
+type streamedDeltasKey struct{}
+
+// WithStreamedDeltas returns ctx under which a delta chunk whose base must
+// be fetched whole from the source (not found through LocalBases, not
+// fetched by ranges under WithBaseParts, not offered to a BaseCache) is
+// served as its base streams in: the delta blob is fetched and decoded
+// first, then each piece of the base read is XORed with the delta's
+// planes for its elements and handed on, never the whole chunk in memory.
+// Those bytes are not verified: the reader must hash them and refuse the
+// chunk unless they match its digest, as it does a plain chunk's. Only
+// the first fetch of a chunk is streamed: a later one (a retry after a
+// mismatch) decodes it whole and verified, which tells a lying base from
+// a lying delta. A source of local files (fetched once, not retried) is
+// not streamed.
+func WithStreamedDeltas(ctx context.Context) context.Context {
+	return context.WithValue(ctx, streamedDeltasKey{}, true)
+}
+
+// streams reports whether the delta chunk d may be streamed under ctx
+// (WithStreamedDeltas), its base fetched whole from the source: not a
+// local source, no cache of bases, no split by ranges.
+func (f *deltaSource) streams(ctx context.Context, d Delta) bool {
+	if on, _ := ctx.Value(streamedDeltasKey{}).(bool); !on || f.Local() {
+		return false
+	}
+	if _, ok := f.bases.(BaseCache); ok {
+		return false
+	}
+	if parts, ok := ctx.Value(basePartsKey{}).(int); ok && parts > 1 && d.Size >= splitBaseMin {
+		if _, ok := f.baseSource().(oci.RangeFetcher); ok {
+			return false
+		}
+	}
+	return true
+}
+
+// baseSource is where bases are fetched from: bases, else src.
+func (f *deltaSource) baseSource() content.Fetcher {
+	if f.bases != nil {
+		return f.bases
+	}
+	return f.src
+}
+
+// fetchStreamed serves the delta chunk d under WithStreamedDeltas: its
+// delta blob is fetched and decoded while its base is found locally (the
+// chunk is then decoded over it, whole and verified) or, on the chunk's
+// first fetch, its base's body opened: the reader returned XORs each piece
+// of the base read into the chunk's bytes (not verified). A later fetch
+// decodes the chunk whole.
+func (f *deltaSource) fetchStreamed(ctx context.Context, d Delta) (io.ReadCloser, error) {
+	var (
+		bp    *[]byte
+		local bool
+		rc    io.ReadCloser
+	)
+	xd, err := f.withDelta(ctx, d, func() (err error) {
+		if bp = findLocal(ctx, d.BaseDescriptor()); bp != nil {
+			local = true
+			return nil
+		}
+		if _, again := f.streamed.LoadOrStore(d.Chunk, true); again {
+			bp, local, err = f.base(ctx, d, false)
+			return err
+		}
+		rc, err = f.baseSource().Fetch(ctx, d.BaseDescriptor())
+		return err
+	}, func() {
+		putBuf(bp)
+		if rc != nil {
+			rc.Close()
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rc != nil {
+		f.stats.addStreamed()
+		return &streamedDelta{ctx: ctx, f: f, d: d, base: rc, xd: xd}, nil
+	}
+	if bp, err = f.decodeOver(ctx, d, xd, bp, local); err != nil {
+		return nil, err
+	}
+	return verify.NewChecked(*bp, d.plainDescriptor(), func() { putBuf(bp) }), nil
+}
+
+// addStreamed counts a chunk streamed into s, when not nil.
+func (s *DeltaStats) addStreamed() {
+	if s != nil {
+		atomic.AddInt64(&s.Streamed, 1)
+	}
+}
+
+// streamedDelta reads a delta chunk as its base's body streams in: each
+// read fills the caller's buffer from the base (a whole number of groups
+// of 8 elements, or the rest of the chunk) and XORs the delta's planes for
+// those elements into it. A body that is short or long ends in an error;
+// the bytes are not verified.
+type streamedDelta struct {
+	ctx   context.Context
+	f     *deltaSource
+	d     Delta
+	base  io.ReadCloser
+	xd    *xdelta
+	off   int    // bytes of the chunk decoded
+	pend  []byte // bytes decoded into small, not yet read
+	small [9 * Planes32]byte
+	err   error // io.EOF once every byte is decoded
+}
+
+// span returns how many bytes, k, the next piece has when c bytes fit,
+// and the element it ends at, hi: the rest of the chunk when it fits,
+// else a whole number of groups of 8 elements short of the last element
+// (the bytes past the last whole element go with it); k is 0 when c holds
+// no group.
+func (s *streamedDelta) span(c int) (k, hi int) {
+	x := s.xd
+	if rest := x.size - s.off; rest <= c {
+		return rest, x.m
+	}
+	lo := s.off / x.planes
+	e := (c / x.planes) &^ 7
+	if lo+e >= x.m {
+		e -= 8
+	}
+	if e <= 0 {
+		return 0, 0
+	}
+	return e * x.planes, lo + e
+}
+
+// Read reads the next bytes of the chunk.
+func (s *streamedDelta) Read(p []byte) (int, error) {
+	if len(s.pend) > 0 {
+		n := copy(p, s.pend)
+		s.pend = s.pend[n:]
+		return n, nil
+	}
+	if s.err != nil {
+		return 0, s.err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	win := p
+	k, hi := s.span(len(p))
+	if k == 0 { // too small a buffer for a group of elements
+		k, hi = s.span(len(s.small))
+		win = s.small[:]
+	}
+	if err := s.piece(win[:k], hi); err != nil {
+		s.err = err
+		return 0, err
+	}
+	if &win[0] == &s.small[0] {
+		n := copy(p, s.small[:k])
+		s.pend = s.small[n:k]
+		return n, nil
+	}
+	return k, nil
+}
+
+// piece reads the next len(win) bytes of the base into win and XORs the
+// delta's elements up to hi into them; after the last it checks that the
+// base has no byte more.
+func (s *streamedDelta) piece(win []byte, hi int) error {
+	if err := s.ctx.Err(); err != nil {
+		return err
+	}
+	bd := s.d.BaseDescriptor()
+	if n, err := io.ReadFull(s.base, win); err == io.EOF || err == io.ErrUnexpectedEOF {
+		return fmt.Errorf("base of chunk %s: %w", s.d.Chunk, verify.Digest("base chunk", bd, "", int64(s.off+n)))
+	} else if err != nil {
+		return fmt.Errorf("base of chunk %s: %w", s.d.Chunk, err)
+	}
+	s.xd.xorWindow(win, s.off/s.xd.planes, hi)
+	s.off += len(win)
+	if s.off < s.xd.size {
+		return nil
+	}
+	if verify.End("base chunk", bd, s.base, bd.Digest, bd.Size) != nil {
+		return fmt.Errorf("base of chunk %s: %w", s.d.Chunk, verify.Digest("base chunk", bd, "", bd.Size+1))
+	}
+	s.f.stats.add(1, s.d.DeltaSize, s.d.Size, 0)
+	s.err = io.EOF
+	return nil
+}
+
+// Close releases the delta and closes the base's body.
+func (s *streamedDelta) Close() error {
+	if s.xd == nil {
+		return nil
+	}
+	s.xd.release()
+	s.xd = nil
+	s.err = errors.New("layout: read of a closed delta chunk")
+	return s.base.Close()
 }

@@ -210,14 +210,25 @@ func (d *xdelta) release() {
 // into the chunk and the chunk into the base.
 func (d *xdelta) xorAll(dst []byte) { d.xorRange(dst, 0, d.m) }
 
-// xorRange XORs elements lo to hi of the delta into dst, as
+// xorRange XORs elements lo to hi of the delta into dst, of size bytes, as
 // xorPlanesRange (lo a multiple of 8, hi too unless it is m, when the bytes
 // past the last whole element go too). Ranges taken in order cost only
 // their elements; another costs a count of the bitmaps up to lo.
 func (d *xdelta) xorRange(dst []byte, lo, hi int) {
-	dst = dst[:d.size]
+	end := hi * d.planes
+	if hi == d.m {
+		end = d.size
+	}
+	d.xorWindow(dst[lo*d.planes:end], lo, hi)
+}
+
+// xorWindow is xorRange into win, which holds only the bytes of elements
+// lo to hi of the chunk (win[0] is byte 0 of element lo), and the bytes
+// past the last whole element when hi is m: a piece of the chunk read
+// apart from the rest.
+func (d *xdelta) xorWindow(win []byte, lo, hi int) {
 	if d.flat != nil {
-		xorPlanesRange(dst, d.flat, d.planes, lo, hi)
+		xorPlanesWindow(win, d.flat, d.planes, lo, hi)
 		return
 	}
 	if lo != d.next {
@@ -231,16 +242,16 @@ func (d *xdelta) xorRange(dst []byte, lo, hi int) {
 	for p := range d.planes {
 		pl := &d.pl[p]
 		if pl.form == formDense {
-			xorDense(dst, pl.dense, d.planes, p, lo, hi)
+			xorDense(win, pl.dense, d.planes, p, lo, hi)
 		} else {
-			pl.c, pl.k = scatter(dst, pl, d.planes, p, lo, hi)
+			pl.c, pl.k = scatter(win, pl, d.planes, p, lo, hi)
 		}
 	}
 	d.next = hi
 	if hi == d.m {
-		end := d.m * d.planes
+		end := (d.m - lo) * d.planes
 		for j, c := range d.tail {
-			dst[end+j] ^= c
+			win[end+j] ^= c
 		}
 	}
 }
@@ -267,11 +278,11 @@ func popcountBits(b []byte, n int) int {
 }
 
 // scatter XORs the nonzero bytes of the sparse plane pl (byte p of every
-// element of planes bytes) into the elements lo to hi of dst that its
-// bitmap marks, from its bitmap byte pl.c and value pl.k on, and returns
+// element of planes bytes) into the elements lo to hi that its bitmap
+// marks, held by win (win[0] is byte 0 of element lo), from its bitmap byte pl.c and value pl.k on, and returns
 // where they are after hi. It goes 64 bitmap bytes (512 elements) a word
 // of marks, a word without a mark skipped.
-func scatter(dst []byte, pl *xplane, planes, p, lo, hi int) (int, int) {
+func scatter(win []byte, pl *xplane, planes, p, lo, hi int) (int, int) {
 	marks, bitmap, vals, c, k := pl.marks, pl.bitmap, pl.vals, pl.c, pl.k
 	jlo, jhi := lo/8, (hi+7)/8 // the bitmap bytes of the elements
 	for w := jlo &^ 63; w < jhi; w += 64 {
@@ -291,9 +302,9 @@ func scatter(dst []byte, pl *xplane, planes, p, lo, hi int) (int, int) {
 			v &= 1<<n - 1
 		}
 		for v != 0 {
-			e := (w + bits.TrailingZeros64(v)) * 8
+			e := (w+bits.TrailingZeros64(v))*8 - lo
 			for m := bitmap[c]; m != 0; m &= m - 1 {
-				dst[(e+bits.TrailingZeros8(m))*planes+p] ^= vals[k]
+				win[(e+bits.TrailingZeros8(m))*planes+p] ^= vals[k]
 				k++
 			}
 			c++
@@ -304,15 +315,16 @@ func scatter(dst []byte, pl *xplane, planes, p, lo, hi int) (int, int) {
 }
 
 // xorDense XORs elements lo to hi of the dense plane pl, byte p of every
-// element of planes bytes, into dst, 8 elements at a time, a group of
-// zeros skipped.
-func xorDense(dst, pl []byte, planes, p, lo, hi int) {
+// element of planes bytes, into win, which holds those elements (win[0] is
+// byte 0 of element lo), 8 elements at a time, a group of zeros skipped.
+func xorDense(win, pl []byte, planes, p, lo, hi int) {
 	i := lo
 	switch planes {
 	case PlanesRaw:
 		for ; i+8 <= hi; i += 8 {
 			if w := binary.LittleEndian.Uint64(pl[i:]); w != 0 {
-				binary.LittleEndian.PutUint64(dst[i:], w^binary.LittleEndian.Uint64(dst[i:]))
+				d := win[i-lo : i-lo+8]
+				binary.LittleEndian.PutUint64(d, w^binary.LittleEndian.Uint64(d))
 			}
 		}
 	case Planes16:
@@ -321,7 +333,7 @@ func xorDense(dst, pl []byte, planes, p, lo, hi int) {
 			if a == 0 {
 				continue
 			}
-			d := dst[2*i : 2*i+16]
+			d := win[2*(i-lo) : 2*(i-lo)+16]
 			w0 := spread16(uint32(a)) << (8 * p)
 			w1 := spread16(uint32(a>>32)) << (8 * p)
 			binary.LittleEndian.PutUint64(d[:8], w0^binary.LittleEndian.Uint64(d[:8]))
@@ -333,14 +345,14 @@ func xorDense(dst, pl []byte, planes, p, lo, hi int) {
 			if a == 0 {
 				continue
 			}
-			d := dst[planes*i : planes*(i+8)]
+			d := win[planes*(i-lo) : planes*(i-lo+8)]
 			for e := range 8 {
 				d[planes*e+p] ^= byte(a >> (8 * e))
 			}
 		}
 	}
 	for ; i < hi; i++ {
-		dst[i*planes+p] ^= pl[i]
+		win[(i-lo)*planes+p] ^= pl[i]
 	}
 }
 

@@ -5,16 +5,20 @@ import (
 	"context"
 	"errors"
 	"hash"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
 
+	"github.com/bdnvol/bdnvol/internal/sha2x"
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/internal/verify"
 	"github.com/bdnvol/bdnvol/pkg/layout"
@@ -73,11 +77,13 @@ func deltaPullVersion(t *testing.T, files []layout.File, chunks [][]byte, base [
 	return store, v
 }
 
-// TestPullDeltaChunkHashedOnce: a pull writes a delta chunk, decoded and
-// verified by the delta source, without hashing it again (streamed to one
-// file, or whole to the files it packs), while a plain chunk is hashed as
-// it is written; a delta that decodes to other bytes is still refused and
-// nothing is put in place.
+// TestPullDeltaChunkHashedOnce: a pull hashes a delta chunk once: one
+// streamed to its file comes decoded piece by piece as its base streams in
+// (the delta source hashes nothing: TestDeltaFetchStreamed) and is hashed
+// as it is written, as a plain chunk is; one whole to the files it packs
+// comes decoded and verified by the delta source and is not hashed again.
+// A delta that decodes to other bytes is still refused and nothing is put
+// in place.
 func TestPullDeltaChunkHashedOnce(t *testing.T) {
 	const size = 1 << 20
 	r := rand.New(rand.NewPCG(3, 3))
@@ -95,17 +101,18 @@ func TestPullDeltaChunkHashedOnce(t *testing.T) {
 		return layout.File{Path: path, Type: layout.TypeFile, Mode: 0o644, Size: int64(len(data)), Digest: digest.FromBytes(data), Extents: exts}
 	}
 	cases := []struct {
-		name  string
-		files []layout.File
-		want  map[string][]byte
+		name   string
+		files  []layout.File
+		want   map[string][]byte
+		hashed int64 // by the pull's writer
 	}{
 		{"streamed", []layout.File{fileOf("model", all, layout.Extent{Chunk: 0, Offset: 0, Length: size}, layout.Extent{Chunk: 1, Offset: 0, Length: size})},
-			map[string][]byte{"model": all}},
+			map[string][]byte{"model": all}, 2 * size},
 		{"packed", []layout.File{
 			fileOf("a", plain, layout.Extent{Chunk: 0, Offset: 0, Length: size}),
 			fileOf("b", next[:size/2], layout.Extent{Chunk: 1, Offset: 0, Length: size / 2}),
 			fileOf("c", next[size/2:], layout.Extent{Chunk: 1, Offset: size / 2, Length: size / 2})},
-			map[string][]byte{"a": plain, "b": next[:size/2], "c": next[size/2:]}},
+			map[string][]byte{"a": plain, "b": next[:size/2], "c": next[size/2:]}, size},
 	}
 	good := func(p, b []byte) []byte {
 		d, err := layout.EncodeDelta(p, b, layout.PlanesRaw)
@@ -127,8 +134,8 @@ func TestPullDeltaChunkHashedOnce(t *testing.T) {
 					t.Fatalf("%s: %v, equal %v", name, err, bytes.Equal(got, want))
 				}
 			}
-			if n := hashed.Load(); n != size {
-				t.Errorf("the pull's writer hashed %d bytes, want %d (the plain chunk only: the delta chunk was verified when decoded)", n, size)
+			if n := hashed.Load(); n != c.hashed {
+				t.Errorf("the pull's writer hashed %d bytes, want %d", n, c.hashed)
 			}
 		})
 		t.Run(c.name+"/hostile", func(t *testing.T) {
@@ -149,6 +156,139 @@ func TestPullDeltaChunkHashedOnce(t *testing.T) {
 				if _, err := os.Stat(filepath.Join(dst, name)); !errors.Is(err, os.ErrNotExist) {
 					t.Errorf("%s put in place after a bad delta: %v", name, err)
 				}
+			}
+		})
+	}
+}
+
+// servingOther serves data for the blob of digest d.
+type servingOther struct {
+	content.Fetcher
+	d    digest.Digest
+	data []byte
+}
+
+func (f servingOther) Fetch(ctx context.Context, desc ocispec.Descriptor) (io.ReadCloser, error) {
+	if desc.Digest == f.d {
+		return io.NopCloser(bytes.NewReader(f.data)), nil
+	}
+	return f.Fetcher.Fetch(ctx, desc)
+}
+
+// streamedDeltaVersion stores a version whose chunk 0 (plain) packs files
+// a and b and whose chunk 1, of a size no multiple of its planes, is a
+// delta (made by mk) streamed to file model; it returns the store, the
+// version, the base and the chunks.
+func streamedDeltaVersion(t *testing.T, mk func(plain, base []byte) []byte) (*memory.Store, *layout.Version, []byte, [][]byte) {
+	t.Helper()
+	const size = 1<<20 + 3
+	r := rand.New(rand.NewPCG(5, 5))
+	base := make([]byte, size)
+	for i := range base {
+		base[i] = byte(r.Uint32())
+	}
+	next := bytes.Clone(base)
+	for i := 0; i < size; i += 61 {
+		next[i] ^= 0x21
+	}
+	plain := bytes.Repeat([]byte{9}, 1<<20)
+	fileOf := func(path string, data []byte, exts ...layout.Extent) layout.File {
+		return layout.File{Path: path, Type: layout.TypeFile, Mode: 0o644, Size: int64(len(data)), Digest: digest.FromBytes(data), Extents: exts}
+	}
+	files := []layout.File{
+		fileOf("a", plain[:1<<19], layout.Extent{Chunk: 0, Offset: 0, Length: 1 << 19}),
+		fileOf("b", plain[1<<19:], layout.Extent{Chunk: 0, Offset: 1 << 19, Length: 1 << 19}),
+		fileOf("model", next, layout.Extent{Chunk: 1, Offset: 0, Length: size}),
+	}
+	store, v := deltaPullVersion(t, files, [][]byte{plain, next}, base, mk)
+	return store, v, base, [][]byte{plain, next}
+}
+
+// TestPullStreamsDeltaChunk: a cold pull streams a delta chunk whose base
+// it fetches (counted in DeltaStats.Streamed), hashing its decoded pieces
+// through the pull's Pairer (a stream waiting there is hashed beside
+// them), and writes the chunk; a lying base, a base body cut short and a
+// delta decoding to other bytes are refused, the retry (decoded whole)
+// names the culprit, and the file is not put in place.
+func TestPullStreamsDeltaChunk(t *testing.T) {
+	ctx := context.Background()
+	good := func(p, b []byte) []byte {
+		d, err := layout.EncodeDelta(p, b, layout.Planes16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	store, v, _, chunks := streamedDeltaVersion(t, good)
+	var stats layout.DeltaStats
+	dst := t.TempDir()
+	d, err := openDest(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPuller(ctx, layout.DeltaSource(store, nil, v.Index, &stats), v, d, Options{})
+	other := sha2x.NewDigest()
+	waiting := bytes.Repeat([]byte("another chunk streamed "), 1<<14)
+	o := p.pairs.Offer(other, waiting) // only the delta chunk offers: chunk 0 is packed
+	err = p.plan()
+	if err == nil {
+		err = p.transfer()
+	}
+	if err == nil {
+		err = p.finalise()
+	}
+	d.close(err == nil)
+	p.pairs.Collect(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dst, "model")); err != nil || !bytes.Equal(got, chunks[1]) {
+		t.Fatalf("model: %v, equal %v", err, bytes.Equal(got, chunks[1]))
+	}
+	if stats.Streamed != 1 || stats.Decoded != 1 {
+		t.Errorf("delta stats %+v: want the delta chunk streamed", stats)
+	}
+	if got, want := digest.NewDigest(digest.SHA256, other), digest.FromBytes(waiting); got != want {
+		t.Errorf("the waiting stream hashed to %s, want %s", got, want)
+	}
+	if o != nil && p.pairs.Paired() < 1 {
+		t.Errorf("%d offers hashed in pairs: the streamed chunk was not hashed through the pull's Pairer", p.pairs.Paired())
+	}
+
+	cases := []struct {
+		name  string
+		delta func(p, b []byte) []byte
+		src   func(s content.Fetcher, base []byte) content.Fetcher
+		blame string
+	}{
+		{"lying base", good, func(s content.Fetcher, base []byte) content.Fetcher {
+			b := bytes.Clone(base)
+			b[77] ^= 1
+			return servingOther{s, digest.FromBytes(base), b}
+		}, "base of chunk"},
+		{"short base", good, func(s content.Fetcher, base []byte) content.Fetcher {
+			return servingOther{s, digest.FromBytes(base), base[:len(base)-5]}
+		}, "base of chunk"},
+		{"lying delta", func(p, b []byte) []byte {
+			q := bytes.Clone(p)
+			q[1000] ^= 1
+			return good(q, b)
+		}, func(s content.Fetcher, _ []byte) content.Fetcher { return s }, "decoded delta"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			store, v, base, _ := streamedDeltaVersion(t, c.delta)
+			var stats layout.DeltaStats
+			dst := t.TempDir()
+			_, err := Materialise(ctx, layout.DeltaSource(c.src(store, base), nil, v.Index, &stats), v, dst, Options{})
+			if !errors.Is(err, verify.ErrDigestMismatch) || !strings.Contains(err.Error(), c.blame) {
+				t.Fatalf("%v, want a digest mismatch naming %q", err, c.blame)
+			}
+			if stats.Streamed != 1 {
+				t.Errorf("%d streamed, want the first attempt", stats.Streamed)
+			}
+			if _, err := os.Stat(filepath.Join(dst, "model")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("model put in place: %v", err)
 			}
 		})
 	}

@@ -44,7 +44,16 @@
 //	      halves hashed beside another streamed chunk's, the two SHA-256
 //	      computations interleaved, when one is offered meanwhile:
 //	      internal/sha2x)
-//	    a delta chunk: its delta blob and its base (read in the directory
+//	    a delta chunk whose base is fetched: its delta blob fetched and
+//	      decoded first (its base's body opened meanwhile), then streamed
+//	      like a plain chunk: each half read from the base's body has the
+//	      delta's planes for its elements XORed in
+//	      (layout.WithStreamedDeltas) before it is hashed (paired) and
+//	      written, the digest checked at the end; a short or long base body
+//	      is an error. The retry of a chunk that fails decodes it whole
+//	      (below), which names the base or the delta
+//	    a delta chunk whose base is in the directory (or its retry, or
+//	      one packed): its delta blob and its base (read in the directory
 //	      if it is there, else fetched; both at once) decoded and checked
 //	      against the chunk's digest before a byte is written, the one
 //	      hash of its bytes (the writer trusts the decoder's

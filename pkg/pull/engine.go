@@ -615,8 +615,11 @@ func (o *openFiles) close() error {
 // visible under a final name. File bytes written count as processed once:
 // credited is how far into the chunk earlier attempts counted.
 func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descriptor, ts []target, files *pullSet, buf []byte, c *progress.Counters, credited *int64, pairs *sha2x.Pairer) error {
-	// A delta chunk's decoded bytes are hashed two at a time too.
-	rc, err := src.Fetch(layout.WithHashPairs(ctx, pairs), desc)
+	// A delta chunk whose base is fetched comes decoded piece by piece as
+	// the base streams in, for this loop to hash (paired) and write as it
+	// does a plain chunk's bytes; one decoded whole is verified already
+	// (its pieces hashed two at a time too).
+	rc, err := src.Fetch(layout.WithStreamedDeltas(layout.WithHashPairs(ctx, pairs)), desc)
 	if err != nil {
 		return err
 	}
