@@ -334,6 +334,7 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]b
 			src = fetched{rc}
 		} else {
 			src = f.src
+			keep = !basesNotKept(ctx)
 		}
 	}
 	if parts, ok := ctx.Value(basePartsKey{}).(int); ok && !cached && parts > 1 && bd.Size >= splitBaseMin {
@@ -502,7 +503,7 @@ func (f *deltaSource) streams(ctx context.Context, d Delta) bool {
 	if on, _ := ctx.Value(streamedDeltasKey{}).(bool); !on || f.Local() {
 		return false
 	}
-	if _, ok := f.bases.(BaseCache); ok {
+	if _, ok := f.bases.(BaseCache); ok && !basesNotKept(ctx) {
 		return false
 	}
 	if parts, ok := ctx.Value(basePartsKey{}).(int); ok && parts > 1 && d.Size >= splitBaseMin {
@@ -513,12 +514,44 @@ func (f *deltaSource) streams(ctx context.Context, d Delta) bool {
 	return true
 }
 
-// baseSource is where bases are fetched from: bases, else src.
+// baseSource is where bases are fetched from: bases, else src; src past
+// a BaseCache (a base it holds is read from it before this is asked).
 func (f *deltaSource) baseSource() content.Fetcher {
-	if f.bases != nil {
-		return f.bases
+	if _, ok := f.bases.(BaseCache); ok || f.bases == nil {
+		return f.src
 	}
-	return f.src
+	return f.bases
+}
+
+type basesNotKeptKey struct{}
+
+// WithBasesNotKept returns ctx under which a delta chunk's base that a
+// BaseCache of the source does not hold is fetched from the source and not
+// offered to the cache (Keep): a reader waiting for the chunk does not wait
+// while the base is written as well, and a chunk fetched under
+// WithStreamedDeltas may stream from its base's body (a base the cache
+// holds is read from it, the chunk decoded whole over it).
+func WithBasesNotKept(ctx context.Context) context.Context {
+	return context.WithValue(ctx, basesNotKeptKey{}, true)
+}
+
+// basesNotKept reports whether ctx is under WithBasesNotKept.
+func basesNotKept(ctx context.Context) bool {
+	on, _ := ctx.Value(basesNotKeptKey{}).(bool)
+	return on
+}
+
+// cachedBase reports whether the BaseCache of f (if any) holds the base of d.
+func (f *deltaSource) cachedBase(ctx context.Context, d Delta) (bool, error) {
+	bc, ok := f.bases.(BaseCache)
+	if !ok {
+		return false, nil
+	}
+	rc, ok, err := bc.FetchCached(ctx, d.BaseDescriptor())
+	if ok {
+		rc.Close()
+	}
+	return ok, err
 }
 
 // fetchStreamed serves the delta chunk d under WithStreamedDeltas: its
@@ -537,6 +570,13 @@ func (f *deltaSource) fetchStreamed(ctx context.Context, d Delta) (io.ReadCloser
 		if bp = findLocal(ctx, d.BaseDescriptor()); bp != nil {
 			local = true
 			return nil
+		}
+		// A base a cache holds (WithBasesNotKept): decoded over, whole.
+		if ok, err := f.cachedBase(ctx, d); err != nil || ok {
+			if err == nil {
+				bp, local, err = f.base(ctx, d, false)
+			}
+			return err
 		}
 		if _, again := f.streamed.LoadOrStore(d.Chunk, true); again {
 			bp, local, err = f.base(ctx, d, false)
