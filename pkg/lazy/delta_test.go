@@ -20,6 +20,11 @@ import (
 // a delta against a base that is no chunk of it, and returns the file's
 // bytes, the source and the version.
 func deltaFixture(t *testing.T) ([]byte, *fakeFetcher, *layout.Version) {
+	return deltaFixtureOf(t, 1<<20)
+}
+
+// deltaFixtureOf is deltaFixture with chunks of size bytes.
+func deltaFixtureOf(t *testing.T, size int) ([]byte, *fakeFetcher, *layout.Version) {
 	t.Helper()
 	ctx := context.Background()
 	store := memory.New()
@@ -28,7 +33,7 @@ func deltaFixture(t *testing.T) ([]byte, *fakeFetcher, *layout.Version) {
 	var file []byte
 	var exts []layout.Extent
 	for k := range 2 {
-		base := randBytes(uint64(21+k), 1<<20)
+		base := randBytes(uint64(21+k), size)
 		next := bytes.Clone(base)
 		for i := 0; i < len(next); i += 101 {
 			next[i] ^= byte(0x11 + k)
@@ -149,5 +154,33 @@ func TestDeltaLyingBaseNeverServed(t *testing.T) {
 	}
 	if c.Contains(d.Chunk) {
 		t.Fatal("a chunk decoded from a lying base stored")
+	}
+}
+
+// TestDeltaTensorFetchSplitsBases: the chunks of a tensor a reader starts
+// (fetched at once, split between the volume's jobs) fetch the bases of
+// delta chunks as range requests from the first read on, as a plain
+// chunk's once the source has served ranges: the reader waits for them.
+func TestDeltaTensorFetchSplitsBases(t *testing.T) {
+	next, src, ver := deltaFixtureOf(t, 5<<20)
+	rf := &rangeFake{fakeFetcher: src}
+	v, err := New(ver, rf, Options{Cache: mustCache(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	f, err := v.Open("w.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fetchChunks(0, f.Size(), true)
+	v.wg.Wait()
+	for k, d := range ver.Index.Deltas() {
+		if whole, ranged := rf.blobStats(d.Base); whole != 0 || ranged != d.Size {
+			t.Errorf("base of delta chunk %d: fetched whole %d times, %d bytes by ranges (want 0, %d)", k, whole, ranged, d.Size)
+		}
+	}
+	if got := readAll(t, f); !bytes.Equal(got, next) {
+		t.Fatal("wrong bytes served")
 	}
 }
