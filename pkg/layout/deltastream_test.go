@@ -19,6 +19,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/internal/verify"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // stepBytes returns n random bytes and the same bytes with about one in
@@ -391,5 +392,54 @@ func TestDeltaStreamsPastBaseCache(t *testing.T) {
 	}
 	if _, err = src.Fetch(sctx, v.Chunk(0)); err == nil || !strings.Contains(err.Error(), "base of chunk") {
 		t.Fatalf("the retry: %v, want an error naming the base", err)
+	}
+}
+
+// TestDeltaRangeDecodedAlone: a range of a delta chunk (an edge, one in
+// the middle, the last bytes past the last whole element) is decoded from
+// the delta blob and one range request of its base around it, never the
+// base whole, for every number of planes, dense and sparse; a source whose
+// base a cache holds decodes the whole chunk over it.
+func TestDeltaRangeDecodedAlone(t *testing.T) {
+	ctx := context.Background()
+	for _, planes := range []int{PlanesRaw, Planes16, Planes32} {
+		for _, sparse := range []bool{false, true} {
+			base, next := bf16Step(3<<20+7, 0.02, uint64(20+planes))
+			delta, err := encodeDelta(next, base, planes, sparse)
+			if err != nil {
+				t.Fatal(err)
+			}
+			store, v := streamVersion(t, next, base, delta)
+			d, _ := v.Index.Delta(0)
+			size := int64(len(next))
+			src := &rangeStore{Store: store, whole: map[digest.Digest]int{}, ranges: map[digest.Digest]int{}}
+			rf := DeltaSource(src, nil, v.Index, nil).(oci.RangeFetcher)
+			spans := [][2]int64{{0, EdgeBytes}, {size - EdgeBytes, EdgeBytes}, {12345, 777}, {size - 3, 3}, {size - 1, 1}, {0, size}}
+			for _, sp := range spans {
+				rc, err := rf.FetchRange(ctx, v.Chunk(0), sp[0], sp[1])
+				if err != nil {
+					t.Fatalf("planes %d sparse %v, %d+%d: %v", planes, sparse, sp[0], sp[1], err)
+				}
+				got, err := io.ReadAll(rc)
+				rc.Close()
+				if err != nil || !bytes.Equal(got, next[sp[0]:sp[0]+sp[1]]) {
+					t.Fatalf("planes %d sparse %v, %d+%d: %v, equal %v", planes, sparse, sp[0], sp[1], err, bytes.Equal(got, next[sp[0]:sp[0]+sp[1]]))
+				}
+			}
+			if src.whole[d.Base] != 0 || src.ranges[d.Base] != len(spans) {
+				t.Errorf("planes %d sparse %v: the base fetched whole %d times, by %d ranges; want 0, %d", planes, sparse, src.whole[d.Base], src.ranges[d.Base], len(spans))
+			}
+			var kept, asked atomic.Int64
+			held := heldCache{src, map[digest.Digest][]byte{d.Base: base}, &kept, &asked}
+			rc, err := DeltaSource(src, held, v.Index, nil).(oci.RangeFetcher).FetchRange(ctx, v.Chunk(0), 0, EdgeBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(rc)
+			rc.Close()
+			if !bytes.Equal(got, next[:EdgeBytes]) || src.ranges[d.Base] != len(spans) {
+				t.Errorf("planes %d sparse %v: over a held base: equal %v, base ranges %d", planes, sparse, bytes.Equal(got, next[:EdgeBytes]), src.ranges[d.Base])
+			}
+		}
 	}
 }

@@ -184,3 +184,40 @@ func TestDeltaTensorFetchSplitsBases(t *testing.T) {
 		t.Fatal("wrong bytes served")
 	}
 }
+
+// TestDeltaChunkEdges: a read near a delta chunk's edge is served from the
+// edge (decoded from the delta and a range of the base, verified against
+// the chunk's head or tail digest) before the chunk is in, as a plain
+// chunk's; an edge decoded from a base range that lies is refused, and
+// nothing of it served.
+func TestDeltaChunkEdges(t *testing.T) {
+	next, src, ver := deltaFixture(t)
+	rf := &rangeFake{fakeFetcher: src}
+	v, err := New(ver, rf, Options{Cache: mustCache(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	k := 1
+	c := ver.Index.Chunk(k)
+	d, _ := ver.Index.Delta(k)
+	head, _, ok := v.edge(context.Background(), k, 0, 4096)
+	if !ok || !bytes.Equal(head, next[c.Size:c.Size+layout.EdgeBytes]) {
+		t.Fatalf("head edge of a delta chunk: ok %v, equal %v", ok, ok && bytes.Equal(head, next[c.Size:c.Size+layout.EdgeBytes]))
+	}
+	tail, base, ok := v.edge(context.Background(), k, c.Size-10, c.Size)
+	if !ok || base != c.Size-layout.EdgeBytes || !bytes.Equal(tail, next[2*c.Size-layout.EdgeBytes:]) {
+		t.Fatalf("tail edge of a delta chunk: ok %v", ok)
+	}
+	if whole, ranged := rf.blobStats(d.Base); whole != 0 || ranged != 2*layout.EdgeBytes {
+		t.Errorf("base: fetched whole %d times, %d bytes by ranges (want 0, %d)", whole, ranged, 2*layout.EdgeBytes)
+	}
+	if v.opt.Cache.Contains(c.Digest) {
+		t.Error("the chunk was loaded for its edges")
+	}
+	// A base range that lies: no edge.
+	rf.spoil = true
+	if data, _, ok := v.edge(context.Background(), 0, 0, 4096); ok {
+		t.Fatalf("an edge decoded from a spoiled base range served (%d bytes)", len(data))
+	}
+}
