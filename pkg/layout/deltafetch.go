@@ -101,6 +101,9 @@ func (f *deltaSource) fetchRange(ctx context.Context, desc ocispec.Descriptor, o
 		if off < 0 || n < 0 || off+n > d.Size {
 			return nil, fmt.Errorf("range %d+%d of chunk %s of %d bytes", off, n, d.Chunk, d.Size)
 		}
+		if rc, ok, err := f.decodeRange(ctx, d, off, n); ok || err != nil {
+			return rc, err
+		}
 		bp, err := f.decode(ctx, d)
 		if err != nil {
 			return nil, err
@@ -112,6 +115,51 @@ func (f *deltaSource) fetchRange(ctx context.Context, desc ocispec.Descriptor, o
 		return nil, fmt.Errorf("%s: %w: no ranges", desc.Digest, errors.ErrUnsupported)
 	}
 	return rf.FetchRange(ctx, desc, off, n)
+}
+
+// rangeGroup is the bytes of 8 elements of the widest planes: a range of a
+// delta chunk decoded alone starts and ends on a multiple of it (or at the
+// chunk's end), a whole number of groups of 8 elements whatever the planes.
+const rangeGroup = 8 * Planes32
+
+// decodeRange decodes bytes off to off+n of the delta chunk d alone, not
+// verified (as a range of a plain chunk is not): the delta blob is fetched
+// (verified) and decoded while the base's bytes around the range (widened
+// to rangeGroup) are fetched as one range request, then the delta's
+// elements for them are XORed in. ok is false, nothing fetched, when the
+// base cannot be fetched by ranges or a cache of bases holds it (the chunk
+// is then decoded whole over it).
+func (f *deltaSource) decodeRange(ctx context.Context, d Delta, off, n int64) (rc io.ReadCloser, ok bool, err error) {
+	rf, ok := f.baseSource().(oci.RangeFetcher)
+	if !ok {
+		return nil, false, nil
+	}
+	if held, err := f.cachedBase(ctx, d); err != nil || held {
+		return nil, false, err
+	}
+	lo := off / rangeGroup * rangeGroup
+	hi := min((off+n+rangeGroup-1)/rangeGroup*rangeGroup, d.Size)
+	win := make([]byte, hi-lo)
+	xd, err := f.withDelta(ctx, d, func() error {
+		rc, err := rf.FetchRange(ctx, d.BaseDescriptor(), lo, hi-lo)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		_, err = io.ReadFull(rc, win)
+		return err
+	}, func() {})
+	if err != nil {
+		return nil, true, err
+	}
+	defer xd.release()
+	p := int64(xd.planes)
+	e1 := int(hi / p)
+	if hi == d.Size {
+		e1 = xd.m // with the bytes past the last whole element
+	}
+	xd.xorWindow(win, int(lo/p), e1)
+	return io.NopCloser(bytes.NewReader(win[off-lo : off-lo+n])), true, nil
 }
 
 // pooledReader reads a pooled chunk buffer, which Close returns.
@@ -334,6 +382,7 @@ func (f *deltaSource) base(ctx context.Context, d Delta, tryLocal bool) (bp *[]b
 			src = fetched{rc}
 		} else {
 			src = f.src
+			keep = !basesNotKept(ctx)
 		}
 	}
 	if parts, ok := ctx.Value(basePartsKey{}).(int); ok && !cached && parts > 1 && bd.Size >= splitBaseMin {
@@ -470,9 +519,11 @@ func DeltaSource(src, bases content.Fetcher, x *Index, stats *DeltaStats) conten
 // deltaRangeSource is a deltaSource whose src serves ranges.
 type deltaRangeSource struct{ *deltaSource }
 
-// FetchRange returns n bytes at off of chunk desc: of a delta chunk, out of
-// the whole chunk decoded and verified; of another, src's range (unverified,
-// as oci.RangeFetcher's).
+// FetchRange returns n bytes at off of chunk desc, unverified (as
+// oci.RangeFetcher's): of a delta chunk, decoded from the delta blob and
+// a range of its base around them (out of the whole chunk decoded and
+// verified when its base cannot be fetched by ranges or a cache of bases
+// holds it); of another, src's range.
 func (f *deltaRangeSource) FetchRange(ctx context.Context, desc ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
 	return f.fetchRange(ctx, desc, off, n)
 }
@@ -502,7 +553,7 @@ func (f *deltaSource) streams(ctx context.Context, d Delta) bool {
 	if on, _ := ctx.Value(streamedDeltasKey{}).(bool); !on || f.Local() {
 		return false
 	}
-	if _, ok := f.bases.(BaseCache); ok {
+	if _, ok := f.bases.(BaseCache); ok && !basesNotKept(ctx) {
 		return false
 	}
 	if parts, ok := ctx.Value(basePartsKey{}).(int); ok && parts > 1 && d.Size >= splitBaseMin {
@@ -513,12 +564,44 @@ func (f *deltaSource) streams(ctx context.Context, d Delta) bool {
 	return true
 }
 
-// baseSource is where bases are fetched from: bases, else src.
+// baseSource is where bases are fetched from: bases, else src; src past
+// a BaseCache (a base it holds is read from it before this is asked).
 func (f *deltaSource) baseSource() content.Fetcher {
-	if f.bases != nil {
-		return f.bases
+	if _, ok := f.bases.(BaseCache); ok || f.bases == nil {
+		return f.src
 	}
-	return f.src
+	return f.bases
+}
+
+type basesNotKeptKey struct{}
+
+// WithBasesNotKept returns ctx under which a delta chunk's base that a
+// BaseCache of the source does not hold is fetched from the source and not
+// offered to the cache (Keep): a reader waiting for the chunk does not wait
+// while the base is written as well, and a chunk fetched under
+// WithStreamedDeltas may stream from its base's body (a base the cache
+// holds is read from it, the chunk decoded whole over it).
+func WithBasesNotKept(ctx context.Context) context.Context {
+	return context.WithValue(ctx, basesNotKeptKey{}, true)
+}
+
+// basesNotKept reports whether ctx is under WithBasesNotKept.
+func basesNotKept(ctx context.Context) bool {
+	on, _ := ctx.Value(basesNotKeptKey{}).(bool)
+	return on
+}
+
+// cachedBase reports whether the BaseCache of f (if any) holds the base of d.
+func (f *deltaSource) cachedBase(ctx context.Context, d Delta) (bool, error) {
+	bc, ok := f.bases.(BaseCache)
+	if !ok {
+		return false, nil
+	}
+	rc, ok, err := bc.FetchCached(ctx, d.BaseDescriptor())
+	if ok {
+		rc.Close()
+	}
+	return ok, err
 }
 
 // fetchStreamed serves the delta chunk d under WithStreamedDeltas: its
@@ -537,6 +620,13 @@ func (f *deltaSource) fetchStreamed(ctx context.Context, d Delta) (io.ReadCloser
 		if bp = findLocal(ctx, d.BaseDescriptor()); bp != nil {
 			local = true
 			return nil
+		}
+		// A base a cache holds (WithBasesNotKept): decoded over, whole.
+		if ok, err := f.cachedBase(ctx, d); err != nil || ok {
+			if err == nil {
+				bp, local, err = f.base(ctx, d, false)
+			}
+			return err
 		}
 		if _, again := f.streamed.LoadOrStore(d.Chunk, true); again {
 			bp, local, err = f.base(ctx, d, false)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/bdnvol/bdnvol/internal/testutil"
 	"github.com/bdnvol/bdnvol/internal/verify"
+	"github.com/bdnvol/bdnvol/pkg/oci"
 )
 
 // stepBytes returns n random bytes and the same bytes with about one in
@@ -301,5 +302,144 @@ func TestDeltaFetchStreamedHostile(t *testing.T) {
 				t.Errorf("stats %+v", stats)
 			}
 		})
+	}
+}
+
+// heldCache is a BaseCache holding the bases in held (verified, as a
+// chunk cache serves them) and counting what it is offered.
+type heldCache struct {
+	content.Fetcher
+	held  map[digest.Digest][]byte
+	kept  *atomic.Int64
+	asked *atomic.Int64
+}
+
+func (c heldCache) FetchCached(_ context.Context, desc ocispec.Descriptor) (io.ReadCloser, bool, error) {
+	c.asked.Add(1)
+	if b, ok := c.held[desc.Digest]; ok {
+		return io.NopCloser(bytes.NewReader(b)), true, nil
+	}
+	return nil, false, nil
+}
+
+func (c heldCache) Keep(ocispec.Descriptor, []byte) { c.kept.Add(1) }
+
+// TestDeltaStreamsPastBaseCache: under WithBasesNotKept a base a cache of
+// bases lacks is fetched from the source and never offered to the cache
+// (Keep), and under WithStreamedDeltas as well the chunk streams from the
+// base's body (the reader verifies it); a base the cache holds is read
+// from it and the chunk decoded whole over it, verified. A base that lies
+// gets a streamed chunk that is not the chunk's bytes, then a retry's
+// error that names the base.
+func TestDeltaStreamsPastBaseCache(t *testing.T) {
+	ctx := context.Background()
+	base, next := bf16Step(3<<20+6, 0.02, 11)
+	delta, err := encodeDelta(next, base, Planes16, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, v := streamVersion(t, next, base, delta)
+	d, _ := v.Index.Delta(0)
+	var kept, asked atomic.Int64
+	empty := heldCache{store, nil, &kept, &asked}
+	full := heldCache{store, map[digest.Digest][]byte{d.Base: base}, &kept, &asked}
+	nctx := WithBasesNotKept(ctx)
+	sctx := WithStreamedDeltas(nctx)
+	for _, c := range []struct {
+		name     string
+		ctx      context.Context
+		bases    heldCache
+		streamed int64
+	}{
+		{"not kept", nctx, empty, 0},
+		{"streamed", sctx, empty, 1},
+		{"held", sctx, full, 0},
+	} {
+		var stats DeltaStats
+		kept.Store(0)
+		asked.Store(0)
+		rc, err := DeltaSource(store, c.bases, v.Index, &stats).Fetch(c.ctx, v.Chunk(0))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		checked := verify.CheckedOf(rc).Vouches(v.Chunk(0))
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || !bytes.Equal(got, next) {
+			t.Fatalf("%s: %v, equal %v", c.name, err, bytes.Equal(got, next))
+		}
+		if stats.Streamed != c.streamed || checked != (c.streamed == 0) {
+			t.Errorf("%s: %d streamed (want %d), verified %v", c.name, stats.Streamed, c.streamed, checked)
+		}
+		if kept.Load() != 0 || asked.Load() == 0 {
+			t.Errorf("%s: the base offered to the cache %d times (want none), the cache asked %d times", c.name, kept.Load(), asked.Load())
+		}
+		if c.bases.held != nil && stats.BaseBytes != 0 {
+			t.Errorf("%s: %d base bytes fetched, want none (the cache holds it)", c.name, stats.BaseBytes)
+		}
+	}
+	// A lying base: streamed bytes that are not the chunk, then a retry
+	// that names the base.
+	lying := longFetcher{store, d.Base}
+	src := DeltaSource(lying, heldCache{lying, nil, &kept, &asked}, v.Index, nil)
+	rc, err := src.Fetch(sctx, v.Chunk(0))
+	if err == nil {
+		_, err = io.ReadAll(rc)
+		rc.Close()
+	}
+	if err == nil {
+		t.Fatal("a base with a byte more streamed without an error")
+	}
+	if _, err = src.Fetch(sctx, v.Chunk(0)); err == nil || !strings.Contains(err.Error(), "base of chunk") {
+		t.Fatalf("the retry: %v, want an error naming the base", err)
+	}
+}
+
+// TestDeltaRangeDecodedAlone: a range of a delta chunk (an edge, one in
+// the middle, the last bytes past the last whole element) is decoded from
+// the delta blob and one range request of its base around it, never the
+// base whole, for every number of planes, dense and sparse; a source whose
+// base a cache holds decodes the whole chunk over it.
+func TestDeltaRangeDecodedAlone(t *testing.T) {
+	ctx := context.Background()
+	for _, planes := range []int{PlanesRaw, Planes16, Planes32} {
+		for _, sparse := range []bool{false, true} {
+			base, next := bf16Step(3<<20+7, 0.02, uint64(20+planes))
+			delta, err := encodeDelta(next, base, planes, sparse)
+			if err != nil {
+				t.Fatal(err)
+			}
+			store, v := streamVersion(t, next, base, delta)
+			d, _ := v.Index.Delta(0)
+			size := int64(len(next))
+			src := &rangeStore{Store: store, whole: map[digest.Digest]int{}, ranges: map[digest.Digest]int{}}
+			rf := DeltaSource(src, nil, v.Index, nil).(oci.RangeFetcher)
+			spans := [][2]int64{{0, EdgeBytes}, {size - EdgeBytes, EdgeBytes}, {12345, 777}, {size - 3, 3}, {size - 1, 1}, {0, size}}
+			for _, sp := range spans {
+				rc, err := rf.FetchRange(ctx, v.Chunk(0), sp[0], sp[1])
+				if err != nil {
+					t.Fatalf("planes %d sparse %v, %d+%d: %v", planes, sparse, sp[0], sp[1], err)
+				}
+				got, err := io.ReadAll(rc)
+				rc.Close()
+				if err != nil || !bytes.Equal(got, next[sp[0]:sp[0]+sp[1]]) {
+					t.Fatalf("planes %d sparse %v, %d+%d: %v, equal %v", planes, sparse, sp[0], sp[1], err, bytes.Equal(got, next[sp[0]:sp[0]+sp[1]]))
+				}
+			}
+			if src.whole[d.Base] != 0 || src.ranges[d.Base] != len(spans) {
+				t.Errorf("planes %d sparse %v: the base fetched whole %d times, by %d ranges; want 0, %d", planes, sparse, src.whole[d.Base], src.ranges[d.Base], len(spans))
+			}
+			var kept, asked atomic.Int64
+			held := heldCache{src, map[digest.Digest][]byte{d.Base: base}, &kept, &asked}
+			rc, err := DeltaSource(src, held, v.Index, nil).(oci.RangeFetcher).FetchRange(ctx, v.Chunk(0), 0, EdgeBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(rc)
+			rc.Close()
+			if !bytes.Equal(got, next[:EdgeBytes]) || src.ranges[d.Base] != len(spans) {
+				t.Errorf("planes %d sparse %v: over a held base: equal %v, base ranges %d", planes, sparse, bytes.Equal(got, next[:EdgeBytes]), src.ranges[d.Base])
+			}
+		}
 	}
 }

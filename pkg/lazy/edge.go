@@ -111,7 +111,12 @@ func (v *Volume) dropOneEdge() {
 // edgeFor reports which edge of chunk k holds [lo, hi), when an edge fetch
 // is the way to read it.
 func (v *Volume) edgeFor(k int, c layout.Chunk, lo, hi int64) (tail, ok bool) {
-	if !c.HasEdges() || v.edgeFailures.Load() >= maxEdgeFailures || v.ver.IsDelta(k) {
+	if !c.HasEdges() || v.edgeFailures.Load() >= maxEdgeFailures {
+		return false, false
+	}
+	if d, ok := v.ver.Index.Delta(k); ok && v.opt.Cache.Has(d.Base) {
+		// Decoded whole over the base the cache holds: no edge, whose
+		// delta blob would be fetched twice.
 		return false, false
 	}
 	if _, ok := v.src.(rangeSource); !ok {

@@ -345,14 +345,22 @@ func (f *File) fetchChunks(from, to int64, split bool) {
 		last++
 	}
 	parts := 0
-	if n := last - first; split && n > 0 && f.v.rangesOK.Load() {
-		// Only once the source has served verified ranges: a reader that
-		// joins a background fetch shares its failure, and must not
-		// fail where a whole fetch would have served it.
+	if n := last - first; split && n > 0 {
 		parts = f.v.opt.Jobs / n
 	}
+	ranges := f.v.rangesOK.Load()
 	for k := first; k < last; k++ {
-		f.v.fetchAhead(f.e.Extents[k].Chunk, parts)
+		c := f.e.Extents[k].Chunk
+		if ranges || f.v.ver.IsDelta(c) {
+			// Only once the source has served verified ranges: a reader
+			// that joins a background fetch shares its failure, and must
+			// not fail where a whole fetch would have served it. A delta
+			// chunk's base fetched by ranges is fetched whole when they
+			// fail (layout.WithBaseParts): split at once.
+			f.v.fetchAhead(c, parts)
+		} else {
+			f.v.fetchAhead(c, 0)
+		}
 	}
 }
 

@@ -256,12 +256,14 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 		parts = 1 // a source whose chunks are each one range of a larger blob
 	}
 	if v.ver.IsDelta(k) {
-		// Decoded whole from its delta: no range of its own. Its base,
-		// when it must be fetched, is split as the chunk would be.
+		// Decoded from its delta: no range of its own. Its base, when it
+		// must be fetched, is split as the chunk would be (the chunk is
+		// decoded whole); fetched whole (a background fetch), the chunk
+		// is decoded as the base streams in and hashed by the cache.
 		if parts > 1 && ranged && v.splitFailures.Load() < maxEdgeFailures {
 			ctx = layout.WithBaseParts(ctx, parts)
 		}
-		ctx = layout.WithHashPairs(ctx, &v.pairs)
+		ctx = v.deltaContext(ctx)
 		parts = 1
 	}
 	if parts > 1 && ranged && desc.Size >= splitMin && v.splitFailures.Load() < maxEdgeFailures && v.edgeFailures.Load() < maxEdgeFailures {
@@ -286,6 +288,17 @@ func (v *Volume) load(ctx context.Context, k int, parts int) (*handle, error) {
 		return nil, err
 	}
 	return v.keep(k, ch), nil
+}
+
+// deltaContext returns ctx for a load of a delta chunk: decoded whole, it
+// is hashed paired with the volume's other decodes; its base, when the
+// cache lacks it, is fetched past the cache and not kept there (a read
+// waiting for the chunk does not wait for the base to be written too);
+// its first fetch streams when its base comes whole from the source (see
+// layout.WithStreamedDeltas): the cache hashes it, paired with its other
+// fetches, and refuses it unless it is the chunk.
+func (v *Volume) deltaContext(ctx context.Context) context.Context {
+	return layout.WithStreamedDeltas(layout.WithBasesNotKept(layout.WithHashPairs(ctx, &v.pairs)))
 }
 
 // keep adds the loaded chunk k to the open handles, returning it with one
@@ -420,6 +433,9 @@ func (v *Volume) Prefetch(ctx context.Context, match func(path string) bool) err
 				}
 				fctx, cancel := v.fetchContext(gctx)
 				defer cancel()
+				if v.ver.IsDelta(k) {
+					fctx = v.deltaContext(fctx)
+				}
 				ch, err := v.opt.Cache.Load(fctx, v.src, v.ver.Chunk(k))
 				if err != nil {
 					mu.Lock()
