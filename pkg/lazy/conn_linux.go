@@ -71,7 +71,7 @@ func (o ConnOptions) protocol(v *Volume) *fuse.ProtocolServer {
 		logger = log.New(discard{}, "", 0)
 	}
 	return fuse.NewProtocolServer(newHandoffFS(v, o.UID, o.GID), &fuse.MountOptions{
-		MaxWrite: connMaxWrite, MaxReadAhead: mountReadahead, DisableReadDirPlus: true,
+		MaxWrite: connMaxWrite, MaxReadAhead: connMaxWrite, DisableReadDirPlus: true,
 		FsName: FsNamePrefix + v.Root().Digest.String(), Name: FsType, Logger: logger,
 		DisabledCapabilities: fuse.CAP_PASSTHROUGH,
 	})
@@ -129,9 +129,6 @@ func MountConn(dir string, v *Volume, opt ConnOptions) (*Conn, error) {
 		return nil, err
 	}
 	askNoPoll(dir)
-	if err := raiseReadahead(dir, mountReadahead); err != nil && opt.Logger != nil {
-		opt.Logger.Printf("lazy: %v (reads reach the server in requests of the kernel's default readahead)", err)
-	}
 	return c, nil
 }
 

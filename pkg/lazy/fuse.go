@@ -47,16 +47,6 @@ type MountOptions struct {
 	onFlush          func() // told of every FLUSH request (tests)
 }
 
-// mountReadahead is the largest read the kernel sends a mount, and its
-// readahead (raiseReadahead): a sequential reader's bytes come in requests
-// of 256 KiB, twice the kernel's default for a FUSE mount, so half as many
-// round trips through the server. No more: the request holding a tensor's
-// last page reaches up to this far past its end, and as far as an edge
-// (layout.EdgeBytes) that is a ranged fetch of the next chunk's head; a
-// longer one (1 MiB was tried) fetches that whole chunk for a reader of
-// one tensor.
-const mountReadahead = layout.EdgeBytes
-
 // Mount serves v read-only at dir and returns once the mount is ready.
 // Unmount it with the server's Unmount; Wait returns when it is gone.
 func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
@@ -66,8 +56,8 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 		Name:         FsType,
 		Options:      []string{"ro", "default_permissions"},
 		AllowOther:   opt.AllowOther,
-		MaxReadAhead: mountReadahead,
-		MaxWrite:     mountReadahead,
+		MaxReadAhead: 1 << 20,
+		MaxWrite:     1 << 20,
 		// Plain READDIR: with READDIRPLUS the kernel looks up (and holds a
 		// node for) every entry listed, a million for `ls -R` of a
 		// dataset; without, only what is opened or stat'ed.
@@ -94,9 +84,6 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 	})
 	if err != nil {
 		return nil, err
-	}
-	if err := raiseReadahead(dir, mountReadahead); err != nil && opt.Logger != nil {
-		opt.Logger.Printf("lazy: %v (reads reach the server in requests of the kernel's default readahead)", err)
 	}
 	granted := srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 && mo.DisabledCapabilities&fuse.CAP_PASSTHROUGH == 0
 	root.t.pass.Store(granted || opt.forcePassthrough)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
-	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
@@ -383,69 +381,4 @@ func BenchmarkListTreeHeap(b *testing.B) {
 		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(entries), "kept-B/entry")
 		runtime.KeepAlive(r)
 	}
-}
-
-// TestMountReadsInLargeRequests reads an 8 MiB file through a mount with
-// one read(2) and counts the FUSE reads that reach the server: the
-// kernel's default readahead for a FUSE mount (128 KiB) would cut it into
-// 64 requests, each a round trip through the server; the mount's
-// readahead makes them requests of 256 KiB.
-func TestMountReadsInLargeRequests(t *testing.T) {
-	needFUSE(t)
-	if os.Geteuid() != 0 {
-		t.Skip("setting a mount's readahead needs root")
-	}
-	dir := t.TempDir()
-	want := randBytes(9, 8<<20)
-	if err := os.WriteFile(filepath.Join(dir, "big.bin"), want, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	store := memory.New()
-	res, err := push.Push(context.Background(), store, push.DirSource(dir), push.Options{Params: testParams})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fx := &fixture{store: store, root: res.Root, fetch: &fakeFetcher{src: store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}}
-	v := fx.open(t, t.TempDir(), Options{})
-	mnt := t.TempDir()
-	var logs lockedBuffer
-	srv, err := Mount(mnt, v, MountOptions{NoPassthrough: true, Logger: log.New(&logs, "", 0)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Unmount() })
-	f, err := os.Open(filepath.Join(mnt, "big.bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	got := make([]byte, len(want))
-	before := v.reads.Load()
-	if n, err := f.ReadAt(got, 0); n != len(got) || !bytes.Equal(got, want) {
-		t.Fatalf("read %d bytes (%v), or not the bytes pushed", n, err)
-	}
-	if n := v.reads.Load() - before; n > 36 {
-		t.Errorf("an 8 MiB read reached the server as %d FUSE reads, want at most 36 (256 KiB each)", n)
-	}
-	if logged := logs.String(); strings.Contains(logged, "splice") {
-		t.Errorf("reads were not spliced from the cache: %s", logged)
-	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writes (a logger's).
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
