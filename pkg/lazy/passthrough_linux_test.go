@@ -267,6 +267,10 @@ func filledVolume(t *testing.T) (*fixture, *Volume, []byte) {
 	if got := readAll(t, f); !bytes.Equal(got, want) {
 		t.Fatal("wrong bytes read from the volume")
 	}
+	// The read may have started background fetches (the next file's
+	// first chunks); a test that sets the volume's fetch clock must not
+	// have one of them reset it.
+	v.wg.Wait()
 	return fx, v, want
 }
 
