@@ -267,3 +267,43 @@ func (pr *Pairer) Collect(o *Offer) {
 	pr.mu.Unlock()
 	<-o.done
 }
+
+// Stream is one stream's hash fed through a Pairer piece by piece: each
+// piece is offered, to be hashed beside another stream's, and collected
+// when the next piece is written or at Wait.
+type Stream struct {
+	pr    *Pairer
+	h     hash.Hash
+	d     *Digest // h, when a Pairer can run it
+	offer *Offer
+}
+
+// Stream returns a Stream adding to h through pr; on a nil Pairer, or for
+// an h that is not a *Digest, pieces are hashed alone as they are written.
+func (pr *Pairer) Stream(h hash.Hash) *Stream {
+	s := &Stream{pr: pr, h: h}
+	if pr != nil {
+		s.d, _ = h.(*Digest)
+	}
+	return s
+}
+
+// Write adds p to the hash: p must not change until the next Write or
+// Wait returns.
+func (s *Stream) Write(p []byte) {
+	s.Wait()
+	if s.d != nil {
+		s.offer = s.pr.Offer(s.d, p)
+		return
+	}
+	s.h.Write(p)
+}
+
+// Wait returns once every piece written is hashed; call it before the sum
+// is read, and before a written piece's buffer is reused or returned.
+func (s *Stream) Wait() {
+	if s.offer != nil {
+		s.pr.Collect(s.offer)
+		s.offer = nil
+	}
+}

@@ -3,6 +3,7 @@ package sha2x
 import (
 	"bytes"
 	"crypto/sha256"
+	"hash"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -161,6 +162,52 @@ func TestPairerPairs(t *testing.T) {
 	wa, wb := sha256.Sum256(a), sha256.Sum256(b)
 	if !bytes.Equal(da.Sum(nil), wa[:]) || !bytes.Equal(db.Sum(nil), wb[:]) {
 		t.Fatal("paired digests differ")
+	}
+}
+
+// TestStreamMatchesSHA256 hashes streams on several goroutines through
+// Streams of one Pairer, each reading into two buffers in turn as the
+// callers do, and checks every digest against crypto/sha256; so do a
+// Stream of a nil Pairer and one over a hash that is not a Digest.
+func TestStreamMatchesSHA256(t *testing.T) {
+	var pr Pairer
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 11))
+			for i := range 20 {
+				data := make([]byte, rng.IntN(300000))
+				for i := range data {
+					data[i] = byte(rng.Uint32())
+				}
+				var h hash.Hash = NewDigest()
+				p := &pr
+				switch i % 5 {
+				case 3:
+					p = nil
+				case 4:
+					h = sha256.New()
+				}
+				hs := p.Stream(h)
+				var halves [2][40000]byte
+				for off, k := 0, 0; off < len(data); k ^= 1 {
+					n := copy(halves[k][:1+rng.IntN(len(halves[k])-1)], data[off:])
+					hs.Write(halves[k][:n])
+					off += n
+				}
+				hs.Wait()
+				if want := sha256.Sum256(data); !bytes.Equal(h.Sum(nil), want[:]) {
+					t.Errorf("goroutine %d, stream %d: digest of %d bytes differs", g, i, len(data))
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if useBlock2 && pr.Paired() == 0 {
+		t.Error("no piece of 8 goroutines' streams was hashed beside another")
 	}
 }
 

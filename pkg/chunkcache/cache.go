@@ -638,22 +638,15 @@ func copyHashed(w io.Writer, r io.Reader, size int64, pairs *sha2x.Pairer) (int6
 	b := pieces.Get().(*[2 * piece]byte)
 	defer pieces.Put(b)
 	h := newFetchHash()
-	d, _ := h.(*sha2x.Digest)
-	var offer *sha2x.Offer
-	defer func() { pairs.Collect(offer) }() // nothing hashes b after a return
+	hs := pairs.Stream(h)
+	defer hs.Wait() // nothing hashes b after a return
 	var n int64
 	for k := 0; n < size; k ^= 1 {
 		half := b[k*piece : (k+1)*piece]
 		got, err := io.ReadFull(r, half[:min(int64(piece), size-n)])
 		n += int64(got)
 		if got > 0 {
-			pairs.Collect(offer)
-			offer = nil
-			if d != nil && pairs != nil {
-				offer = pairs.Offer(d, half[:got])
-			} else {
-				h.Write(half[:got])
-			}
+			hs.Write(half[:got])
 			if _, werr := w.Write(half[:got]); werr != nil {
 				return n, "", &storeError{werr}
 			}
@@ -665,8 +658,7 @@ func copyHashed(w io.Writer, r io.Reader, size int64, pairs *sha2x.Pairer) (int6
 			return n, "", err
 		}
 	}
-	pairs.Collect(offer)
-	offer = nil
+	hs.Wait()
 	return n, digest.NewDigest(digest.SHA256, h), nil
 }
 

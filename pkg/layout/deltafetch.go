@@ -206,12 +206,8 @@ const decodeBlock = 256 << 10
 // another stream's bytes, while the next piece is XORed in.
 func xorHashed(b []byte, x *xdelta, desc ocispec.Descriptor, pairs *sha2x.Pairer) error {
 	h := newChunkHash()
-	d, _ := h.(*sha2x.Digest)
-	if pairs == nil {
-		d = nil
-	}
-	var offer *sha2x.Offer
-	defer func() { pairs.Collect(offer) }() // nothing hashes b after a return
+	hs := pairs.Stream(h)
+	defer hs.Wait() // nothing hashes b after a return
 	planes := x.planes
 	m, step := len(b)/planes, decodeBlock/planes
 	for lo := 0; ; lo += step {
@@ -221,19 +217,12 @@ func xorHashed(b []byte, x *xdelta, desc ocispec.Descriptor, pairs *sha2x.Pairer
 		if hi == m {
 			end = len(b)
 		}
-		pairs.Collect(offer)
-		offer = nil
-		if d != nil {
-			offer = pairs.Offer(d, b[lo*planes:end])
-		} else {
-			h.Write(b[lo*planes : end])
-		}
+		hs.Write(b[lo*planes : end])
 		if hi == m {
 			break
 		}
 	}
-	pairs.Collect(offer)
-	offer = nil
+	hs.Wait()
 	return verify.Digest("chunk", desc, digest.NewDigest(digest.SHA256, h), int64(len(b)))
 }
 

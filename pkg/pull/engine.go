@@ -636,9 +636,8 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 	// Each half of buf in turn: a half is hashed beside another
 	// goroutine's chunk while it is written and the other half read, when
 	// one is offered meanwhile (else alone, before the next is offered).
-	d, _ := h.(*sha2x.Digest)
-	var offer *sha2x.Offer
-	defer func() { pairs.Collect(offer) }() // nothing hashes buf after a return
+	hs := pairs.Stream(h)
+	defer hs.Wait() // nothing hashes buf after a return
 	halves := [2][]byte{buf[:len(buf)/2], buf[len(buf)/2:]}
 	var off int64
 	for k := 0; off < desc.Size; k ^= 1 {
@@ -657,13 +656,7 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 			block = half[:n]
 		}
 		if n := len(block); n > 0 {
-			pairs.Collect(offer)
-			offer = nil
-			if d != nil {
-				offer = pairs.Offer(d, block)
-			} else {
-				h.Write(block)
-			}
+			hs.Write(block)
 			written, err := writeBlock(block, off, ts, files, open, *credited)
 			if err != nil {
 				return err
@@ -680,8 +673,7 @@ func streamChunk(ctx context.Context, src content.Fetcher, desc ocispec.Descript
 			break
 		}
 	}
-	pairs.Collect(offer)
-	offer = nil
+	hs.Wait()
 	if !vouched {
 		if err := verify.End("chunk", desc, rc, digest.NewDigest(digest.SHA256, h), off); err != nil {
 			return err
