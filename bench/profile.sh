@@ -19,7 +19,9 @@
 #
 # Environment: BENCH_SIZE (1GiB), BENCH_SHARDS (4), BENCH_PAUSE (loader
 # pause per tensor, 0), BENCH_TOOLS, BENCH_TMPDIR, BENCH_KEEP=1, as in
-# bench/mount.sh.
+# bench/mount.sh. A kept directory holds the linkproxy's request log,
+# mounts.log, and each load's per-tensor reads (trace-local, traceN:
+# bench/loader -trace), for bench/replay_start.py and bench/waits.py.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -109,6 +111,9 @@ N=0
 # daemon_pid: the pid `mount --daemon` reported on stderr ($TMP/mount.err).
 # (Not pgrep: reading other processes' command lines can hang on a machine
 # with a stuck FUSE mount.)
+# runq_wait PID: milliseconds the process's threads spent runnable but not
+# running (waiting for a CPU), summed: what a loaded machine adds.
+runq_wait() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{w += $2} END {printf "%.0f", w / 1e6}'; }
 daemon_pid() { sed -n 's/.*(pid \([0-9]*\),.*/\1/p' "$TMP/mount.err" | tail -1; }
 # start_load CACHE-SUFFIX MOUNT-FLAGS...: mount on a fresh cache, run the
 # loader (LOADER_MODE), unmount; set WALL (mount start to last tensor)
@@ -124,29 +129,31 @@ mount_load() {
 	# When the mount started and was ready (ns since the epoch, as the
 	# linkproxy -log's seconds), for reading the request log.
 	echo "$N $LOADER_MODE $t0 $(now) $*" >>"$TMP/mounts.log"
-	"$LOADER" -mode "$LOADER_MODE" -pause "$PAUSE" "$mp" >/dev/null || die "loader failed"
+	"$LOADER" -mode "$LOADER_MODE" -pause "$PAUSE" -trace "$TMP/trace$N" "$mp" >"$TMP/load$N.json" || die "loader failed"
 	WALL=$(secs "$t0" "$(now)")
 	CPU=$(cpu "$(daemon_pid)")
+	RUNQ="$(runq_wait "$(daemon_pid)") ms daemon, $(sed -n 's/.*"runq_ms":\([0-9]*\).*/\1/p' "$TMP/load$N.json") ms loader"
 	"$BDNVOL" umount "$mp" >/dev/null 2>&1
 }
 
 log "pull, then load"
 settle "$MODEL" "$BIN"
+echo "pull pull $(now) $(now) --no-cache" >>"$TMP/mounts.log"
 timed_cpu "$BDNVOL" pull --no-cache "$REF" "$TMP/pulled"
 PULL=$WALL PULL_CPU=$CPU
 LOADER_MODE=read
-timed_cpu "$LOADER" -pause "$PAUSE" "$TMP/pulled"
+timed_cpu "$LOADER" -pause "$PAUSE" -trace "$TMP/trace-local" "$TMP/pulled"
 LOAD_LOCAL=$WALL
 PULL_LOAD=$(awk -v a="$PULL" -v b="$LOAD_LOCAL" 'BEGIN {printf "%.3f", a + b}')
 rm -rf "$TMP/pulled"
 
-declare -A T C
+declare -A T C Q
 for LOADER_MODE in read mmap; do
 	log "mount then load ($LOADER_MODE): no profile, profile"
 	mount_load --profile off
-	T[off-$LOADER_MODE]=$WALL C[off-$LOADER_MODE]=$CPU
+	T[off-$LOADER_MODE]=$WALL C[off-$LOADER_MODE]=$CPU Q[off-$LOADER_MODE]=$RUNQ
 	mount_load
-	T[on-$LOADER_MODE]=$WALL C[on-$LOADER_MODE]=$CPU
+	T[on-$LOADER_MODE]=$WALL C[on-$LOADER_MODE]=$CPU Q[on-$LOADER_MODE]=$RUNQ
 done
 
 log "cat through a cold mount"
@@ -157,6 +164,7 @@ MOUNTS+=("$MP")
 "$BDNVOL" --cache-dir "$TMP/cache$N" mount --daemon --prefetch none --profile off "$REF" "$MP" >/dev/null 2>"$TMP/mount.err"
 settle "$MODEL" "$BIN"
 T0=$(now)
+echo "$N cat $T0 $T0 --prefetch none --profile off" >>"$TMP/mounts.log"
 find "$MP" -type f -print0 | xargs -0 cat >/dev/null
 COLD=$(secs "$T0" "$(now)")
 COLD_CPU=$(cpu "$(daemon_pid)")
@@ -165,9 +173,6 @@ COLD_CPU=$(cpu "$(daemon_pid)")
 log "first mid-shard tensor, 5 runs"
 RANGE_URL="http://$HOST/v2/raw/blobs/$SHARD_DIGEST"
 FIRSTS=() RANGES=() SPLITS=() WAITS=()
-# runq_wait PID: milliseconds the process's threads spent runnable but not
-# running (waiting for a CPU), summed: what a loaded machine adds.
-runq_wait() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{w += $2} END {printf "%.0f", w / 1e6}'; }
 for _ in 1 2 3 4 5; do
 	N=$((N + 1))
 	MP=$TMP/mnt$N
@@ -178,6 +183,7 @@ for _ in 1 2 3 4 5; do
 	echo "=== first tensor run $N" >>"$TMP/requests.log"
 	"$BDNVOL" --cache-dir "$TMP/cache$N" mount --daemon --profile off "$REF" "$MP" >/dev/null 2>"$TMP/mount.err"
 	T1=$(now)
+	echo "$N first $T0 $T1 --profile off" >>"$TMP/mounts.log"
 	dd if="$MP/$SHARD" of=/dev/null bs=1M iflag=count_bytes count="$HLEN" status=none
 	T2=$(now)
 	dd if="$MP/$SHARD" of=/dev/null bs=1M iflag=skip_bytes,count_bytes skip="$TOFF" count="$TLEN" status=none
@@ -215,6 +221,11 @@ for i in 0 1 2 3 4; do
 done
 echo
 echo "Loading the pulled copy alone took ${LOAD_LOCAL}s (page cache warm from the pull)."
+echo
+echo "Run-queue wait during each mount's load (runnable, not running; all threads):"
+for m in read mmap; do
+	echo "- $m: no profile ${Q[off-$m]}; profile ${Q[on-$m]}"
+done
 echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 if [[ ${BENCH_KEEP:-0} == 1 ]]; then
 	echo "Request timeline (linkproxy -log): $TMP/requests.log; when each mount started: $TMP/mounts.log."

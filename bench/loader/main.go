@@ -28,6 +28,16 @@ type tensor struct {
 	begin, end int64
 }
 
+// trace, when set, gets a line per tensor read (-trace).
+var trace io.Writer
+
+// traced writes tensor t of shard p's line to trace: read from t0 to now.
+func traced(p string, t tensor, t0 time.Time) {
+	if trace != nil {
+		fmt.Fprintf(trace, "%s %s %d %d %d\n", filepath.Base(p), t.name, t.end-t.begin, t0.UnixNano(), time.Now().UnixNano())
+	}
+}
+
 // sink keeps the bytes an mmap load touches from being optimised away.
 var sink byte
 
@@ -37,7 +47,17 @@ const maxHeader = 100 << 20
 func main() {
 	mode := flag.String("mode", "read", "read (pread each tensor) or mmap (touch every page of each tensor)")
 	pause := flag.Duration("pause", 0, "pause after each tensor (compute)")
+	tracePath := flag.String("trace", "", "write a line per tensor to this file: shard, tensor, bytes, and when its read began and ended (ns since the epoch)")
 	flag.Parse()
+	if *tracePath != "" {
+		f, err := os.Create(*tracePath)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loader:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		trace = f
+	}
 	if flag.NArg() != 1 || (*mode != "read" && *mode != "mmap") {
 		fmt.Fprintln(os.Stderr, "usage: loader [-mode read|mmap] [-pause D] DIR")
 		os.Exit(2)
@@ -49,6 +69,7 @@ func main() {
 		os.Exit(1)
 	}
 	st.Seconds = time.Since(start).Seconds()
+	st.RunqMS = runqMS()
 	json.NewEncoder(os.Stdout).Encode(st)
 }
 
@@ -58,6 +79,27 @@ type stats struct {
 	Tensors int     `json:"tensors"`
 	Bytes   int64   `json:"bytes"`
 	Seconds float64 `json:"seconds"`
+	// RunqMS is how long the loader's threads were runnable but not
+	// running (waiting for a CPU), from /proc/self/task/*/schedstat.
+	RunqMS float64 `json:"runq_ms"`
+}
+
+// runqMS sums the run-queue wait of the process's threads, in ms (0 where
+// /proc does not say).
+func runqMS() float64 {
+	paths, _ := filepath.Glob("/proc/self/task/*/schedstat")
+	var ns float64
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var run, wait float64
+		if _, err := fmt.Sscan(string(b), &run, &wait); err == nil {
+			ns += wait
+		}
+	}
+	return ns / 1e6
 }
 
 func load(dir, mode string, pause time.Duration) (stats, error) {
@@ -136,9 +178,11 @@ func loadShard(p, mode string, pause time.Duration) (int, int64, error) {
 		defer syscall.Munmap(m)
 		var sum byte
 		for _, t := range ts {
+			t0 := time.Now()
 			for off := base + t.begin; off < base+t.end; off += 4096 {
 				sum += m[off]
 			}
+			traced(p, t, t0)
 			read += t.end - t.begin
 			time.Sleep(pause)
 		}
@@ -151,9 +195,11 @@ func loadShard(p, mode string, pause time.Duration) (int, int64, error) {
 		if int64(cap(buf)) < size {
 			buf = make([]byte, size)
 		}
+		t0 := time.Now()
 		if _, err := f.ReadAt(buf[:size], base+t.begin); err != nil && !errors.Is(err, io.EOF) {
 			return 0, 0, fmt.Errorf("tensor %s: %w", t.name, err)
 		}
+		traced(p, t, t0)
 		read += size
 		time.Sleep(pause)
 	}
