@@ -126,7 +126,9 @@ fi
 # its inode, as dropping the page caches makes it do); fails when the mount
 # is gone.
 fuse_reads() { python3 -c 'import os, sys; print(int(os.getxattr(sys.argv[1], "user.bdnvol.fuse-reads")))' "$MNT"; }
-READS0=$(fuse_reads) || die "the mount is gone"
+# The count when the current mount was made is kept in $TMP/reads0, not a
+# variable: remount runs inside measure's command substitution, a subshell.
+fuse_reads >"$TMP/reads0" || die "the mount is gone"
 echo 0 >"$TMP/reads"
 # remount: a new mount of the warm cache, so that the next read is each
 # file's first open after a mount; the FUSE READs of the old one are added
@@ -134,10 +136,10 @@ echo 0 >"$TMP/reads"
 remount() {
 	local n
 	n=$(fuse_reads) || die "the mount is gone"
-	echo $(($(cat "$TMP/reads") + n - READS0)) >"$TMP/reads"
+	echo $(($(cat "$TMP/reads") + n - $(cat "$TMP/reads0"))) >"$TMP/reads"
 	"$BDNVOL" umount "$MNT" >/dev/null || die "umount failed"
 	mount_warm "$MNT"
-	READS0=$(fuse_reads) || die "the mount is gone"
+	fuse_reads >"$TMP/reads0" || die "the mount is gone"
 }
 
 # Readers: each takes a directory and reads it all.
@@ -209,7 +211,7 @@ if [[ -n $TIMEV ]]; then
 	fi
 fi
 READS1=$(fuse_reads) || die "the mount is gone after the runs"
-FUSE_READS=$(($(cat "$TMP/reads") + READS1 - READS0))
+FUSE_READS=$(($(cat "$TMP/reads") + READS1 - $(cat "$TMP/reads0")))
 
 # --- report ------------------------------------------------------------------
 name() {
