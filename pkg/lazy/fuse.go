@@ -93,7 +93,11 @@ func Mount(dir string, v *Volume, opt MountOptions) (*fuse.Server, error) {
 // NewRoot returns the root node of a FUSE file system serving v, for
 // fs.Mount or fs.NewNodeFS.
 func NewRoot(v *Volume, opt MountOptions) fs.InodeEmbedder {
-	return &rootNode{dirNode: dirNode{t: &tree{v: v, uid: opt.UID, gid: opt.GID, onFlush: opt.onFlush}, idx: -1, mode: 0o755}}
+	t := &tree{v: v, uid: opt.UID, gid: opt.GID, onFlush: opt.onFlush}
+	v.replay.mu.Lock()
+	v.replay.store = t.storeLoaded
+	v.replay.mu.Unlock()
+	return &rootNode{dirNode: dirNode{t: t, idx: -1, mode: 0o755}}
 }
 
 // tree serves the entries of a volume as FUSE nodes made on demand: a

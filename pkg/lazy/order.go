@@ -59,6 +59,7 @@ func (v *Volume) LoadChunks(ctx context.Context, ks []int) error {
 				continue
 			}
 			v.release(h)
+			v.replayLoaded(k)
 			continue
 		}
 		if err := sem.Acquire(ctx, 1); err != nil {
@@ -74,6 +75,7 @@ func (v *Volume) LoadChunks(ctx context.Context, ks []int) error {
 				return
 			}
 			ch.Close()
+			v.replayLoaded(k)
 		})
 	}
 	wg.Wait()

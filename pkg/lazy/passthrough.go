@@ -92,6 +92,9 @@ func (h *fuseHandle) Release(ctx context.Context) syscall.Errno {
 	o.mu.Lock()
 	o.fuseOpens--
 	last := o.fuseOpens == 0
+	if last {
+		h.n.t.closed(h.n)
+	}
 	o.mu.Unlock()
 	if last && h.n.t.pass.Load() {
 		h.n.t.v.assembleAsync(h.n.idx)
@@ -121,8 +124,11 @@ func (n *fileNode) openHandle() (fs.FileHandle, uint32) {
 		}
 	}
 	o.fuseOpens++
-	if n.t.pass.Load() && o.fuseOpens == 1 {
-		n.t.v.assembleAsync(n.idx)
+	if o.fuseOpens == 1 {
+		n.t.opened(n)
+		if n.t.pass.Load() {
+			n.t.v.assembleAsync(n.idx)
+		}
 	}
 	return &fuseHandle{n: n}, fuse.FOPEN_KEEP_CACHE
 }

@@ -90,6 +90,8 @@ type Volume struct {
 	splitFailures atomic.Int32 // split fetches that failed in a row; splitting stops at maxEdgeFailures
 	rangesOK      atomic.Bool  // the source has served a split fetch
 	pairs         sha2x.Pairer // delta chunks decoded at once are hashed two at a time
+	replay        replayState  // what the replay loaded, for the page-cache fill (pagecache.go)
+	stored        atomic.Int64 // bytes stored in open files' page caches
 	autoAhead     bool         // Readahead was 0: read ahead by Jobs chunks
 
 	// fetches counts the requests to the source started, fetching those
