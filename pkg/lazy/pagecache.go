@@ -56,17 +56,18 @@ func (t *tree) opened(n *fileNode) {
 		r.open = make(map[int]*fileNode)
 	}
 	r.open[n.idx] = n
-	var ks map[int]bool
-	if len(r.loaded) > 0 {
-		ks = make(map[int]bool, len(r.loaded))
-		for k := range r.loaded {
-			ks[k] = true
-		}
-	}
+	some := len(r.loaded) > 0
 	r.mu.Unlock()
-	if ks != nil {
-		t.v.Go(func(ctx context.Context) { t.storeChunks(ctx, n, ks) })
+	if some {
+		t.v.Go(func(ctx context.Context) { t.storeChunks(ctx, n, t.v.replayHas) })
 	}
+}
+
+// replayHas reports whether the replay loaded chunk k.
+func (v *Volume) replayHas(k int) bool {
+	v.replay.mu.Lock()
+	defer v.replay.mu.Unlock()
+	return v.replay.loaded[k]
 }
 
 // closed notes that a file's last FUSE handle was released.
@@ -90,22 +91,22 @@ func (t *tree) storeLoaded(k int) {
 	}
 	r.mu.Unlock()
 	for _, n := range nodes {
-		t.storeChunks(t.v.bg, n, map[int]bool{k: true})
+		t.storeChunks(t.v.bg, n, func(c int) bool { return c == k })
 	}
 }
 
 // storeChunks stores in n's page cache the pages of its extents whose
-// chunks are in ks: the pages an extent shares with its neighbours too
+// chunks ks reports: the pages an extent shares with its neighbours too
 // when the cache holds those, else only the pages it covers whole. The
 // bytes are the cache's, verified like any read's; nothing is fetched.
-func (t *tree) storeChunks(ctx context.Context, n *fileNode, ks map[int]bool) {
+func (t *tree) storeChunks(ctx context.Context, n *fileNode, ks func(k int) bool) {
 	f, err := n.file()
 	if err != nil {
 		return
 	}
 	size := f.e.Size
 	for i, x := range f.e.Extents {
-		if !ks[x.Chunk] || ctx.Err() != nil {
+		if ctx.Err() != nil || !ks(x.Chunk) {
 			continue
 		}
 		at, end := f.starts[i], f.starts[i]+x.Length
