@@ -12,7 +12,6 @@ import (
 	"oras.land/oras-go/v2/content"
 	"oras.land/oras-go/v2/content/memory"
 
-	"github.com/bdnvol/bdnvol/pkg/chunkcache"
 	"github.com/bdnvol/bdnvol/pkg/layout"
 )
 
@@ -77,6 +76,22 @@ func deltaFixtureOf(t *testing.T, size int) ([]byte, *fakeFetcher, *layout.Versi
 	return file, &fakeFetcher{src: store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}, v
 }
 
+// deltaVolume opens a volume of ver over src with a cache of its own, both
+// closed with the test, and its file w.bin.
+func deltaVolume(t *testing.T, ver *layout.Version, src content.Fetcher) (*Volume, *File) {
+	t.Helper()
+	v, err := New(ver, src, Options{Cache: mustCache(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	f, err := v.Open("w.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, f
+}
+
 // TestDeltaReadKeepsNoBase: a mount's delta chunks, read by a reader and
 // fetched ahead of it, are served right and stored, their bases fetched
 // past the cache and not stored in it (a reader does not wait while a base
@@ -84,19 +99,8 @@ func deltaFixtureOf(t *testing.T, size int) ([]byte, *fakeFetcher, *layout.Versi
 // it).
 func TestDeltaReadKeepsNoBase(t *testing.T) {
 	next, src, ver := deltaFixture(t)
-	c, err := chunkcache.Open(t.TempDir(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := New(ver, src, Options{Cache: c})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	f, err := v.Open("w.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, f := deltaVolume(t, ver, src)
+	c := v.opt.Cache
 	if got := readAll(t, f); !bytes.Equal(got, next) {
 		t.Fatal("wrong bytes served")
 	}
@@ -120,19 +124,8 @@ func TestDeltaLyingBaseNeverServed(t *testing.T) {
 	for _, d := range ver.Index.Deltas() {
 		src.corrupt[d.Base] = true
 	}
-	c, err := chunkcache.Open(t.TempDir(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := New(ver, src, Options{Cache: c})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	f, err := v.Open("w.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, f := deltaVolume(t, ver, src)
+	c := v.opt.Cache
 	k, off := f.e.Extents[1].Chunk, f.starts[1]
 	d, ok := ver.Index.Delta(k)
 	if !ok {
@@ -164,15 +157,7 @@ func TestDeltaLyingBaseNeverServed(t *testing.T) {
 func TestDeltaTensorFetchSplitsBases(t *testing.T) {
 	next, src, ver := deltaFixtureOf(t, 5<<20)
 	rf := &rangeFake{fakeFetcher: src}
-	v, err := New(ver, rf, Options{Cache: mustCache(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	f, err := v.Open("w.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, f := deltaVolume(t, ver, rf)
 	f.fetchChunks(0, f.Size(), true)
 	v.wg.Wait()
 	for k, d := range ver.Index.Deltas() {
@@ -193,11 +178,7 @@ func TestDeltaTensorFetchSplitsBases(t *testing.T) {
 func TestDeltaChunkEdges(t *testing.T) {
 	next, src, ver := deltaFixture(t)
 	rf := &rangeFake{fakeFetcher: src}
-	v, err := New(ver, rf, Options{Cache: mustCache(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
+	v, _ := deltaVolume(t, ver, rf)
 	k := 1
 	c := ver.Index.Chunk(k)
 	d, _ := ver.Index.Delta(k)
