@@ -25,12 +25,15 @@ func (f *File) noteRead(first int, end int64) {
 // that needs a chunk being loaded waits for that load. It returns the
 // first error after trying every chunk.
 //
-// The head of the order (its first Jobs*splitMin bytes) is what a reader
-// starting now waits for first: its large chunks come one after another,
-// each as Jobs range requests (when the source serves ranges), so that
-// the first arrives in a fraction of the time one request takes and a
-// reader is not left waiting on a single request's rate; its small chunks
-// and the rest of the order follow whole, Jobs at a time.
+// The head of the order (its first headChunks*Jobs*splitMin bytes) is what
+// a reader starting now waits for first: its large chunks come as range
+// requests (when the source serves ranges), Jobs/2 to a chunk and two
+// chunks at a time, so that they arrive in order, each in a fraction of
+// the time one request takes, and the next chunk's requests are on the
+// link while the one before is verified and stored; its small chunks and
+// the rest of the order follow whole, Jobs at a time. A load gives back
+// its place on the link as soon as its chunk is cached, before its bytes
+// go into the page cache (replayLoaded).
 func (v *Volume) LoadChunks(ctx context.Context, ks []int) error {
 	jobs := int64(v.opt.Jobs)
 	sem := semaphore.NewWeighted(jobs) // a request in flight takes 1
@@ -39,37 +42,38 @@ func (v *Volume) LoadChunks(ctx context.Context, ks []int) error {
 	var first error
 	fail := func(err error) { once.Do(func() { first = err }) }
 	n := v.ver.NumChunks()
-	budget := jobs * splitMin
+	budget := headChunks * jobs * splitMin
+	parts := max(min(jobs, 2), jobs/headChunks) // range requests per head chunk
 	for _, k := range ks {
 		if k < 0 || k >= n {
 			continue
 		}
 		size := v.ver.Chunk(k).Size
-		head := budget > 0 && size >= splitMin
+		head := budget > 0 && size >= splitMin && parts > 1
 		budget -= size
+		w := int64(1)
 		if head {
-			// Jobs range requests: wait for the link to be ours.
-			if err := sem.Acquire(ctx, jobs); err != nil {
-				break
-			}
-			h, err := v.load(ctx, k, v.opt.Jobs)
-			sem.Release(jobs)
-			if err != nil {
-				fail(err)
-				continue
-			}
-			v.release(h)
-			v.replayLoaded(k)
-			continue
+			w = parts
 		}
-		if err := sem.Acquire(ctx, 1); err != nil {
+		if err := sem.Acquire(ctx, w); err != nil {
 			break
 		}
 		wg.Go(func() {
-			defer sem.Release(1)
+			if head {
+				h, err := v.load(ctx, k, int(parts))
+				sem.Release(w)
+				if err != nil {
+					fail(err)
+					return
+				}
+				v.release(h)
+				v.replayLoaded(k)
+				return
+			}
 			fctx, cancel := v.fetchContext(ctx)
-			defer cancel()
 			ch, err := v.opt.Cache.Load(fctx, v.src, v.ver.Chunk(k))
+			cancel()
+			sem.Release(w)
 			if err != nil {
 				fail(err)
 				return
@@ -84,6 +88,10 @@ func (v *Volume) LoadChunks(ctx context.Context, ks []int) error {
 	}
 	return ctx.Err()
 }
+
+// headChunks is how many chunks of a replay's head are fetched at once,
+// each as Jobs/headChunks range requests.
+const headChunks = 2
 
 // Go runs fn in the background for the volume's lifetime: its context is
 // cancelled by Close, which waits for fn to return.

@@ -107,6 +107,7 @@ type countingRanges struct {
 	*rangeFake
 	mu       sync.Mutex
 	in, most int
+	hold     func(d digest.Digest) // called before each range request, when set
 }
 
 func (c *countingRanges) enter() {
@@ -130,6 +131,9 @@ func (c *countingRanges) Fetch(ctx context.Context, d ocispec.Descriptor) (io.Re
 }
 
 func (c *countingRanges) FetchRange(ctx context.Context, d ocispec.Descriptor, off, n int64) (io.ReadCloser, error) {
+	if c.hold != nil {
+		c.hold(d.Digest)
+	}
 	c.enter()
 	defer c.exit()
 	return c.rangeFake.FetchRange(ctx, d, off, n)
@@ -177,5 +181,82 @@ func TestLoadChunksSplitsTheHead(t *testing.T) {
 	}
 	if src.most > jobs {
 		t.Errorf("%d requests were open at once, want at most Jobs (%d)", src.most, jobs)
+	}
+}
+
+// TestLoadChunksOverlapsTheHead replays a profile whose first chunks are
+// large: the second chunk's range requests go out while the first's are
+// still open (the link is not left idle while a chunk is verified and
+// stored), and each head chunk comes as Jobs/2 ranges.
+func TestLoadChunksOverlapsTheHead(t *testing.T) {
+	const mib = 1 << 20
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "big.bin"), randBytes(43, 60*mib), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	px := newFixtureStore(t, dir, layout.Params{Min: 8 * mib, Avg: 9 * mib, Max: 10 * mib})
+	ver, err := layout.Open(context.Background(), px.store, px.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ver.NumChunks() < 3 || ver.Chunk(0).Size < splitMin || ver.Chunk(1).Size < splitMin {
+		t.Fatalf("the fixture has %d chunks, want at least 3 of at least %d bytes", ver.NumChunks(), splitMin)
+	}
+	first, second := ver.Chunk(0).Digest, ver.Chunk(1).Digest
+	src := &countingRanges{rangeFake: &rangeFake{fakeFetcher: &fakeFetcher{src: px.store, fetches: map[digest.Digest]int{}, corrupt: map[digest.Digest]bool{}}}}
+	secondAsked := make(chan struct{})
+	var once sync.Once
+	overlapped := true
+	var mu sync.Mutex
+	src.hold = func(d digest.Digest) {
+		switch d {
+		case second:
+			once.Do(func() { close(secondAsked) })
+		case first:
+			select {
+			case <-secondAsked:
+			case <-time.After(10 * time.Second):
+				mu.Lock()
+				overlapped = false
+				mu.Unlock()
+			}
+		}
+	}
+	const jobs = 8
+	v, err := New(ver, src, Options{Cache: mustCache(t), Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	ks := make([]int, ver.NumChunks())
+	for k := range ks {
+		ks[k] = k
+	}
+	if err := v.LoadChunks(context.Background(), ks); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !overlapped {
+		t.Error("the first chunk's range requests waited for 10 s and no range of the second chunk was asked: the head's chunks came one after another")
+	}
+	for _, d := range []digest.Digest{first, second} {
+		if whole, rb := src.blobStats(d); whole != 0 || rb != ver.Chunk(map[digest.Digest]int{first: 0, second: 1}[d]).Size {
+			t.Errorf("head chunk %s was fetched whole %d times and as %d bytes of ranges, want only ranges", d, whole, rb)
+		}
+	}
+	src.rangeFake.mu.Lock()
+	ranges := src.ranges
+	src.rangeFake.mu.Unlock()
+	if ranges < 2*jobs/2 {
+		t.Errorf("%d range requests for the head, want at least %d (Jobs/2 for each of two chunks)", ranges, jobs)
+	}
+	if src.most > jobs {
+		t.Errorf("%d requests were open at once, want at most Jobs (%d)", src.most, jobs)
+	}
+	for k := range ver.NumChunks() {
+		if !v.opt.Cache.Contains(ver.Chunk(k).Digest) {
+			t.Errorf("chunk %d is not cached after LoadChunks", k)
+		}
 	}
 }

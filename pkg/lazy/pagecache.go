@@ -70,6 +70,13 @@ func (v *Volume) replayHas(k int) bool {
 	return v.replay.loaded[k]
 }
 
+// openFiles returns how many files of v have a FUSE handle open.
+func (v *Volume) openFiles() int {
+	v.replay.mu.Lock()
+	defer v.replay.mu.Unlock()
+	return len(v.replay.open)
+}
+
 // closed notes that a file's last FUSE handle was released.
 func (t *tree) closed(n *fileNode) {
 	r := &t.v.replay

@@ -203,8 +203,8 @@ func (v *Volume) assembleAsync(i int) {
 	}()
 }
 
-// waitQuiet waits until the volume has fetched nothing and served no
-// FUSE read for assemblyQuiet, so that a backing file made in the
+// waitQuiet waits until the volume has fetched nothing, served no FUSE
+// read and had no file open through FUSE for assemblyQuiet, so that a backing file made in the
 // background (which reads, writes and hashes the whole file again) does
 // not take the CPU and disk that reads need: a cold `cat` of every file,
 // or a loader in a cold start, would otherwise wait while the files it
@@ -224,8 +224,10 @@ func (v *Volume) waitQuiet() bool {
 		}
 		f, r := v.fetches.Load(), v.reads.Load()
 		// Reads hold it back for assemblyMaxWait at most: a file read
-		// without pause still gets its backing file.
-		readsQuiet := r == seenR || time.Since(start) >= assemblyMaxWait
+		// without pause still gets its backing file. So does a file open
+		// through FUSE, whose reader may be reading the page cache (the
+		// replay's fill), where no read reaches this process.
+		readsQuiet := (r == seenR && v.openFiles() == 0) || time.Since(start) >= assemblyMaxWait
 		if f == seenF && readsQuiet && v.fetching.Load() == 0 {
 			quiet++
 		} else {
