@@ -261,10 +261,16 @@ func (f *File) readahead(ctx context.Context, off, n int64) {
 	if (streaming || len(regions) == 0) && run >= leadIn && end+window >= f.e.Size {
 		// A reader going through the whole file is likely to read the
 		// next one too (cat, cp -r, a loader reading shards in order):
-		// the window goes on into it, for at most Jobs chunks, so the
-		// link stays busy across the boundary.
+		// once it is within 2*Jobs chunks of the end, the window goes on
+		// into the next file as far as it would within this one, so the
+		// link stays busy across the boundary (a next file's first Jobs
+		// chunks alone, often a header and small tensors, were done long
+		// before the reader got there, and the link then idled while it
+		// waited for this file's last large chunks).
 		left := len(f.starts) - sort.Search(len(f.starts), func(k int) bool { return f.starts[k] > end }) + 1
-		f.v.fetchNextFile(f.idx, min(f.v.opt.Jobs, aheadChunks*f.v.opt.Jobs-left), run)
+		if left <= 2*f.v.opt.Jobs {
+			f.v.fetchNextFile(f.idx, aheadChunks*f.v.opt.Jobs-left, run)
+		}
 	}
 }
 
@@ -307,9 +313,12 @@ func (f *File) wholeTensor() int64 {
 }
 
 // aheadChunks is how many times Jobs chunks the default readahead covers:
-// Jobs fetches run and as many wait behind them, so that the link stays
-// busy while the reader catches up with the fetches that completed.
-const aheadChunks = 2
+// Jobs fetches run and three times as many wait behind them, so that the
+// link stays busy while the reader waits for the slowest of them. The
+// chunks of a checkpoint range from a few KiB to 16 MiB, so the small ones
+// after a large one finish first; a window of 2*Jobs chunks ran dry while
+// a reader waited for a large chunk.
+const aheadChunks = 4
 
 // aheadLimit is the most bytes to read ahead of end: Readahead, or, when
 // that was left to its default, the next aheadChunks*Jobs chunks.
