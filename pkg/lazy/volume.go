@@ -30,7 +30,7 @@ type Options struct {
 	// <= 0 means 8.
 	Jobs int
 	// Readahead is the most bytes fetched ahead of a sequential reader;
-	// 0 means 2*Jobs chunks, Jobs of them in flight, so that a reader gets
+	// 0 means 4*Jobs chunks (aheadChunks), Jobs of them in flight, so that a reader gets
 	// the link's aggregate speed; < 0 disables readahead.
 	Readahead int64
 	// FetchTimeout bounds one chunk fetch; <= 0 means no bound beyond the
