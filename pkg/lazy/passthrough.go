@@ -204,12 +204,13 @@ func (v *Volume) assembleAsync(i int) {
 }
 
 // waitQuiet waits until the volume has fetched nothing, served no FUSE
-// read and had no file open through FUSE for assemblyQuiet, so that a backing file made in the
-// background (which reads, writes and hashes the whole file again) does
-// not take the CPU and disk that reads need: a cold `cat` of every file,
-// or a loader in a cold start, would otherwise wait while the files it
-// read are copied. Reads hold it back for assemblyMaxWait at most, fetches
-// for as long as they go on. It returns false if the volume closes first.
+// read and had no file open through FUSE for assemblyQuiet, so that a
+// backing file made in the background (which reads, writes and hashes the
+// whole file again) does not take the CPU and disk that reads need: a cold
+// `cat` of every file, or a loader in a cold start, would otherwise wait
+// while the files it read are copied. Reads and open files hold it back
+// for assemblyMaxWait at most, fetches for as long as they go on. It
+// returns false if the volume closes first.
 func (v *Volume) waitQuiet() bool {
 	const ticks = 4
 	t := time.NewTicker(assemblyQuiet / ticks)
