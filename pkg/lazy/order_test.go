@@ -191,10 +191,10 @@ func TestLoadChunksSplitsTheHead(t *testing.T) {
 func TestLoadChunksOverlapsTheHead(t *testing.T) {
 	const mib = 1 << 20
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "big.bin"), randBytes(43, 60*mib), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "big.bin"), randBytes(43, 20*mib), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	px := newFixtureStore(t, dir, layout.Params{Min: 8 * mib, Avg: 9 * mib, Max: 10 * mib})
+	px := newFixtureStore(t, dir, layout.Params{Min: 4 * mib, Avg: 5 * mib, Max: 6 * mib})
 	ver, err := layout.Open(context.Background(), px.store, px.root)
 	if err != nil {
 		t.Fatal(err)
