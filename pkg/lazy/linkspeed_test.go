@@ -488,16 +488,7 @@ func TestStreamingReaderFetchesNextFile(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// Let the fetches ahead run before Close, which cancels those
-		// still queued.
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			v.mu.Lock()
-			busy := len(v.pending)
-			v.mu.Unlock()
-			if busy == 0 {
-				break
-			}
-		}
+		waitAhead(v) // Close cancels the fetches still queued
 		v.Close()
 		nb, _ := v.Lookup("b.bin")
 		got := 0
@@ -599,14 +590,7 @@ func TestReadaheadCarriesAcrossFiles(t *testing.T) {
 		if _, err := fb.ReadAt(buf, 0); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			v.mu.Lock()
-			busy := len(v.pending)
-			v.mu.Unlock()
-			if busy == 0 {
-				break
-			}
-		}
+		waitAhead(v)
 		v.Close()
 		nb, _ := v.Lookup("b.bin")
 		got := 0
@@ -667,14 +651,7 @@ func TestReadaheadStreamsWhenFirstReadsSwap(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			v.mu.Lock()
-			busy := len(v.pending)
-			v.mu.Unlock()
-			if busy == 0 {
-				break
-			}
-		}
+		waitAhead(v)
 		v.Close()
 		past := 0 // chunks wholly past the first tensor and the page after it
 		var off int64
@@ -788,5 +765,18 @@ func TestReadaheadOutlastsASlowChunk(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the reader did not finish once the slow chunk came")
+	}
+}
+
+// waitAhead waits (up to 30 s) until v has no fetch ahead queued or
+// running, so that a Close after it cancels none.
+func waitAhead(v *Volume) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		v.mu.Lock()
+		busy := len(v.pending)
+		v.mu.Unlock()
+		if busy == 0 {
+			return
+		}
 	}
 }
